@@ -39,6 +39,15 @@ def cpu_threads() -> int | None:
     return int(value) if value else None
 
 
+def cpu_kernels() -> str:
+    """Kernels of the cpu backend (`FD_CPU_KERNELS`): auto, avx512, avx2 or numpy.
+
+    auto: the native kernels on GGUF-quantised weights with the widest instruction set the CPU
+    has, numpy where they are not built; numpy: dequantise every weight to float32 and use BLAS.
+    """
+    return os.environ.get("FD_CPU_KERNELS", "auto").strip().lower() or "auto"
+
+
 def paddle_kernels() -> str:
     """Kernels of the Paddle backends (`FD_PADDLE_KERNELS`): auto, triton or reference.
 

@@ -42,7 +42,8 @@ def write_config(directory, gguf_path):
 
 @pytest.fixture(scope="module")
 def hf_tensors(smollm2_path):
-    return dict(GGUFLoader().load_tensors(smollm2_path))
+    # quantised matrices come as GGMLTensor blocks; a safetensors checkpoint holds their float32 values
+    return {name: np.asarray(tensor) for name, tensor in GGUFLoader().load_tensors(smollm2_path)}
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,13 @@ from typing import Any
 
 import numpy as np
 
+from fastdeploy import envs
 from fastdeploy.backends.base import Backend, BackendOptions, BatchLayout, KVCacheSpec
+from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.attention import CpuAttentionMetadata, build_metadata, paged_attention
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
+from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
 
 logger = get_logger(__name__)
 
@@ -37,6 +40,25 @@ def _set_blas_threads(threads: int | None) -> int:
     return pools[0]["num_threads"] if pools else count
 
 
+def _native_isa() -> str | None:
+    """The instruction set of the native kernels `FD_CPU_KERNELS` asks for; None for numpy only."""
+    requested = envs.cpu_kernels()
+    choices = ("auto", *native.ISAS, "numpy")
+    if requested not in choices:
+        raise InvalidArgumentError(f"FD_CPU_KERNELS must be one of {', '.join(choices)}; got {requested!r}")
+    if requested == "numpy":
+        return None
+    reason = native.unavailable_reason()
+    if reason is None and requested == "avx512" and native.best_isa() != "avx512":
+        reason = "this CPU has no AVX-512"
+    if reason is not None:
+        if requested != "auto":
+            raise InvalidArgumentError(f"FD_CPU_KERNELS={requested} cannot run: {reason}")
+        logger.info("cpu backend: native kernels off (%s); quantised weights are dequantised", reason)
+        return None
+    return native.best_isa() if requested == "auto" else requested
+
+
 class CpuBackend(Backend):
     """Runs models with numpy on the host CPU; always available."""
 
@@ -53,9 +75,15 @@ class CpuBackend(Backend):
             raise InvalidArgumentError(f"threads must be >= 1, got {options.threads}")
         self.threads = _set_blas_threads(options.threads)
         self.dtype = np.float32
+        self.native_isa = _native_isa()
 
     def describe(self) -> str:
-        return f"cpu (numpy {np.__version__}, {self.threads} BLAS threads, float32)"
+        kernels = (
+            f"native {'/'.join(native.SUPPORTED_TYPES)} kernels ({self.native_isa})"
+            if self.native_isa
+            else "numpy"
+        )
+        return f"cpu (numpy {np.__version__}, {self.threads} threads, float32, {kernels})"
 
     def free_memory_bytes(self) -> int:
         return _available_host_memory()
@@ -73,22 +101,29 @@ class CpuBackend(Backend):
     def to_numpy(self, array: Any) -> np.ndarray:
         return np.asarray(array)
 
-    def linear_weight(self, *parts: np.ndarray) -> np.ndarray:
-        stacked = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    def linear_weight(self, *parts: np.ndarray | GGMLTensor) -> np.ndarray | native.PackedWeight:
+        if self.native_isa and (packed := native.pack(parts)) is not None:
+            return packed
+        stacked = np.concatenate([np.asarray(part, dtype=self.dtype) for part in parts], axis=0)
         # [in, out] contiguous: x @ W runs as a plain (non-transposed) sgemm.
-        return np.ascontiguousarray(stacked.T, dtype=self.dtype)
+        return np.ascontiguousarray(stacked.T)
 
     def linear_bias(self, *parts: np.ndarray) -> np.ndarray:
         return np.concatenate(parts).astype(self.dtype)
 
-    def prepare_batch(self, layout: BatchLayout) -> CpuAttentionMetadata:
-        return build_metadata(layout)
+    def prepare_batch(self, layout: BatchLayout) -> CpuAttentionMetadata | native.AttentionBatch:
+        return native.attention_batch(layout) if self.native_isa else build_metadata(layout)
 
     def embedding(self, token_ids: np.ndarray, table: np.ndarray) -> np.ndarray:
         return table[token_ids]
 
-    def linear(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        out = x @ weight
+    def linear(
+        self, x: np.ndarray, weight: np.ndarray | native.PackedWeight, bias: np.ndarray | None = None
+    ) -> np.ndarray:
+        if isinstance(weight, native.PackedWeight):
+            out = native.matmul(x, weight, self.native_isa, self.threads)
+        else:
+            out = x @ weight
         if bias is not None:
             out += bias
         return out
@@ -96,6 +131,8 @@ class CpuBackend(Backend):
     def rms_norm(
         self, x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
+        if self.native_isa:
+            return native.rms_norm(x, weight, eps, residual, self.threads)
         if residual is not None:
             x = x + residual
         variance = np.einsum("ij,ij->i", x, x) / np.float32(x.shape[-1])
@@ -105,6 +142,8 @@ class CpuBackend(Backend):
     def rotary_embedding(
         self, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray
     ) -> np.ndarray:
+        if self.native_isa:
+            return native.rotary_embedding(x, positions, cos, sin, self.threads)
         rotary_dim = cos.shape[-1] * 2
         half = rotary_dim // 2
         cos_rows = cos[positions][:, None, :]
@@ -118,6 +157,8 @@ class CpuBackend(Backend):
         return out
 
     def silu_and_mul(self, x: np.ndarray) -> np.ndarray:
+        if self.native_isa:
+            return native.silu_and_mul(x, self.threads)
         half = x.shape[-1] // 2
         gate, up = x[:, :half], x[:, half:]
         # sigmoid through tanh: no overflow warnings for large negative gates.
@@ -158,6 +199,8 @@ class CpuBackend(Backend):
         batch: CpuAttentionMetadata,
         scale: float,
     ) -> np.ndarray:
+        if self.native_isa:
+            return native.attention(q, k, v, kv_cache, batch, scale, self.threads)
         return paged_attention(q, k, v, kv_cache, batch, scale)
 
     def gather_rows(self, x: np.ndarray, indices: np.ndarray) -> np.ndarray:

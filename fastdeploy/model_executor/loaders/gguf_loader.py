@@ -1,4 +1,7 @@
-"""GGUF files: metadata translated to config.json terms, tensors dequantised with `gguf`.
+"""GGUF files: metadata translated to config.json terms, tensors as stored.
+
+Quantised matrices come out as `GGMLTensor` (their blocks, dequantised with `gguf` when a backend
+asks for an array), so a backend with kernels for the block format reads them as they are.
 
 llama.cpp's converter permutes the rows of Llama's q/k projections so its interleaved rotary
 kernel applies; we undo that permutation so GGUF and safetensors checkpoints share one model
@@ -16,6 +19,7 @@ import numpy as np
 from fastdeploy.errors import UnsupportedModelError, WeightLoadError
 from fastdeploy.formats.gguf_file import GGUFFile, read_gguf
 from fastdeploy.model_executor.loaders.base import WeightLoader
+from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
 
 #: GGUF `general.architecture` -> (HF architecture, whether q/k rows were permuted by the converter)
 _ARCHITECTURES = {
@@ -57,11 +61,16 @@ def hf_tensor_name(gguf_name: str) -> str:
     raise WeightLoadError(f"GGUF tensor {gguf_name!r} has no known counterpart in the model")
 
 
-def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation (interleaved pairs -> rotate-half halves per head)."""
-    half = weight.shape[0] // num_heads // 2
-    rows = weight.reshape(num_heads, half, 2, *weight.shape[1:])
-    return rows.swapaxes(1, 2).reshape(weight.shape)
+def rotary_row_order(rows: int, num_heads: int) -> np.ndarray:
+    """Row order undoing llama.cpp's q/k permutation (interleaved pairs -> rotate-half halves per head)."""
+    half = rows // num_heads // 2
+    return np.arange(rows).reshape(num_heads, half, 2).swapaxes(1, 2).reshape(rows)
+
+
+def unpermute_rotary_rows(weight: np.ndarray | GGMLTensor, num_heads: int) -> np.ndarray | GGMLTensor:
+    """The q/k weight (or bias) with llama.cpp's row permutation undone."""
+    order = rotary_row_order(weight.shape[0], num_heads)
+    return weight.take_rows(order) if isinstance(weight, GGMLTensor) else weight[order]
 
 
 class GGUFLoader(WeightLoader):
@@ -74,7 +83,7 @@ class GGUFLoader(WeightLoader):
     def load_config(self, model_path: str) -> dict[str, Any]:
         return config_from_gguf(read_gguf(model_path))
 
-    def load_tensors(self, model_path: str) -> Iterator[tuple[str, np.ndarray]]:
+    def load_tensors(self, model_path: str) -> Iterator[tuple[str, np.ndarray | GGMLTensor]]:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
@@ -86,6 +95,8 @@ class GGUFLoader(WeightLoader):
             data = gguf_file.tensor_data(tensor)
             if tensor.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
                 array = np.asarray(data)
+            elif len(tensor.shape) == 2:
+                array = GGMLTensor(tensor.ggml_type, data, tuple(tensor.shape))
             else:
                 array = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
             if permuted and name.endswith("self_attn.q_proj.weight"):

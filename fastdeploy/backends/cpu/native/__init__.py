@@ -1,0 +1,186 @@
+"""The cpu backend's native kernels: products on GGUF-quantised weights kept in their blocks,
+paged attention and the element-wise ops of a decoder layer.
+
+`pack` turns GGUF matrices of a supported block type into a `PackedWeight`; `matmul` multiplies
+float32 activations by it. Which instruction set runs is chosen per call (`isa`), so tests can
+exercise the AVX2 code on an AVX-512 machine. Where the extension was not built, `unavailable_reason`
+says why and the backend keeps its numpy path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastdeploy.backends.base import BatchLayout
+from fastdeploy.backends.cpu.native.packing import pack_q4_1, pack_q8_0
+from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+
+try:
+    from fastdeploy.backends.cpu.native import _native
+except ImportError as error:  # not compiled: no C compiler at install time, or not x86-64
+    _native = None
+    _IMPORT_ERROR = f"the native extension is not built ({error})"
+else:
+    _IMPORT_ERROR = None
+
+#: GGML type name -> (kernel kind, packer)
+_FORMATS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
+    "Q4_1": ("KIND_Q4_1", pack_q4_1),
+    "Q8_0": ("KIND_Q8_0", pack_q8_0),
+}
+SUPPORTED_TYPES = tuple(_FORMATS)
+ISAS = ("avx512", "avx2")
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels cannot run here, or None when they can."""
+    if _IMPORT_ERROR:
+        return _IMPORT_ERROR
+    if _native.best_isa() == "none":
+        return "this CPU has neither AVX-512 nor AVX2+FMA"
+    return None
+
+
+def best_isa() -> str:
+    """The widest instruction set the kernels use on this CPU (avx512, avx2 or none)."""
+    return _native.best_isa() if _native is not None else "none"
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A [out_features, in_features] weight in the kernels' panel layout."""
+
+    type_name: str
+    packed: np.ndarray
+    out_features: int
+    in_features: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes
+
+
+def pack(parts: Sequence[GGMLTensor | np.ndarray]) -> PackedWeight | None:
+    """One packed weight from [out, in] parts stacked along `out`, or None when a part has no kernel.
+
+    Parts must share one supported block type and `in` size (a fused qkv or gate/up projection).
+    """
+    if not parts or not all(isinstance(part, GGMLTensor) for part in parts):
+        return None
+    type_names = {part.type_name for part in parts}
+    in_features = {part.shape[1] for part in parts}
+    if len(type_names) != 1 or len(in_features) != 1 or next(iter(type_names)) not in _FORMATS:
+        return None
+    type_name = type_names.pop()
+    rows = np.concatenate([part.rows for part in parts], axis=0)
+    packed = _FORMATS[type_name][1](rows)
+    return PackedWeight(type_name, packed, rows.shape[0], in_features.pop())
+
+
+def matmul(x: np.ndarray, weight: PackedWeight, isa: str, threads: int) -> np.ndarray:
+    """x [tokens, in_features] float32 times the weight's transpose: [tokens, out_features] float32."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty((x.shape[0], weight.out_features), np.float32)
+    kind = getattr(_native, _FORMATS[weight.type_name][0])
+    _native.gemm(
+        kind, x, weight.packed, out, x.shape[0], weight.out_features, weight.in_features, isa, threads
+    )
+    return out
+
+
+@dataclass(frozen=True)
+class AttentionBatch:
+    """What the native attention needs of a `BatchLayout`, as contiguous int64 arrays."""
+
+    slot_mapping: np.ndarray
+    query_starts: np.ndarray  # [seqs + 1] first token row of each sequence, then the token count
+    context_lens: np.ndarray
+    block_tables: np.ndarray
+    block_size: int
+
+
+def attention_batch(layout: BatchLayout) -> AttentionBatch:
+    starts = np.zeros(len(layout.query_lens) + 1, np.int64)
+    np.cumsum(layout.query_lens, out=starts[1:])
+    return AttentionBatch(
+        np.ascontiguousarray(layout.slot_mapping, np.int64),
+        starts,
+        np.ascontiguousarray(layout.context_lens, np.int64),
+        np.ascontiguousarray(layout.block_tables, np.int64),
+        layout.block_size,
+    )
+
+
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    kv_cache: tuple[np.ndarray, np.ndarray],
+    batch: AttentionBatch,
+    scale: float,
+    threads: int,
+) -> np.ndarray:
+    """`Backend.attention` on [slots, kv_heads, head_dim] caches: writes k/v, then attends causally."""
+    key_cache, value_cache = kv_cache
+    key_cache[batch.slot_mapping] = k
+    value_cache[batch.slot_mapping] = v
+    q = np.ascontiguousarray(q, np.float32)
+    tokens, heads, head_dim = q.shape
+    out = np.empty_like(q)
+    _native.attention(
+        q,
+        key_cache,
+        value_cache,
+        out,
+        batch.query_starts,
+        batch.context_lens,
+        batch.block_tables,
+        tokens,
+        heads,
+        key_cache.shape[1],
+        head_dim,
+        batch.block_size,
+        batch.block_tables.shape[1],
+        scale,
+        threads,
+    )
+    return out
+
+
+def rms_norm(
+    x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None, threads: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`Backend.rms_norm`: (normed, x + residual) row by row."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    total = x
+    if residual is not None:
+        residual = np.ascontiguousarray(residual, np.float32)
+        total = np.empty_like(x)
+    _native.rms_norm(
+        x, residual, weight, eps, out, total if residual is not None else None, *x.shape, threads
+    )
+    return out, total
+
+
+def silu_and_mul(x: np.ndarray, threads: int) -> np.ndarray:
+    """`Backend.silu_and_mul` of [tokens, 2 * half] rows."""
+    x = np.ascontiguousarray(x, np.float32)
+    half = x.shape[1] // 2
+    out = np.empty((x.shape[0], half), np.float32)
+    _native.silu_and_mul(x, out, x.shape[0], half, threads)
+    return out
+
+
+def rotary_embedding(
+    x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, threads: int
+) -> np.ndarray:
+    """`Backend.rotary_embedding` of x [tokens, heads, head_dim] with [positions, rotary_dim/2] tables."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    positions = np.ascontiguousarray(positions, np.int64)
+    _native.rotary(x, positions, cos, sin, out, *x.shape, cos.shape[-1], threads)
+    return out

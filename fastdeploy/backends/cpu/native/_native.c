@@ -1,0 +1,636 @@
+/*
+ * Native kernels of the cpu backend: matrix products on GGUF-quantised weights without
+ * dequantising them to memory first.
+ *
+ * Why: a decode step of a small model reads every weight once. Read as float32 that is four
+ * bytes a weight; read in the GGUF's own Q4_1/Q8_0 blocks it is 0.625/1.06 bytes. The blocks are
+ * dequantised in registers to exactly the float32 values `gguf.quants.dequantize` produces
+ * (d*q+m and d*q are exact products rounded once), then multiplied in float32 with float32
+ * activations, so results equal a float32 matmul on the dequantised weights up to summation order.
+ *
+ * Weights are repacked at load time (see packing.py) into panels of 16 output columns:
+ *   Q4_1 panel block (320 bytes, 32 k x 16 columns):
+ *     d[16] fp16, m[16] fp16, then 16 rows j of 16 bytes: byte n = q[2j][n] | q[2j+1][n] << 4
+ *   Q8_0 panel block (544 bytes): d[16] fp16, then 32 rows k of 16 int8 q[k][n]
+ * A panel's blocks follow each other along k, panels along n.
+ *
+ * Two instruction sets are compiled with target attributes and chosen at run time: AVX-512
+ * (16 columns in one register, 16 activation rows per tile) and AVX2+FMA+F16C (two registers,
+ * 4 rows per tile). Work is split over panels with OpenMP; the GIL is released.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <immintrin.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#define PANEL 16
+#define QBLOCK 32
+#define Q4_1_PANEL_BLOCK_BYTES (PANEL * 2 * 2 + PANEL * QBLOCK / 2)
+#define Q8_0_PANEL_BLOCK_BYTES (PANEL * 2 + PANEL * QBLOCK)
+
+enum weight_kind { KIND_Q4_1 = 0, KIND_Q8_0 = 1 };
+enum isa { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+
+/* Arguments of one product out[m, n] = sum_k x[m, k] * w[n, k]. */
+struct gemm_args {
+    const float *x;
+    const uint8_t *packed;
+    float *out;
+    Py_ssize_t rows, cols, depth;
+    int kind;
+};
+
+/* ---------------------------------------------------------------- AVX-512 */
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AVX512_ROWS 16
+
+static inline __attribute__((always_inline)) AVX512_TARGET void
+avx512_tile(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row0, int rows, Py_ssize_t col0)
+{
+    __m512 acc[AVX512_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    const Py_ssize_t blocks = a->depth / QBLOCK;
+    const float *x = a->x + row0 * a->depth;
+    if (a->kind == KIND_Q4_1) {
+        const __m128i low = _mm_set1_epi8(0x0F);
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            const uint8_t *blk = panel + b * Q4_1_PANEL_BLOCK_BYTES;
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+            const uint8_t *qs = blk + 64;
+            const float *xb = x + b * QBLOCK;
+            for (int j = 0; j < QBLOCK / 2; j++) {
+                const __m128i v = _mm_loadu_si128((const __m128i *)(qs + 16 * j));
+                const __m128i q0 = _mm_and_si128(v, low);
+                const __m128i q1 = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+                const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q0)), d, m);
+                for (int r = 0; r < rows; r++)
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * a->depth + 2 * j]), w0, acc[r]);
+                const __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q1)), d, m);
+                for (int r = 0; r < rows; r++)
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * a->depth + 2 * j + 1]), w1, acc[r]);
+            }
+        }
+    } else {
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            const uint8_t *blk = panel + b * Q8_0_PANEL_BLOCK_BYTES;
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+            const int8_t *qs = (const int8_t *)(blk + 32);
+            const float *xb = x + b * QBLOCK;
+            for (int k = 0; k < QBLOCK; k++) {
+                const __m128i q = _mm_loadu_si128((const __m128i *)(qs + 16 * k));
+                const __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+                for (int r = 0; r < rows; r++)
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * a->depth + k]), w, acc[r]);
+            }
+        }
+    }
+    const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
+    const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
+    for (int r = 0; r < rows; r++)
+        _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + col0, mask, acc[r]);
+}
+
+#define AVX512_CASE(n) case n: avx512_tile(a, panel, row0, n, col0); break;
+
+static AVX512_TARGET void avx512_panel(const struct gemm_args *a, Py_ssize_t p)
+{
+    const Py_ssize_t block_bytes = a->kind == KIND_Q4_1 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES;
+    const uint8_t *panel = a->packed + p * (a->depth / QBLOCK) * block_bytes;
+    const Py_ssize_t col0 = p * PANEL;
+    for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX512_ROWS) {
+        const Py_ssize_t left = a->rows - row0;
+        /* constant row counts let the compiler keep every accumulator in a register */
+        switch (left < AVX512_ROWS ? (int)left : AVX512_ROWS) {
+            AVX512_CASE(1) AVX512_CASE(2) AVX512_CASE(3) AVX512_CASE(4)
+            AVX512_CASE(5) AVX512_CASE(6) AVX512_CASE(7) AVX512_CASE(8)
+            AVX512_CASE(9) AVX512_CASE(10) AVX512_CASE(11) AVX512_CASE(12)
+            AVX512_CASE(13) AVX512_CASE(14) AVX512_CASE(15) AVX512_CASE(16)
+        }
+    }
+}
+
+/* ------------------------------------------------------------------- AVX2 */
+#define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+#define AVX2_ROWS 4
+
+static inline __attribute__((always_inline)) AVX2_TARGET void
+avx2_tile(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row0, int rows, Py_ssize_t col0)
+{
+    __m256 lo[AVX2_ROWS], hi[AVX2_ROWS]; /* columns 0-7 and 8-15 of the panel */
+    for (int r = 0; r < rows; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    const Py_ssize_t blocks = a->depth / QBLOCK;
+    const float *x = a->x + row0 * a->depth;
+    if (a->kind == KIND_Q4_1) {
+        const __m128i low = _mm_set1_epi8(0x0F);
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            const uint8_t *blk = panel + b * Q4_1_PANEL_BLOCK_BYTES;
+            const __m256 d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            const __m256 d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+            const __m256 m_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32)));
+            const __m256 m_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48)));
+            const uint8_t *qs = blk + 64;
+            const float *xb = x + b * QBLOCK;
+            for (int j = 0; j < QBLOCK / 2; j++) {
+                const __m128i v = _mm_loadu_si128((const __m128i *)(qs + 16 * j));
+                for (int half = 0; half < 2; half++) {
+                    const __m128i q = half ? _mm_and_si128(_mm_srli_epi16(v, 4), low) : _mm_and_si128(v, low);
+                    const __m256 w_lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), d_lo, m_lo);
+                    const __m256 w_hi = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), d_hi, m_hi);
+                    for (int r = 0; r < rows; r++) {
+                        const __m256 xv = _mm256_broadcast_ss(xb + r * a->depth + 2 * j + half);
+                        lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
+                        hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
+                    }
+                }
+            }
+        }
+    } else {
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            const uint8_t *blk = panel + b * Q8_0_PANEL_BLOCK_BYTES;
+            const __m256 d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            const __m256 d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+            const int8_t *qs = (const int8_t *)(blk + 32);
+            const float *xb = x + b * QBLOCK;
+            for (int k = 0; k < QBLOCK; k++) {
+                const __m128i q = _mm_loadu_si128((const __m128i *)(qs + 16 * k));
+                const __m256 w_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d_lo);
+                const __m256 w_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), d_hi);
+                for (int r = 0; r < rows; r++) {
+                    const __m256 xv = _mm256_broadcast_ss(xb + r * a->depth + k);
+                    lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
+                    hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
+                }
+            }
+        }
+    }
+    const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
+    for (int r = 0; r < rows; r++) {
+        float *dst = a->out + (row0 + r) * a->cols + col0;
+        if (valid == PANEL) {
+            _mm256_storeu_ps(dst, lo[r]);
+            _mm256_storeu_ps(dst + 8, hi[r]);
+        } else {
+            float tmp[PANEL];
+            _mm256_storeu_ps(tmp, lo[r]);
+            _mm256_storeu_ps(tmp + 8, hi[r]);
+            memcpy(dst, tmp, (size_t)valid * sizeof(float));
+        }
+    }
+}
+
+#define AVX2_CASE(n) case n: avx2_tile(a, panel, row0, n, col0); break;
+
+static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p)
+{
+    const Py_ssize_t block_bytes = a->kind == KIND_Q4_1 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES;
+    const uint8_t *panel = a->packed + p * (a->depth / QBLOCK) * block_bytes;
+    const Py_ssize_t col0 = p * PANEL;
+    for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX2_ROWS) {
+        const Py_ssize_t left = a->rows - row0;
+        switch (left < AVX2_ROWS ? (int)left : AVX2_ROWS) {
+            AVX2_CASE(1) AVX2_CASE(2) AVX2_CASE(3) AVX2_CASE(4)
+        }
+    }
+}
+
+/* ------------------------------------------- attention and element-wise ops
+ * Plain C loops over rows, vectorised by the compiler (`omp simd`) in one clone per instruction
+ * set; the loader picks the clone for this CPU. Rows are independent, so OpenMP splits them.
+ */
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+/* e^x for float32, vectorisable (the libm call is not): x = n ln2 + r, |r| <= ln2/2, and
+ * e^r by its degree-7 Taylor polynomial (relative error below 2e-8 on that interval). */
+static inline __attribute__((always_inline)) float exp_f32(float x)
+{
+    x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+    const float n = __builtin_roundevenf(x * 1.44269504f);
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f; /* ln2 split in two for accuracy */
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { float f; int32_t i; } scale = {.i = ((int32_t)n + 127) << 23};
+    return p * scale.f;
+}
+
+/* Attention of one query token's heads over its first `visible` cache positions, kv head by kv
+ * head: scores, softmax (normalised like numpy's), then the probability-weighted values. Inlined
+ * into one function per common head size so the compiler unrolls the head_dim loops. */
+static inline __attribute__((always_inline)) void
+attend_token(const float *q, float *out, const float *key_cache, const float *value_cache,
+             const int64_t *block_table, Py_ssize_t visible, Py_ssize_t block_size, Py_ssize_t num_kv_heads,
+             const Py_ssize_t head_dim, Py_ssize_t group, float scale, float *scaled_q, float *scores)
+{
+    const Py_ssize_t stride = num_kv_heads * head_dim;
+    for (Py_ssize_t kv_head = 0; kv_head < num_kv_heads; kv_head++) {
+        const float *qh = q + kv_head * group * head_dim;
+        float *oh = out + kv_head * group * head_dim;
+        for (Py_ssize_t i = 0; i < group * head_dim; i++) scaled_q[i] = qh[i] * scale;
+        for (Py_ssize_t first = 0; first < visible; first += block_size) {
+            const float *keys = key_cache + block_table[first / block_size] * block_size * stride + kv_head * head_dim;
+            const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
+            for (Py_ssize_t j = 0; j < count; j++) {
+                const float *key = keys + j * stride;
+                for (Py_ssize_t g = 0; g < group; g++) {
+                    const float *qg = scaled_q + g * head_dim;
+                    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                    for (Py_ssize_t d = 0; d < head_dim; d++) dot += qg[d] * key[d];
+                    scores[g * visible + first + j] = dot;
+                }
+            }
+        }
+        for (Py_ssize_t g = 0; g < group; g++) {
+            float *row = scores + g * visible;
+            float peak = row[0], total = 0.0f;
+#pragma omp simd reduction(max : peak)
+            for (Py_ssize_t j = 0; j < visible; j++) peak = row[j] > peak ? row[j] : peak;
+#pragma omp simd reduction(+ : total)
+            for (Py_ssize_t j = 0; j < visible; j++) {
+                row[j] = exp_f32(row[j] - peak);
+                total += row[j];
+            }
+            const float inverse = 1.0f / total;
+#pragma omp simd
+            for (Py_ssize_t j = 0; j < visible; j++) row[j] *= inverse;
+        }
+        for (Py_ssize_t g = 0; g < group; g++) {
+            float acc[head_dim];
+            for (Py_ssize_t d = 0; d < head_dim; d++) acc[d] = 0.0f;
+            const float *probs = scores + g * visible;
+            for (Py_ssize_t first = 0; first < visible; first += block_size) {
+                const float *values =
+                    value_cache + block_table[first / block_size] * block_size * stride + kv_head * head_dim;
+                const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
+                for (Py_ssize_t j = 0; j < count; j++) {
+                    const float p = probs[first + j];
+                    const float *value = values + j * stride;
+#pragma omp simd
+                    for (Py_ssize_t d = 0; d < head_dim; d++) acc[d] += p * value[d];
+                }
+            }
+            for (Py_ssize_t d = 0; d < head_dim; d++) oh[g * head_dim + d] = acc[d];
+        }
+    }
+}
+
+#define ATTEND_ARGS                                                                                           \
+    const float *q, float *out, const float *key_cache, const float *value_cache, const int64_t *block_table, \
+        Py_ssize_t visible, Py_ssize_t block_size, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, Py_ssize_t group, \
+        float scale, float *scaled_q, float *scores
+#define ATTEND_PASS(dim) \
+    attend_token(q, out, key_cache, value_cache, block_table, visible, block_size, num_kv_heads, dim, group, \
+                 scale, scaled_q, scores)
+
+static CLONES void attend_token_d64(ATTEND_ARGS) { (void)head_dim; ATTEND_PASS(64); }
+static CLONES void attend_token_d128(ATTEND_ARGS) { (void)head_dim; ATTEND_PASS(128); }
+static CLONES void attend_token_any(ATTEND_ARGS) { ATTEND_PASS(head_dim); }
+
+/* attention(q, key_cache, value_cache, out, query_starts, context_lens, block_tables,
+ *           tokens, heads, kv_heads, head_dim, block_size, table_width, scale, threads)
+ * q/out [tokens, heads, head_dim]; caches [slots, kv_heads, head_dim]; sequence s owns token rows
+ * query_starts[s]..query_starts[s+1], the last of its context_lens[s] positions (causal). */
+static PyObject *py_attention(PyObject *self, PyObject *args)
+{
+    Py_buffer q, kc, vc, out, starts, lens, tables;
+    Py_ssize_t tokens, heads, kv_heads, head_dim, block_size, width;
+    double scale;
+    int threads;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*y*y*y*nnnnnndi", &q, &kc, &vc, &out, &starts, &lens, &tables, &tokens,
+                          &heads, &kv_heads, &head_dim, &block_size, &width, &scale, &threads))
+        return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t seqs = lens.len / (Py_ssize_t)sizeof(int64_t);
+    const Py_ssize_t row = heads * head_dim * (Py_ssize_t)sizeof(float);
+    if (kv_heads <= 0 || heads % kv_heads != 0 || block_size <= 0 || q.len != tokens * row || out.len != q.len ||
+        starts.len != (seqs + 1) * (Py_ssize_t)sizeof(int64_t) ||
+        tables.len != seqs * width * (Py_ssize_t)sizeof(int64_t) || kc.len != vc.len ||
+        kc.len % (kv_heads * head_dim * (Py_ssize_t)sizeof(float)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "attention: buffer sizes do not match the given shapes");
+        goto done;
+    }
+    const int64_t *query_starts = starts.buf, *context_lens = lens.buf, *block_tables = tables.buf;
+    const Py_ssize_t slots = kc.len / (kv_heads * head_dim * (Py_ssize_t)sizeof(float));
+    Py_ssize_t longest = 1;
+    for (Py_ssize_t s = 0; s < seqs; s++) {
+        const int64_t count = query_starts[s + 1] - query_starts[s];
+        if (count < 0 || count > context_lens[s] || query_starts[s + 1] > tokens ||
+            (context_lens[s] + block_size - 1) / block_size > width) {
+            PyErr_SetString(PyExc_ValueError, "attention: inconsistent query_starts/context_lens/block_tables");
+            goto done;
+        }
+        for (Py_ssize_t b = 0; b < (context_lens[s] + block_size - 1) / block_size; b++)
+            if (block_tables[s * width + b] < 0 || (block_tables[s * width + b] + 1) * block_size > slots) {
+                PyErr_SetString(PyExc_ValueError, "attention: block table entry outside the cache");
+                goto done;
+            }
+        longest = context_lens[s] > longest ? context_lens[s] : longest;
+    }
+    Py_ssize_t *token_seq = PyMem_RawMalloc((size_t)(tokens > 0 ? tokens : 1) * sizeof(Py_ssize_t));
+    if (token_seq == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t s = 0; s < seqs; s++)
+        for (int64_t t = query_starts[s]; t < query_starts[s + 1]; t++) token_seq[t] = s;
+    const Py_ssize_t group = heads / kv_heads;
+    void (*attend)(ATTEND_ARGS) =
+        head_dim == 64 ? attend_token_d64 : head_dim == 128 ? attend_token_d128 : attend_token_any;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (tokens > 1)
+    {
+        float *scratch = malloc((size_t)(group * head_dim + group * longest) * sizeof(float));
+        if (scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (Py_ssize_t t = 0; t < tokens; t++) {
+            if (scratch == NULL) continue;
+            const Py_ssize_t s = token_seq[t];
+            const Py_ssize_t visible = context_lens[s] - (query_starts[s + 1] - t) + 1;
+            const Py_ssize_t offset = t * heads * head_dim;
+            attend((const float *)q.buf + offset, (float *)out.buf + offset, kc.buf, vc.buf, block_tables + s * width,
+                   visible, block_size, kv_heads, head_dim, group, (float)scale, scratch, scratch + group * head_dim);
+        }
+        free(scratch);
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(token_seq);
+    if (failed)
+        PyErr_NoMemory();
+    else
+        result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&q);
+    PyBuffer_Release(&kc);
+    PyBuffer_Release(&vc);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&lens);
+    PyBuffer_Release(&tables);
+    return result;
+}
+
+/* RMSNorm of one row of (x + residual); the sum goes to `sum_out` when a residual is given. */
+static CLONES void rms_norm_row(const float *x, const float *residual, const float *weight, float *out,
+                                float *sum_out, Py_ssize_t cols, float eps)
+{
+    const float *src = x;
+    if (residual != NULL) {
+#pragma omp simd
+        for (Py_ssize_t i = 0; i < cols; i++) sum_out[i] = x[i] + residual[i];
+        src = sum_out;
+    }
+    float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+    for (Py_ssize_t i = 0; i < cols; i++) squares += src[i] * src[i];
+    const float scale = 1.0f / sqrtf(squares / (float)cols + eps);
+#pragma omp simd
+    for (Py_ssize_t i = 0; i < cols; i++) out[i] = src[i] * scale * weight[i];
+}
+
+/* rms_norm(x, residual or None, weight, eps, out, sum_out or None, rows, cols, threads) */
+static PyObject *py_rms_norm(PyObject *self, PyObject *args)
+{
+    Py_buffer x, weight, out, residual = {0}, sum_out = {0};
+    PyObject *residual_obj, *sum_obj;
+    Py_ssize_t rows, cols;
+    double eps;
+    int threads;
+    if (!PyArg_ParseTuple(args, "y*Oy*dw*Onni", &x, &residual_obj, &weight, &eps, &out, &sum_obj, &rows, &cols,
+                          &threads))
+        return NULL;
+    PyObject *result = NULL;
+    const int with_residual = residual_obj != Py_None;
+    if (with_residual && (PyObject_GetBuffer(residual_obj, &residual, PyBUF_SIMPLE) < 0 ||
+                          PyObject_GetBuffer(sum_obj, &sum_out, PyBUF_WRITABLE) < 0))
+        goto done;
+    const Py_ssize_t bytes = rows * cols * (Py_ssize_t)sizeof(float);
+    if (x.len != bytes || out.len != bytes || weight.len != cols * (Py_ssize_t)sizeof(float) ||
+        (with_residual && (residual.len != bytes || sum_out.len != bytes))) {
+        PyErr_SetString(PyExc_ValueError, "rms_norm: buffer sizes do not match rows x cols");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (rows >= 64)
+    for (Py_ssize_t r = 0; r < rows; r++)
+        rms_norm_row((const float *)x.buf + r * cols, with_residual ? (const float *)residual.buf + r * cols : NULL,
+                     weight.buf, (float *)out.buf + r * cols,
+                     with_residual ? (float *)sum_out.buf + r * cols : NULL, cols, (float)eps);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&weight);
+    PyBuffer_Release(&out);
+    if (residual.obj) PyBuffer_Release(&residual);
+    if (sum_out.obj) PyBuffer_Release(&sum_out);
+    return result;
+}
+
+/* silu(gate) * up for one row of [gate | up]. */
+static CLONES void silu_mul_row(const float *x, float *out, Py_ssize_t half)
+{
+#pragma omp simd
+    for (Py_ssize_t i = 0; i < half; i++) {
+        const float gate = x[i];
+        out[i] = gate / (1.0f + exp_f32(-gate)) * x[half + i];
+    }
+}
+
+/* silu_and_mul(x, out, rows, half, threads): x [rows, 2*half] -> out [rows, half] */
+static PyObject *py_silu_and_mul(PyObject *self, PyObject *args)
+{
+    Py_buffer x, out;
+    Py_ssize_t rows, half;
+    int threads;
+    if (!PyArg_ParseTuple(args, "y*w*nni", &x, &out, &rows, &half, &threads)) return NULL;
+    PyObject *result = NULL;
+    if (x.len != 2 * rows * half * (Py_ssize_t)sizeof(float) || out.len != rows * half * (Py_ssize_t)sizeof(float)) {
+        PyErr_SetString(PyExc_ValueError, "silu_and_mul: buffer sizes do not match rows x half");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (rows >= 16)
+        for (Py_ssize_t r = 0; r < rows; r++)
+            silu_mul_row((const float *)x.buf + 2 * r * half, (float *)out.buf + r * half, half);
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* Rotate-half rotary embedding of one token's heads at `position` (cos/sin rows of `half` values);
+ * columns past 2*half are copied unrotated. */
+static CLONES void rotary_row(const float *x, float *out, const float *cos_row, const float *sin_row,
+                              Py_ssize_t heads, Py_ssize_t head_dim, Py_ssize_t half)
+{
+    for (Py_ssize_t h = 0; h < heads; h++) {
+        const float *xh = x + h * head_dim;
+        float *oh = out + h * head_dim;
+#pragma omp simd
+        for (Py_ssize_t i = 0; i < half; i++) {
+            oh[i] = xh[i] * cos_row[i] - xh[half + i] * sin_row[i];
+            oh[half + i] = xh[half + i] * cos_row[i] + xh[i] * sin_row[i];
+        }
+        for (Py_ssize_t i = 2 * half; i < head_dim; i++) oh[i] = xh[i];
+    }
+}
+
+/* rotary(x, positions, cos, sin, out, tokens, heads, head_dim, half, threads) */
+static PyObject *py_rotary(PyObject *self, PyObject *args)
+{
+    Py_buffer x, positions, cos, sin, out;
+    Py_ssize_t tokens, heads, head_dim, half;
+    int threads;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*nnnni", &x, &positions, &cos, &sin, &out, &tokens, &heads, &head_dim,
+                          &half, &threads))
+        return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t bytes = tokens * heads * head_dim * (Py_ssize_t)sizeof(float);
+    const Py_ssize_t table_rows = cos.len / (half > 0 ? half * (Py_ssize_t)sizeof(float) : 1);
+    const int64_t *pos = positions.buf;
+    int bad = x.len != bytes || out.len != bytes || positions.len != tokens * (Py_ssize_t)sizeof(int64_t) ||
+              cos.len != sin.len || half <= 0 || 2 * half > head_dim;
+    for (Py_ssize_t t = 0; !bad && t < tokens; t++) bad = pos[t] < 0 || pos[t] >= table_rows;
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "rotary: buffer sizes or positions do not match the tables");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (tokens >= 64)
+        for (Py_ssize_t t = 0; t < tokens; t++)
+            rotary_row((const float *)x.buf + t * heads * head_dim, (float *)out.buf + t * heads * head_dim,
+                       (const float *)cos.buf + pos[t] * half, (const float *)sin.buf + pos[t] * half, heads, head_dim,
+                       half);
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&positions);
+    PyBuffer_Release(&cos);
+    PyBuffer_Release(&sin);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* ----------------------------------------------------------- dispatching */
+static int best_isa(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        return ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return ISA_AVX2; /* every AVX2 x86 CPU also has F16C */
+    return ISA_NONE;
+}
+
+static const char *isa_name(int isa)
+{
+    return isa == ISA_AVX512 ? "avx512" : isa == ISA_AVX2 ? "avx2" : "none";
+}
+
+static int isa_from_name(const char *name)
+{
+    if (strcmp(name, "avx512") == 0) return ISA_AVX512;
+    if (strcmp(name, "avx2") == 0) return ISA_AVX2;
+    return -1;
+}
+
+static Py_ssize_t packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
+{
+    const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
+    const Py_ssize_t block_bytes = kind == KIND_Q4_1 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES;
+    return panels * (depth / QBLOCK) * block_bytes;
+}
+
+static PyObject *py_best_isa(PyObject *self, PyObject *noargs)
+{
+    return PyUnicode_FromString(isa_name(best_isa()));
+}
+
+/* gemm(kind, x, packed, out, rows, cols, depth, isa, threads) */
+static PyObject *py_gemm(PyObject *self, PyObject *args)
+{
+    int kind, threads;
+    Py_buffer x, packed, out;
+    Py_ssize_t rows, cols, depth;
+    const char *isa_str;
+    if (!PyArg_ParseTuple(args, "iy*y*w*nnnsi", &kind, &x, &packed, &out, &rows, &cols, &depth, &isa_str,
+                          &threads))
+        return NULL;
+    PyObject *result = NULL;
+    const int isa = isa_from_name(isa_str);
+    if (kind != KIND_Q4_1 && kind != KIND_Q8_0) {
+        PyErr_Format(PyExc_ValueError, "unknown weight kind %d", kind);
+    } else if (isa < 0 || isa > best_isa()) {
+        PyErr_Format(PyExc_ValueError, "instruction set %s is not available (best: %s)", isa_str,
+                     isa_name(best_isa()));
+    } else if (rows < 0 || cols <= 0 || depth <= 0 || depth % QBLOCK != 0) {
+        PyErr_Format(PyExc_ValueError, "bad shape rows=%zd cols=%zd depth=%zd (depth must be a multiple of %d)",
+                     rows, cols, depth, QBLOCK);
+    } else if (x.len != rows * depth * (Py_ssize_t)sizeof(float) ||
+               out.len != rows * cols * (Py_ssize_t)sizeof(float) ||
+               packed.len != packed_bytes(kind, cols, depth)) {
+        PyErr_Format(PyExc_ValueError, "buffer sizes do not match rows=%zd cols=%zd depth=%zd", rows, cols,
+                     depth);
+    } else {
+        const struct gemm_args a = {x.buf, packed.buf, out.buf, rows, cols, depth, kind};
+        const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
+        Py_BEGIN_ALLOW_THREADS
+        if (rows > 0) {
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
+            for (Py_ssize_t p = 0; p < panels; p++) {
+                if (isa == ISA_AVX512)
+                    avx512_panel(&a, p);
+                else
+                    avx2_panel(&a, p);
+            }
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&packed);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"best_isa", py_best_isa, METH_NOARGS, "The widest instruction set this CPU runs: avx512, avx2 or none."},
+    {"attention", py_attention, METH_VARARGS, "Paged causal attention over block tables (see _native.c)."},
+    {"rms_norm", py_rms_norm, METH_VARARGS, "RMSNorm of x (+ residual), row by row."},
+    {"rotary", py_rotary, METH_VARARGS, "Rotate-half rotary embedding of [tokens, heads, head_dim]."},
+    {"silu_and_mul", py_silu_and_mul, METH_VARARGS, "silu(gate) * up of [gate | up] rows."},
+    {"gemm", py_gemm, METH_VARARGS,
+     "gemm(kind, x, packed, out, rows, cols, depth, isa, threads): out = x @ dequant(packed).T"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "Native cpu-backend kernels.", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "KIND_Q4_1", KIND_Q4_1) < 0 || PyModule_AddIntConstant(m, "KIND_Q8_0", KIND_Q8_0) < 0 ||
+        PyModule_AddIntConstant(m, "PANEL", PANEL) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -89,6 +89,9 @@ class CpuBackend(Backend):
         return _available_host_memory()
 
     def allocate_kv_cache(self, spec: KVCacheSpec) -> list[tuple[np.ndarray, np.ndarray]]:
+        if self.native_isa:
+            layer = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim, spec.dtype)
+            return [native.allocate_kv_cache(*layer) for _ in range(spec.num_layers)]
         slots = spec.num_blocks * spec.block_size
         shape = (slots, spec.num_kv_heads, spec.head_dim)
         return [(np.zeros(shape, spec.dtype), np.zeros(shape, spec.dtype)) for _ in range(spec.num_layers)]

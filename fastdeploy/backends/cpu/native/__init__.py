@@ -114,6 +114,15 @@ def attention_batch(layout: BatchLayout) -> AttentionBatch:
     )
 
 
+def allocate_kv_cache(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's (keys, values): keys transposed per block so positions are the fast axis."""
+    keys = np.zeros((num_blocks, num_kv_heads, head_dim, block_size), dtype)
+    values = np.zeros((num_blocks * block_size, num_kv_heads, head_dim), dtype)
+    return keys, values
+
+
 def attention(
     q: np.ndarray,
     k: np.ndarray,
@@ -123,15 +132,16 @@ def attention(
     scale: float,
     threads: int,
 ) -> np.ndarray:
-    """`Backend.attention` on [slots, kv_heads, head_dim] caches: writes k/v, then attends causally."""
+    """`Backend.attention` on caches from `allocate_kv_cache`: writes k/v, then attends causally."""
     key_cache, value_cache = kv_cache
-    key_cache[batch.slot_mapping] = k
-    value_cache[batch.slot_mapping] = v
     q = np.ascontiguousarray(q, np.float32)
     tokens, heads, head_dim = q.shape
     out = np.empty_like(q)
     _native.attention(
         q,
+        np.ascontiguousarray(k, np.float32),
+        np.ascontiguousarray(v, np.float32),
+        batch.slot_mapping,
         key_cache,
         value_cache,
         out,
@@ -140,7 +150,7 @@ def attention(
         batch.block_tables,
         tokens,
         heads,
-        key_cache.shape[1],
+        value_cache.shape[1],
         head_dim,
         batch.block_size,
         batch.block_tables.shape[1],

@@ -44,64 +44,116 @@ struct gemm_args {
     int kind;
 };
 
+/* Each instruction set has: dequantisation of one k row of a panel block (16 columns), a tile
+ * kernel multiplying up to ROWS activation rows by one panel straight from its blocks (few rows:
+ * every weight is used by few rows, so it is dequantised where it is used), and a tile kernel over
+ * a panel dequantised once into a float buffer (many rows: the buffer is reused by every row
+ * tile). Both produce the same float32 weights and sum over k in the same order. */
+#define BLOCK_BYTES(kind) ((kind) == KIND_Q4_1 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES)
+
 /* ---------------------------------------------------------------- AVX-512 */
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define AVX512_ROWS 16
 
+/* The weights of a panel block's k rows 2j and 2j+1 (Q4_1, both from one 16-byte load) or of
+ * row k (Q8_0); `d` and `m` are the block's scales and minimums as floats. */
 static inline __attribute__((always_inline)) AVX512_TARGET void
-avx512_tile(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row0, int rows, Py_ssize_t col0)
+avx512_q4_1_pair(const uint8_t *blk, int j, __m512 d, __m512 m, __m512 *even, __m512 *odd)
+{
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * j));
+    *even = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low))), d, m);
+    *odd = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low))), d, m);
+}
+
+static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_q8_0_row(const uint8_t *blk, int k, __m512 d)
+{
+    const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * k));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+}
+
+static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_scales(const uint8_t *blk, int offset)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + offset)));
+}
+
+/* Calls STEP(k, w) for the 32 k rows of a panel block, in order, with their weights w. */
+#define AVX512_FOR_BLOCK_ROWS(kind, blk, STEP)                                         \
+    do {                                                                               \
+        const __m512 d_ = avx512_scales(blk, 0);                                       \
+        if ((kind) == KIND_Q4_1) {                                                     \
+            const __m512 m_ = avx512_scales(blk, 32);                                  \
+            for (int j_ = 0; j_ < QBLOCK / 2; j_++) {                                  \
+                __m512 even_, odd_;                                                    \
+                avx512_q4_1_pair(blk, j_, d_, m_, &even_, &odd_);                      \
+                STEP(2 * j_, even_);                                                   \
+                STEP(2 * j_ + 1, odd_);                                                \
+            }                                                                          \
+        } else {                                                                       \
+            for (int k_ = 0; k_ < QBLOCK; k_++) STEP(k_, avx512_q8_0_row(blk, k_, d_)); \
+        }                                                                              \
+    } while (0)
+
+static inline __attribute__((always_inline)) AVX512_TARGET void
+avx512_store(const struct gemm_args *a, const __m512 *acc, Py_ssize_t row0, int rows, Py_ssize_t col0)
+{
+    const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
+    const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
+    for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + col0, mask, acc[r]);
+}
+
+static inline __attribute__((always_inline)) AVX512_TARGET void
+avx512_tile_blocks(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row0, int rows, Py_ssize_t col0)
 {
     __m512 acc[AVX512_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    const Py_ssize_t blocks = a->depth / QBLOCK;
     const float *x = a->x + row0 * a->depth;
-    if (a->kind == KIND_Q4_1) {
-        const __m128i low = _mm_set1_epi8(0x0F);
-        for (Py_ssize_t b = 0; b < blocks; b++) {
-            const uint8_t *blk = panel + b * Q4_1_PANEL_BLOCK_BYTES;
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
-            const uint8_t *qs = blk + 64;
-            const float *xb = x + b * QBLOCK;
-            for (int j = 0; j < QBLOCK / 2; j++) {
-                const __m128i v = _mm_loadu_si128((const __m128i *)(qs + 16 * j));
-                const __m128i q0 = _mm_and_si128(v, low);
-                const __m128i q1 = _mm_and_si128(_mm_srli_epi16(v, 4), low);
-                const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q0)), d, m);
-                for (int r = 0; r < rows; r++)
-                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * a->depth + 2 * j]), w0, acc[r]);
-                const __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q1)), d, m);
-                for (int r = 0; r < rows; r++)
-                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * a->depth + 2 * j + 1]), w1, acc[r]);
-            }
-        }
-    } else {
-        for (Py_ssize_t b = 0; b < blocks; b++) {
-            const uint8_t *blk = panel + b * Q8_0_PANEL_BLOCK_BYTES;
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-            const int8_t *qs = (const int8_t *)(blk + 32);
-            const float *xb = x + b * QBLOCK;
-            for (int k = 0; k < QBLOCK; k++) {
-                const __m128i q = _mm_loadu_si128((const __m128i *)(qs + 16 * k));
-                const __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
-                for (int r = 0; r < rows; r++)
-                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * a->depth + k]), w, acc[r]);
-            }
-        }
+    for (Py_ssize_t b = 0; b < a->depth / QBLOCK; b++) {
+        const float *xb = x + b * QBLOCK;
+#define ACCUMULATE(k, w) \
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * a->depth + (k)]), (w), acc[r])
+        AVX512_FOR_BLOCK_ROWS(a->kind, panel + b * BLOCK_BYTES(a->kind), ACCUMULATE);
+#undef ACCUMULATE
     }
-    const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
-    const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
-    for (int r = 0; r < rows; r++)
-        _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + col0, mask, acc[r]);
+    avx512_store(a, acc, row0, rows, col0);
 }
 
-#define AVX512_CASE(n) case n: avx512_tile(a, panel, row0, n, col0); break;
-
-static AVX512_TARGET void avx512_panel(const struct gemm_args *a, Py_ssize_t p)
+static inline __attribute__((always_inline)) AVX512_TARGET void
+avx512_tile_floats(const struct gemm_args *a, const float *weights, Py_ssize_t row0, int rows, Py_ssize_t col0)
 {
-    const Py_ssize_t block_bytes = a->kind == KIND_Q4_1 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES;
-    const uint8_t *panel = a->packed + p * (a->depth / QBLOCK) * block_bytes;
+    __m512 acc[AVX512_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    const float *x = a->x + row0 * a->depth;
+    for (Py_ssize_t k = 0; k < a->depth; k++) {
+        const __m512 w = _mm512_loadu_ps(weights + k * PANEL);
+        for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * a->depth + k]), w, acc[r]);
+    }
+    avx512_store(a, acc, row0, rows, col0);
+}
+
+#define AVX512_CASE(n)                                              \
+    case n:                                                         \
+        if (weights)                                                \
+            avx512_tile_floats(a, weights, row0, n, col0);          \
+        else                                                        \
+            avx512_tile_blocks(a, panel, row0, n, col0);            \
+        break;
+
+/* One panel of output columns for all rows; `weights` is a depth x 16 float scratch buffer. */
+static AVX512_TARGET void avx512_panel(const struct gemm_args *a, Py_ssize_t p, float *weights)
+{
+    const uint8_t *panel = a->packed + p * (a->depth / QBLOCK) * BLOCK_BYTES(a->kind);
     const Py_ssize_t col0 = p * PANEL;
+    if (a->rows <= AVX512_ROWS || weights == NULL) { /* few rows, or no scratch memory */
+        weights = NULL;
+    } else {
+        for (Py_ssize_t b = 0; b < a->depth / QBLOCK; b++) {
+            float *wb = weights + b * QBLOCK * PANEL;
+#define STORE(k, w) _mm512_storeu_ps(wb + (k) * PANEL, (w))
+            AVX512_FOR_BLOCK_ROWS(a->kind, panel + b * BLOCK_BYTES(a->kind), STORE);
+#undef STORE
+        }
+    }
     for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX512_ROWS) {
         const Py_ssize_t left = a->rows - row0;
         /* constant row counts let the compiler keep every accumulator in a register */
@@ -118,79 +170,80 @@ static AVX512_TARGET void avx512_panel(const struct gemm_args *a, Py_ssize_t p)
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 #define AVX2_ROWS 4
 
+/* the 16 weights of row k of a panel block, as columns 0-7 and 8-15 */
 static inline __attribute__((always_inline)) AVX2_TARGET void
-avx2_tile(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row0, int rows, Py_ssize_t col0)
+avx2_weights(int kind, const uint8_t *blk, int k, __m256 *lo, __m256 *hi)
 {
-    __m256 lo[AVX2_ROWS], hi[AVX2_ROWS]; /* columns 0-7 and 8-15 of the panel */
-    for (int r = 0; r < rows; r++) lo[r] = hi[r] = _mm256_setzero_ps();
-    const Py_ssize_t blocks = a->depth / QBLOCK;
-    const float *x = a->x + row0 * a->depth;
-    if (a->kind == KIND_Q4_1) {
-        const __m128i low = _mm_set1_epi8(0x0F);
-        for (Py_ssize_t b = 0; b < blocks; b++) {
-            const uint8_t *blk = panel + b * Q4_1_PANEL_BLOCK_BYTES;
-            const __m256 d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-            const __m256 d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
-            const __m256 m_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32)));
-            const __m256 m_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48)));
-            const uint8_t *qs = blk + 64;
-            const float *xb = x + b * QBLOCK;
-            for (int j = 0; j < QBLOCK / 2; j++) {
-                const __m128i v = _mm_loadu_si128((const __m128i *)(qs + 16 * j));
-                for (int half = 0; half < 2; half++) {
-                    const __m128i q = half ? _mm_and_si128(_mm_srli_epi16(v, 4), low) : _mm_and_si128(v, low);
-                    const __m256 w_lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), d_lo, m_lo);
-                    const __m256 w_hi = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), d_hi, m_hi);
-                    for (int r = 0; r < rows; r++) {
-                        const __m256 xv = _mm256_broadcast_ss(xb + r * a->depth + 2 * j + half);
-                        lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
-                        hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
-                    }
-                }
-            }
-        }
-    } else {
-        for (Py_ssize_t b = 0; b < blocks; b++) {
-            const uint8_t *blk = panel + b * Q8_0_PANEL_BLOCK_BYTES;
-            const __m256 d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-            const __m256 d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
-            const int8_t *qs = (const int8_t *)(blk + 32);
-            const float *xb = x + b * QBLOCK;
-            for (int k = 0; k < QBLOCK; k++) {
-                const __m128i q = _mm_loadu_si128((const __m128i *)(qs + 16 * k));
-                const __m256 w_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d_lo);
-                const __m256 w_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), d_hi);
-                for (int r = 0; r < rows; r++) {
-                    const __m256 xv = _mm256_broadcast_ss(xb + r * a->depth + k);
-                    lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
-                    hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
-                }
-            }
-        }
+    const __m256 d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+    const __m256 d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+    if (kind == KIND_Q4_1) {
+        const __m256 m_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32)));
+        const __m256 m_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48)));
+        __m128i q = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * (k / 2)));
+        if (k % 2) q = _mm_srli_epi16(q, 4);
+        q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
+        *lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), d_lo, m_lo);
+        *hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), d_hi, m_hi);
+        return;
     }
+    const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * k));
+    *lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d_lo);
+    *hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), d_hi);
+}
+
+static inline __attribute__((always_inline)) AVX2_TARGET void
+avx2_store(const struct gemm_args *a, const __m256 *lo, const __m256 *hi, Py_ssize_t row0, int rows, Py_ssize_t col0)
+{
     const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
     for (int r = 0; r < rows; r++) {
         float *dst = a->out + (row0 + r) * a->cols + col0;
-        if (valid == PANEL) {
-            _mm256_storeu_ps(dst, lo[r]);
-            _mm256_storeu_ps(dst + 8, hi[r]);
-        } else {
-            float tmp[PANEL];
-            _mm256_storeu_ps(tmp, lo[r]);
-            _mm256_storeu_ps(tmp + 8, hi[r]);
-            memcpy(dst, tmp, (size_t)valid * sizeof(float));
-        }
+        float tmp[PANEL];
+        _mm256_storeu_ps(tmp, lo[r]);
+        _mm256_storeu_ps(tmp + 8, hi[r]);
+        memcpy(dst, tmp, (size_t)valid * sizeof(float));
     }
 }
 
-#define AVX2_CASE(n) case n: avx2_tile(a, panel, row0, n, col0); break;
-
-static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p)
+static inline __attribute__((always_inline)) AVX2_TARGET void
+avx2_tile(const struct gemm_args *a, const uint8_t *panel, const float *weights, Py_ssize_t row0, int rows,
+          Py_ssize_t col0)
 {
-    const Py_ssize_t block_bytes = a->kind == KIND_Q4_1 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES;
-    const uint8_t *panel = a->packed + p * (a->depth / QBLOCK) * block_bytes;
+    __m256 lo[AVX2_ROWS], hi[AVX2_ROWS];
+    for (int r = 0; r < rows; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    const float *x = a->x + row0 * a->depth;
+    for (Py_ssize_t k = 0; k < a->depth; k++) {
+        __m256 w_lo, w_hi;
+        if (weights) {
+            w_lo = _mm256_loadu_ps(weights + k * PANEL);
+            w_hi = _mm256_loadu_ps(weights + k * PANEL + 8);
+        } else {
+            avx2_weights(a->kind, panel + k / QBLOCK * BLOCK_BYTES(a->kind), (int)(k % QBLOCK), &w_lo, &w_hi);
+        }
+        for (int r = 0; r < rows; r++) {
+            const __m256 xv = _mm256_broadcast_ss(x + r * a->depth + k);
+            lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
+            hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
+        }
+    }
+    avx2_store(a, lo, hi, row0, rows, col0);
+}
+
+#define AVX2_CASE(n) case n: avx2_tile(a, panel, weights, row0, n, col0); break;
+
+static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p, float *weights)
+{
+    const uint8_t *panel = a->packed + p * (a->depth / QBLOCK) * BLOCK_BYTES(a->kind);
     const Py_ssize_t col0 = p * PANEL;
+    if (a->rows <= AVX2_ROWS || weights == NULL) {
+        weights = NULL;
+    } else {
+        for (Py_ssize_t k = 0; k < a->depth; k++) {
+            __m256 w_lo, w_hi;
+            avx2_weights(a->kind, panel + k / QBLOCK * BLOCK_BYTES(a->kind), (int)(k % QBLOCK), &w_lo, &w_hi);
+            _mm256_storeu_ps(weights + k * PANEL, w_lo);
+            _mm256_storeu_ps(weights + k * PANEL + 8, w_hi);
+        }
+    }
     for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX2_ROWS) {
         const Py_ssize_t left = a->rows - row0;
         switch (left < AVX2_ROWS ? (int)left : AVX2_ROWS) {
@@ -210,7 +263,8 @@ static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p)
 static inline __attribute__((always_inline)) float exp_f32(float x)
 {
     x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
-    const float n = __builtin_roundevenf(x * 1.44269504f);
+    /* round to nearest by adding and removing 1.5 * 2^23 (vectorises, unlike rintf) */
+    const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
     const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f; /* ln2 split in two for accuracy */
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
@@ -224,157 +278,209 @@ static inline __attribute__((always_inline)) float exp_f32(float x)
     return p * scale.f;
 }
 
-/* Attention of one query token's heads over its first `visible` cache positions, kv head by kv
- * head: scores, softmax (normalised like numpy's), then the probability-weighted values. Inlined
- * into one function per common head size so the compiler unrolls the head_dim loops. */
+/* Attention work is split into items: one kv head of one sequence for up to ATTN_TILE of its
+ * query tokens. Keys are cached transposed per block ([blocks, kv_heads, head_dim, block_size]),
+ * so scores for a run of positions come from broadcasting one query element at a time (vectorised
+ * over positions, no horizontal sums). Values are cached [slots, kv_heads, head_dim]. Each query
+ * head takes a softmax (normalised like numpy's) and its probability-weighted values. */
+#define ATTN_TILE 32
+#define ATTN_CHUNK 64 /* positions scored at once when the block size allows; kept in registers */
+
+struct attn_item {
+    Py_ssize_t seq, kv_head, token0, tokens;
+};
+
+/* scores[j] = q . key_j for the `count` positions of one cached key block ([head_dim][block_size]). */
 static inline __attribute__((always_inline)) void
-attend_token(const float *q, float *out, const float *key_cache, const float *value_cache,
-             const int64_t *block_table, Py_ssize_t visible, Py_ssize_t block_size, Py_ssize_t num_kv_heads,
-             const Py_ssize_t head_dim, Py_ssize_t group, float scale, float *scaled_q, float *scores)
+score_block(const float *q_scaled, const float *keys_t, Py_ssize_t block_size, Py_ssize_t count,
+            const Py_ssize_t head_dim, float *scores)
 {
-    const Py_ssize_t stride = num_kv_heads * head_dim;
-    for (Py_ssize_t kv_head = 0; kv_head < num_kv_heads; kv_head++) {
-        const float *qh = q + kv_head * group * head_dim;
-        float *oh = out + kv_head * group * head_dim;
-        for (Py_ssize_t i = 0; i < group * head_dim; i++) scaled_q[i] = qh[i] * scale;
-        for (Py_ssize_t first = 0; first < visible; first += block_size) {
-            const float *keys = key_cache + block_table[first / block_size] * block_size * stride + kv_head * head_dim;
-            const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
-            for (Py_ssize_t j = 0; j < count; j++) {
-                const float *key = keys + j * stride;
-                for (Py_ssize_t g = 0; g < group; g++) {
-                    const float *qg = scaled_q + g * head_dim;
-                    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                    for (Py_ssize_t d = 0; d < head_dim; d++) dot += qg[d] * key[d];
-                    scores[g * visible + first + j] = dot;
-                }
+    if (block_size % ATTN_CHUNK == 0) {
+        for (Py_ssize_t c = 0; c < count; c += ATTN_CHUNK) {
+            float acc[ATTN_CHUNK] = {0};
+            for (Py_ssize_t d = 0; d < head_dim; d++) {
+                const float qd = q_scaled[d];
+                const float *row = keys_t + d * block_size + c;
+#pragma omp simd
+                for (int jj = 0; jj < ATTN_CHUNK; jj++) acc[jj] += qd * row[jj];
             }
+            const Py_ssize_t n = count - c < ATTN_CHUNK ? count - c : ATTN_CHUNK;
+            for (Py_ssize_t jj = 0; jj < n; jj++) scores[c + jj] = acc[jj];
         }
+    } else {
+        for (Py_ssize_t j = 0; j < count; j++) scores[j] = 0.0f;
+        for (Py_ssize_t d = 0; d < head_dim; d++) {
+            const float qd = q_scaled[d];
+            const float *row = keys_t + d * block_size;
+#pragma omp simd
+            for (Py_ssize_t j = 0; j < count; j++) scores[j] += qd * row[j];
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void
+attend_item(const struct attn_item *item, const float *q, float *out, const float *key_cache, const float *value_cache,
+            const int64_t *query_starts, const int64_t *context_lens, const int64_t *block_tables, Py_ssize_t width,
+            Py_ssize_t block_size, Py_ssize_t heads, Py_ssize_t num_kv_heads, const Py_ssize_t head_dim, float scale,
+            float *q_scaled, float *scores)
+{
+    const Py_ssize_t stride = num_kv_heads * head_dim, group = heads / num_kv_heads, s = item->seq;
+    const int64_t *table = block_tables + s * width;
+    /* positions visible to the item's first token; each later token sees one more */
+    const Py_ssize_t first_visible = context_lens[s] - (query_starts[s + 1] - item->token0) + 1;
+    for (Py_ssize_t t = 0; t < item->tokens; t++) {
+        const Py_ssize_t visible = first_visible + t;
         for (Py_ssize_t g = 0; g < group; g++) {
-            float *row = scores + g * visible;
-            float peak = row[0], total = 0.0f;
+            const Py_ssize_t offset = (item->token0 + t) * heads * head_dim + (item->kv_head * group + g) * head_dim;
+            for (Py_ssize_t d = 0; d < head_dim; d++) q_scaled[d] = q[offset + d] * scale;
+            for (Py_ssize_t first = 0; first < visible; first += block_size) {
+                const float *keys_t = key_cache + (table[first / block_size] * num_kv_heads + item->kv_head) * head_dim * block_size;
+                const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
+                score_block(q_scaled, keys_t, block_size, count, head_dim, scores + first);
+            }
+            float peak = scores[0], total = 0.0f;
 #pragma omp simd reduction(max : peak)
-            for (Py_ssize_t j = 0; j < visible; j++) peak = row[j] > peak ? row[j] : peak;
+            for (Py_ssize_t j = 0; j < visible; j++) peak = scores[j] > peak ? scores[j] : peak;
 #pragma omp simd reduction(+ : total)
             for (Py_ssize_t j = 0; j < visible; j++) {
-                row[j] = exp_f32(row[j] - peak);
-                total += row[j];
+                scores[j] = exp_f32(scores[j] - peak);
+                total += scores[j];
             }
             const float inverse = 1.0f / total;
 #pragma omp simd
-            for (Py_ssize_t j = 0; j < visible; j++) row[j] *= inverse;
-        }
-        for (Py_ssize_t g = 0; g < group; g++) {
+            for (Py_ssize_t j = 0; j < visible; j++) scores[j] *= inverse;
             float acc[head_dim];
             for (Py_ssize_t d = 0; d < head_dim; d++) acc[d] = 0.0f;
-            const float *probs = scores + g * visible;
             for (Py_ssize_t first = 0; first < visible; first += block_size) {
-                const float *values =
-                    value_cache + block_table[first / block_size] * block_size * stride + kv_head * head_dim;
+                const float *values = value_cache + table[first / block_size] * block_size * stride + item->kv_head * head_dim;
                 const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
                 for (Py_ssize_t j = 0; j < count; j++) {
-                    const float p = probs[first + j];
+                    const float p = scores[first + j];
                     const float *value = values + j * stride;
 #pragma omp simd
                     for (Py_ssize_t d = 0; d < head_dim; d++) acc[d] += p * value[d];
                 }
             }
-            for (Py_ssize_t d = 0; d < head_dim; d++) oh[g * head_dim + d] = acc[d];
+            for (Py_ssize_t d = 0; d < head_dim; d++) out[offset + d] = acc[d];
         }
     }
 }
 
-#define ATTEND_ARGS                                                                                           \
-    const float *q, float *out, const float *key_cache, const float *value_cache, const int64_t *block_table, \
-        Py_ssize_t visible, Py_ssize_t block_size, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, Py_ssize_t group, \
-        float scale, float *scaled_q, float *scores
-#define ATTEND_PASS(dim) \
-    attend_token(q, out, key_cache, value_cache, block_table, visible, block_size, num_kv_heads, dim, group, \
-                 scale, scaled_q, scores)
+#define ATTEND_ARGS                                                                                             \
+    const struct attn_item *item, const float *q, float *out, const float *key_cache, const float *value_cache, \
+        const int64_t *query_starts, const int64_t *context_lens, const int64_t *block_tables, Py_ssize_t width,  \
+        Py_ssize_t block_size, Py_ssize_t heads, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale,       \
+        float *q_scaled, float *scores
+#define ATTEND_PASS(dim)                                                                                         \
+    attend_item(item, q, out, key_cache, value_cache, query_starts, context_lens, block_tables, width, block_size, \
+                heads, num_kv_heads, dim, scale, q_scaled, scores)
 
-static CLONES void attend_token_d64(ATTEND_ARGS) { (void)head_dim; ATTEND_PASS(64); }
-static CLONES void attend_token_d128(ATTEND_ARGS) { (void)head_dim; ATTEND_PASS(128); }
-static CLONES void attend_token_any(ATTEND_ARGS) { ATTEND_PASS(head_dim); }
+/* one clone set per common head size, so the compiler unrolls the head_dim loops */
+static CLONES void attend_item_d64(ATTEND_ARGS) { (void)head_dim; ATTEND_PASS(64); }
+static CLONES void attend_item_d128(ATTEND_ARGS) { (void)head_dim; ATTEND_PASS(128); }
+static CLONES void attend_item_any(ATTEND_ARGS) { ATTEND_PASS(head_dim); }
 
-/* attention(q, key_cache, value_cache, out, query_starts, context_lens, block_tables,
- *           tokens, heads, kv_heads, head_dim, block_size, table_width, scale, threads)
- * q/out [tokens, heads, head_dim]; caches [slots, kv_heads, head_dim]; sequence s owns token rows
+/* attention(q, k, v, slot_mapping, key_cache, value_cache, out, query_starts, context_lens,
+ *           block_tables, tokens, heads, kv_heads, head_dim, block_size, table_width, scale, threads)
+ * First writes each token's k/v [tokens, kv_heads, head_dim] to its cache slot, then attends.
+ * q/out [tokens, heads, head_dim]; key_cache [blocks, kv_heads, head_dim, block_size]; value_cache
+ * [slots, kv_heads, head_dim]; sequence s owns token rows
  * query_starts[s]..query_starts[s+1], the last of its context_lens[s] positions (causal). */
 static PyObject *py_attention(PyObject *self, PyObject *args)
 {
-    Py_buffer q, kc, vc, out, starts, lens, tables;
+    Py_buffer q, k, v, slot_mapping, kc, vc, out, starts, lens, tables;
     Py_ssize_t tokens, heads, kv_heads, head_dim, block_size, width;
     double scale;
     int threads;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*y*y*y*nnnnnndi", &q, &kc, &vc, &out, &starts, &lens, &tables, &tokens,
-                          &heads, &kv_heads, &head_dim, &block_size, &width, &scale, &threads))
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*y*y*y*nnnnnndi", &q, &k, &v, &slot_mapping, &kc, &vc, &out, &starts,
+                          &lens, &tables, &tokens, &heads, &kv_heads, &head_dim, &block_size, &width, &scale,
+                          &threads))
         return NULL;
     PyObject *result = NULL;
+    struct attn_item *items = NULL;
     const Py_ssize_t seqs = lens.len / (Py_ssize_t)sizeof(int64_t);
     const Py_ssize_t row = heads * head_dim * (Py_ssize_t)sizeof(float);
-    if (kv_heads <= 0 || heads % kv_heads != 0 || block_size <= 0 || q.len != tokens * row || out.len != q.len ||
-        starts.len != (seqs + 1) * (Py_ssize_t)sizeof(int64_t) ||
+    if (kv_heads <= 0 || heads % kv_heads != 0 || head_dim <= 0 || block_size <= 0 || q.len != tokens * row ||
+        out.len != q.len || starts.len != (seqs + 1) * (Py_ssize_t)sizeof(int64_t) ||
         tables.len != seqs * width * (Py_ssize_t)sizeof(int64_t) || kc.len != vc.len ||
-        kc.len % (kv_heads * head_dim * (Py_ssize_t)sizeof(float)) != 0) {
+        kc.len % (kv_heads * head_dim * (Py_ssize_t)sizeof(float)) != 0 ||
+        k.len != tokens * kv_heads * head_dim * (Py_ssize_t)sizeof(float) || v.len != k.len ||
+        slot_mapping.len != tokens * (Py_ssize_t)sizeof(int64_t)) {
         PyErr_SetString(PyExc_ValueError, "attention: buffer sizes do not match the given shapes");
         goto done;
     }
     const int64_t *query_starts = starts.buf, *context_lens = lens.buf, *block_tables = tables.buf;
     const Py_ssize_t slots = kc.len / (kv_heads * head_dim * (Py_ssize_t)sizeof(float));
-    Py_ssize_t longest = 1;
+    Py_ssize_t longest = 1, count = 0;
     for (Py_ssize_t s = 0; s < seqs; s++) {
-        const int64_t count = query_starts[s + 1] - query_starts[s];
-        if (count < 0 || count > context_lens[s] || query_starts[s + 1] > tokens ||
-            (context_lens[s] + block_size - 1) / block_size > width) {
-            PyErr_SetString(PyExc_ValueError, "attention: inconsistent query_starts/context_lens/block_tables");
+        const int64_t queries = query_starts[s + 1] - query_starts[s];
+        const Py_ssize_t blocks = (context_lens[s] + block_size - 1) / block_size;
+        int bad = queries < 0 || queries > context_lens[s] || query_starts[s + 1] > tokens || blocks > width;
+        for (Py_ssize_t b = 0; !bad && b < blocks; b++)
+            bad = block_tables[s * width + b] < 0 || (block_tables[s * width + b] + 1) * block_size > slots;
+        if (bad) {
+            PyErr_SetString(PyExc_ValueError,
+                            "attention: query_starts/context_lens/block_tables disagree with each other or the cache");
             goto done;
         }
-        for (Py_ssize_t b = 0; b < (context_lens[s] + block_size - 1) / block_size; b++)
-            if (block_tables[s * width + b] < 0 || (block_tables[s * width + b] + 1) * block_size > slots) {
-                PyErr_SetString(PyExc_ValueError, "attention: block table entry outside the cache");
-                goto done;
-            }
         longest = context_lens[s] > longest ? context_lens[s] : longest;
+        count += (queries + ATTN_TILE - 1) / ATTN_TILE * kv_heads;
     }
-    Py_ssize_t *token_seq = PyMem_RawMalloc((size_t)(tokens > 0 ? tokens : 1) * sizeof(Py_ssize_t));
-    if (token_seq == NULL) {
+    items = PyMem_RawMalloc((size_t)(count > 0 ? count : 1) * sizeof(struct attn_item));
+    if (items == NULL) {
         PyErr_NoMemory();
         goto done;
     }
+    const int64_t *slot_of = slot_mapping.buf;
+    for (Py_ssize_t t = 0; t < tokens; t++)
+        if (slot_of[t] < 0 || slot_of[t] >= slots) {
+            PyErr_Format(PyExc_ValueError, "attention: slot %lld of token %zd is outside the cache", (long long)slot_of[t], t);
+            goto done;
+        }
+    /* keys go to [block][kv_head][d][offset], values to [slot][kv_head][d] */
+    const Py_ssize_t kv_row = kv_heads * head_dim;
+    for (Py_ssize_t t = 0; t < tokens; t++) {
+        const float *key = (const float *)k.buf + t * kv_row, *value = (const float *)v.buf + t * kv_row;
+        float *keys_block = (float *)kc.buf + slot_of[t] / block_size * kv_row * block_size + slot_of[t] % block_size;
+        for (Py_ssize_t i = 0; i < kv_row; i++) keys_block[i * block_size] = key[i];
+        memcpy((float *)vc.buf + slot_of[t] * kv_row, value, (size_t)kv_row * sizeof(float));
+    }
+    Py_ssize_t n = 0;
     for (Py_ssize_t s = 0; s < seqs; s++)
-        for (int64_t t = query_starts[s]; t < query_starts[s + 1]; t++) token_seq[t] = s;
-    const Py_ssize_t group = heads / kv_heads;
-    void (*attend)(ATTEND_ARGS) =
-        head_dim == 64 ? attend_token_d64 : head_dim == 128 ? attend_token_d128 : attend_token_any;
+        for (int64_t t0 = query_starts[s]; t0 < query_starts[s + 1]; t0 += ATTN_TILE)
+            for (Py_ssize_t h = 0; h < kv_heads; h++) {
+                const Py_ssize_t left = query_starts[s + 1] - t0;
+                items[n++] = (struct attn_item){s, h, t0, left < ATTN_TILE ? left : ATTN_TILE};
+            }
+    void (*attend)(ATTEND_ARGS) = head_dim == 64 ? attend_item_d64 : head_dim == 128 ? attend_item_d128 : attend_item_any;
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
-#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (tokens > 1)
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (count > 1)
     {
-        float *scratch = malloc((size_t)(group * head_dim + group * longest) * sizeof(float));
+        float *scratch = malloc((size_t)(head_dim + longest) * sizeof(float));
         if (scratch == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (Py_ssize_t t = 0; t < tokens; t++) {
-            if (scratch == NULL) continue;
-            const Py_ssize_t s = token_seq[t];
-            const Py_ssize_t visible = context_lens[s] - (query_starts[s + 1] - t) + 1;
-            const Py_ssize_t offset = t * heads * head_dim;
-            attend((const float *)q.buf + offset, (float *)out.buf + offset, kc.buf, vc.buf, block_tables + s * width,
-                   visible, block_size, kv_heads, head_dim, group, (float)scale, scratch, scratch + group * head_dim);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (scratch != NULL)
+                attend(&items[i], q.buf, out.buf, kc.buf, vc.buf, query_starts, context_lens, block_tables, width,
+                       block_size, heads, kv_heads, head_dim, (float)scale, scratch, scratch + head_dim);
         }
         free(scratch);
     }
     Py_END_ALLOW_THREADS
-    PyMem_RawFree(token_seq);
     if (failed)
         PyErr_NoMemory();
     else
         result = Py_NewRef(Py_None);
 done:
+    PyMem_RawFree(items);
     PyBuffer_Release(&q);
+    PyBuffer_Release(&k);
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&slot_mapping);
     PyBuffer_Release(&kc);
     PyBuffer_Release(&vc);
     PyBuffer_Release(&out);
@@ -593,12 +699,17 @@ static PyObject *py_gemm(PyObject *self, PyObject *args)
         const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
         Py_BEGIN_ALLOW_THREADS
         if (rows > 0) {
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
-            for (Py_ssize_t p = 0; p < panels; p++) {
-                if (isa == ISA_AVX512)
-                    avx512_panel(&a, p);
-                else
-                    avx2_panel(&a, p);
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+            {
+                float *weights = aligned_alloc(64, (size_t)depth * PANEL * sizeof(float));
+#pragma omp for schedule(static)
+                for (Py_ssize_t p = 0; p < panels; p++) {
+                    if (isa == ISA_AVX512)
+                        avx512_panel(&a, p, weights);
+                    else
+                        avx2_panel(&a, p, weights);
+                }
+                free(weights);
             }
         }
         Py_END_ALLOW_THREADS

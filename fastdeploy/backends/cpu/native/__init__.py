@@ -117,9 +117,10 @@ def attention_batch(layout: BatchLayout) -> AttentionBatch:
 def allocate_kv_cache(
     num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: np.dtype
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One layer's (keys, values): keys transposed per block so positions are the fast axis."""
+    """One layer's (keys, values), each kv head's block contiguous; keys transposed so positions
+    are the fast axis of the score computation."""
     keys = np.zeros((num_blocks, num_kv_heads, head_dim, block_size), dtype)
-    values = np.zeros((num_blocks * block_size, num_kv_heads, head_dim), dtype)
+    values = np.zeros((num_blocks, num_kv_heads, block_size, head_dim), dtype)
     return keys, values
 
 

@@ -324,7 +324,8 @@ attend_item(const struct attn_item *item, const float *q, float *out, const floa
             Py_ssize_t block_size, Py_ssize_t heads, Py_ssize_t num_kv_heads, const Py_ssize_t head_dim, float scale,
             float *q_scaled, float *scores)
 {
-    const Py_ssize_t stride = num_kv_heads * head_dim, group = heads / num_kv_heads, s = item->seq;
+    const Py_ssize_t group = heads / num_kv_heads, s = item->seq;
+    const Py_ssize_t block_floats = head_dim * block_size; /* one kv head of one block */
     const int64_t *table = block_tables + s * width;
     /* positions visible to the item's first token; each later token sees one more */
     const Py_ssize_t first_visible = context_lens[s] - (query_starts[s + 1] - item->token0) + 1;
@@ -334,7 +335,7 @@ attend_item(const struct attn_item *item, const float *q, float *out, const floa
             const Py_ssize_t offset = (item->token0 + t) * heads * head_dim + (item->kv_head * group + g) * head_dim;
             for (Py_ssize_t d = 0; d < head_dim; d++) q_scaled[d] = q[offset + d] * scale;
             for (Py_ssize_t first = 0; first < visible; first += block_size) {
-                const float *keys_t = key_cache + (table[first / block_size] * num_kv_heads + item->kv_head) * head_dim * block_size;
+                const float *keys_t = key_cache + (table[first / block_size] * num_kv_heads + item->kv_head) * block_floats;
                 const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
                 score_block(q_scaled, keys_t, block_size, count, head_dim, scores + first);
             }
@@ -352,11 +353,11 @@ attend_item(const struct attn_item *item, const float *q, float *out, const floa
             float acc[head_dim];
             for (Py_ssize_t d = 0; d < head_dim; d++) acc[d] = 0.0f;
             for (Py_ssize_t first = 0; first < visible; first += block_size) {
-                const float *values = value_cache + table[first / block_size] * block_size * stride + item->kv_head * head_dim;
+                const float *values = value_cache + (table[first / block_size] * num_kv_heads + item->kv_head) * block_floats;
                 const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
                 for (Py_ssize_t j = 0; j < count; j++) {
                     const float p = scores[first + j];
-                    const float *value = values + j * stride;
+                    const float *value = values + j * head_dim;
 #pragma omp simd
                     for (Py_ssize_t d = 0; d < head_dim; d++) acc[d] += p * value[d];
                 }
@@ -384,7 +385,7 @@ static CLONES void attend_item_any(ATTEND_ARGS) { ATTEND_PASS(head_dim); }
  *           block_tables, tokens, heads, kv_heads, head_dim, block_size, table_width, scale, threads)
  * First writes each token's k/v [tokens, kv_heads, head_dim] to its cache slot, then attends.
  * q/out [tokens, heads, head_dim]; key_cache [blocks, kv_heads, head_dim, block_size]; value_cache
- * [slots, kv_heads, head_dim]; sequence s owns token rows
+ * [blocks, kv_heads, block_size, head_dim] (one kv head's block is contiguous); sequence s owns token rows
  * query_starts[s]..query_starts[s+1], the last of its context_lens[s] positions (causal). */
 static PyObject *py_attention(PyObject *self, PyObject *args)
 {
@@ -437,14 +438,6 @@ static PyObject *py_attention(PyObject *self, PyObject *args)
             PyErr_Format(PyExc_ValueError, "attention: slot %lld of token %zd is outside the cache", (long long)slot_of[t], t);
             goto done;
         }
-    /* keys go to [block][kv_head][d][offset], values to [slot][kv_head][d] */
-    const Py_ssize_t kv_row = kv_heads * head_dim;
-    for (Py_ssize_t t = 0; t < tokens; t++) {
-        const float *key = (const float *)k.buf + t * kv_row, *value = (const float *)v.buf + t * kv_row;
-        float *keys_block = (float *)kc.buf + slot_of[t] / block_size * kv_row * block_size + slot_of[t] % block_size;
-        for (Py_ssize_t i = 0; i < kv_row; i++) keys_block[i * block_size] = key[i];
-        memcpy((float *)vc.buf + slot_of[t] * kv_row, value, (size_t)kv_row * sizeof(float));
-    }
     Py_ssize_t n = 0;
     for (Py_ssize_t s = 0; s < seqs; s++)
         for (int64_t t0 = query_starts[s]; t0 < query_starts[s + 1]; t0 += ATTN_TILE)
@@ -455,12 +448,24 @@ static PyObject *py_attention(PyObject *self, PyObject *args)
     void (*attend)(ATTEND_ARGS) = head_dim == 64 ? attend_item_d64 : head_dim == 128 ? attend_item_d128 : attend_item_any;
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
-#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (count > 1)
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (count > 1 || tokens > 1)
     {
         float *scratch = malloc((size_t)(head_dim + longest) * sizeof(float));
         if (scratch == NULL) {
 #pragma omp atomic write
             failed = 1;
+        }
+        /* the new keys and values first (strided key stores miss the cache; several threads overlap
+         * the misses), then attention, after the loop's barrier, when every position is written */
+#pragma omp for schedule(static)
+        for (Py_ssize_t w = 0; w < tokens * kv_heads; w++) {
+            const Py_ssize_t t = w / kv_heads, h = w % kv_heads;
+            const Py_ssize_t block = slot_of[t] / block_size, offset = slot_of[t] % block_size;
+            const float *key = (const float *)k.buf + w * head_dim, *value = (const float *)v.buf + w * head_dim;
+            float *keys_t = (float *)kc.buf + (block * kv_heads + h) * head_dim * block_size + offset;
+            for (Py_ssize_t d = 0; d < head_dim; d++) keys_t[d * block_size] = key[d];
+            memcpy((float *)vc.buf + ((block * kv_heads + h) * block_size + offset) * head_dim, value,
+                   (size_t)head_dim * sizeof(float));
         }
 #pragma omp for schedule(dynamic, 1)
         for (Py_ssize_t i = 0; i < count; i++) {

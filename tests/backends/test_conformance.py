@@ -1,8 +1,8 @@
 """The backend conformance suite, run for each device in FD_CONFORMANCE_DEVICES.
 
-Default: the cpu backend, the Paddle backend on CPU place ("paddle-cpu", the cuda backend's
-code without a GPU) with its reference kernels, and the same with the Triton kernels run by
-Triton's interpreter ("paddle-cpu+triton"). A plugin author runs it against their backend with
+Default: the cpu backend with its native kernels and with numpy only ("cpu+numpy"), the Paddle
+backend on CPU place ("paddle-cpu", the cuda backend's code without a GPU) with its reference
+kernels, and the same with the Triton kernels run by Triton's interpreter ("paddle-cpu+triton"). A plugin author runs it against their backend with
 `FD_CONFORMANCE_DEVICES=mydevice pytest tests/backends/test_conformance.py`.
 """
 
@@ -13,8 +13,9 @@ import os
 import pytest
 
 from fastdeploy.backends.conformance import OP_CHECKS, build_backend, check_greedy_generation
+from fastdeploy.backends.cpu import native
 
-DEFAULT_DEVICES = "cpu,paddle-cpu,paddle-cpu+triton"
+DEFAULT_DEVICES = "cpu,cpu+numpy,paddle-cpu,paddle-cpu+triton"
 DEVICES = [
     d.strip() for d in os.environ.get("FD_CONFORMANCE_DEVICES", DEFAULT_DEVICES).split(",") if d.strip()
 ]
@@ -22,14 +23,17 @@ DEVICES = [
 
 @pytest.fixture(scope="module", params=DEVICES)
 def device(request):
-    """The device name; "+triton" selects the Paddle backend's Triton kernels (interpreted)."""
+    """The device name; "+triton" selects the Paddle backend's Triton kernels (interpreted),
+    "cpu+numpy" the cpu backend without its native kernels."""
     name, _, kernels = request.param.partition("+")
     if name.startswith("paddle"):
         pytest.importorskip(
             "paddle", reason="the Paddle backends need paddlepaddle (the test extra installs it)"
         )
     with pytest.MonkeyPatch.context() as patch:
-        if kernels:
+        if kernels and name == "cpu":
+            patch.setenv("FD_CPU_KERNELS", kernels)
+        elif kernels:
             pytest.importorskip("triton", reason="Triton kernels need triton (the test extra installs it)")
             pytest.importorskip(
                 "torch", reason="Triton's interpreter needs torch (the test extra installs it)"
@@ -55,10 +59,15 @@ def test_greedy_generation_matches_numpy_forward(device, tmp_path):
     assert len(tokens) == 12
 
 
-def test_paddle_variants_use_the_kernels_they_name(backend, device):
-    """Guards the parametrisation: "+triton" must not silently fall back to reference kernels."""
+def test_variants_use_the_kernels_they_name(backend, device):
+    """Guards the parametrisation: "+triton" must not silently fall back to reference kernels, nor
+    "cpu+numpy" run the native ones."""
+    if device == "cpu":
+        numpy_only = os.environ.get("FD_CPU_KERNELS") == "numpy"
+        assert (backend.native_isa is None) == (numpy_only or native.unavailable_reason() is not None)
+        return
     if not device.startswith("paddle"):
-        pytest.skip("only the Paddle backends have a kernel choice")
+        pytest.skip("only the cpu and Paddle backends have a kernel choice")
     expected = os.environ.get("FD_PADDLE_KERNELS", "reference")
     assert backend.kernels == expected
     assert (backend.launch is not None) == (expected == "triton")

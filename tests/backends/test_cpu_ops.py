@@ -8,9 +8,12 @@ from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.errors import InvalidArgumentError
 
 
-@pytest.fixture(scope="module")
-def backend() -> CpuBackend:
-    return CpuBackend(BackendOptions(threads=1))
+@pytest.fixture(scope="module", params=["auto", "numpy"])
+def backend(request) -> CpuBackend:
+    """The backend with its native kernels (where built) and with numpy only."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FD_CPU_KERNELS", request.param)
+        return CpuBackend(BackendOptions(threads=1))
 
 
 def reference_attention(q, keys, values, scale):

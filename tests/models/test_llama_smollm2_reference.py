@@ -1,12 +1,15 @@
 """SmolLM2 (Llama architecture, GGUF Q4_1/Q8_0) against transformers' float32 implementation.
 
 The reference tokens and logits come from tools/make_reference.py (transformers + torch) and
-are committed in tests/fixtures; this test needs neither.
+are committed in tests/fixtures; this test needs neither. The shared `llm` runs the cpu backend's
+default kernels (native, on the GGUF blocks); the AVX2 kernels and the numpy path (weights
+dequantised to float32) must match the same reference.
 """
 
 import pytest
 
-from fastdeploy import SamplingParams
+from fastdeploy import LLM, SamplingParams
+from fastdeploy.backends.cpu import native
 
 
 def _cases(reference, kind):
@@ -24,14 +27,33 @@ def test_every_reference_case_is_checked(smollm2_reference):
     assert len(_cases(smollm2_reference, "text")) >= 5 and len(_cases(smollm2_reference, "chat")) >= 2
 
 
-@pytest.mark.parametrize("index", range(8))
-def test_greedy_tokens_and_logits_match_transformers(llm, smollm2_reference, index):
-    case = smollm2_reference["cases"][index]
-    output = _run(llm, case)
+def _assert_tokens_match(output, case):
     assert output.error_code == 200, output.error_msg
     assert output.prompt_token_ids == case["prompt_token_ids"]
     assert output.outputs.token_ids == case["output_token_ids"]
     assert output.outputs.text == case["output_text"]
+
+
+@pytest.fixture(scope="module", params=["avx2", "numpy"])
+def llm_with_kernels(request):
+    if request.param == "avx2" and native.unavailable_reason() is not None:
+        pytest.skip(f"native kernels: {native.unavailable_reason()}")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FD_CPU_KERNELS", request.param)
+        return LLM(max_model_len=512, max_num_seqs=8)
+
+
+@pytest.mark.parametrize("index", [0, 2, 6, 7])
+def test_other_cpu_kernels_match_transformers(llm_with_kernels, smollm2_reference, index):
+    case = smollm2_reference["cases"][index]
+    _assert_tokens_match(_run(llm_with_kernels, case), case)
+
+
+@pytest.mark.parametrize("index", range(8))
+def test_greedy_tokens_and_logits_match_transformers(llm, smollm2_reference, index):
+    case = smollm2_reference["cases"][index]
+    output = _run(llm, case)
+    _assert_tokens_match(output, case)
     # first step: differences between the top-10 logits equal differences of our log-probs
     top = case["first_step"]["top10"]
     first = output.outputs.logprobs[0]

@@ -1,0 +1,219 @@
+"""The cpu backend's native kernels against `gguf`'s dequantisation and float64 numpy references.
+
+The matmul kernels promise float32 weights bit-identical to `gguf.quants.dequantize`: multiplying
+by an identity matrix must reproduce them exactly. Both instruction sets are exercised where the
+CPU has them (AVX2 code runs on AVX-512 machines too).
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from fastdeploy.backends.base import BackendOptions, BatchLayout
+from fastdeploy.backends.cpu import native
+from fastdeploy.backends.cpu.backend import CpuBackend
+from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.model_executor.loaders.gguf_loader import unpermute_rotary_rows
+
+X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+requires_native = pytest.mark.skipif(
+    native.unavailable_reason() is not None, reason=f"native kernels: {native.unavailable_reason()}"
+)
+
+
+def runs_here(isa: str) -> bool:
+    """Whether this CPU runs the kernels compiled for `isa` (ISAS lists the widest first)."""
+    best = native.best_isa()
+    return best in native.ISAS and native.ISAS.index(isa) >= native.ISAS.index(best)
+
+
+ISAS = [
+    pytest.param(isa, marks=pytest.mark.skipif(not runs_here(isa), reason=f"no {isa} here"))
+    for isa in native.ISAS
+]
+TYPES = ["Q4_1", "Q8_0"]
+
+
+def ggml_matrix(type_name: str, rows: int, cols: int, seed: int = 0) -> GGMLTensor:
+    weights = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    qtype = GGMLQuantizationType[type_name]
+    return GGMLTensor(int(qtype), quantize(weights, qtype), (rows, cols))
+
+
+def reference_dequantized(tensor: GGMLTensor) -> np.ndarray:
+    return dequantize(tensor.rows, GGMLQuantizationType(tensor.ggml_type))
+
+
+@pytest.mark.skipif(not X86_LINUX, reason="the extension is built on x86-64 Linux only")
+def test_extension_is_built_here():
+    """A silently failed build would leave only the numpy path; on x86-64 Linux that is a bug."""
+    assert native.unavailable_reason() is None
+
+
+@requires_native
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize(("rows", "cols"), [(40, 64), (16, 96), (3, 32)])
+def test_identity_input_reproduces_gguf_dequantisation_exactly(isa, type_name, rows, cols):
+    tensor = ggml_matrix(type_name, rows, cols)
+    packed = native.pack([tensor])
+    out = native.matmul(np.eye(cols, dtype=np.float32), packed, isa, threads=2)
+    np.testing.assert_array_equal(out, reference_dequantized(tensor).T)
+
+
+@requires_native
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("tokens", [1, 5, 16, 17, 40])
+def test_matmul_matches_float64_reference(isa, type_name, tokens):
+    tensor = ggml_matrix(type_name, 72, 128, seed=tokens)
+    x = np.random.default_rng(tokens).standard_normal((tokens, 128)).astype(np.float32)
+    out = native.matmul(x, native.pack([tensor]), isa, threads=2)
+    expected = x.astype(np.float64) @ reference_dequantized(tensor).T.astype(np.float64)
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+
+
+@requires_native
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", TYPES)
+def test_many_rows_path_equals_few_rows_path_bit_for_bit(isa, type_name):
+    """Past one row tile the panel is dequantised into a buffer first; the sums must not change."""
+    tensor = ggml_matrix(type_name, 48, 256)
+    packed = native.pack([tensor])
+    x = np.random.default_rng(1).standard_normal((50, 256)).astype(np.float32)
+    together = native.matmul(x, packed, isa, threads=2)
+    one_by_one = np.concatenate([native.matmul(row[None], packed, isa, threads=1) for row in x])
+    np.testing.assert_array_equal(together, one_by_one)
+
+
+@requires_native
+def test_fused_parts_pack_like_their_stacked_rows():
+    q, k = ggml_matrix("Q4_1", 32, 64, 1), ggml_matrix("Q4_1", 16, 64, 2)
+    fused = native.pack([q, k])
+    x = np.random.default_rng(3).standard_normal((4, 64)).astype(np.float32)
+    out = native.matmul(x, fused, native.best_isa(), threads=1)
+    expected = x.astype(np.float64) @ np.concatenate([reference_dequantized(q), reference_dequantized(k)]).T
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=1e-4)
+
+
+def test_parts_without_a_kernel_are_not_packed():
+    assert native.pack([ggml_matrix("Q4_1", 16, 64), ggml_matrix("Q8_0", 16, 64)]) is None
+    assert native.pack([ggml_matrix("Q4_1", 16, 64), ggml_matrix("Q4_1", 16, 96)]) is None
+    assert native.pack([ggml_matrix("Q5_0", 16, 64)]) is None
+    assert native.pack([np.ones((16, 64), np.float32)]) is None
+
+
+@requires_native
+def test_bad_shapes_are_refused_by_the_extension():
+    packed = native.pack([ggml_matrix("Q8_0", 16, 64)])
+    x = np.ones((2, 64), np.float32)
+    with pytest.raises(ValueError, match="buffer sizes"):
+        native._native.gemm(1, x, packed.packed, np.empty((2, 8), np.float32), 2, 16, 64, "avx2", 1)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        native._native.gemm(1, x, packed.packed, np.empty((2, 16), np.float32), 2, 16, 60, "avx2", 1)
+
+
+def test_ggml_tensor_rows_move_whole():
+    """Undoing llama.cpp's q/k permutation on blocks equals doing it on the dequantised matrix."""
+    tensor = ggml_matrix("Q4_1", 24, 64)
+    dense = reference_dequantized(tensor)
+    np.testing.assert_array_equal(np.asarray(tensor), dense)
+    np.testing.assert_array_equal(
+        np.asarray(unpermute_rotary_rows(tensor, num_heads=3)), unpermute_rotary_rows(dense, num_heads=3)
+    )
+
+
+def test_unknown_kernel_choice_names_the_variable(monkeypatch):
+    monkeypatch.setenv("FD_CPU_KERNELS", "avx9000")
+    with pytest.raises(InvalidArgumentError, match="FD_CPU_KERNELS must be one of auto, avx512, avx2, numpy"):
+        CpuBackend(BackendOptions())
+
+
+@pytest.mark.parametrize("kernels", ["numpy", pytest.param("auto", marks=requires_native)])
+def test_backend_uses_the_kernels_asked_for(monkeypatch, kernels):
+    monkeypatch.setenv("FD_CPU_KERNELS", kernels)
+    backend = CpuBackend(BackendOptions(threads=1))
+    weight = backend.linear_weight(ggml_matrix("Q8_0", 16, 64))
+    assert isinstance(weight, native.PackedWeight) == (kernels == "auto")
+    assert ("native" in backend.describe()) == (kernels == "auto")
+
+
+def reference_attention(q, keys, values, scale):
+    """Causal attention of the last len(q) of len(keys) positions, in float64."""
+    length, heads, _ = q.shape
+    context, kv_heads, _ = keys.shape
+    out = np.empty(q.shape)
+    for t in range(length):
+        visible = context - length + t + 1
+        for h in range(heads):
+            kh = h // (heads // kv_heads)
+            scores = keys[:visible, kh].astype(np.float64) @ q[t, h] * scale
+            weights = np.exp(scores - scores.max())
+            out[t, h] = (weights / weights.sum()) @ values[:visible, kh]
+    return out
+
+
+@requires_native
+@pytest.mark.parametrize(
+    ("block_size", "head_dim", "heads", "kv_heads"),
+    [(64, 64, 9, 3), (128, 128, 4, 4), (16, 96, 8, 2), (4, 8, 4, 2)],
+)
+def test_attention_over_scattered_blocks(block_size, head_dim, heads, kv_heads):
+    """A long prefill in two chunks (more than one query tile and score chunk), then decodes."""
+    rng = np.random.default_rng(block_size + head_dim)
+    backend = CpuBackend(BackendOptions(threads=2))
+    context = 150
+    blocks = -(-(context + 2) // block_size)
+    table = rng.permutation(blocks + 5)[:blocks]
+    cache = native.allocate_kv_cache(blocks + 5, block_size, kv_heads, head_dim, np.float32)
+    keys = rng.standard_normal((context + 2, kv_heads, head_dim)).astype(np.float32)
+    values = rng.standard_normal((context + 2, kv_heads, head_dim)).astype(np.float32)
+    queries = rng.standard_normal((context + 2, heads, head_dim)).astype(np.float32)
+    scale = head_dim**-0.5
+    for start, end in [(0, 70), (70, context), (context, context + 1), (context + 1, context + 2)]:
+        positions = np.arange(start, end)
+        layout = BatchLayout(
+            input_ids=np.zeros(end - start, np.int64),
+            positions=positions,
+            slot_mapping=table[positions // block_size] * block_size + positions % block_size,
+            query_lens=np.array([end - start]),
+            context_lens=np.array([end]),
+            block_tables=table[None, :],
+            logits_indices=np.array([end - start - 1]),
+            block_size=block_size,
+        )
+        out = backend.attention(
+            queries[start:end],
+            keys[start:end],
+            values[start:end],
+            cache,
+            backend.prepare_batch(layout),
+            scale,
+        )
+        expected = reference_attention(queries[start:end], keys[:end], values[:end], scale)
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@requires_native
+def test_attention_rejects_a_block_table_outside_the_cache():
+    backend = CpuBackend(BackendOptions(threads=1))
+    cache = native.allocate_kv_cache(2, 4, 1, 8, np.float32)
+    layout = BatchLayout(
+        input_ids=np.zeros(1, np.int64),
+        positions=np.array([0]),
+        slot_mapping=np.array([0]),
+        query_lens=np.array([1]),
+        context_lens=np.array([1]),
+        block_tables=np.array([[7]]),
+        logits_indices=np.array([0]),
+        block_size=4,
+    )
+    q = np.zeros((1, 1, 8), np.float32)
+    with pytest.raises(ValueError, match="block_tables"):
+        backend.attention(q, q, q, cache, backend.prepare_batch(layout), 1.0)

@@ -94,12 +94,17 @@ static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_scales(
         }                                                                              \
     } while (0)
 
+/* Stores acc[r * width + i], the rows' sums for panel i of the tile starting at column col0. */
 static inline __attribute__((always_inline)) AVX512_TARGET void
-avx512_store(const struct gemm_args *a, const __m512 *acc, Py_ssize_t row0, int rows, Py_ssize_t col0)
+avx512_store(const struct gemm_args *a, const __m512 *acc, Py_ssize_t row0, int rows, Py_ssize_t col0, int width)
 {
-    const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
-    const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
-    for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + col0, mask, acc[r]);
+    for (int i = 0; i < width; i++) {
+        const Py_ssize_t start = col0 + i * PANEL;
+        const Py_ssize_t valid = a->cols - start < PANEL ? a->cols - start : PANEL;
+        const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
+        for (int r = 0; r < rows; r++)
+            _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + start, mask, acc[r * width + i]);
+    }
 }
 
 static inline __attribute__((always_inline)) AVX512_TARGET void
@@ -115,53 +120,83 @@ avx512_tile_blocks(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t r
         AVX512_FOR_BLOCK_ROWS(a->kind, panel + b * BLOCK_BYTES(a->kind), ACCUMULATE);
 #undef ACCUMULATE
     }
-    avx512_store(a, acc, row0, rows, col0);
+    avx512_store(a, acc, row0, rows, col0, 1);
 }
 
+/* `width` panels (16 columns each) from a float buffer whose row k holds their 16 * width weights. */
 static inline __attribute__((always_inline)) AVX512_TARGET void
-avx512_tile_floats(const struct gemm_args *a, const float *weights, Py_ssize_t row0, int rows, Py_ssize_t col0)
+avx512_tile_floats(const struct gemm_args *a, const float *weights, int width, Py_ssize_t row0, int rows,
+                   Py_ssize_t col0)
 {
-    __m512 acc[AVX512_ROWS];
-    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    __m512 acc[AVX512_ROWS * 2];
+    for (int i = 0; i < rows * width; i++) acc[i] = _mm512_setzero_ps();
     const float *x = a->x + row0 * a->depth;
     for (Py_ssize_t k = 0; k < a->depth; k++) {
-        const __m512 w = _mm512_loadu_ps(weights + k * PANEL);
-        for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * a->depth + k]), w, acc[r]);
+        __m512 w[2];
+        for (int i = 0; i < width; i++) w[i] = _mm512_loadu_ps(weights + (k * width + i) * PANEL);
+        for (int r = 0; r < rows; r++) {
+            const __m512 xv = _mm512_set1_ps(x[r * a->depth + k]);
+            for (int i = 0; i < width; i++) acc[r * width + i] = _mm512_fmadd_ps(xv, w[i], acc[r * width + i]);
+        }
     }
-    avx512_store(a, acc, row0, rows, col0);
+    avx512_store(a, acc, row0, rows, col0, width);
 }
 
-#define AVX512_CASE(n)                                              \
-    case n:                                                         \
-        if (weights)                                                \
-            avx512_tile_floats(a, weights, row0, n, col0);          \
-        else                                                        \
-            avx512_tile_blocks(a, panel, row0, n, col0);            \
-        break;
+#define AVX512_BLOCKS_CASE(n) case n: avx512_tile_blocks(a, panel, row0, n, col0); break;
+#define AVX512_FLOATS_CASE(n, width) case n: avx512_tile_floats(a, weights, width, row0, n, col0); break;
+/* rows per tile: 16 accumulators for one panel, 24 for two (12 rows) */
+#define AVX512_PAIR_ROWS 12
 
-/* One panel of output columns for all rows; `weights` is a depth x 16 float scratch buffer. */
-static AVX512_TARGET void avx512_panel(const struct gemm_args *a, Py_ssize_t p, float *weights)
+/* Panels p .. p+count-1 (count 1 or 2) for all rows; `weights` is a depth x 32 float scratch buffer. */
+static AVX512_TARGET void avx512_panels(const struct gemm_args *a, Py_ssize_t p, int count, float *weights)
 {
-    const uint8_t *panel = a->packed + p * (a->depth / QBLOCK) * BLOCK_BYTES(a->kind);
-    const Py_ssize_t col0 = p * PANEL;
-    if (a->rows <= AVX512_ROWS || weights == NULL) { /* few rows, or no scratch memory */
-        weights = NULL;
-    } else {
-        for (Py_ssize_t b = 0; b < a->depth / QBLOCK; b++) {
-            float *wb = weights + b * QBLOCK * PANEL;
-#define STORE(k, w) _mm512_storeu_ps(wb + (k) * PANEL, (w))
+    const Py_ssize_t blocks = a->depth / QBLOCK;
+    if (a->rows <= AVX512_ROWS || weights == NULL) { /* few rows (or no scratch): straight from the blocks */
+        for (int i = 0; i < count; i++) {
+            const uint8_t *panel = a->packed + (p + i) * blocks * BLOCK_BYTES(a->kind);
+            const Py_ssize_t col0 = (p + i) * PANEL;
+            for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX512_ROWS) {
+                const Py_ssize_t left = a->rows - row0;
+                /* constant row counts let the compiler keep every accumulator in a register */
+                switch (left < AVX512_ROWS ? (int)left : AVX512_ROWS) {
+                    AVX512_BLOCKS_CASE(1) AVX512_BLOCKS_CASE(2) AVX512_BLOCKS_CASE(3) AVX512_BLOCKS_CASE(4)
+                    AVX512_BLOCKS_CASE(5) AVX512_BLOCKS_CASE(6) AVX512_BLOCKS_CASE(7) AVX512_BLOCKS_CASE(8)
+                    AVX512_BLOCKS_CASE(9) AVX512_BLOCKS_CASE(10) AVX512_BLOCKS_CASE(11) AVX512_BLOCKS_CASE(12)
+                    AVX512_BLOCKS_CASE(13) AVX512_BLOCKS_CASE(14) AVX512_BLOCKS_CASE(15) AVX512_BLOCKS_CASE(16)
+                }
+            }
+        }
+        return;
+    }
+    for (int i = 0; i < count; i++) {
+        const uint8_t *panel = a->packed + (p + i) * blocks * BLOCK_BYTES(a->kind);
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            float *wb = weights + (b * QBLOCK * count + i) * PANEL;
+#define STORE(k, w) _mm512_storeu_ps(wb + (k) * count * PANEL, (w))
             AVX512_FOR_BLOCK_ROWS(a->kind, panel + b * BLOCK_BYTES(a->kind), STORE);
 #undef STORE
         }
     }
-    for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX512_ROWS) {
-        const Py_ssize_t left = a->rows - row0;
-        /* constant row counts let the compiler keep every accumulator in a register */
-        switch (left < AVX512_ROWS ? (int)left : AVX512_ROWS) {
-            AVX512_CASE(1) AVX512_CASE(2) AVX512_CASE(3) AVX512_CASE(4)
-            AVX512_CASE(5) AVX512_CASE(6) AVX512_CASE(7) AVX512_CASE(8)
-            AVX512_CASE(9) AVX512_CASE(10) AVX512_CASE(11) AVX512_CASE(12)
-            AVX512_CASE(13) AVX512_CASE(14) AVX512_CASE(15) AVX512_CASE(16)
+    const Py_ssize_t col0 = p * PANEL;
+    const int tile = count == 2 ? AVX512_PAIR_ROWS : AVX512_ROWS;
+    for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += tile) {
+        const int rows = a->rows - row0 < tile ? (int)(a->rows - row0) : tile;
+        if (count == 2) {
+            switch (rows) {
+                AVX512_FLOATS_CASE(1, 2) AVX512_FLOATS_CASE(2, 2) AVX512_FLOATS_CASE(3, 2)
+                AVX512_FLOATS_CASE(4, 2) AVX512_FLOATS_CASE(5, 2) AVX512_FLOATS_CASE(6, 2)
+                AVX512_FLOATS_CASE(7, 2) AVX512_FLOATS_CASE(8, 2) AVX512_FLOATS_CASE(9, 2)
+                AVX512_FLOATS_CASE(10, 2) AVX512_FLOATS_CASE(11, 2) AVX512_FLOATS_CASE(12, 2)
+            }
+        } else {
+            switch (rows) {
+                AVX512_FLOATS_CASE(1, 1) AVX512_FLOATS_CASE(2, 1) AVX512_FLOATS_CASE(3, 1)
+                AVX512_FLOATS_CASE(4, 1) AVX512_FLOATS_CASE(5, 1) AVX512_FLOATS_CASE(6, 1)
+                AVX512_FLOATS_CASE(7, 1) AVX512_FLOATS_CASE(8, 1) AVX512_FLOATS_CASE(9, 1)
+                AVX512_FLOATS_CASE(10, 1) AVX512_FLOATS_CASE(11, 1) AVX512_FLOATS_CASE(12, 1)
+                AVX512_FLOATS_CASE(13, 1) AVX512_FLOATS_CASE(14, 1) AVX512_FLOATS_CASE(15, 1)
+                AVX512_FLOATS_CASE(16, 1)
+            }
         }
     }
 }
@@ -706,13 +741,15 @@ static PyObject *py_gemm(PyObject *self, PyObject *args)
         if (rows > 0) {
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
             {
-                float *weights = aligned_alloc(64, (size_t)depth * PANEL * sizeof(float));
+                float *weights = aligned_alloc(64, (size_t)depth * 2 * PANEL * sizeof(float));
+                /* panels in pairs: the AVX-512 many-rows kernel computes two at once */
 #pragma omp for schedule(static)
-                for (Py_ssize_t p = 0; p < panels; p++) {
+                for (Py_ssize_t pair = 0; pair < (panels + 1) / 2; pair++) {
+                    const int count = 2 * pair + 1 < panels ? 2 : 1;
                     if (isa == ISA_AVX512)
-                        avx512_panel(&a, p, weights);
+                        avx512_panels(&a, 2 * pair, count, weights);
                     else
-                        avx2_panel(&a, p, weights);
+                        for (int i = 0; i < count; i++) avx2_panel(&a, 2 * pair + i, weights);
                 }
                 free(weights);
             }

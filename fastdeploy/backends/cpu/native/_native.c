@@ -325,79 +325,158 @@ struct attn_item {
     Py_ssize_t seq, kv_head, token0, tokens;
 };
 
-/* scores[j] = q . key_j for the `count` positions of one cached key block ([head_dim][block_size]). */
+/* 16 floats, any alignment; GCC lowers arithmetic on it to whatever vectors the clone targets,
+ * and keeps small constant-size arrays of it in registers. */
+typedef float v16f __attribute__((vector_size(64), aligned(4)));
+#define MAX_VECTORS_PER_HEAD 8 /* head_dim up to 128 on the vector path */
+
+/* Up to HEADS_AT_ONCE query heads of one kv group go through each key and value row together:
+ * the row is loaded once, and their accumulators are independent chains that keep the FMA units
+ * busy. `heads_now` is a constant in every inlined copy. */
+#define HEADS_AT_ONCE 4
+
+/* scores[h][j] = q_h . key_j for the `count` positions of one cached key block ([head_dim][block_size]);
+ * q_scaled [heads_now][head_dim], scores rows `stride` apart. */
 static inline __attribute__((always_inline)) void
-score_block(const float *q_scaled, const float *keys_t, Py_ssize_t block_size, Py_ssize_t count,
-            const Py_ssize_t head_dim, float *scores)
+score_block(const float *q_scaled, int heads_now, const float *keys_t, Py_ssize_t block_size, Py_ssize_t count,
+            const Py_ssize_t head_dim, float *scores, Py_ssize_t stride)
 {
     if (block_size % ATTN_CHUNK == 0) {
         for (Py_ssize_t c = 0; c < count; c += ATTN_CHUNK) {
-            float acc[ATTN_CHUNK] = {0};
+            v16f acc[HEADS_AT_ONCE][ATTN_CHUNK / 16] = {{{0}}};
             for (Py_ssize_t d = 0; d < head_dim; d++) {
-                const float qd = q_scaled[d];
-                const float *row = keys_t + d * block_size + c;
-#pragma omp simd
-                for (int jj = 0; jj < ATTN_CHUNK; jj++) acc[jj] += qd * row[jj];
+                const v16f *row = (const v16f *)(keys_t + d * block_size + c);
+#pragma GCC unroll 4
+                for (int i = 0; i < ATTN_CHUNK / 16; i++) {
+                    const v16f keys = row[i];
+                    for (int h = 0; h < heads_now; h++) acc[h][i] += q_scaled[h * head_dim + d] * keys;
+                }
             }
             const Py_ssize_t n = count - c < ATTN_CHUNK ? count - c : ATTN_CHUNK;
-            for (Py_ssize_t jj = 0; jj < n; jj++) scores[c + jj] = acc[jj];
+            for (int h = 0; h < heads_now; h++) {
+                float chunk[ATTN_CHUNK];
+                memcpy(chunk, acc[h], sizeof(chunk));
+                memcpy(scores + h * stride + c, chunk, (size_t)n * sizeof(float));
+            }
         }
-    } else {
-        for (Py_ssize_t j = 0; j < count; j++) scores[j] = 0.0f;
+        return;
+    }
+    for (int h = 0; h < heads_now; h++) {
+        float *row_scores = scores + h * stride;
+        for (Py_ssize_t j = 0; j < count; j++) row_scores[j] = 0.0f;
         for (Py_ssize_t d = 0; d < head_dim; d++) {
-            const float qd = q_scaled[d];
+            const float qd = q_scaled[h * head_dim + d];
             const float *row = keys_t + d * block_size;
 #pragma omp simd
-            for (Py_ssize_t j = 0; j < count; j++) scores[j] += qd * row[j];
+            for (Py_ssize_t j = 0; j < count; j++) row_scores[j] += qd * row[j];
         }
     }
 }
 
+/* out_h = sum over the first `visible` positions of probs[h][j] * value_j (values cached per block);
+ * probs rows `stride` apart, out rows head_dim apart. */
+static inline __attribute__((always_inline)) void
+weighted_values(const float *probs, int heads_now, Py_ssize_t stride, Py_ssize_t visible, const float *value_cache,
+                const int64_t *table, Py_ssize_t block_size, Py_ssize_t num_kv_heads, Py_ssize_t kv_head,
+                const Py_ssize_t head_dim, float *out)
+{
+    const Py_ssize_t block_floats = head_dim * block_size;
+    if (head_dim % 16 == 0 && head_dim / 16 <= MAX_VECTORS_PER_HEAD) {
+        v16f acc[HEADS_AT_ONCE][MAX_VECTORS_PER_HEAD] = {{{0}}};
+        for (Py_ssize_t first = 0; first < visible; first += block_size) {
+            const float *values = value_cache + (table[first / block_size] * num_kv_heads + kv_head) * block_floats;
+            const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
+            for (Py_ssize_t j = 0; j < count; j++) {
+                const v16f *value = (const v16f *)(values + j * head_dim);
+#pragma GCC unroll 8
+                for (int i = 0; i < head_dim / 16; i++) {
+                    const v16f v = value[i];
+                    for (int h = 0; h < heads_now; h++) acc[h][i] += probs[h * stride + first + j] * v;
+                }
+            }
+        }
+        for (int h = 0; h < heads_now; h++)
+            for (int i = 0; i < head_dim / 16; i++) memcpy(out + h * head_dim + 16 * i, &acc[h][i], sizeof(v16f));
+        return;
+    }
+    for (int h = 0; h < heads_now; h++) {
+        float *oh = out + h * head_dim;
+        for (Py_ssize_t d = 0; d < head_dim; d++) oh[d] = 0.0f;
+        for (Py_ssize_t first = 0; first < visible; first += block_size) {
+            const float *values = value_cache + (table[first / block_size] * num_kv_heads + kv_head) * block_floats;
+            const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
+            for (Py_ssize_t j = 0; j < count; j++) {
+                const float p = probs[h * stride + first + j];
+#pragma omp simd
+                for (Py_ssize_t d = 0; d < head_dim; d++) oh[d] += p * values[j * head_dim + d];
+            }
+        }
+    }
+}
+
+/* In place: each of the rows becomes the softmax of its first `visible` scores (numpy's order:
+ * subtract the maximum, exponentiate, divide by the sum). */
+static inline __attribute__((always_inline)) void softmax_rows(float *scores, int rows, Py_ssize_t stride,
+                                                               Py_ssize_t visible)
+{
+    for (int h = 0; h < rows; h++) {
+        float *row = scores + h * stride;
+        float peak = row[0], total = 0.0f;
+#pragma omp simd reduction(max : peak)
+        for (Py_ssize_t j = 0; j < visible; j++) peak = row[j] > peak ? row[j] : peak;
+#pragma omp simd reduction(+ : total)
+        for (Py_ssize_t j = 0; j < visible; j++) {
+            row[j] = exp_f32(row[j] - peak);
+            total += row[j];
+        }
+        const float inverse = 1.0f / total;
+#pragma omp simd
+        for (Py_ssize_t j = 0; j < visible; j++) row[j] *= inverse;
+    }
+}
+
+/* One token's `heads_now` query heads starting at `offset` (same kv head): scores, softmax, values. */
+static inline __attribute__((always_inline)) void
+attend_heads(const float *q, float *out, Py_ssize_t offset, int heads_now, Py_ssize_t visible, const float *key_cache,
+             const float *value_cache, const int64_t *table, Py_ssize_t block_size, Py_ssize_t num_kv_heads,
+             Py_ssize_t kv_head, const Py_ssize_t head_dim, float scale, float *q_scaled, float *scores,
+             Py_ssize_t stride)
+{
+    for (Py_ssize_t i = 0; i < heads_now * head_dim; i++) q_scaled[i] = q[offset + i] * scale;
+    for (Py_ssize_t first = 0; first < visible; first += block_size) {
+        const float *keys_t = key_cache + (table[first / block_size] * num_kv_heads + kv_head) * head_dim * block_size;
+        const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
+        score_block(q_scaled, heads_now, keys_t, block_size, count, head_dim, scores + first, stride);
+    }
+    softmax_rows(scores, heads_now, stride, visible);
+    weighted_values(scores, heads_now, stride, visible, value_cache, table, block_size, num_kv_heads, kv_head,
+                    head_dim, out + offset);
+}
+
+/* `scores` holds HEADS_AT_ONCE rows of `stride` floats; `q_scaled` HEADS_AT_ONCE * head_dim. */
 static inline __attribute__((always_inline)) void
 attend_item(const struct attn_item *item, const float *q, float *out, const float *key_cache, const float *value_cache,
             const int64_t *query_starts, const int64_t *context_lens, const int64_t *block_tables, Py_ssize_t width,
             Py_ssize_t block_size, Py_ssize_t heads, Py_ssize_t num_kv_heads, const Py_ssize_t head_dim, float scale,
-            float *q_scaled, float *scores)
+            float *q_scaled, float *scores, Py_ssize_t stride)
 {
     const Py_ssize_t group = heads / num_kv_heads, s = item->seq;
-    const Py_ssize_t block_floats = head_dim * block_size; /* one kv head of one block */
     const int64_t *table = block_tables + s * width;
     /* positions visible to the item's first token; each later token sees one more */
     const Py_ssize_t first_visible = context_lens[s] - (query_starts[s + 1] - item->token0) + 1;
     for (Py_ssize_t t = 0; t < item->tokens; t++) {
-        const Py_ssize_t visible = first_visible + t;
-        for (Py_ssize_t g = 0; g < group; g++) {
+        for (Py_ssize_t g = 0; g < group; g += HEADS_AT_ONCE) {
             const Py_ssize_t offset = (item->token0 + t) * heads * head_dim + (item->kv_head * group + g) * head_dim;
-            for (Py_ssize_t d = 0; d < head_dim; d++) q_scaled[d] = q[offset + d] * scale;
-            for (Py_ssize_t first = 0; first < visible; first += block_size) {
-                const float *keys_t = key_cache + (table[first / block_size] * num_kv_heads + item->kv_head) * block_floats;
-                const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
-                score_block(q_scaled, keys_t, block_size, count, head_dim, scores + first);
+#define ATTEND_HEADS(n)                                                                                      \
+    attend_heads(q, out, offset, n, first_visible + t, key_cache, value_cache, table, block_size, num_kv_heads, \
+                 item->kv_head, head_dim, scale, q_scaled, scores, stride)
+            switch (group - g < HEADS_AT_ONCE ? (int)(group - g) : HEADS_AT_ONCE) {
+            case 1: ATTEND_HEADS(1); break;
+            case 2: ATTEND_HEADS(2); break;
+            case 3: ATTEND_HEADS(3); break;
+            default: ATTEND_HEADS(HEADS_AT_ONCE); break;
             }
-            float peak = scores[0], total = 0.0f;
-#pragma omp simd reduction(max : peak)
-            for (Py_ssize_t j = 0; j < visible; j++) peak = scores[j] > peak ? scores[j] : peak;
-#pragma omp simd reduction(+ : total)
-            for (Py_ssize_t j = 0; j < visible; j++) {
-                scores[j] = exp_f32(scores[j] - peak);
-                total += scores[j];
-            }
-            const float inverse = 1.0f / total;
-#pragma omp simd
-            for (Py_ssize_t j = 0; j < visible; j++) scores[j] *= inverse;
-            float acc[head_dim];
-            for (Py_ssize_t d = 0; d < head_dim; d++) acc[d] = 0.0f;
-            for (Py_ssize_t first = 0; first < visible; first += block_size) {
-                const float *values = value_cache + (table[first / block_size] * num_kv_heads + item->kv_head) * block_floats;
-                const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
-                for (Py_ssize_t j = 0; j < count; j++) {
-                    const float p = scores[first + j];
-                    const float *value = values + j * head_dim;
-#pragma omp simd
-                    for (Py_ssize_t d = 0; d < head_dim; d++) acc[d] += p * value[d];
-                }
-            }
-            for (Py_ssize_t d = 0; d < head_dim; d++) out[offset + d] = acc[d];
+#undef ATTEND_HEADS
         }
     }
 }
@@ -406,10 +485,10 @@ attend_item(const struct attn_item *item, const float *q, float *out, const floa
     const struct attn_item *item, const float *q, float *out, const float *key_cache, const float *value_cache, \
         const int64_t *query_starts, const int64_t *context_lens, const int64_t *block_tables, Py_ssize_t width,  \
         Py_ssize_t block_size, Py_ssize_t heads, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale,       \
-        float *q_scaled, float *scores
+        float *q_scaled, float *scores, Py_ssize_t stride
 #define ATTEND_PASS(dim)                                                                                         \
     attend_item(item, q, out, key_cache, value_cache, query_starts, context_lens, block_tables, width, block_size, \
-                heads, num_kv_heads, dim, scale, q_scaled, scores)
+                heads, num_kv_heads, dim, scale, q_scaled, scores, stride)
 
 /* one clone set per common head size, so the compiler unrolls the head_dim loops */
 static CLONES void attend_item_d64(ATTEND_ARGS) { (void)head_dim; ATTEND_PASS(64); }
@@ -485,7 +564,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if (count > 1 || tokens > 1)
     {
-        float *scratch = malloc((size_t)(head_dim + longest) * sizeof(float));
+        float *scratch = malloc((size_t)HEADS_AT_ONCE * (size_t)(head_dim + longest) * sizeof(float));
         if (scratch == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -506,7 +585,8 @@ static PyObject *py_attention(PyObject *self, PyObject *args)
         for (Py_ssize_t i = 0; i < count; i++) {
             if (scratch != NULL)
                 attend(&items[i], q.buf, out.buf, kc.buf, vc.buf, query_starts, context_lens, block_tables, width,
-                       block_size, heads, kv_heads, head_dim, (float)scale, scratch, scratch + head_dim);
+                       block_size, heads, kv_heads, head_dim, (float)scale, scratch, scratch + HEADS_AT_ONCE * head_dim,
+                       longest);
         }
         free(scratch);
     }

@@ -102,11 +102,46 @@ def test_fused_parts_pack_like_their_stacked_rows():
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=1e-4)
 
 
-def test_parts_without_a_kernel_are_not_packed():
-    assert native.pack([ggml_matrix("Q4_1", 16, 64), ggml_matrix("Q8_0", 16, 64)]) is None
-    assert native.pack([ggml_matrix("Q4_1", 16, 64), ggml_matrix("Q4_1", 16, 96)]) is None
-    assert native.pack([ggml_matrix("Q5_0", 16, 64)]) is None
-    assert native.pack([np.ones((16, 64), np.float32)]) is None
+@requires_native
+@pytest.mark.parametrize(
+    "parts",
+    [
+        [ggml_matrix("Q4_1", 16, 64), ggml_matrix("Q8_0", 16, 64)],  # mixed block types
+        [ggml_matrix("Q5_0", 16, 64)],  # a block type without a kernel
+        [np.random.default_rng(4).standard_normal((40, 64)).astype(np.float16)],
+    ],
+    ids=["mixed", "q5_0", "float16"],
+)
+def test_parts_without_a_block_kernel_are_packed_as_float32(parts):
+    packed = native.pack(parts)
+    assert packed.type_name == "F32"
+    dense = np.concatenate([np.asarray(part, np.float32) for part in parts])
+    x = np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32)
+    expected = x.astype(np.float64) @ dense.T.astype(np.float64)
+    np.testing.assert_allclose(
+        native.matmul(x, packed, native.best_isa(), threads=2), expected, rtol=2e-5, atol=1e-4
+    )
+
+
+@requires_native
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize(("rows", "depth"), [(40, 50), (70, 33), (32, 7)])
+@pytest.mark.parametrize("tokens", [1, 16, 29])
+def test_float32_weights_any_shape(isa, rows, depth, tokens):
+    """Float weights need no block-aligned depth; columns are padded to whole panel pairs."""
+    rng = np.random.default_rng(rows + depth + tokens)
+    weight = rng.standard_normal((rows, depth)).astype(np.float32)
+    packed = native.pack([weight])
+    identity = native.matmul(np.eye(depth, dtype=np.float32), packed, isa, threads=2)
+    np.testing.assert_array_equal(identity, weight.T)
+    x = rng.standard_normal((tokens, depth)).astype(np.float32)
+    expected = x.astype(np.float64) @ weight.T.astype(np.float64)
+    np.testing.assert_allclose(native.matmul(x, packed, isa, threads=2), expected, rtol=2e-5, atol=1e-4)
+
+
+def test_parts_must_share_their_input_size():
+    with pytest.raises(ValueError, match="one `in`"):
+        native.pack([np.ones((16, 64), np.float32), np.ones((16, 32), np.float32)])
 
 
 @requires_native

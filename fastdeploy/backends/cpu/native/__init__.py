@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastdeploy.backends.base import BatchLayout
-from fastdeploy.backends.cpu.native.packing import pack_q4_1, pack_q8_0
+from fastdeploy.backends.cpu.native.packing import pack_f32, pack_q4_1, pack_q8_0
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
 
 try:
@@ -26,12 +26,13 @@ except ImportError as error:  # not compiled: no C compiler at install time, or 
 else:
     _IMPORT_ERROR = None
 
-#: GGML type name -> (kernel kind, packer)
+#: GGML type name -> (kernel kind, packer) for the block types multiplied without dequantising
 _FORMATS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
     "Q4_1": ("KIND_Q4_1", pack_q4_1),
     "Q8_0": ("KIND_Q8_0", pack_q8_0),
 }
 SUPPORTED_TYPES = tuple(_FORMATS)
+_KINDS = {"F32": "KIND_F32", **{name: kind for name, (kind, _) in _FORMATS.items()}}
 ISAS = ("avx512", "avx2")
 
 
@@ -51,7 +52,8 @@ def best_isa() -> str:
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """A [out_features, in_features] weight in the kernels' panel layout."""
+    """A [out_features, in_features] weight in the kernels' panel layout; `type_name` is the GGML
+    block type kept (Q4_1, Q8_0) or F32."""
 
     type_name: str
     packed: np.ndarray
@@ -63,28 +65,31 @@ class PackedWeight:
         return self.packed.nbytes
 
 
-def pack(parts: Sequence[GGMLTensor | np.ndarray]) -> PackedWeight | None:
-    """One packed weight from [out, in] parts stacked along `out`, or None when a part has no kernel.
+def pack(parts: Sequence[GGMLTensor | np.ndarray]) -> PackedWeight:
+    """One packed weight from [out, in] parts stacked along `out` (a fused qkv or gate/up projection).
 
-    Parts must share one supported block type and `in` size (a fused qkv or gate/up projection).
+    Parts that share a block type with a kernel stay in their blocks; anything else (float
+    checkpoints, other GGUF types, mixed types) is packed as float32.
     """
-    if not parts or not all(isinstance(part, GGMLTensor) for part in parts):
-        return None
-    type_names = {part.type_name for part in parts}
     in_features = {part.shape[1] for part in parts}
-    if len(type_names) != 1 or len(in_features) != 1 or next(iter(type_names)) not in _FORMATS:
-        return None
-    type_name = type_names.pop()
-    rows = np.concatenate([part.rows for part in parts], axis=0)
-    packed = _FORMATS[type_name][1](rows)
-    return PackedWeight(type_name, packed, rows.shape[0], in_features.pop())
+    if not parts or len(in_features) != 1 or any(len(part.shape) != 2 for part in parts):
+        raise ValueError(
+            f"linear weight parts must be [out, in] matrices with one `in`; got {[p.shape for p in parts]}"
+        )
+    type_names = {part.type_name if isinstance(part, GGMLTensor) else None for part in parts}
+    type_name = type_names.pop() if len(type_names) == 1 else None
+    if type_name in _FORMATS:
+        rows = np.concatenate([part.rows for part in parts], axis=0)
+        return PackedWeight(type_name, _FORMATS[type_name][1](rows), rows.shape[0], in_features.pop())
+    matrix = np.concatenate([np.asarray(part, dtype=np.float32) for part in parts], axis=0)
+    return PackedWeight("F32", pack_f32(matrix), matrix.shape[0], in_features.pop())
 
 
 def matmul(x: np.ndarray, weight: PackedWeight, isa: str, threads: int) -> np.ndarray:
     """x [tokens, in_features] float32 times the weight's transpose: [tokens, out_features] float32."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty((x.shape[0], weight.out_features), np.float32)
-    kind = getattr(_native, _FORMATS[weight.type_name][0])
+    kind = getattr(_native, _KINDS[weight.type_name])
     _native.gemm(
         kind, x, weight.packed, out, x.shape[0], weight.out_features, weight.in_features, isa, threads
     )

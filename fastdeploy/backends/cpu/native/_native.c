@@ -13,6 +13,8 @@
  *     d[16] fp16, m[16] fp16, then 16 rows j of 16 bytes: byte n = q[2j][n] | q[2j+1][n] << 4
  *   Q8_0 panel block (544 bytes): d[16] fp16, then 32 rows k of 16 int8 q[k][n]
  * A panel's blocks follow each other along k, panels along n.
+ *   float32 weights (KIND_F32, any depth) are stored as pairs of panels, [pairs][k][32 columns],
+ *   with the columns padded to a multiple of 32: already the kernels' float buffer layout.
  *
  * Two instruction sets are compiled with target attributes and chosen at run time: AVX-512
  * (16 columns in one register, 16 activation rows per tile) and AVX2+FMA+F16C (two registers,
@@ -32,7 +34,7 @@
 #define Q4_1_PANEL_BLOCK_BYTES (PANEL * 2 * 2 + PANEL * QBLOCK / 2)
 #define Q8_0_PANEL_BLOCK_BYTES (PANEL * 2 + PANEL * QBLOCK)
 
-enum weight_kind { KIND_Q4_1 = 0, KIND_Q8_0 = 1 };
+enum weight_kind { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_F32 = 2 };
 enum isa { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
 /* Arguments of one product out[m, n] = sum_k x[m, k] * w[n, k]. */
@@ -123,17 +125,17 @@ avx512_tile_blocks(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t r
     avx512_store(a, acc, row0, rows, col0, 1);
 }
 
-/* `width` panels (16 columns each) from a float buffer whose row k holds their 16 * width weights. */
+/* `width` panels (16 columns each) from float weights whose row k starts at weights + k * ld. */
 static inline __attribute__((always_inline)) AVX512_TARGET void
-avx512_tile_floats(const struct gemm_args *a, const float *weights, int width, Py_ssize_t row0, int rows,
-                   Py_ssize_t col0)
+avx512_tile_floats(const struct gemm_args *a, const float *weights, Py_ssize_t ld, int width, Py_ssize_t row0,
+                   int rows, Py_ssize_t col0)
 {
     __m512 acc[AVX512_ROWS * 2];
     for (int i = 0; i < rows * width; i++) acc[i] = _mm512_setzero_ps();
     const float *x = a->x + row0 * a->depth;
     for (Py_ssize_t k = 0; k < a->depth; k++) {
         __m512 w[2];
-        for (int i = 0; i < width; i++) w[i] = _mm512_loadu_ps(weights + (k * width + i) * PANEL);
+        for (int i = 0; i < width; i++) w[i] = _mm512_loadu_ps(weights + k * ld + i * PANEL);
         for (int r = 0; r < rows; r++) {
             const __m512 xv = _mm512_set1_ps(x[r * a->depth + k]);
             for (int i = 0; i < width; i++) acc[r * width + i] = _mm512_fmadd_ps(xv, w[i], acc[r * width + i]);
@@ -143,15 +145,20 @@ avx512_tile_floats(const struct gemm_args *a, const float *weights, int width, P
 }
 
 #define AVX512_BLOCKS_CASE(n) case n: avx512_tile_blocks(a, panel, row0, n, col0); break;
-#define AVX512_FLOATS_CASE(n, width) case n: avx512_tile_floats(a, weights, width, row0, n, col0); break;
+#define AVX512_FLOATS_CASE(n, width) case n: avx512_tile_floats(a, weights, ld, width, row0, n, col0); break;
 /* rows per tile: 16 accumulators for one panel, 24 for two (12 rows) */
 #define AVX512_PAIR_ROWS 12
 
-/* Panels p .. p+count-1 (count 1 or 2) for all rows; `weights` is a depth x 32 float scratch buffer. */
+/* Panels p .. p+count-1 (count 1 or 2, p even) for all rows; `weights` is a depth x 32 float scratch
+ * buffer for dequantised blocks. */
 static AVX512_TARGET void avx512_panels(const struct gemm_args *a, Py_ssize_t p, int count, float *weights)
 {
     const Py_ssize_t blocks = a->depth / QBLOCK;
-    if (a->rows <= AVX512_ROWS || weights == NULL) { /* few rows (or no scratch): straight from the blocks */
+    Py_ssize_t ld = count * PANEL;
+    if (a->kind == KIND_F32) {
+        weights = (float *)a->packed + p / 2 * a->depth * 2 * PANEL;
+        ld = 2 * PANEL;
+    } else if (a->rows <= AVX512_ROWS || weights == NULL) { /* few rows (or no scratch): straight from the blocks */
         for (int i = 0; i < count; i++) {
             const uint8_t *panel = a->packed + (p + i) * blocks * BLOCK_BYTES(a->kind);
             const Py_ssize_t col0 = (p + i) * PANEL;
@@ -168,7 +175,7 @@ static AVX512_TARGET void avx512_panels(const struct gemm_args *a, Py_ssize_t p,
         }
         return;
     }
-    for (int i = 0; i < count; i++) {
+    for (int i = 0; i < count && a->kind != KIND_F32; i++) {
         const uint8_t *panel = a->packed + (p + i) * blocks * BLOCK_BYTES(a->kind);
         for (Py_ssize_t b = 0; b < blocks; b++) {
             float *wb = weights + (b * QBLOCK * count + i) * PANEL;
@@ -240,8 +247,8 @@ avx2_store(const struct gemm_args *a, const __m256 *lo, const __m256 *hi, Py_ssi
 }
 
 static inline __attribute__((always_inline)) AVX2_TARGET void
-avx2_tile(const struct gemm_args *a, const uint8_t *panel, const float *weights, Py_ssize_t row0, int rows,
-          Py_ssize_t col0)
+avx2_tile(const struct gemm_args *a, const uint8_t *panel, const float *weights, Py_ssize_t ld, Py_ssize_t row0,
+          int rows, Py_ssize_t col0)
 {
     __m256 lo[AVX2_ROWS], hi[AVX2_ROWS];
     for (int r = 0; r < rows; r++) lo[r] = hi[r] = _mm256_setzero_ps();
@@ -249,8 +256,8 @@ avx2_tile(const struct gemm_args *a, const uint8_t *panel, const float *weights,
     for (Py_ssize_t k = 0; k < a->depth; k++) {
         __m256 w_lo, w_hi;
         if (weights) {
-            w_lo = _mm256_loadu_ps(weights + k * PANEL);
-            w_hi = _mm256_loadu_ps(weights + k * PANEL + 8);
+            w_lo = _mm256_loadu_ps(weights + k * ld);
+            w_hi = _mm256_loadu_ps(weights + k * ld + 8);
         } else {
             avx2_weights(a->kind, panel + k / QBLOCK * BLOCK_BYTES(a->kind), (int)(k % QBLOCK), &w_lo, &w_hi);
         }
@@ -263,13 +270,17 @@ avx2_tile(const struct gemm_args *a, const uint8_t *panel, const float *weights,
     avx2_store(a, lo, hi, row0, rows, col0);
 }
 
-#define AVX2_CASE(n) case n: avx2_tile(a, panel, weights, row0, n, col0); break;
+#define AVX2_CASE(n) case n: avx2_tile(a, panel, weights, ld, row0, n, col0); break;
 
 static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p, float *weights)
 {
     const uint8_t *panel = a->packed + p * (a->depth / QBLOCK) * BLOCK_BYTES(a->kind);
     const Py_ssize_t col0 = p * PANEL;
-    if (a->rows <= AVX2_ROWS || weights == NULL) {
+    Py_ssize_t ld = PANEL;
+    if (a->kind == KIND_F32) {
+        weights = (float *)a->packed + (p / 2 * a->depth * 2 + p % 2) * PANEL;
+        ld = 2 * PANEL;
+    } else if (a->rows <= AVX2_ROWS || weights == NULL) {
         weights = NULL;
     } else {
         for (Py_ssize_t k = 0; k < a->depth; k++) {
@@ -779,6 +790,7 @@ static int isa_from_name(const char *name)
 
 static Py_ssize_t packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
 {
+    if (kind == KIND_F32) return (cols + 2 * PANEL - 1) / (2 * PANEL) * depth * 2 * PANEL * (Py_ssize_t)sizeof(float);
     const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
     const Py_ssize_t block_bytes = kind == KIND_Q4_1 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES;
     return panels * (depth / QBLOCK) * block_bytes;
@@ -801,14 +813,15 @@ static PyObject *py_gemm(PyObject *self, PyObject *args)
         return NULL;
     PyObject *result = NULL;
     const int isa = isa_from_name(isa_str);
-    if (kind != KIND_Q4_1 && kind != KIND_Q8_0) {
+    if (kind != KIND_Q4_1 && kind != KIND_Q8_0 && kind != KIND_F32) {
         PyErr_Format(PyExc_ValueError, "unknown weight kind %d", kind);
     } else if (isa < 0 || isa > best_isa()) {
         PyErr_Format(PyExc_ValueError, "instruction set %s is not available (best: %s)", isa_str,
                      isa_name(best_isa()));
-    } else if (rows < 0 || cols <= 0 || depth <= 0 || depth % QBLOCK != 0) {
-        PyErr_Format(PyExc_ValueError, "bad shape rows=%zd cols=%zd depth=%zd (depth must be a multiple of %d)",
-                     rows, cols, depth, QBLOCK);
+    } else if (rows < 0 || cols <= 0 || depth <= 0 || (kind != KIND_F32 && depth % QBLOCK != 0)) {
+        PyErr_Format(PyExc_ValueError,
+                     "bad shape rows=%zd cols=%zd depth=%zd (quantised depth must be a multiple of %d)", rows, cols,
+                     depth, QBLOCK);
     } else if (x.len != rows * depth * (Py_ssize_t)sizeof(float) ||
                out.len != rows * cols * (Py_ssize_t)sizeof(float) ||
                packed.len != packed_bytes(kind, cols, depth)) {
@@ -821,7 +834,7 @@ static PyObject *py_gemm(PyObject *self, PyObject *args)
         if (rows > 0) {
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
             {
-                float *weights = aligned_alloc(64, (size_t)depth * 2 * PANEL * sizeof(float));
+                float *weights = kind == KIND_F32 ? NULL : aligned_alloc(64, (size_t)depth * 2 * PANEL * sizeof(float));
                 /* panels in pairs: the AVX-512 many-rows kernel computes two at once */
 #pragma omp for schedule(static)
                 for (Py_ssize_t pair = 0; pair < (panels + 1) / 2; pair++) {
@@ -861,6 +874,7 @@ PyMODINIT_FUNC PyInit__native(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "KIND_Q4_1", KIND_Q4_1) < 0 || PyModule_AddIntConstant(m, "KIND_Q8_0", KIND_Q8_0) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_F32", KIND_F32) < 0 ||
         PyModule_AddIntConstant(m, "PANEL", PANEL) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -1,4 +1,5 @@
-"""Repacks GGUF Q4_1/Q8_0 weight rows into the column panels the native kernels stream.
+"""Repacks weights into the column panels the native kernels stream: GGUF Q4_1/Q8_0 rows, and
+float matrices of any other origin.
 
 A GGUF matrix is [out, in] rows of 32-element blocks, each with its own scale (and minimum for
 Q4_1). The kernels produce 16 output columns at a time, so the blocks of 16 consecutive rows are
@@ -54,3 +55,12 @@ def pack_q8_0(rows: np.ndarray) -> np.ndarray:
     quants = _panel_major(grid[..., 2:], panels, blocks)  # [panels, blocks, 16 columns, 32 k]
     quants = quants.swapaxes(-1, -2).reshape(panels, blocks, QBLOCK * PANEL)
     return np.ascontiguousarray(np.concatenate([scales, quants], axis=-1))
+
+
+def pack_f32(matrix: np.ndarray) -> np.ndarray:
+    """Panel pairs [pairs, in, 32] float32 of an [out, in] float matrix (out padded with zero rows)."""
+    out, depth = matrix.shape
+    pairs = -(-out // (2 * PANEL))
+    padded = np.zeros((pairs * 2 * PANEL, depth), np.float32)
+    padded[:out] = matrix
+    return np.ascontiguousarray(padded.reshape(pairs, 2 * PANEL, depth).transpose(0, 2, 1))

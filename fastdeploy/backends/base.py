@@ -80,6 +80,11 @@ class Backend(ABC):
         """None when this backend can run here, else what is missing (shown to users)."""
         return None
 
+    @classmethod
+    def runtime_details(cls) -> str | None:
+        """How an available backend will run here (kernels, instruction set), for `fastdeploy env`."""
+        return None
+
     def __init__(self, options: BackendOptions) -> None:
         self.options = options
 

@@ -17,7 +17,14 @@ from fastdeploy.errors import FastDeployError
 from fastdeploy.plugins.registry import PluginInfo, PluginRegistry
 
 #: environment variables that change what loads or where it runs
-ENV_VARS = ("FD_DEVICE", "FD_PLUGINS", "FD_PADDLE_KERNELS", "FD_CPU_THREADS", "TRITON_INTERPRET")
+ENV_VARS = (
+    "FD_DEVICE",
+    "FD_PLUGINS",
+    "FD_PADDLE_KERNELS",
+    "FD_CPU_KERNELS",
+    "FD_CPU_THREADS",
+    "TRITON_INTERPRET",
+)
 
 
 @dataclass
@@ -27,6 +34,8 @@ class BackendStatus:
     available: bool
     reason: str | None
     auto_priority: int
+    #: how an available backend will run here (its `runtime_details()`)
+    details: str | None = None
 
 
 @dataclass
@@ -56,12 +65,17 @@ def _backend_statuses(registry: PluginRegistry, errors: dict[str, str]) -> list[
         return []
     statuses = []
     for name, backend_class in sorted(backends.items()):
+        details = None
         try:
             reason = backend_class.unavailable_reason()
+            if reason is None:
+                details = backend_class.runtime_details()
         except Exception as exc:  # a broken backend plugin is reported, not fatal
-            reason = f"unavailable_reason() raised {type(exc).__name__}: {exc}"
+            reason = f"{backend_class.__name__} raised {type(exc).__name__}: {exc}"
         statuses.append(
-            BackendStatus(name, owners.get(name, "?"), reason is None, reason, backend_class.auto_priority)
+            BackendStatus(
+                name, owners.get(name, "?"), reason is None, reason, backend_class.auto_priority, details
+            )
         )
     return statuses
 
@@ -130,6 +144,8 @@ def format_environment(report: EnvironmentReport) -> str:
         )
         if status.reason:
             lines.append(f"  {'':<10} why: {status.reason}")
+        if status.details:
+            lines.append(f"  {'':<10} runs: {status.details}")
     lines += ["", "Plugins (entry points of group 'fastdeploy.plugins'):"]
     for plugin in report.plugins:
         kind = "built-in" if plugin.builtin else "third-party"

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from fastdeploy import LLM
+from fastdeploy.backends.cpu import native
 from fastdeploy.backends.stubs import STUBS
 from fastdeploy.errors import BackendUnavailableError, InvalidArgumentError
 
@@ -134,6 +135,8 @@ def test_python_m_fastdeploy_env_json():
     report = json.loads(result.stdout)
     backends = {backend["name"]: backend for backend in report["backends"]}
     assert backends["cpu"]["available"] and backends["cpu"]["reason"] is None
+    expected_kernels = native.best_isa() if native.unavailable_reason() is None else "numpy kernels"
+    assert expected_kernels in backends["cpu"]["details"]
     for device in VENDORS:
         assert not backends[device]["available"] and "stub" in backends[device]["reason"]
     assert backends["cuda"]["plugin"] == "fastdeploy.paddle_backends"
@@ -141,3 +144,12 @@ def test_python_m_fastdeploy_env_json():
         assert "cuda backend" in backends["cuda"]["reason"]
     names = {plugin["name"] for plugin in report["plugins"]}
     assert {"fastdeploy.cpu_backend", "fastdeploy.paddle_backends", "fastdeploy.accelerator_stubs"} <= names
+
+
+def test_env_says_which_cpu_kernels_run(monkeypatch):
+    monkeypatch.setenv("FD_CPU_KERNELS", "numpy")
+    result = subprocess.run(
+        [sys.executable, "-m", "fastdeploy", "env"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "runs: numpy kernels (FD_CPU_KERNELS=numpy)" in result.stdout

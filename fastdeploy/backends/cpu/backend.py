@@ -77,6 +77,16 @@ class CpuBackend(Backend):
         # is not used; a BLAS pool would only spin beside them (measured: 170 -> 26 tok/s).
         _set_blas_threads(1 if self.native_isa else self.threads)
 
+    @classmethod
+    def runtime_details(cls) -> str:
+        try:
+            isa = _native_isa()
+        except InvalidArgumentError as exc:
+            return str(exc)
+        if isa is None:
+            return f"numpy kernels ({native.unavailable_reason() or 'FD_CPU_KERNELS=numpy'})"
+        return f"native kernels, {isa}"
+
     def describe(self) -> str:
         kernels = (
             f"native kernels ({self.native_isa}; {'/'.join(native.SUPPORTED_TYPES)} weights kept in blocks)"

@@ -10,7 +10,10 @@ from setuptools import Extension, setup
 
 native_kernels = Extension(
     "fastdeploy.backends.cpu.native._native",
-    sources=["fastdeploy/backends/cpu/native/_native.c"],
+    sources=[
+        f"fastdeploy/backends/cpu/native/{name}.c" for name in ("module", "gemm", "attention", "elementwise")
+    ],
+    depends=["fastdeploy/backends/cpu/native/native.h"],
     extra_compile_args=["-O3", "-fopenmp", "-std=gnu11"],
     extra_link_args=["-fopenmp"],
     optional=True,

@@ -5,7 +5,7 @@ A GGUF matrix is [out, in] rows of 32-element blocks, each with its own scale (a
 Q4_1). The kernels produce 16 output columns at a time, so the blocks of 16 consecutive rows are
 interleaved: for one block index, the 16 rows' scales sit together and the quants are stored
 k-major, so one 16-byte load holds one k for all 16 columns (two k's for 4-bit quants). See the
-layout comment in _native.c.
+layout comment in gemm.c.
 """
 
 from __future__ import annotations

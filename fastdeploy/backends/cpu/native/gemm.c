@@ -1,0 +1,385 @@
+/*
+ * Matrix products out = x @ W.T on weights kept in GGUF blocks or float32 panels.
+ *
+ * Why: a decode step of a small model reads every weight once. Read as float32 that is four
+ * bytes a weight; read in the GGUF's own Q4_1/Q8_0 blocks it is 0.625/1.06 bytes. The blocks are
+ * dequantised in registers to exactly the float32 values `gguf.quants.dequantize` produces
+ * (d*q+m and d*q are exact products rounded once), then multiplied in float32 with float32
+ * activations, so results equal a float32 matmul on the dequantised weights up to summation order.
+ *
+ * Weights are repacked at load time (see packing.py) into panels of 16 output columns:
+ *   Q4_1 panel block (320 bytes, 32 k x 16 columns):
+ *     d[16] fp16, m[16] fp16, then 16 rows j of 16 bytes: byte n = q[2j][n] | q[2j+1][n] << 4
+ *   Q8_0 panel block (544 bytes): d[16] fp16, then 32 rows k of 16 int8 q[k][n]
+ * A panel's blocks follow each other along k, panels along n.
+ *   float32 weights (KIND_F32, any depth) are stored as pairs of panels, [pairs][k][32 columns],
+ *   with the columns padded to a multiple of 32: already the kernels' float buffer layout.
+ *
+ * Two instruction sets are compiled with target attributes and chosen at run time: AVX-512
+ * (16 columns in one register, 16 activation rows per tile) and AVX2+FMA+F16C (two registers,
+ * 4 rows per tile). Work is split over panels with OpenMP; the GIL is released.
+ */
+#include "native.h"
+
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QBLOCK 32
+#define Q4_1_PANEL_BLOCK_BYTES (PANEL * 2 * 2 + PANEL * QBLOCK / 2)
+#define Q8_0_PANEL_BLOCK_BYTES (PANEL * 2 + PANEL * QBLOCK)
+
+enum isa { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+
+/* Arguments of one product out[m, n] = sum_k x[m, k] * w[n, k]. */
+struct gemm_args {
+    const float *x;
+    const uint8_t *packed;
+    float *out;
+    Py_ssize_t rows, cols, depth;
+    int kind;
+};
+
+/* Each instruction set has: dequantisation of one k row of a panel block (16 columns), a tile
+ * kernel multiplying up to ROWS activation rows by one panel straight from its blocks (few rows:
+ * every weight is used by few rows, so it is dequantised where it is used), and a tile kernel over
+ * a panel dequantised once into a float buffer (many rows: the buffer is reused by every row
+ * tile). Both produce the same float32 weights and sum over k in the same order. */
+#define BLOCK_BYTES(kind) ((kind) == KIND_Q4_1 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES)
+
+/* ---------------------------------------------------------------- AVX-512 */
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AVX512_ROWS 16
+
+/* The weights of a panel block's k rows 2j and 2j+1 (Q4_1, both from one 16-byte load) or of
+ * row k (Q8_0); `d` and `m` are the block's scales and minimums as floats. */
+static inline __attribute__((always_inline)) AVX512_TARGET void
+avx512_q4_1_pair(const uint8_t *blk, int j, __m512 d, __m512 m, __m512 *even, __m512 *odd)
+{
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * j));
+    *even = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low))), d, m);
+    *odd = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low))), d, m);
+}
+
+static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_q8_0_row(const uint8_t *blk, int k, __m512 d)
+{
+    const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * k));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+}
+
+static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_scales(const uint8_t *blk, int offset)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + offset)));
+}
+
+/* Calls STEP(k, w) for the 32 k rows of a panel block, in order, with their weights w. */
+#define AVX512_FOR_BLOCK_ROWS(kind, blk, STEP)                                         \
+    do {                                                                               \
+        const __m512 d_ = avx512_scales(blk, 0);                                       \
+        if ((kind) == KIND_Q4_1) {                                                     \
+            const __m512 m_ = avx512_scales(blk, 32);                                  \
+            for (int j_ = 0; j_ < QBLOCK / 2; j_++) {                                  \
+                __m512 even_, odd_;                                                    \
+                avx512_q4_1_pair(blk, j_, d_, m_, &even_, &odd_);                      \
+                STEP(2 * j_, even_);                                                   \
+                STEP(2 * j_ + 1, odd_);                                                \
+            }                                                                          \
+        } else {                                                                       \
+            for (int k_ = 0; k_ < QBLOCK; k_++) STEP(k_, avx512_q8_0_row(blk, k_, d_)); \
+        }                                                                              \
+    } while (0)
+
+/* Stores acc[r * width + i], the rows' sums for panel i of the tile starting at column col0. */
+static inline __attribute__((always_inline)) AVX512_TARGET void
+avx512_store(const struct gemm_args *a, const __m512 *acc, Py_ssize_t row0, int rows, Py_ssize_t col0, int width)
+{
+    for (int i = 0; i < width; i++) {
+        const Py_ssize_t start = col0 + i * PANEL;
+        const Py_ssize_t valid = a->cols - start < PANEL ? a->cols - start : PANEL;
+        const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
+        for (int r = 0; r < rows; r++)
+            _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + start, mask, acc[r * width + i]);
+    }
+}
+
+static inline __attribute__((always_inline)) AVX512_TARGET void
+avx512_tile_blocks(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row0, int rows, Py_ssize_t col0)
+{
+    __m512 acc[AVX512_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    const float *x = a->x + row0 * a->depth;
+    for (Py_ssize_t b = 0; b < a->depth / QBLOCK; b++) {
+        const float *xb = x + b * QBLOCK;
+#define ACCUMULATE(k, w) \
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * a->depth + (k)]), (w), acc[r])
+        AVX512_FOR_BLOCK_ROWS(a->kind, panel + b * BLOCK_BYTES(a->kind), ACCUMULATE);
+#undef ACCUMULATE
+    }
+    avx512_store(a, acc, row0, rows, col0, 1);
+}
+
+/* `width` panels (16 columns each) from float weights whose row k starts at weights + k * ld. */
+static inline __attribute__((always_inline)) AVX512_TARGET void
+avx512_tile_floats(const struct gemm_args *a, const float *weights, Py_ssize_t ld, int width, Py_ssize_t row0,
+                   int rows, Py_ssize_t col0)
+{
+    __m512 acc[AVX512_ROWS * 2];
+    for (int i = 0; i < rows * width; i++) acc[i] = _mm512_setzero_ps();
+    const float *x = a->x + row0 * a->depth;
+    for (Py_ssize_t k = 0; k < a->depth; k++) {
+        __m512 w[2];
+        for (int i = 0; i < width; i++) w[i] = _mm512_loadu_ps(weights + k * ld + i * PANEL);
+        for (int r = 0; r < rows; r++) {
+            const __m512 xv = _mm512_set1_ps(x[r * a->depth + k]);
+            for (int i = 0; i < width; i++) acc[r * width + i] = _mm512_fmadd_ps(xv, w[i], acc[r * width + i]);
+        }
+    }
+    avx512_store(a, acc, row0, rows, col0, width);
+}
+
+#define AVX512_BLOCKS_CASE(n) case n: avx512_tile_blocks(a, panel, row0, n, col0); break;
+#define AVX512_FLOATS_CASE(n, width) case n: avx512_tile_floats(a, weights, ld, width, row0, n, col0); break;
+/* rows per tile: 16 accumulators for one panel, 24 for two (12 rows) */
+#define AVX512_PAIR_ROWS 12
+
+/* Panels p .. p+count-1 (count 1 or 2, p even) for all rows; `weights` is a depth x 32 float scratch
+ * buffer for dequantised blocks. */
+static AVX512_TARGET void avx512_panels(const struct gemm_args *a, Py_ssize_t p, int count, float *weights)
+{
+    const Py_ssize_t blocks = a->depth / QBLOCK;
+    Py_ssize_t ld = count * PANEL;
+    if (a->kind == KIND_F32) {
+        weights = (float *)a->packed + p / 2 * a->depth * 2 * PANEL;
+        ld = 2 * PANEL;
+    } else if (a->rows <= AVX512_ROWS || weights == NULL) { /* few rows (or no scratch): straight from the blocks */
+        for (int i = 0; i < count; i++) {
+            const uint8_t *panel = a->packed + (p + i) * blocks * BLOCK_BYTES(a->kind);
+            const Py_ssize_t col0 = (p + i) * PANEL;
+            for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX512_ROWS) {
+                const Py_ssize_t left = a->rows - row0;
+                /* constant row counts let the compiler keep every accumulator in a register */
+                switch (left < AVX512_ROWS ? (int)left : AVX512_ROWS) {
+                    AVX512_BLOCKS_CASE(1) AVX512_BLOCKS_CASE(2) AVX512_BLOCKS_CASE(3) AVX512_BLOCKS_CASE(4)
+                    AVX512_BLOCKS_CASE(5) AVX512_BLOCKS_CASE(6) AVX512_BLOCKS_CASE(7) AVX512_BLOCKS_CASE(8)
+                    AVX512_BLOCKS_CASE(9) AVX512_BLOCKS_CASE(10) AVX512_BLOCKS_CASE(11) AVX512_BLOCKS_CASE(12)
+                    AVX512_BLOCKS_CASE(13) AVX512_BLOCKS_CASE(14) AVX512_BLOCKS_CASE(15) AVX512_BLOCKS_CASE(16)
+                }
+            }
+        }
+        return;
+    }
+    for (int i = 0; i < count && a->kind != KIND_F32; i++) {
+        const uint8_t *panel = a->packed + (p + i) * blocks * BLOCK_BYTES(a->kind);
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            float *wb = weights + (b * QBLOCK * count + i) * PANEL;
+#define STORE(k, w) _mm512_storeu_ps(wb + (k) * count * PANEL, (w))
+            AVX512_FOR_BLOCK_ROWS(a->kind, panel + b * BLOCK_BYTES(a->kind), STORE);
+#undef STORE
+        }
+    }
+    const Py_ssize_t col0 = p * PANEL;
+    const int tile = count == 2 ? AVX512_PAIR_ROWS : AVX512_ROWS;
+    for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += tile) {
+        const int rows = a->rows - row0 < tile ? (int)(a->rows - row0) : tile;
+        if (count == 2) {
+            switch (rows) {
+                AVX512_FLOATS_CASE(1, 2) AVX512_FLOATS_CASE(2, 2) AVX512_FLOATS_CASE(3, 2)
+                AVX512_FLOATS_CASE(4, 2) AVX512_FLOATS_CASE(5, 2) AVX512_FLOATS_CASE(6, 2)
+                AVX512_FLOATS_CASE(7, 2) AVX512_FLOATS_CASE(8, 2) AVX512_FLOATS_CASE(9, 2)
+                AVX512_FLOATS_CASE(10, 2) AVX512_FLOATS_CASE(11, 2) AVX512_FLOATS_CASE(12, 2)
+            }
+        } else {
+            switch (rows) {
+                AVX512_FLOATS_CASE(1, 1) AVX512_FLOATS_CASE(2, 1) AVX512_FLOATS_CASE(3, 1)
+                AVX512_FLOATS_CASE(4, 1) AVX512_FLOATS_CASE(5, 1) AVX512_FLOATS_CASE(6, 1)
+                AVX512_FLOATS_CASE(7, 1) AVX512_FLOATS_CASE(8, 1) AVX512_FLOATS_CASE(9, 1)
+                AVX512_FLOATS_CASE(10, 1) AVX512_FLOATS_CASE(11, 1) AVX512_FLOATS_CASE(12, 1)
+                AVX512_FLOATS_CASE(13, 1) AVX512_FLOATS_CASE(14, 1) AVX512_FLOATS_CASE(15, 1)
+                AVX512_FLOATS_CASE(16, 1)
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------- AVX2 */
+#define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+#define AVX2_ROWS 4
+
+/* the 16 weights of row k of a panel block, as columns 0-7 and 8-15 */
+static inline __attribute__((always_inline)) AVX2_TARGET void
+avx2_weights(int kind, const uint8_t *blk, int k, __m256 *lo, __m256 *hi)
+{
+    const __m256 d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+    const __m256 d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+    if (kind == KIND_Q4_1) {
+        const __m256 m_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32)));
+        const __m256 m_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48)));
+        __m128i q = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * (k / 2)));
+        if (k % 2) q = _mm_srli_epi16(q, 4);
+        q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
+        *lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), d_lo, m_lo);
+        *hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), d_hi, m_hi);
+        return;
+    }
+    const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * k));
+    *lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d_lo);
+    *hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), d_hi);
+}
+
+static inline __attribute__((always_inline)) AVX2_TARGET void
+avx2_store(const struct gemm_args *a, const __m256 *lo, const __m256 *hi, Py_ssize_t row0, int rows, Py_ssize_t col0)
+{
+    const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
+    for (int r = 0; r < rows; r++) {
+        float *dst = a->out + (row0 + r) * a->cols + col0;
+        float tmp[PANEL];
+        _mm256_storeu_ps(tmp, lo[r]);
+        _mm256_storeu_ps(tmp + 8, hi[r]);
+        memcpy(dst, tmp, (size_t)valid * sizeof(float));
+    }
+}
+
+static inline __attribute__((always_inline)) AVX2_TARGET void
+avx2_tile(const struct gemm_args *a, const uint8_t *panel, const float *weights, Py_ssize_t ld, Py_ssize_t row0,
+          int rows, Py_ssize_t col0)
+{
+    __m256 lo[AVX2_ROWS], hi[AVX2_ROWS];
+    for (int r = 0; r < rows; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    const float *x = a->x + row0 * a->depth;
+    for (Py_ssize_t k = 0; k < a->depth; k++) {
+        __m256 w_lo, w_hi;
+        if (weights) {
+            w_lo = _mm256_loadu_ps(weights + k * ld);
+            w_hi = _mm256_loadu_ps(weights + k * ld + 8);
+        } else {
+            avx2_weights(a->kind, panel + k / QBLOCK * BLOCK_BYTES(a->kind), (int)(k % QBLOCK), &w_lo, &w_hi);
+        }
+        for (int r = 0; r < rows; r++) {
+            const __m256 xv = _mm256_broadcast_ss(x + r * a->depth + k);
+            lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
+            hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
+        }
+    }
+    avx2_store(a, lo, hi, row0, rows, col0);
+}
+
+#define AVX2_CASE(n) case n: avx2_tile(a, panel, weights, ld, row0, n, col0); break;
+
+static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p, float *weights)
+{
+    const uint8_t *panel = a->packed + p * (a->depth / QBLOCK) * BLOCK_BYTES(a->kind);
+    const Py_ssize_t col0 = p * PANEL;
+    Py_ssize_t ld = PANEL;
+    if (a->kind == KIND_F32) {
+        weights = (float *)a->packed + (p / 2 * a->depth * 2 + p % 2) * PANEL;
+        ld = 2 * PANEL;
+    } else if (a->rows <= AVX2_ROWS || weights == NULL) {
+        weights = NULL;
+    } else {
+        for (Py_ssize_t k = 0; k < a->depth; k++) {
+            __m256 w_lo, w_hi;
+            avx2_weights(a->kind, panel + k / QBLOCK * BLOCK_BYTES(a->kind), (int)(k % QBLOCK), &w_lo, &w_hi);
+            _mm256_storeu_ps(weights + k * PANEL, w_lo);
+            _mm256_storeu_ps(weights + k * PANEL + 8, w_hi);
+        }
+    }
+    for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX2_ROWS) {
+        const Py_ssize_t left = a->rows - row0;
+        switch (left < AVX2_ROWS ? (int)left : AVX2_ROWS) {
+            AVX2_CASE(1) AVX2_CASE(2) AVX2_CASE(3) AVX2_CASE(4)
+        }
+    }
+}
+
+/* ----------------------------------------------------------- dispatching */
+static int best_isa(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        return ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return ISA_AVX2; /* every AVX2 x86 CPU also has F16C */
+    return ISA_NONE;
+}
+
+static const char *isa_name(int isa)
+{
+    return isa == ISA_AVX512 ? "avx512" : isa == ISA_AVX2 ? "avx2" : "none";
+}
+
+static int isa_from_name(const char *name)
+{
+    if (strcmp(name, "avx512") == 0) return ISA_AVX512;
+    if (strcmp(name, "avx2") == 0) return ISA_AVX2;
+    return -1;
+}
+
+static Py_ssize_t packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
+{
+    if (kind == KIND_F32) return (cols + 2 * PANEL - 1) / (2 * PANEL) * depth * 2 * PANEL * (Py_ssize_t)sizeof(float);
+    const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
+    const Py_ssize_t block_bytes = kind == KIND_Q4_1 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES;
+    return panels * (depth / QBLOCK) * block_bytes;
+}
+
+PyObject *native_best_isa(PyObject *self, PyObject *noargs)
+{
+    return PyUnicode_FromString(isa_name(best_isa()));
+}
+
+/* gemm(kind, x, packed, out, rows, cols, depth, isa, threads) */
+PyObject *native_gemm(PyObject *self, PyObject *args)
+{
+    int kind, threads;
+    Py_buffer x, packed, out;
+    Py_ssize_t rows, cols, depth;
+    const char *isa_str;
+    if (!PyArg_ParseTuple(args, "iy*y*w*nnnsi", &kind, &x, &packed, &out, &rows, &cols, &depth, &isa_str,
+                          &threads))
+        return NULL;
+    PyObject *result = NULL;
+    const int isa = isa_from_name(isa_str);
+    if (kind != KIND_Q4_1 && kind != KIND_Q8_0 && kind != KIND_F32) {
+        PyErr_Format(PyExc_ValueError, "unknown weight kind %d", kind);
+    } else if (isa < 0 || isa > best_isa()) {
+        PyErr_Format(PyExc_ValueError, "instruction set %s is not available (best: %s)", isa_str,
+                     isa_name(best_isa()));
+    } else if (rows < 0 || cols <= 0 || depth <= 0 || (kind != KIND_F32 && depth % QBLOCK != 0)) {
+        PyErr_Format(PyExc_ValueError,
+                     "bad shape rows=%zd cols=%zd depth=%zd (quantised depth must be a multiple of %d)", rows, cols,
+                     depth, QBLOCK);
+    } else if (x.len != rows * depth * (Py_ssize_t)sizeof(float) ||
+               out.len != rows * cols * (Py_ssize_t)sizeof(float) ||
+               packed.len != packed_bytes(kind, cols, depth)) {
+        PyErr_Format(PyExc_ValueError, "buffer sizes do not match rows=%zd cols=%zd depth=%zd", rows, cols,
+                     depth);
+    } else {
+        const struct gemm_args a = {x.buf, packed.buf, out.buf, rows, cols, depth, kind};
+        const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
+        Py_BEGIN_ALLOW_THREADS
+        if (rows > 0) {
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+            {
+                float *weights = kind == KIND_F32 ? NULL : aligned_alloc(64, (size_t)depth * 2 * PANEL * sizeof(float));
+                /* panels in pairs: the AVX-512 many-rows kernel computes two at once */
+#pragma omp for schedule(static)
+                for (Py_ssize_t pair = 0; pair < (panels + 1) / 2; pair++) {
+                    const int count = 2 * pair + 1 < panels ? 2 : 1;
+                    if (isa == ISA_AVX512)
+                        avx512_panels(&a, 2 * pair, count, weights);
+                    else
+                        for (int i = 0; i < count; i++) avx2_panel(&a, 2 * pair + i, weights);
+                }
+                free(weights);
+            }
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&packed);
+    PyBuffer_Release(&out);
+    return result;
+}

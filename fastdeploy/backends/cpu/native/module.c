@@ -1,0 +1,29 @@
+/*
+ * The `_native` extension module: the kernels' Python entry points.
+ */
+#include "native.h"
+
+static PyMethodDef methods[] = {
+    {"best_isa", native_best_isa, METH_NOARGS, "The widest instruction set this CPU runs: avx512, avx2 or none."},
+    {"attention", native_attention, METH_VARARGS, "Paged causal attention over block tables (see attention.c)."},
+    {"rms_norm", native_rms_norm, METH_VARARGS, "RMSNorm of x (+ residual), row by row."},
+    {"rotary", native_rotary, METH_VARARGS, "Rotate-half rotary embedding of [tokens, heads, head_dim]."},
+    {"silu_and_mul", native_silu_and_mul, METH_VARARGS, "silu(gate) * up of [gate | up] rows."},
+    {"gemm", native_gemm, METH_VARARGS,
+     "gemm(kind, x, packed, out, rows, cols, depth, isa, threads): out = x @ dequant(packed).T"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "Native cpu-backend kernels.", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "KIND_Q4_1", KIND_Q4_1) < 0 || PyModule_AddIntConstant(m, "KIND_Q8_0", KIND_Q8_0) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_F32", KIND_F32) < 0 || PyModule_AddIntConstant(m, "PANEL", PANEL) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

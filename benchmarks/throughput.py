@@ -8,14 +8,21 @@ transformers (float32, the same GGUF weights dequantised) runs in the same proce
 installed (`pip install torch==2.13.0 transformers gguf accelerate`); the script prints a table and
 the ratio fastdeploy / transformers for each figure.
 
-    python benchmarks/throughput.py [--skip-peer] [--batch 16] [--new-tokens 128]
+`--checkpoint safetensors` first writes the GGUF out as a float32 Hugging Face directory and has
+both engines load that: fastdeploy then reads float32 weights too, so the comparison shows what
+the engine does apart from reading the GGUF's 4-bit blocks.
+
+    python benchmarks/throughput.py [--skip-peer] [--checkpoint gguf|safetensors] [--batch 16] [--new-tokens 128]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
+
+from fastdeploy.model_resolver import embedded_model_path
 
 PROMPT_WORDS = [
     "The",
@@ -60,7 +67,7 @@ def make_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
 def bench_fastdeploy(args) -> dict[str, float]:
     from fastdeploy import LLM, SamplingParams
 
-    llm = LLM(max_model_len=2048, max_num_seqs=max(args.batch, 16))
+    llm = LLM(model=args.model, max_model_len=2048, max_num_seqs=max(args.batch, 16))
     tok = llm.get_tokenizer()
     batch_prompts = make_prompts(tok, args.batch, args.prompt_len)
     new = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
@@ -89,13 +96,14 @@ def bench_transformers(args) -> dict[str, float]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from fastdeploy.model_resolver import embedded_model_path
-
     torch.set_num_threads(os.cpu_count() or 1)
-    path = embedded_model_path()
-    folder, name = os.path.split(path)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    if args.model.endswith(".gguf"):
+        folder, name = os.path.split(args.model)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     tokenizer.pad_token_id = tokenizer.eos_token_id
     tokenizer.padding_side = "left"
 
@@ -142,8 +150,25 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--skip-peer", action="store_true", help="measure fastdeploy only")
+    parser.add_argument(
+        "--checkpoint",
+        choices=("gguf", "safetensors"),
+        default="gguf",
+        help="load the embedded SmolLM2 GGUF, or a float32 safetensors directory written from it",
+    )
     args = parser.parse_args()
+    args.model = embedded_model_path()
+    with tempfile.TemporaryDirectory(prefix="smollm2-float32-") as directory:
+        if args.checkpoint == "safetensors":
+            from fastdeploy.model_executor.gguf_export import export_hf_directory
 
+            export_hf_directory(args.model, directory)
+            args.model = directory
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Both engines on `args.model`, then the table."""
     ours = bench_fastdeploy(args)
     peer = None
     if not args.skip_peer:

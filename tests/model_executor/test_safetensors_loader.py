@@ -5,7 +5,6 @@ tokens must still match transformers' reference outputs for that model.
 """
 
 import json
-import os
 
 import ml_dtypes
 import numpy as np
@@ -14,36 +13,13 @@ from safetensors.numpy import save_file
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.errors import WeightLoadError
-from fastdeploy.model_executor.loaders.gguf_loader import GGUFLoader
+from fastdeploy.model_executor.gguf_export import export_hf_directory, float32_tensors, write_hf_metadata
 from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader
-
-
-def write_tokenizer(directory, gguf_path):
-    from fastdeploy.input.gguf_tokenizer import GGUFTokenizerLoader
-
-    tokenizer = GGUFTokenizerLoader().load(gguf_path)
-    tokenizer.backend.save(os.path.join(directory, "tokenizer.json"))
-    config = {
-        "bos_token": "<|im_start|>",
-        "eos_token": "<|im_end|>",
-        "add_bos_token": False,
-        "chat_template": tokenizer.chat_template,
-    }
-    with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as handle:
-        json.dump(config, handle)
-
-
-def write_config(directory, gguf_path):
-    config = GGUFLoader().load_config(gguf_path)
-    config.update({"model_type": "llama", "torch_dtype": "float32"})
-    with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as handle:
-        json.dump(config, handle)
 
 
 @pytest.fixture(scope="module")
 def hf_tensors(smollm2_path):
-    # quantised matrices come as GGMLTensor blocks; a safetensors checkpoint holds their float32 values
-    return {name: np.asarray(tensor) for name, tensor in GGUFLoader().load_tensors(smollm2_path)}
+    return float32_tensors(smollm2_path)
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +34,7 @@ def sharded_dir(tmp_path_factory, smollm2_path, hf_tensors):
         weight_map.update(dict.fromkeys(chunk.tolist(), filename))
     with open(directory / "model.safetensors.index.json", "w", encoding="utf-8") as handle:
         json.dump({"metadata": {}, "weight_map": weight_map}, handle)
-    write_config(directory, smollm2_path)
-    write_tokenizer(directory, smollm2_path)
+    write_hf_metadata(str(directory), smollm2_path)
     return str(directory)
 
 
@@ -96,8 +71,7 @@ def test_missing_and_unknown_tensors_are_named(tmp_path, smollm2_path, hf_tensor
     del tensors["model.layers.3.mlp.up_proj.weight"]
     tensors["model.layers.3.mlp.extra_proj.weight"] = np.zeros((2, 2), np.float32)
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    write_config(tmp_path, smollm2_path)
-    write_tokenizer(tmp_path, smollm2_path)
+    write_hf_metadata(str(tmp_path), smollm2_path)
     with pytest.raises(WeightLoadError) as info:
         LLM(model=str(tmp_path), max_model_len=256)
     message = str(info.value)
@@ -112,3 +86,18 @@ def test_index_naming_a_missing_shard(tmp_path):
     )
     with pytest.raises(WeightLoadError, match="gone.safetensors"):
         list(SafetensorsLoader().load_tensors(str(tmp_path)))
+
+
+def test_exported_directory_is_a_transformers_layout_that_generates_the_reference(
+    tmp_path, smollm2_path, smollm2_reference
+):
+    export_hf_directory(smollm2_path, str(tmp_path))
+    with open(tmp_path / "config.json", encoding="utf-8") as handle:
+        config = json.load(handle)
+    assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
+    case = smollm2_reference["cases"][0]
+    llm = LLM(model=str(tmp_path), max_model_len=256, max_num_seqs=2)
+    (output,) = llm.generate(
+        case["input"], SamplingParams(temperature=0, max_tokens=len(case["output_token_ids"])), use_tqdm=False
+    )
+    assert output.outputs.token_ids == case["output_token_ids"]

@@ -252,3 +252,17 @@ def test_attention_rejects_a_block_table_outside_the_cache():
     q = np.zeros((1, 1, 8), np.float32)
     with pytest.raises(ValueError, match="block_tables"):
         backend.attention(q, q, q, cache, backend.prepare_batch(layout), 1.0)
+
+
+def test_without_the_extension_auto_falls_back_and_explicit_choices_fail(monkeypatch):
+    monkeypatch.setattr(native, "_native", None)
+    monkeypatch.setattr(native, "_IMPORT_ERROR", "the native extension is not built (simulated)")
+    monkeypatch.setenv("FD_CPU_KERNELS", "auto")
+    backend = CpuBackend(BackendOptions(threads=1))
+    assert backend.native_isa is None and "numpy" in backend.describe()
+    assert isinstance(backend.linear_weight(ggml_matrix("Q4_1", 16, 64)), np.ndarray)
+    monkeypatch.setenv("FD_CPU_KERNELS", "avx2")
+    with pytest.raises(
+        InvalidArgumentError, match="FD_CPU_KERNELS=avx2 cannot run: the native extension is not built"
+    ):
+        CpuBackend(BackendOptions(threads=1))

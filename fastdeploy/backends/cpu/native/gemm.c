@@ -204,7 +204,8 @@ static AVX512_TARGET void avx512_panels(const struct gemm_args *a, Py_ssize_t p,
 
 /* ------------------------------------------------------------------- AVX2 */
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
-#define AVX2_ROWS 4
+#define AVX2_ROWS 4       /* rows per tile straight from the blocks: 8 accumulators + dequantisation */
+#define AVX2_FLOAT_ROWS 6 /* rows per tile from float weights: 12 accumulators (of 16 registers) */
 
 /* the 16 weights of row k of a panel block, as columns 0-7 and 8-15 */
 static inline __attribute__((always_inline)) AVX2_TARGET void
@@ -231,6 +232,8 @@ static inline __attribute__((always_inline)) AVX2_TARGET void
 avx2_store(const struct gemm_args *a, const __m256 *lo, const __m256 *hi, Py_ssize_t row0, int rows, Py_ssize_t col0)
 {
     const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
+    /* unrolled, so lo[r] and hi[r] are registers rather than an array GCC must keep in memory */
+#pragma GCC unroll 8
     for (int r = 0; r < rows; r++) {
         float *dst = a->out + (row0 + r) * a->cols + col0;
         float tmp[PANEL];
@@ -241,22 +244,20 @@ avx2_store(const struct gemm_args *a, const __m256 *lo, const __m256 *hi, Py_ssi
 }
 
 static inline __attribute__((always_inline)) AVX2_TARGET void
-avx2_tile(const struct gemm_args *a, const uint8_t *panel, const float *weights, Py_ssize_t ld, Py_ssize_t row0,
-          int rows, Py_ssize_t col0)
+avx2_tile_blocks(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row0, int rows, Py_ssize_t col0)
 {
     __m256 lo[AVX2_ROWS], hi[AVX2_ROWS];
+#pragma GCC unroll 8
     for (int r = 0; r < rows; r++) lo[r] = hi[r] = _mm256_setzero_ps();
-    const float *x = a->x + row0 * a->depth;
-    for (Py_ssize_t k = 0; k < a->depth; k++) {
+    const Py_ssize_t depth = a->depth;
+    const int kind = a->kind;
+    const float *x = a->x + row0 * depth;
+    for (Py_ssize_t k = 0; k < depth; k++) {
         __m256 w_lo, w_hi;
-        if (weights) {
-            w_lo = _mm256_loadu_ps(weights + k * ld);
-            w_hi = _mm256_loadu_ps(weights + k * ld + 8);
-        } else {
-            avx2_weights(a->kind, panel + k / QBLOCK * BLOCK_BYTES(a->kind), (int)(k % QBLOCK), &w_lo, &w_hi);
-        }
+        avx2_weights(kind, panel + k / QBLOCK * BLOCK_BYTES(kind), (int)(k % QBLOCK), &w_lo, &w_hi);
+#pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
-            const __m256 xv = _mm256_broadcast_ss(x + r * a->depth + k);
+            const __m256 xv = _mm256_broadcast_ss(x + r * depth + k);
             lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
             hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
         }
@@ -264,7 +265,30 @@ avx2_tile(const struct gemm_args *a, const uint8_t *panel, const float *weights,
     avx2_store(a, lo, hi, row0, rows, col0);
 }
 
-#define AVX2_CASE(n) case n: avx2_tile(a, panel, weights, ld, row0, n, col0); break;
+/* One panel from float weights whose row k starts at weights + k * ld. */
+static inline __attribute__((always_inline)) AVX2_TARGET void
+avx2_tile_floats(const struct gemm_args *a, const float *weights, Py_ssize_t ld, Py_ssize_t row0, int rows,
+                 Py_ssize_t col0)
+{
+    __m256 lo[AVX2_FLOAT_ROWS], hi[AVX2_FLOAT_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    const Py_ssize_t depth = a->depth; /* a local: the loop must not re-read it through `a` */
+    const float *x = a->x + row0 * depth;
+    for (Py_ssize_t k = 0; k < depth; k++) {
+        const __m256 w_lo = _mm256_loadu_ps(weights + k * ld), w_hi = _mm256_loadu_ps(weights + k * ld + 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            const __m256 xv = _mm256_broadcast_ss(x + r * depth + k);
+            lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
+            hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
+        }
+    }
+    avx2_store(a, lo, hi, row0, rows, col0);
+}
+
+#define AVX2_BLOCKS_CASE(n) case n: avx2_tile_blocks(a, panel, row0, n, col0); break;
+#define AVX2_FLOATS_CASE(n) case n: avx2_tile_floats(a, weights, ld, row0, n, col0); break;
 
 static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p, float *weights)
 {
@@ -284,10 +308,16 @@ static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p, floa
             _mm256_storeu_ps(weights + k * PANEL + 8, w_hi);
         }
     }
-    for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX2_ROWS) {
-        const Py_ssize_t left = a->rows - row0;
-        switch (left < AVX2_ROWS ? (int)left : AVX2_ROWS) {
-            AVX2_CASE(1) AVX2_CASE(2) AVX2_CASE(3) AVX2_CASE(4)
+    const int tile = weights ? AVX2_FLOAT_ROWS : AVX2_ROWS;
+    for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += tile) {
+        const int rows = a->rows - row0 < tile ? (int)(a->rows - row0) : tile;
+        if (weights) {
+            switch (rows) {
+                AVX2_FLOATS_CASE(1) AVX2_FLOATS_CASE(2) AVX2_FLOATS_CASE(3)
+                AVX2_FLOATS_CASE(4) AVX2_FLOATS_CASE(5) AVX2_FLOATS_CASE(6)
+            }
+        } else {
+            switch (rows) { AVX2_BLOCKS_CASE(1) AVX2_BLOCKS_CASE(2) AVX2_BLOCKS_CASE(3) AVX2_BLOCKS_CASE(4) }
         }
     }
 }

@@ -1,8 +1,8 @@
 """The cpu backend's native kernels: products on GGUF-quantised weights kept in their blocks,
 paged attention and the element-wise ops of a decoder layer.
 
-`pack` turns GGUF matrices of a supported block type into a `PackedWeight`; `matmul` multiplies
-float32 activations by it. Which instruction set runs is chosen per call (`isa`), so tests can
+`pack` turns the parts of a linear weight into a `PackedWeight` (Q4_1/Q8_0 blocks kept as they
+are, anything else as float32 panels); `matmul` multiplies float32 activations by it. Which instruction set runs is chosen per call (`isa`), so tests can
 exercise the AVX2 code on an AVX-512 machine. Where the extension was not built, `unavailable_reason`
 says why and the backend keeps its numpy path.
 """
@@ -59,10 +59,6 @@ class PackedWeight:
     packed: np.ndarray
     out_features: int
     in_features: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.nbytes
 
 
 def pack(parts: Sequence[GGMLTensor | np.ndarray]) -> PackedWeight:
@@ -171,6 +167,7 @@ def rms_norm(
 ) -> tuple[np.ndarray, np.ndarray]:
     """`Backend.rms_norm`: (normed, x + residual) row by row."""
     x = np.ascontiguousarray(x, np.float32)
+    weight = np.ascontiguousarray(weight, np.float32)
     out = np.empty_like(x)
     total = x
     if residual is not None:
@@ -198,5 +195,6 @@ def rotary_embedding(
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)
     positions = np.ascontiguousarray(positions, np.int64)
+    cos, sin = np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32)
     _native.rotary(x, positions, cos, sin, out, *x.shape, cos.shape[-1], threads)
     return out

@@ -207,25 +207,40 @@ static AVX512_TARGET void avx512_panels(const struct gemm_args *a, Py_ssize_t p,
 #define AVX2_ROWS 4       /* rows per tile straight from the blocks: 8 accumulators + dequantisation */
 #define AVX2_FLOAT_ROWS 6 /* rows per tile from float weights: 12 accumulators (of 16 registers) */
 
-/* the 16 weights of row k of a panel block, as columns 0-7 and 8-15 */
-static inline __attribute__((always_inline)) AVX2_TARGET void
-avx2_weights(int kind, const uint8_t *blk, int k, __m256 *lo, __m256 *hi)
+/* A panel block's scales (and Q4_1 minimums) as floats, columns 0-7 and 8-15. */
+struct avx2_scales {
+    __m256 d_lo, d_hi, m_lo, m_hi;
+};
+
+static inline __attribute__((always_inline)) AVX2_TARGET struct avx2_scales avx2_block_scales(int kind,
+                                                                                            const uint8_t *blk)
 {
-    const __m256 d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-    const __m256 d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+    struct avx2_scales sc;
+    sc.d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+    sc.d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+    sc.m_lo = sc.m_hi = _mm256_setzero_ps();
     if (kind == KIND_Q4_1) {
-        const __m256 m_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32)));
-        const __m256 m_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48)));
+        sc.m_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32)));
+        sc.m_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48)));
+    }
+    return sc;
+}
+
+/* the 16 weights of row k (0..31) of a panel block, as columns 0-7 and 8-15 */
+static inline __attribute__((always_inline)) AVX2_TARGET void
+avx2_weights(int kind, const uint8_t *blk, int k, const struct avx2_scales *sc, __m256 *lo, __m256 *hi)
+{
+    if (kind == KIND_Q4_1) {
         __m128i q = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * (k / 2)));
         if (k % 2) q = _mm_srli_epi16(q, 4);
         q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
-        *lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), d_lo, m_lo);
-        *hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), d_hi, m_hi);
+        *lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), sc->d_lo, sc->m_lo);
+        *hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), sc->d_hi, sc->m_hi);
         return;
     }
     const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * k));
-    *lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d_lo);
-    *hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), d_hi);
+    *lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), sc->d_lo);
+    *hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), sc->d_hi);
 }
 
 static inline __attribute__((always_inline)) AVX2_TARGET void
@@ -252,14 +267,19 @@ avx2_tile_blocks(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row
     const Py_ssize_t depth = a->depth;
     const int kind = a->kind;
     const float *x = a->x + row0 * depth;
-    for (Py_ssize_t k = 0; k < depth; k++) {
-        __m256 w_lo, w_hi;
-        avx2_weights(kind, panel + k / QBLOCK * BLOCK_BYTES(kind), (int)(k % QBLOCK), &w_lo, &w_hi);
+    for (Py_ssize_t b = 0; b < depth / QBLOCK; b++) {
+        const uint8_t *blk = panel + b * BLOCK_BYTES(kind);
+        const struct avx2_scales sc = avx2_block_scales(kind, blk);
+        for (int j = 0; j < QBLOCK; j++) {
+            const Py_ssize_t k = b * QBLOCK + j;
+            __m256 w_lo, w_hi;
+            avx2_weights(kind, blk, j, &sc, &w_lo, &w_hi);
 #pragma GCC unroll 8
-        for (int r = 0; r < rows; r++) {
-            const __m256 xv = _mm256_broadcast_ss(x + r * depth + k);
-            lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
-            hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
+            for (int r = 0; r < rows; r++) {
+                const __m256 xv = _mm256_broadcast_ss(x + r * depth + k);
+                lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
+                hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
+            }
         }
     }
     avx2_store(a, lo, hi, row0, rows, col0);
@@ -301,11 +321,15 @@ static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p, floa
     } else if (a->rows <= AVX2_ROWS || weights == NULL) {
         weights = NULL;
     } else {
-        for (Py_ssize_t k = 0; k < a->depth; k++) {
-            __m256 w_lo, w_hi;
-            avx2_weights(a->kind, panel + k / QBLOCK * BLOCK_BYTES(a->kind), (int)(k % QBLOCK), &w_lo, &w_hi);
-            _mm256_storeu_ps(weights + k * PANEL, w_lo);
-            _mm256_storeu_ps(weights + k * PANEL + 8, w_hi);
+        for (Py_ssize_t b = 0; b < a->depth / QBLOCK; b++) {
+            const uint8_t *blk = panel + b * BLOCK_BYTES(a->kind);
+            const struct avx2_scales sc = avx2_block_scales(a->kind, blk);
+            for (int j = 0; j < QBLOCK; j++) {
+                __m256 w_lo, w_hi;
+                avx2_weights(a->kind, blk, j, &sc, &w_lo, &w_hi);
+                _mm256_storeu_ps(weights + (b * QBLOCK + j) * PANEL, w_lo);
+                _mm256_storeu_ps(weights + (b * QBLOCK + j) * PANEL + 8, w_hi);
+            }
         }
     }
     const int tile = weights ? AVX2_FLOAT_ROWS : AVX2_ROWS;

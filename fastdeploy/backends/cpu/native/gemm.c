@@ -16,8 +16,9 @@
  *   with the columns padded to a multiple of 32: already the kernels' float buffer layout.
  *
  * Two instruction sets are compiled with target attributes and chosen at run time: AVX-512
- * (16 columns in one register, 16 activation rows per tile) and AVX2+FMA+F16C (two registers,
- * 4 rows per tile). Work is split over panels with OpenMP; the GIL is released.
+ * (16 columns in one register; tiles of 16 rows from the blocks, 12 rows x 2 panels from floats)
+ * and AVX2+FMA+F16C (two registers per panel; 4 rows from the blocks, 6 from floats). Work is
+ * split over pairs of panels with OpenMP; the GIL is released.
  */
 #include "native.h"
 

@@ -259,6 +259,18 @@ avx2_store(const struct gemm_args *a, const __m256 *lo, const __m256 *hi, Py_ssi
     }
 }
 
+/* lo/hi[r] += x[r * depth] * (w_lo, w_hi) for the tile's rows (unrolled: registers, not memory). */
+static inline __attribute__((always_inline)) AVX2_TARGET void
+avx2_accumulate(__m256 *lo, __m256 *hi, const float *x, Py_ssize_t depth, int rows, __m256 w_lo, __m256 w_hi)
+{
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++) {
+        const __m256 xv = _mm256_broadcast_ss(x + r * depth);
+        lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
+        hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
+    }
+}
+
 static inline __attribute__((always_inline)) AVX2_TARGET void
 avx2_tile_blocks(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row0, int rows, Py_ssize_t col0)
 {
@@ -275,12 +287,7 @@ avx2_tile_blocks(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row
             const Py_ssize_t k = b * QBLOCK + j;
             __m256 w_lo, w_hi;
             avx2_weights(kind, blk, j, &sc, &w_lo, &w_hi);
-#pragma GCC unroll 8
-            for (int r = 0; r < rows; r++) {
-                const __m256 xv = _mm256_broadcast_ss(x + r * depth + k);
-                lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
-                hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
-            }
+            avx2_accumulate(lo, hi, x + k, depth, rows, w_lo, w_hi);
         }
     }
     avx2_store(a, lo, hi, row0, rows, col0);
@@ -298,12 +305,7 @@ avx2_tile_floats(const struct gemm_args *a, const float *weights, Py_ssize_t ld,
     const float *x = a->x + row0 * depth;
     for (Py_ssize_t k = 0; k < depth; k++) {
         const __m256 w_lo = _mm256_loadu_ps(weights + k * ld), w_hi = _mm256_loadu_ps(weights + k * ld + 8);
-#pragma GCC unroll 8
-        for (int r = 0; r < rows; r++) {
-            const __m256 xv = _mm256_broadcast_ss(x + r * depth + k);
-            lo[r] = _mm256_fmadd_ps(xv, w_lo, lo[r]);
-            hi[r] = _mm256_fmadd_ps(xv, w_hi, hi[r]);
-        }
+        avx2_accumulate(lo, hi, x + k, depth, rows, w_lo, w_hi);
     }
     avx2_store(a, lo, hi, row0, rows, col0);
 }

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+
 
 class WeightLoader(ABC):
     """Reads one checkpoint format; registered through `fastdeploy_weight_loaders`.
@@ -30,5 +32,6 @@ class WeightLoader(ABC):
         """The model's configuration as a config.json-style dict (with `architectures`)."""
 
     @abstractmethod
-    def load_tensors(self, model_path: str) -> Iterator[tuple[str, np.ndarray]]:
-        """(name, host array) pairs; arrays may be memory-mapped and of any float dtype."""
+    def load_tensors(self, model_path: str) -> Iterator[tuple[str, np.ndarray | GGMLTensor]]:
+        """(name, host tensor) pairs: arrays (memory-mapped, any float dtype) or, for quantised
+        matrices a backend may use as they are, `GGMLTensor`s (which convert with `np.asarray`)."""

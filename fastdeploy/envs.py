@@ -34,7 +34,7 @@ def device() -> str | None:
 
 
 def cpu_threads() -> int | None:
-    """Thread count for the cpu backend's kernels (`FD_CPU_THREADS`), or None for all cores."""
+    """Thread count for the cpu backend's kernels (`FD_CPU_THREADS`), or None for the cores the process may run on."""
     value = os.environ.get("FD_CPU_THREADS", "").strip()
     return int(value) if value else None
 

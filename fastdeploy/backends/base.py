@@ -7,6 +7,7 @@ gets logits back as host numpy arrays for sampling.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,10 +20,20 @@ import numpy as np
 class BackendOptions:
     """Settings a user can give any backend."""
 
-    #: worker threads for host compute (None: all cores)
+    #: worker threads for host compute (None: every core this process may run on)
     threads: int | None = None
     #: data type for weights and activations
     dtype: str = "float32"
+
+    def thread_count(self) -> int:
+        """`threads`, or the cores this process may run on (its CPU affinity, which containers and
+        `taskset` narrow; `os.cpu_count()` would count the whole host)."""
+        if self.threads:
+            return self.threads
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

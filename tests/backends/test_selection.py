@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -153,3 +154,11 @@ def test_env_says_which_cpu_kernels_run(monkeypatch):
     )
     assert result.returncode == 0, result.stderr
     assert "runs: numpy kernels (FD_CPU_KERNELS=numpy)" in result.stdout
+
+
+def test_default_thread_count_is_the_cores_this_process_may_use():
+    from fastdeploy.backends.base import BackendOptions
+
+    assert BackendOptions(threads=3).thread_count() == 3
+    if hasattr(os, "sched_getaffinity"):
+        assert BackendOptions().thread_count() == len(os.sched_getaffinity(0))

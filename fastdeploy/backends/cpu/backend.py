@@ -70,7 +70,7 @@ class CpuBackend(Backend):
             )
         if options.threads is not None and options.threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {options.threads}")
-        self.threads = options.threads or os.cpu_count() or 1
+        self.threads = options.thread_count()
         self.dtype = np.float32
         self.native_isa = _native_isa()
         # With the native kernels every op of a forward pass runs on their OpenMP threads and BLAS

@@ -74,7 +74,7 @@ class PaddleBackend(Backend):
         else:
             self.place = paddle.CPUPlace()
             self.memory = None
-            self.threads = set_cpu_threads(paddle, options.threads)
+            self.threads = set_cpu_threads(paddle, options.thread_count())
         self.dtype = options.dtype
         self.kernels = choose_kernels(self.on_gpu, kernels)
         self.launch = TritonLauncher(paddle, self.on_gpu) if self.kernels == "triton" else None

@@ -79,8 +79,7 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
-def set_cpu_threads(paddle: ModuleType, threads: int | None) -> int:
-    """Paddle's CPU math starts on one thread; give it `threads` (default: all cores)."""
-    count = threads or os.cpu_count() or 1
+def set_cpu_threads(paddle: ModuleType, count: int) -> int:
+    """Paddle's CPU math starts on one thread; give it `count`."""
     paddle.base.core.set_num_threads(count)
     return count

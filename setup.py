@@ -11,9 +11,18 @@ from setuptools import Extension, setup
 native_kernels = Extension(
     "fastdeploy.backends.cpu.native._native",
     sources=[
-        f"fastdeploy/backends/cpu/native/{name}.c" for name in ("module", "gemm", "attention", "elementwise")
+        f"fastdeploy/backends/cpu/native/{name}.c"
+        for name in (
+            "module",
+            "isa",
+            "gemm",
+            "attention",
+            "elementwise",
+            "row_kernels_avx2",
+            "row_kernels_avx512",
+        )
     ],
-    depends=["fastdeploy/backends/cpu/native/native.h"],
+    depends=[f"fastdeploy/backends/cpu/native/{name}.h" for name in ("native", "row_kernels")],
     extra_compile_args=["-O3", "-fopenmp", "-std=gnu11"],
     extra_link_args=["-fopenmp"],
     optional=True,

@@ -1,6 +1,7 @@
 """The backend conformance suite, run for each device in FD_CONFORMANCE_DEVICES.
 
-Default: the cpu backend with its native kernels and with numpy only ("cpu+numpy"), the Paddle
+Default: the cpu backend with its native kernels (the CPU's widest instruction set, and AVX2:
+"cpu+avx2") and with numpy only ("cpu+numpy"), the Paddle
 backend on CPU place ("paddle-cpu", the cuda backend's code without a GPU) with its reference
 kernels, and the same with the Triton kernels run by Triton's interpreter ("paddle-cpu+triton"). A plugin author runs it against their backend with
 `FD_CONFORMANCE_DEVICES=mydevice pytest tests/backends/test_conformance.py`.
@@ -15,7 +16,7 @@ import pytest
 from fastdeploy.backends.conformance import OP_CHECKS, build_backend, check_greedy_generation
 from fastdeploy.backends.cpu import native
 
-DEFAULT_DEVICES = "cpu,cpu+numpy,paddle-cpu,paddle-cpu+triton"
+DEFAULT_DEVICES = "cpu,cpu+avx2,cpu+numpy,paddle-cpu,paddle-cpu+triton"
 DEVICES = [
     d.strip() for d in os.environ.get("FD_CONFORMANCE_DEVICES", DEFAULT_DEVICES).split(",") if d.strip()
 ]
@@ -32,6 +33,8 @@ def device(request):
         )
     with pytest.MonkeyPatch.context() as patch:
         if kernels and name == "cpu":
+            if kernels in native.ISAS and native.unavailable_reason() is not None:
+                pytest.skip(f"native kernels: {native.unavailable_reason()}")
             patch.setenv("FD_CPU_KERNELS", kernels)
         elif kernels:
             pytest.importorskip("triton", reason="Triton kernels need triton (the test extra installs it)")
@@ -63,8 +66,11 @@ def test_variants_use_the_kernels_they_name(backend, device):
     """Guards the parametrisation: "+triton" must not silently fall back to reference kernels, nor
     "cpu+numpy" run the native ones."""
     if device == "cpu":
-        numpy_only = os.environ.get("FD_CPU_KERNELS") == "numpy"
-        assert (backend.native_isa is None) == (numpy_only or native.unavailable_reason() is not None)
+        requested = os.environ.get("FD_CPU_KERNELS", "auto")
+        if requested == "numpy" or native.unavailable_reason() is not None:
+            assert backend.native_isa is None
+        else:
+            assert backend.native_isa == (native.best_isa() if requested == "auto" else requested)
         return
     if not device.startswith("paddle"):
         pytest.skip("only the cpu and Paddle backends have a kernel choice")

@@ -194,15 +194,24 @@ def reference_attention(q, keys, values, scale):
     return out
 
 
+@pytest.fixture(params=ISAS)
+def backend_for_isa(request, monkeypatch):
+    """A cpu backend whose every native kernel runs the given instruction set."""
+    monkeypatch.setenv("FD_CPU_KERNELS", request.param)
+    backend = CpuBackend(BackendOptions(threads=2))
+    assert backend.native_isa == request.param
+    return backend
+
+
 @requires_native
 @pytest.mark.parametrize(
     ("block_size", "head_dim", "heads", "kv_heads"),
     [(64, 64, 9, 3), (128, 128, 4, 4), (16, 96, 8, 2), (4, 8, 4, 2)],
 )
-def test_attention_over_scattered_blocks(block_size, head_dim, heads, kv_heads):
+def test_attention_over_scattered_blocks(backend_for_isa, block_size, head_dim, heads, kv_heads):
     """A long prefill in two chunks (more than one query tile and score chunk), then decodes."""
     rng = np.random.default_rng(block_size + head_dim)
-    backend = CpuBackend(BackendOptions(threads=2))
+    backend = backend_for_isa
     context = 150
     blocks = -(-(context + 2) // block_size)
     table = rng.permutation(blocks + 5)[:blocks]
@@ -266,3 +275,38 @@ def test_without_the_extension_auto_falls_back_and_explicit_choices_fail(monkeyp
         InvalidArgumentError, match="FD_CPU_KERNELS=avx2 cannot run: the native extension is not built"
     ):
         CpuBackend(BackendOptions(threads=1))
+
+
+@requires_native
+def test_element_wise_ops_on_each_instruction_set(backend_for_isa):
+    """RMSNorm (+ residual), SiLU-and-mul and rotary against float64 numpy, rows both below and
+    above the counts at which the kernels split rows over threads."""
+    backend = backend_for_isa
+    rng = np.random.default_rng(7)
+    for rows in (3, 100):
+        x, residual = rng.standard_normal((2, rows, 96)).astype(np.float32)
+        weight = rng.standard_normal(96).astype(np.float32)
+        normed, total = backend.rms_norm(x, weight, 1e-6, residual)
+        expected_total = x.astype(np.float64) + residual
+        rms = np.sqrt((expected_total**2).mean(axis=-1, keepdims=True) + 1e-6)
+        np.testing.assert_allclose(total, expected_total, rtol=1e-6)
+        np.testing.assert_allclose(normed, expected_total / rms * weight, rtol=1e-5, atol=1e-5)
+
+        gate_up = rng.standard_normal((rows, 2 * 80)).astype(np.float32) * 8
+        gate, up = gate_up[:, :80].astype(np.float64), gate_up[:, 80:]
+        np.testing.assert_allclose(
+            backend.silu_and_mul(gate_up), gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-6
+        )
+
+        q = rng.standard_normal((rows, 3, 64)).astype(np.float32)
+        positions = rng.integers(0, 50, rows)
+        inv_freq = 1.0 / 10000 ** (np.arange(0, 48, 2) / 48)  # partial rotary: 48 of 64 columns
+        angles = np.outer(np.arange(50), inv_freq)
+        out = backend.rotary_embedding(
+            q, positions, np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        )
+        cos, sin = np.cos(angles[positions])[:, None], np.sin(angles[positions])[:, None]
+        first, second = q[..., :24].astype(np.float64), q[..., 24:48]
+        np.testing.assert_allclose(out[..., :24], first * cos - second * sin, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out[..., 24:48], second * cos + first * sin, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(out[..., 48:], q[..., 48:])

@@ -145,7 +145,7 @@ class CpuBackend(Backend):
         self, x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         if self.native_isa:
-            return native.rms_norm(x, weight, eps, residual, self.threads)
+            return native.rms_norm(x, weight, eps, residual, self.native_isa, self.threads)
         if residual is not None:
             x = x + residual
         variance = np.einsum("ij,ij->i", x, x) / np.float32(x.shape[-1])
@@ -156,7 +156,7 @@ class CpuBackend(Backend):
         self, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray
     ) -> np.ndarray:
         if self.native_isa:
-            return native.rotary_embedding(x, positions, cos, sin, self.threads)
+            return native.rotary_embedding(x, positions, cos, sin, self.native_isa, self.threads)
         rotary_dim = cos.shape[-1] * 2
         half = rotary_dim // 2
         cos_rows = cos[positions][:, None, :]
@@ -171,7 +171,7 @@ class CpuBackend(Backend):
 
     def silu_and_mul(self, x: np.ndarray) -> np.ndarray:
         if self.native_isa:
-            return native.silu_and_mul(x, self.threads)
+            return native.silu_and_mul(x, self.native_isa, self.threads)
         half = x.shape[-1] // 2
         gate, up = x[:, :half], x[:, half:]
         # sigmoid through tanh: no overflow warnings for large negative gates.
@@ -213,7 +213,7 @@ class CpuBackend(Backend):
         scale: float,
     ) -> np.ndarray:
         if self.native_isa:
-            return native.attention(q, k, v, kv_cache, batch, scale, self.threads)
+            return native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads)
         return paged_attention(q, k, v, kv_cache, batch, scale)
 
     def gather_rows(self, x: np.ndarray, indices: np.ndarray) -> np.ndarray:

@@ -2,8 +2,8 @@
 paged attention and the element-wise ops of a decoder layer.
 
 `pack` turns the parts of a linear weight into a `PackedWeight` (Q4_1/Q8_0 blocks kept as they
-are, anything else as float32 panels); `matmul` multiplies float32 activations by it. Which instruction set runs is chosen per call (`isa`), so tests can
-exercise the AVX2 code on an AVX-512 machine. Where the extension was not built, `unavailable_reason`
+are, anything else as float32 panels); `matmul` multiplies float32 activations by it. Every kernel takes the instruction set to run (`isa`), so the backend
+runs what `FD_CPU_KERNELS` names and tests exercise the AVX2 code on an AVX-512 machine. Where the extension was not built, `unavailable_reason`
 says why and the backend keeps its numpy path.
 """
 
@@ -132,6 +132,7 @@ def attention(
     kv_cache: tuple[np.ndarray, np.ndarray],
     batch: AttentionBatch,
     scale: float,
+    isa: str,
     threads: int,
 ) -> np.ndarray:
     """`Backend.attention` on caches from `allocate_kv_cache`: writes k/v, then attends causally."""
@@ -157,13 +158,14 @@ def attention(
         batch.block_size,
         batch.block_tables.shape[1],
         scale,
+        isa,
         threads,
     )
     return out
 
 
 def rms_norm(
-    x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None, threads: int
+    x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None, isa: str, threads: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """`Backend.rms_norm`: (normed, x + residual) row by row."""
     x = np.ascontiguousarray(x, np.float32)
@@ -174,27 +176,27 @@ def rms_norm(
         residual = np.ascontiguousarray(residual, np.float32)
         total = np.empty_like(x)
     _native.rms_norm(
-        x, residual, weight, eps, out, total if residual is not None else None, *x.shape, threads
+        x, residual, weight, eps, out, total if residual is not None else None, *x.shape, isa, threads
     )
     return out, total
 
 
-def silu_and_mul(x: np.ndarray, threads: int) -> np.ndarray:
+def silu_and_mul(x: np.ndarray, isa: str, threads: int) -> np.ndarray:
     """`Backend.silu_and_mul` of [tokens, 2 * half] rows."""
     x = np.ascontiguousarray(x, np.float32)
     half = x.shape[1] // 2
     out = np.empty((x.shape[0], half), np.float32)
-    _native.silu_and_mul(x, out, x.shape[0], half, threads)
+    _native.silu_and_mul(x, out, x.shape[0], half, isa, threads)
     return out
 
 
 def rotary_embedding(
-    x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, threads: int
+    x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, isa: str, threads: int
 ) -> np.ndarray:
     """`Backend.rotary_embedding` of x [tokens, heads, head_dim] with [positions, rotary_dim/2] tables."""
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)
     positions = np.ascontiguousarray(positions, np.int64)
     cos, sin = np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32)
-    _native.rotary(x, positions, cos, sin, out, *x.shape, cos.shape[-1], threads)
+    _native.rotary(x, positions, cos, sin, out, *x.shape, cos.shape[-1], isa, threads)
     return out

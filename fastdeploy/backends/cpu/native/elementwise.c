@@ -1,41 +1,25 @@
 /*
- * The element-wise ops of a decoder layer, row by row (rows split over threads when there are many).
+ * The element-wise ops of a decoder layer: Python entry points running the instruction set's row
+ * kernels (row_kernels.h), rows split over threads when there are many.
  */
 #include "native.h"
 
-#include <math.h>
-
-/* RMSNorm of one row of (x + residual); the sum goes to `sum_out` when a residual is given. */
-static CLONES void rms_norm_row(const float *x, const float *residual, const float *weight, float *out,
-                                float *sum_out, Py_ssize_t cols, float eps)
-{
-    const float *src = x;
-    if (residual != NULL) {
-#pragma omp simd
-        for (Py_ssize_t i = 0; i < cols; i++) sum_out[i] = x[i] + residual[i];
-        src = sum_out;
-    }
-    float squares = 0.0f;
-#pragma omp simd reduction(+ : squares)
-    for (Py_ssize_t i = 0; i < cols; i++) squares += src[i] * src[i];
-    const float scale = 1.0f / sqrtf(squares / (float)cols + eps);
-#pragma omp simd
-    for (Py_ssize_t i = 0; i < cols; i++) out[i] = src[i] * scale * weight[i];
-}
-
-/* rms_norm(x, residual or None, weight, eps, out, sum_out or None, rows, cols, threads) */
+/* rms_norm(x, residual or None, weight, eps, out, sum_out or None, rows, cols, isa, threads) */
 PyObject *native_rms_norm(PyObject *self, PyObject *args)
 {
     Py_buffer x, weight, out, residual = {0}, sum_out = {0};
     PyObject *residual_obj, *sum_obj;
     Py_ssize_t rows, cols;
     double eps;
+    const char *isa;
     int threads;
-    if (!PyArg_ParseTuple(args, "y*Oy*dw*Onni", &x, &residual_obj, &weight, &eps, &out, &sum_obj, &rows, &cols,
-                          &threads))
+    if (!PyArg_ParseTuple(args, "y*Oy*dw*Onnsi", &x, &residual_obj, &weight, &eps, &out, &sum_obj, &rows, &cols,
+                          &isa, &threads))
         return NULL;
     PyObject *result = NULL;
     const int with_residual = residual_obj != Py_None;
+    const struct row_kernels *kernels = native_row_kernels(isa);
+    if (kernels == NULL) goto done;
     if (with_residual && (PyObject_GetBuffer(residual_obj, &residual, PyBUF_SIMPLE) < 0 ||
                           PyObject_GetBuffer(sum_obj, &sum_out, PyBUF_WRITABLE) < 0))
         goto done;
@@ -48,7 +32,7 @@ PyObject *native_rms_norm(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (rows >= 64)
     for (Py_ssize_t r = 0; r < rows; r++)
-        rms_norm_row((const float *)x.buf + r * cols, with_residual ? (const float *)residual.buf + r * cols : NULL,
+        kernels->rms_norm_row((const float *)x.buf + r * cols, with_residual ? (const float *)residual.buf + r * cols : NULL,
                      weight.buf, (float *)out.buf + r * cols,
                      with_residual ? (float *)sum_out.buf + r * cols : NULL, cols, (float)eps);
     Py_END_ALLOW_THREADS
@@ -62,31 +46,25 @@ done:
     return result;
 }
 
-/* silu(gate) * up for one row of [gate | up]. */
-static CLONES void silu_mul_row(const float *x, float *out, Py_ssize_t half)
-{
-#pragma omp simd
-    for (Py_ssize_t i = 0; i < half; i++) {
-        const float gate = x[i];
-        out[i] = gate / (1.0f + exp_f32(-gate)) * x[half + i];
-    }
-}
-
-/* silu_and_mul(x, out, rows, half, threads): x [rows, 2*half] -> out [rows, half] */
+/* silu_and_mul(x, out, rows, half, isa, threads): x [rows, 2*half] -> out [rows, half] */
 PyObject *native_silu_and_mul(PyObject *self, PyObject *args)
 {
     Py_buffer x, out;
     Py_ssize_t rows, half;
+    const char *isa;
     int threads;
-    if (!PyArg_ParseTuple(args, "y*w*nni", &x, &out, &rows, &half, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*w*nnsi", &x, &out, &rows, &half, &isa, &threads)) return NULL;
     PyObject *result = NULL;
-    if (x.len != 2 * rows * half * (Py_ssize_t)sizeof(float) || out.len != rows * half * (Py_ssize_t)sizeof(float)) {
+    const struct row_kernels *kernels = native_row_kernels(isa);
+    if (kernels == NULL) {
+        /* native_row_kernels set the error */
+    } else if (x.len != 2 * rows * half * (Py_ssize_t)sizeof(float) || out.len != rows * half * (Py_ssize_t)sizeof(float)) {
         PyErr_SetString(PyExc_ValueError, "silu_and_mul: buffer sizes do not match rows x half");
     } else {
         Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (rows >= 16)
         for (Py_ssize_t r = 0; r < rows; r++)
-            silu_mul_row((const float *)x.buf + 2 * r * half, (float *)out.buf + r * half, half);
+            kernels->silu_mul_row((const float *)x.buf + 2 * r * half, (float *)out.buf + r * half, half);
         Py_END_ALLOW_THREADS
         result = Py_NewRef(Py_None);
     }
@@ -95,31 +73,15 @@ PyObject *native_silu_and_mul(PyObject *self, PyObject *args)
     return result;
 }
 
-/* Rotate-half rotary embedding of one token's heads at `position` (cos/sin rows of `half` values);
- * columns past 2*half are copied unrotated. */
-static CLONES void rotary_row(const float *x, float *out, const float *cos_row, const float *sin_row,
-                              Py_ssize_t heads, Py_ssize_t head_dim, Py_ssize_t half)
-{
-    for (Py_ssize_t h = 0; h < heads; h++) {
-        const float *xh = x + h * head_dim;
-        float *oh = out + h * head_dim;
-#pragma omp simd
-        for (Py_ssize_t i = 0; i < half; i++) {
-            oh[i] = xh[i] * cos_row[i] - xh[half + i] * sin_row[i];
-            oh[half + i] = xh[half + i] * cos_row[i] + xh[i] * sin_row[i];
-        }
-        for (Py_ssize_t i = 2 * half; i < head_dim; i++) oh[i] = xh[i];
-    }
-}
-
-/* rotary(x, positions, cos, sin, out, tokens, heads, head_dim, half, threads) */
+/* rotary(x, positions, cos, sin, out, tokens, heads, head_dim, half, isa, threads) */
 PyObject *native_rotary(PyObject *self, PyObject *args)
 {
     Py_buffer x, positions, cos, sin, out;
     Py_ssize_t tokens, heads, head_dim, half;
+    const char *isa;
     int threads;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*w*nnnni", &x, &positions, &cos, &sin, &out, &tokens, &heads, &head_dim,
-                          &half, &threads))
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*nnnnsi", &x, &positions, &cos, &sin, &out, &tokens, &heads, &head_dim,
+                          &half, &isa, &threads))
         return NULL;
     PyObject *result = NULL;
     const Py_ssize_t bytes = tokens * heads * head_dim * (Py_ssize_t)sizeof(float);
@@ -128,13 +90,14 @@ PyObject *native_rotary(PyObject *self, PyObject *args)
     int bad = x.len != bytes || out.len != bytes || positions.len != tokens * (Py_ssize_t)sizeof(int64_t) ||
               cos.len != sin.len || half <= 0 || 2 * half > head_dim;
     for (Py_ssize_t t = 0; !bad && t < tokens; t++) bad = pos[t] < 0 || pos[t] >= table_rows;
+    const struct row_kernels *kernels = bad ? NULL : native_row_kernels(isa);
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "rotary: buffer sizes or positions do not match the tables");
-    } else {
+    } else if (kernels != NULL) {
         Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (tokens >= 64)
         for (Py_ssize_t t = 0; t < tokens; t++)
-            rotary_row((const float *)x.buf + t * heads * head_dim, (float *)out.buf + t * heads * head_dim,
+            kernels->rotary_row((const float *)x.buf + t * heads * head_dim, (float *)out.buf + t * heads * head_dim,
                        (const float *)cos.buf + pos[t] * half, (const float *)sin.buf + pos[t] * half, heads, head_dim,
                        half);
         Py_END_ALLOW_THREADS

@@ -30,8 +30,6 @@
 #define Q4_1_PANEL_BLOCK_BYTES (PANEL * 2 * 2 + PANEL * QBLOCK / 2)
 #define Q8_0_PANEL_BLOCK_BYTES (PANEL * 2 + PANEL * QBLOCK)
 
-enum isa { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
-
 /* Arguments of one product out[m, n] = sum_k x[m, k] * w[n, k]. */
 struct gemm_args {
     const float *x;
@@ -350,40 +348,12 @@ static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p, floa
 }
 
 /* ----------------------------------------------------------- dispatching */
-static int best_isa(void)
-{
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
-        return ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return ISA_AVX2; /* every AVX2 x86 CPU also has F16C */
-    return ISA_NONE;
-}
-
-static const char *isa_name(int isa)
-{
-    return isa == ISA_AVX512 ? "avx512" : isa == ISA_AVX2 ? "avx2" : "none";
-}
-
-static int isa_from_name(const char *name)
-{
-    if (strcmp(name, "avx512") == 0) return ISA_AVX512;
-    if (strcmp(name, "avx2") == 0) return ISA_AVX2;
-    return -1;
-}
-
 static Py_ssize_t packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
 {
     if (kind == KIND_F32) return (cols + 2 * PANEL - 1) / (2 * PANEL) * depth * 2 * PANEL * (Py_ssize_t)sizeof(float);
     const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
     const Py_ssize_t block_bytes = kind == KIND_Q4_1 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES;
     return panels * (depth / QBLOCK) * block_bytes;
-}
-
-PyObject *native_best_isa(PyObject *self, PyObject *noargs)
-{
-    return PyUnicode_FromString(isa_name(best_isa()));
 }
 
 /* gemm(kind, x, packed, out, rows, cols, depth, isa, threads) */
@@ -397,12 +367,11 @@ PyObject *native_gemm(PyObject *self, PyObject *args)
                           &threads))
         return NULL;
     PyObject *result = NULL;
-    const int isa = isa_from_name(isa_str);
-    if (kind != KIND_Q4_1 && kind != KIND_Q8_0 && kind != KIND_F32) {
+    const int isa = native_isa_checked(isa_str);
+    if (isa < 0) {
+        /* native_isa_checked set the error */
+    } else if (kind != KIND_Q4_1 && kind != KIND_Q8_0 && kind != KIND_F32) {
         PyErr_Format(PyExc_ValueError, "unknown weight kind %d", kind);
-    } else if (isa < 0 || isa > best_isa()) {
-        PyErr_Format(PyExc_ValueError, "instruction set %s is not available (best: %s)", isa_str,
-                     isa_name(best_isa()));
     } else if (rows < 0 || cols <= 0 || depth <= 0 || (kind != KIND_F32 && depth % QBLOCK != 0)) {
         PyErr_Format(PyExc_ValueError,
                      "bad shape rows=%zd cols=%zd depth=%zd (quantised depth must be a multiple of %d)", rows, cols,

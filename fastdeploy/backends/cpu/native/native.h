@@ -1,14 +1,16 @@
 /*
  * Shared declarations of the cpu backend's native kernels (the `_native` extension module).
  *
- * gemm.c         matrix products on GGUF Q4_1/Q8_0 blocks (dequantised in registers) and float32 panels
- * attention.c    paged causal attention over block tables
- * elementwise.c  RMSNorm (+ residual), SiLU-and-mul, rotary embedding
- * module.c       the Python module
+ * gemm.c              matrix products on GGUF Q4_1/Q8_0 blocks (dequantised in registers) and float32 panels
+ * row_kernels.h       attention and element-wise kernels, compiled per instruction set by
+ *                     row_kernels_avx2.c and row_kernels_avx512.c
+ * attention.c         paged causal attention over block tables (entry point)
+ * elementwise.c       RMSNorm (+ residual), SiLU-and-mul, rotary embedding (entry points)
+ * isa.c               which instruction sets this CPU runs
+ * module.c            the Python module
  *
- * Every Python-facing function releases the GIL while it computes and splits its work over
- * `threads` OpenMP threads. The matmuls are compiled per instruction set with target attributes
- * and dispatched at run time; the other kernels are plain C compiled as `target_clones`.
+ * Every Python-facing function takes the instruction set to run (`isa`: "avx512" or "avx2"),
+ * releases the GIL while it computes and splits its work over `threads` OpenMP threads.
  */
 #ifndef FASTDEPLOY_NATIVE_H
 #define FASTDEPLOY_NATIVE_H
@@ -16,9 +18,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
-
-/* One clone per instruction-set level; the dynamic loader picks the one this CPU runs. */
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 /* 16 floats, any alignment; GCC lowers arithmetic on it to whatever vectors the clone targets,
  * and keeps small constant-size arrays of it in registers. */
@@ -45,6 +44,44 @@ static inline __attribute__((always_inline)) float exp_f32(float x)
 }
 
 enum weight_kind { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_F32 = 2 };
+enum isa { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+
+/* The widest instruction set this CPU runs; the name of one; a name's value, or -1 with a Python
+ * ValueError set when it is unknown or wider than the CPU runs. */
+int native_cpu_isa(void);
+const char *native_isa_name(int isa);
+int native_isa_checked(const char *name);
+
+/* Up to HEADS_AT_ONCE query heads of one kv group go through each key and value row together:
+ * the row is loaded once, and their accumulators are independent chains that keep the FMA units
+ * busy. `heads_now` is a constant in every inlined copy. */
+#define HEADS_AT_ONCE 4
+
+/* One attention work item: one kv head of one sequence for `tokens` of its query tokens. */
+struct attn_item {
+    Py_ssize_t seq, kv_head, token0, tokens;
+};
+
+#define ATTEND_ARGS                                                                                             \
+    const struct attn_item *item, const float *q, float *out, const float *key_cache, const float *value_cache, \
+        const int64_t *query_starts, const int64_t *context_lens, const int64_t *block_tables, Py_ssize_t width,  \
+        Py_ssize_t block_size, Py_ssize_t heads, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale,       \
+        float *q_scaled, float *scores, Py_ssize_t stride
+
+/* The attention and element-wise kernels of one instruction set (row_kernels.h). */
+struct row_kernels {
+    void (*attend_d64)(ATTEND_ARGS);
+    void (*attend_d128)(ATTEND_ARGS);
+    void (*attend_any)(ATTEND_ARGS);
+    void (*rms_norm_row)(const float *x, const float *residual, const float *weight, float *out, float *sum_out,
+                         Py_ssize_t cols, float eps);
+    void (*silu_mul_row)(const float *x, float *out, Py_ssize_t half);
+    void (*rotary_row)(const float *x, float *out, const float *cos_row, const float *sin_row, Py_ssize_t heads,
+                       Py_ssize_t head_dim, Py_ssize_t half);
+};
+extern const struct row_kernels row_kernels_avx2, row_kernels_avx512;
+/* The kernels for an instruction set named by Python, or NULL with a ValueError set. */
+const struct row_kernels *native_row_kernels(const char *isa_name);
 #define PANEL 16 /* output columns per weight panel */
 
 PyObject *native_best_isa(PyObject *self, PyObject *noargs);

@@ -19,9 +19,6 @@
 #include <Python.h>
 #include <stdint.h>
 
-/* 16 floats, any alignment; GCC lowers arithmetic on it to whatever vectors the clone targets,
- * and keeps small constant-size arrays of it in registers. */
-typedef float v16f __attribute__((vector_size(64), aligned(4)));
 
 /* e^x for float32, vectorisable (the libm call is not): x = n ln2 + r, |r| <= ln2/2, and
  * e^r by its degree-7 Taylor polynomial (relative error below 2e-8 on that interval). */
@@ -54,7 +51,7 @@ int native_isa_checked(const char *name);
 
 /* Up to HEADS_AT_ONCE query heads of one kv group go through each key and value row together:
  * the row is loaded once, and their accumulators are independent chains that keep the FMA units
- * busy. `heads_now` is a constant in every inlined copy. */
+ * busy (the row kernels may take fewer at once; scratch buffers are sized for this many). */
 #define HEADS_AT_ONCE 4
 
 /* One attention work item: one kv head of one sequence for `tokens` of its query tokens. */

@@ -1,8 +1,13 @@
 /*
  * The attention and element-wise kernels, written once in plain C (GCC vector extensions and
- * `omp simd`) and compiled once per instruction set: row_kernels_avx2.c and row_kernels_avx512.c
- * set the target and ROW_KERNELS, the name of the table of entry points they define. Not a header
- * to include anywhere else.
+ * `omp simd`) and compiled once per instruction set. row_kernels_avx2.c and row_kernels_avx512.c
+ * set the target and define, before including this file:
+ *   ROW_KERNELS   the name of the table of entry points to define
+ *   LANES         floats per vector register (8 or 16): `vecf` is one register, never wider, since
+ *                 GCC splits wider vector types into slow piecewise code
+ *   ATTN_CHUNK    positions scored at once (their accumulators stay in registers)
+ *   KERNEL_HEADS  query heads that share each key/value row load (<= HEADS_AT_ONCE)
+ * Not a header to include anywhere else.
  */
 #include "native.h"
 
@@ -14,8 +19,8 @@
  * so scores for a run of positions come from broadcasting one query element at a time (vectorised
  * over positions, no horizontal sums). Values are cached [blocks, kv_heads, block_size, head_dim]. Each
  * query head takes a softmax (normalised like numpy's) and its probability-weighted values. */
-#define ATTN_CHUNK 64           /* positions scored at once when the block size allows; kept in registers */
-#define MAX_VECTORS_PER_HEAD 8 /* head_dim up to 128 on the vector path */
+typedef float vecf __attribute__((vector_size(LANES * 4), aligned(4))); /* any alignment */
+#define MAX_VECTORS_PER_HEAD (128 / LANES) /* head_dim up to 128 on the vector path */
 
 /* scores[h][j] = q_h . key_j for the `count` positions of one cached key block ([head_dim][block_size]);
  * q_scaled [heads_now][head_dim], scores rows `stride` apart. */
@@ -25,12 +30,12 @@ score_block(const float *q_scaled, int heads_now, const float *keys_t, Py_ssize_
 {
     if (block_size % ATTN_CHUNK == 0) {
         for (Py_ssize_t c = 0; c < count; c += ATTN_CHUNK) {
-            v16f acc[HEADS_AT_ONCE][ATTN_CHUNK / 16] = {{{0}}};
+            vecf acc[KERNEL_HEADS][ATTN_CHUNK / LANES] = {{{0}}};
             for (Py_ssize_t d = 0; d < head_dim; d++) {
-                const v16f *row = (const v16f *)(keys_t + d * block_size + c);
+                const vecf *row = (const vecf *)(keys_t + d * block_size + c);
 #pragma GCC unroll 4
-                for (int i = 0; i < ATTN_CHUNK / 16; i++) {
-                    const v16f keys = row[i];
+                for (int i = 0; i < ATTN_CHUNK / LANES; i++) {
+                    const vecf keys = row[i];
                     for (int h = 0; h < heads_now; h++) acc[h][i] += q_scaled[h * head_dim + d] * keys;
                 }
             }
@@ -63,22 +68,22 @@ weighted_values(const float *probs, int heads_now, Py_ssize_t stride, Py_ssize_t
                 const Py_ssize_t head_dim, float *out)
 {
     const Py_ssize_t block_floats = head_dim * block_size;
-    if (head_dim % 16 == 0 && head_dim / 16 <= MAX_VECTORS_PER_HEAD) {
-        v16f acc[HEADS_AT_ONCE][MAX_VECTORS_PER_HEAD] = {{{0}}};
+    if (head_dim % LANES == 0 && head_dim / LANES <= MAX_VECTORS_PER_HEAD) {
+        vecf acc[KERNEL_HEADS][MAX_VECTORS_PER_HEAD] = {{{0}}};
         for (Py_ssize_t first = 0; first < visible; first += block_size) {
             const float *values = value_cache + (table[first / block_size] * num_kv_heads + kv_head) * block_floats;
             const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
             for (Py_ssize_t j = 0; j < count; j++) {
-                const v16f *value = (const v16f *)(values + j * head_dim);
+                const vecf *value = (const vecf *)(values + j * head_dim);
 #pragma GCC unroll 8
-                for (int i = 0; i < head_dim / 16; i++) {
-                    const v16f v = value[i];
+                for (int i = 0; i < head_dim / LANES; i++) {
+                    const vecf v = value[i];
                     for (int h = 0; h < heads_now; h++) acc[h][i] += probs[h * stride + first + j] * v;
                 }
             }
         }
         for (int h = 0; h < heads_now; h++)
-            for (int i = 0; i < head_dim / 16; i++) memcpy(out + h * head_dim + 16 * i, &acc[h][i], sizeof(v16f));
+            for (int i = 0; i < head_dim / LANES; i++) memcpy(out + h * head_dim + LANES * i, &acc[h][i], sizeof(vecf));
         return;
     }
     for (int h = 0; h < heads_now; h++) {
@@ -147,16 +152,22 @@ attend_item(const struct attn_item *item, const float *q, float *out, const floa
     /* positions visible to the item's first token; each later token sees one more */
     const Py_ssize_t first_visible = context_lens[s] - (query_starts[s + 1] - item->token0) + 1;
     for (Py_ssize_t t = 0; t < item->tokens; t++) {
-        for (Py_ssize_t g = 0; g < group; g += HEADS_AT_ONCE) {
+        for (Py_ssize_t g = 0; g < group; g += KERNEL_HEADS) {
             const Py_ssize_t offset = (item->token0 + t) * heads * head_dim + (item->kv_head * group + g) * head_dim;
 #define ATTEND_HEADS(n)                                                                                      \
     attend_heads(q, out, offset, n, first_visible + t, key_cache, value_cache, table, block_size, num_kv_heads, \
                  item->kv_head, head_dim, scale, q_scaled, scores, stride)
-            switch (group - g < HEADS_AT_ONCE ? (int)(group - g) : HEADS_AT_ONCE) {
+            switch (group - g < KERNEL_HEADS ? (int)(group - g) : KERNEL_HEADS) {
             case 1: ATTEND_HEADS(1); break;
+#if KERNEL_HEADS >= 2
             case 2: ATTEND_HEADS(2); break;
+#endif
+#if KERNEL_HEADS >= 3
             case 3: ATTEND_HEADS(3); break;
-            default: ATTEND_HEADS(HEADS_AT_ONCE); break;
+#endif
+#if KERNEL_HEADS >= 4
+            case 4: ATTEND_HEADS(4); break;
+#endif
             }
 #undef ATTEND_HEADS
         }

@@ -281,6 +281,8 @@ avx2_tile_blocks(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row
     for (Py_ssize_t b = 0; b < depth / QBLOCK; b++) {
         const uint8_t *blk = panel + b * BLOCK_BYTES(kind);
         const struct avx2_scales sc = avx2_block_scales(kind, blk);
+        /* unrolled: the Q4_1 nibble choice (j % 2) and load offset (j / 2) become constants */
+#pragma GCC unroll 32
         for (int j = 0; j < QBLOCK; j++) {
             const Py_ssize_t k = b * QBLOCK + j;
             __m256 w_lo, w_hi;
@@ -325,6 +327,8 @@ static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p, floa
         for (Py_ssize_t b = 0; b < a->depth / QBLOCK; b++) {
             const uint8_t *blk = panel + b * BLOCK_BYTES(a->kind);
             const struct avx2_scales sc = avx2_block_scales(a->kind, blk);
+            /* unrolled: the Q4_1 nibble choice (j % 2) and load offset (j / 2) become constants */
+#pragma GCC unroll 32
             for (int j = 0; j < QBLOCK; j++) {
                 __m256 w_lo, w_hi;
                 avx2_weights(a->kind, blk, j, &sc, &w_lo, &w_hi);

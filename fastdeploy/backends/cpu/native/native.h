@@ -17,6 +17,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 
 
@@ -24,7 +25,7 @@
  * e^r by its degree-7 Taylor polynomial (relative error below 2e-8 on that interval). */
 static inline __attribute__((always_inline)) float exp_f32(float x)
 {
-    x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+    x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x); /* a vector blend (setup.py: -fno-trapping-math) */
     /* round to nearest by adding and removing 1.5 * 2^23 (vectorises, unlike rintf) */
     const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
     const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f; /* ln2 split in two for accuracy */

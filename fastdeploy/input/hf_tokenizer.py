@@ -23,7 +23,7 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as RustTokenizer
 
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
-from fastdeploy.input.tokenizer import Tokenizer, TokenizerLoader
+from fastdeploy.input.tokenizer import Tokenizer, TokenizerLoader, require_text
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -101,8 +101,7 @@ class HFTokenizer(Tokenizer):
         return self._vocab_size
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if not isinstance(text, str):
-            raise InvalidArgumentError(f"text to encode must be a str, got {type(text).__name__}")
+        require_text(text)
         ids = self._tokenizer.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos_token:
             ids.insert(0, self.bos_token_id)

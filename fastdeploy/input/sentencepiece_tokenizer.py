@@ -28,7 +28,7 @@ from typing import Any
 
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.input.hf_tokenizer import _chat_templates, _config_eos_ids, _read_json, _token_content
-from fastdeploy.input.tokenizer import Tokenizer, TokenizerLoader
+from fastdeploy.input.tokenizer import Tokenizer, TokenizerLoader, require_text
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -198,8 +198,7 @@ class SentencePieceTokenizer(Tokenizer):
         return self._vocab_size
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if not isinstance(text, str):
-            raise InvalidArgumentError(f"text to encode must be a str, got {type(text).__name__}")
+        require_text(text)
         ids: list[int] = []
         for segment in self._split.split(text) if self._split is not None else [text]:
             if not segment:

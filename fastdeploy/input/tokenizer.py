@@ -10,6 +10,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from fastdeploy.errors import InvalidArgumentError
+
+
+def require_text(text: Any) -> None:
+    """The check every `Tokenizer.encode` starts with: a clear error for a non-str argument."""
+    if not isinstance(text, str):
+        raise InvalidArgumentError(f"text to encode must be a str, got {type(text).__name__}")
+
 
 class Tokenizer(ABC):
     """Text <-> token ids, special tokens and the model's chat template."""

@@ -356,8 +356,7 @@ static Py_ssize_t packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
 {
     if (kind == KIND_F32) return (cols + 2 * PANEL - 1) / (2 * PANEL) * depth * 2 * PANEL * (Py_ssize_t)sizeof(float);
     const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
-    const Py_ssize_t block_bytes = kind == KIND_Q4_1 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES;
-    return panels * (depth / QBLOCK) * block_bytes;
+    return panels * (depth / QBLOCK) * BLOCK_BYTES(kind);
 }
 
 /* gemm(kind, x, packed, out, rows, cols, depth, isa, threads) */

@@ -330,6 +330,17 @@ def added_token_id(text: str) -> int:
     return FIRST_ADDED_ID + [t for t, _ in ERNIE_ADDED_TOKENS].index(text)
 
 
+#: the special-token names of ERNIE's tokenizer files (tokenizer_config.json, special_tokens_map.json)
+ERNIE_SPECIAL_TOKENS = {
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "pad_token": "<unk>",
+    "cls_token": "<|begin_of_sentence|>",
+    "sep_token": "<|end_of_sentence|>",
+}
+
+
 def write_ernie_tokenizer(
     directory: str | os.PathLike[str],
     chat_template: str | None = None,
@@ -341,12 +352,7 @@ def write_ernie_tokenizer(
     (directory / "tokenizer.model").write_bytes(sentencepiece_model_bytes())
     config: dict[str, Any] = {
         "tokenizer_class": tokenizer_class,
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "pad_token": "<unk>",
-        "cls_token": "<|begin_of_sentence|>",
-        "sep_token": "<|end_of_sentence|>",
+        **ERNIE_SPECIAL_TOKENS,
         "add_bos_token": False,
         "added_tokens_decoder": {
             str(FIRST_ADDED_ID + i): {"content": text, "special": special, "normalized": False}
@@ -356,12 +362,4 @@ def write_ernie_tokenizer(
     if chat_template is not None:
         config["chat_template"] = chat_template
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
-    special_map = {
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "pad_token": "<unk>",
-        "cls_token": "<|begin_of_sentence|>",
-        "sep_token": "<|end_of_sentence|>",
-    }
-    (directory / "special_tokens_map.json").write_text(json.dumps(special_map), encoding="utf-8")
+    (directory / "special_tokens_map.json").write_text(json.dumps(ERNIE_SPECIAL_TOKENS), encoding="utf-8")

@@ -3,16 +3,23 @@
 Computed once on the host when a model is built; backends receive plain cos/sin tables of shape
 [max_positions, rotary_dim / 2]. Variants follow the definitions in the Llama 3, YaRN and
 position-interpolation papers (the same ones transformers implements).
+
+Backends rotate in the rotate-half (NeoX / Hugging Face Llama) layout. Checkpoints whose q/k rows
+pair adjacent dimensions instead (ERNIE-4.5, GPT-J-style models, llama.cpp's GGUF permutation of
+Llama) are brought to that layout once at load time with `interleaved_to_half_rows`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fastdeploy.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
 
 
 def _default_inv_freq(base: float, rotary_dim: int) -> np.ndarray:
@@ -100,3 +107,19 @@ def rope_tables(
         inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
     angles = np.outer(np.arange(max_positions, dtype=np.float64), inv_freq)
     return (np.cos(angles) * multiplier).astype(np.float32), (np.sin(angles) * multiplier).astype(np.float32)
+
+
+def interleaved_to_half_rows(rows: np.ndarray | GGMLTensor, num_heads: int) -> np.ndarray | GGMLTensor:
+    """A q/k projection weight [heads * head_dim, in] (or bias [heads * head_dim]) with each head's
+    rows reordered from adjacent pairs (2i, 2i+1) to halves (i, i + head_dim/2).
+
+    q.k is unchanged when every query and key head is permuted the same way, so after this the
+    backend's rotate-half `rotary_embedding` computes what interleaved rotary would. GGUF blocks
+    run along the input axis, so a `GGMLTensor` moves whole rows without dequantising.
+    """
+    from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor  # the loaders import this module
+
+    count = rows.shape[0]
+    half = count // num_heads // 2
+    order = np.arange(count).reshape(num_heads, half, 2).swapaxes(1, 2).reshape(count)
+    return rows.take_rows(order) if isinstance(rows, GGMLTensor) else rows[order]

@@ -24,18 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fastdeploy.model_executor.loaders.gguf_loader import unpermute_rotary_rows
 from fastdeploy.models.llama import DenseMLPWeights, LlamaForCausalLM, LlamaLayerWeights, ProjectionBiases
-from fastdeploy.plugins.hookspecs import hookimpl
-
-
-def interleaved_to_half_rows(rows: Any, num_heads: int) -> Any:
-    """Reorder each head's q/k rows (or bias entries) from (2i, 2i+1) pairs to (i, i + d/2).
-
-    This is the same reordering that undoes llama.cpp's GGUF permutation, whose rows are in the
-    interleaved layout too.
-    """
-    return unpermute_rotary_rows(rows, num_heads)
+from fastdeploy.plugins.api import hookimpl, interleaved_to_half_rows
 
 
 class Ernie4_5ForCausalLM(LlamaForCausalLM):

@@ -16,12 +16,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fastdeploy.backends.base import Backend
-from fastdeploy.config import ModelConfig
-from fastdeploy.logger import get_logger
-from fastdeploy.model_executor.rope import rope_tables
-from fastdeploy.models.base import CausalLM, check_weight_names
-from fastdeploy.plugins.hookspecs import hookimpl
+from fastdeploy.plugins.api import (
+    Backend,
+    CausalLM,
+    ModelConfig,
+    check_weight_names,
+    get_logger,
+    hookimpl,
+    rope_tables,
+)
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 logger = get_logger(__name__)

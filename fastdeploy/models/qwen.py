@@ -7,11 +7,8 @@ Both are checked against transformers' implementations by tests/models.
 
 from __future__ import annotations
 
-from fastdeploy.backends.base import Backend
-from fastdeploy.config import ModelConfig
-from fastdeploy.errors import UnsupportedModelError
 from fastdeploy.models.llama import LlamaForCausalLM, ProjectionBiases
-from fastdeploy.plugins.hookspecs import hookimpl
+from fastdeploy.plugins.api import Backend, ModelConfig, UnsupportedModelError, hookimpl
 
 
 def _check_sliding_window(config: ModelConfig, max_positions: int) -> None:

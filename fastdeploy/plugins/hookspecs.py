@@ -19,6 +19,9 @@ descending `priority`; two loaders with the same `name` are a `PluginError` nami
 
 Built-in components are plugins too and register through the same entry-point group (entry
 points of the `fastdeploy` distribution), so the plugin path runs on every `LLM()`.
+
+Every class named below is importable from `fastdeploy.plugins.api`, the one module plugin
+authors import from (docs/plugins.md documents it).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def fastdeploy_model_architectures() -> dict[str, type]:
     after the weight loader has read the checkpoint's config.
     Names: the first entry of `architectures` in the checkpoint's config.json (e.g.
     "LlamaForCausalLM", "GPT2LMHeadModel"); GGUF files are mapped to such names by their loader.
-    Returns: {name: class}; the class is a `fastdeploy.models.base.CausalLM` subclass built as
+    Returns: {name: class}; the class is a `CausalLM` subclass built as
     `cls(config: ModelConfig, backend: Backend, max_positions: int)`, then `load_weights` once.
     It must compute only through the backend's ops so it runs on every device.
     """
@@ -48,7 +51,7 @@ def fastdeploy_model_architectures() -> dict[str, type]:
 
 @hookspec
 def fastdeploy_weight_loaders() -> list[Any]:
-    """Checkpoint readers (ranked hook): `model_executor.loaders.base.WeightLoader` instances.
+    """Checkpoint readers (ranked hook): `WeightLoader` instances.
 
     Called by: `model_executor.model_loader.inspect_checkpoint`, when a model is loaded.
     Returns: a list of loaders. They are asked in descending `priority`; the first whose
@@ -61,7 +64,7 @@ def fastdeploy_weight_loaders() -> list[Any]:
 
 @hookspec
 def fastdeploy_tokenizer_loaders() -> list[Any]:
-    """Tokenizer factories (ranked hook): `input.tokenizer.TokenizerLoader` instances.
+    """Tokenizer factories (ranked hook): `TokenizerLoader` instances.
 
     Called by: the engine, when a model is loaded (for `tokenizer=` or the model path).
     Returns: a list of loaders, asked in descending `priority`; the first whose `can_load(path)`
@@ -87,19 +90,20 @@ def fastdeploy_reasoning_parsers() -> dict[str, type]:
 
     Called by: the engine when an `LLM` or server is built with `reasoning_parser=name`; an
     unknown name is an error listing the registered ones.
-    Returns: {name: class}; the class subclasses `fastdeploy.reasoning.base.ReasoningParser`,
-    is built once per engine with the model's tokenizer, and splits each output's text into
-    `reasoning_content` and the answer.
+    Returns: {name: class}; the class subclasses `ReasoningParser`, is built once per engine
+    with the model's tokenizer, and splits each output's text into `reasoning_content` and the
+    answer.
     """
 
 
 @hookspec
 def fastdeploy_tool_call_parsers() -> dict[str, type]:
-    """Tool-call parser classes by the name users pass as `tool_call_parser=` (named hook).
+    """Tool-call parser classes by name (named hook).
 
-    Called by: the OpenAI-compatible server when started with `--tool-call-parser name`.
-    Returns: {name: class}; the class is built once per server with the model's tokenizer and
-    extracts function calls (name and JSON arguments) from generated text.
+    Called by: `PluginRegistry.tool_call_parsers()`; `fastdeploy env` lists them. The server
+    does not choose one by name yet.
+    Returns: {name: class}; the class subclasses `ToolCallParser`, is built with the model's
+    tokenizer and extracts function calls (name and JSON arguments) from generated text.
     """
 
 
@@ -109,7 +113,7 @@ def fastdeploy_device_backends() -> dict[str, type]:
 
     Called by: `backends.selection` when an `LLM` or server is built (to resolve `device=`,
     `FD_DEVICE` or `--device`), and by `fastdeploy env` to list them.
-    Returns: {device name: class}; the class subclasses `fastdeploy.backends.base.Backend`.
+    Returns: {device name: class}; the class subclasses `Backend`.
     Its classmethod `unavailable_reason()` says (without building anything heavy) why it cannot
     run on this machine, or None; `device="auto"` picks the available backend with the highest
     `auto_priority`. Registering a backend that is not implemented yet (a stub) is allowed: its

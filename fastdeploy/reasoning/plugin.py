@@ -1,7 +1,7 @@
 """The built-in reasoning and tool-call parsers, registered through the `fastdeploy.plugins` entry point.
 
-Names are those FastDeploy users pass: `reasoning_parser="ernie-45-vl" | "ernie-x1" | "qwen3"`
-and, for the server, `--tool-call-parser ernie-x1`.
+Names are those FastDeploy users pass: `reasoning_parser="ernie-45-vl" | "ernie-x1" | "qwen3"`,
+and FastDeploy's tool-call parser name `ernie-x1`.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,15 +72,23 @@ class ToolCallExtraction:
     content: str | None = None
 
 
-class ErnieX1ToolParser:
-    """`ernie-x1` tool-call parser: tool calls from the answer part of an ERNIE-X1 output.
-
-    Built with the model's tokenizer (unused: the tags are matched in text). `text` is the answer
-    part, i.e. what follows `</think>`; reasoning never yields tool calls.
-    """
+class ToolCallParser(ABC):
+    """What the `fastdeploy_tool_call_parsers` hook registers: built once per server with the
+    model's tokenizer, it finds the function calls in a finished answer."""
 
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer
+
+    @abstractmethod
+    def extract_tool_calls(self, text: str) -> ToolCallExtraction:
+        """The calls in `text` (the answer part, after any reasoning) and the text left for `content`."""
+
+
+class ErnieX1ToolParser(ToolCallParser):
+    """`ernie-x1` tool-call parser: tool calls from the answer part of an ERNIE-X1 output.
+
+    The tags are matched in text (the tokenizer is unused). Reasoning never yields tool calls.
+    """
 
     def extract_tool_calls(self, text: str) -> ToolCallExtraction:
         calls = extract_tool_calls(text)

@@ -19,7 +19,7 @@ from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
-from fastdeploy.model_executor.loaders.gguf_loader import unpermute_rotary_rows
+from fastdeploy.model_executor.rope import interleaved_to_half_rows
 
 X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
 requires_native = pytest.mark.skipif(
@@ -160,7 +160,8 @@ def test_ggml_tensor_rows_move_whole():
     dense = reference_dequantized(tensor)
     np.testing.assert_array_equal(np.asarray(tensor), dense)
     np.testing.assert_array_equal(
-        np.asarray(unpermute_rotary_rows(tensor, num_heads=3)), unpermute_rotary_rows(dense, num_heads=3)
+        np.asarray(interleaved_to_half_rows(tensor, num_heads=3)),
+        interleaved_to_half_rows(dense, num_heads=3),
     )
 
 

@@ -20,6 +20,7 @@ from fastdeploy.errors import UnsupportedModelError, WeightLoadError
 from fastdeploy.formats.gguf_file import GGUFFile, read_gguf
 from fastdeploy.model_executor.loaders.base import WeightLoader
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.model_executor.rope import interleaved_to_half_rows
 
 #: GGUF `general.architecture` -> (HF architecture, whether q/k rows were permuted by the converter)
 _ARCHITECTURES = {
@@ -61,18 +62,6 @@ def hf_tensor_name(gguf_name: str) -> str:
     raise WeightLoadError(f"GGUF tensor {gguf_name!r} has no known counterpart in the model")
 
 
-def rotary_row_order(rows: int, num_heads: int) -> np.ndarray:
-    """Row order undoing llama.cpp's q/k permutation (interleaved pairs -> rotate-half halves per head)."""
-    half = rows // num_heads // 2
-    return np.arange(rows).reshape(num_heads, half, 2).swapaxes(1, 2).reshape(rows)
-
-
-def unpermute_rotary_rows(weight: np.ndarray | GGMLTensor, num_heads: int) -> np.ndarray | GGMLTensor:
-    """The q/k weight (or bias) with llama.cpp's row permutation undone."""
-    order = rotary_row_order(weight.shape[0], num_heads)
-    return weight.take_rows(order) if isinstance(weight, GGMLTensor) else weight[order]
-
-
 class GGUFLoader(WeightLoader):
     name = "gguf"
     priority = 10
@@ -100,9 +89,9 @@ class GGUFLoader(WeightLoader):
             else:
                 array = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
             if permuted and name.endswith("self_attn.q_proj.weight"):
-                array = unpermute_rotary_rows(array, config["num_attention_heads"])
+                array = interleaved_to_half_rows(array, config["num_attention_heads"])
             elif permuted and name.endswith("self_attn.k_proj.weight"):
-                array = unpermute_rotary_rows(array, config["num_key_value_heads"])
+                array = interleaved_to_half_rows(array, config["num_key_value_heads"])
             yield name, array
 
 

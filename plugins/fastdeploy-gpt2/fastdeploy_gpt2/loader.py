@@ -3,7 +3,8 @@
 GPT-2's config.json predates the names fastdeploy's `ModelConfig` reads (`n_embd` rather than
 `hidden_size`, ...), and its tensors come with or without the `transformer.` prefix depending
 on how the checkpoint was saved. This loader translates both, so the model class sees one
-naming; it claims only GPT-2 directories (higher priority than the generic safetensors loader).
+naming; it claims only GPT-2 directories (higher priority than the generic safetensors loader,
+whose tensor reading it reuses).
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.errors import WeightLoadError
-from fastdeploy.model_executor.loaders.base import WeightLoader
-from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader
+from fastdeploy.plugins.api import SafetensorsLoader, WeightLoadError
 
 ARCHITECTURES = ("GPT2LMHeadModel",)
 #: buffers some GPT-2 checkpoints store (causal mask constants), not weights
@@ -52,7 +51,7 @@ def translate_config(config: dict[str, Any]) -> dict[str, Any]:
     return translated
 
 
-class GPT2Loader(WeightLoader):
+class GPT2Loader(SafetensorsLoader):
     """config.json with model_type "gpt2" + safetensors; tensors named `transformer.*`."""
 
     name = "gpt2-safetensors"
@@ -77,7 +76,7 @@ class GPT2Loader(WeightLoader):
         return translate_config(_read_config(model_path))
 
     def load_tensors(self, model_path: str) -> Iterator[tuple[str, np.ndarray]]:
-        for name, tensor in SafetensorsLoader().load_tensors(model_path):
+        for name, tensor in super().load_tensors(model_path):
             if name.endswith(_BUFFERS) or name == "lm_head.weight":
                 continue  # lm_head is tied to wte in GPT-2
             yield (name if name.startswith("transformer.") else "transformer." + name), tensor

@@ -12,9 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fastdeploy.backends.base import Backend
-from fastdeploy.config import ModelConfig
-from fastdeploy.models.base import CausalLM, check_weight_names
+from fastdeploy.plugins.api import Backend, CausalLM, ModelConfig, check_weight_names
 
 _LAYER_PARTS = (
     "ln_1.weight",

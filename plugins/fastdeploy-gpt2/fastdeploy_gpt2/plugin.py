@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastdeploy.plugins import hookimpl
+from fastdeploy.plugins.api import hookimpl
 from fastdeploy_gpt2.loader import GPT2Loader
 from fastdeploy_gpt2.model import GPT2LMHeadModel
 

@@ -9,7 +9,7 @@ newlines of the reasoning (dropped if `</think>` follows), are held back.
 
 from __future__ import annotations
 
-from fastdeploy.reasoning.base import ReasoningParser, ReasoningSplit
+from fastdeploy.plugins.api import ReasoningParser, ReasoningSplit
 
 OPEN, CLOSE = "<think>", "</think>"
 

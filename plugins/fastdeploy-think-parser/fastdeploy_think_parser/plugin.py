@@ -1,6 +1,6 @@
 """The hook fastdeploy calls: `reasoning_parser="think-tags"`."""
 
-from fastdeploy.plugins import hookimpl
+from fastdeploy.plugins.api import hookimpl
 from fastdeploy_think_parser.parser import ThinkTagsParser
 
 

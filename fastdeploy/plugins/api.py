@@ -1,0 +1,67 @@
+"""The public surface for plugin authors: everything a third-party package may import from fastdeploy.
+
+A plugin (a model architecture, a weight or tokenizer loader, a reasoning or tool-call parser, a
+device backend) imports fastdeploy names from this module only, as pytest plugins import from
+`pytest` and not `_pytest`. The built-in models and the example packages under `plugins/` follow
+the same rule, and `tests/plugins/test_public_api.py` fails when one of them reaches past it.
+Anything not listed in `__all__` is internal and may change without notice; docs/plugins.md
+documents every name here with its shapes.
+
+The names are defined where the engine uses them and re-exported here: this module is an index
+and defines nothing itself.
+"""
+
+from fastdeploy.backends.base import Backend, BackendOptions, BatchLayout, KVCacheSpec
+from fastdeploy.backends.conformance import OP_CHECKS, build_backend, check_greedy_generation
+from fastdeploy.config import ModelConfig
+from fastdeploy.errors import InvalidArgumentError, PluginError, UnsupportedModelError, WeightLoadError
+from fastdeploy.input.tokenizer import Tokenizer, TokenizerLoader, require_text
+from fastdeploy.logger import get_logger
+from fastdeploy.model_executor.loaders.base import WeightLoader
+from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader
+from fastdeploy.model_executor.rope import interleaved_to_half_rows, rope_tables
+from fastdeploy.models.base import CausalLM, check_weight_names
+from fastdeploy.plugins.hookspecs import hookimpl
+from fastdeploy.reasoning.base import ReasoningParser, ReasoningSplit
+from fastdeploy.reasoning.tool_calls import ToolCallExtraction, ToolCallParser, tool_call
+
+__all__ = [
+    # registering
+    "hookimpl",
+    # device backends
+    "Backend",
+    "BackendOptions",
+    "BatchLayout",
+    "KVCacheSpec",
+    # models
+    "CausalLM",
+    "ModelConfig",
+    "check_weight_names",
+    "interleaved_to_half_rows",
+    "rope_tables",
+    # checkpoints
+    "GGMLTensor",
+    "SafetensorsLoader",
+    "WeightLoader",
+    # tokenizers
+    "Tokenizer",
+    "TokenizerLoader",
+    "require_text",
+    # parsers
+    "ReasoningParser",
+    "ReasoningSplit",
+    "ToolCallExtraction",
+    "ToolCallParser",
+    "tool_call",
+    # errors and logging
+    "InvalidArgumentError",
+    "PluginError",
+    "UnsupportedModelError",
+    "WeightLoadError",
+    "get_logger",
+    # conformance
+    "OP_CHECKS",
+    "build_backend",
+    "check_greedy_generation",
+]

@@ -15,6 +15,7 @@ native_kernels = Extension(
         for name in (
             "module",
             "isa",
+            "threadpool",
             "gemm",
             "attention",
             "elementwise",
@@ -26,8 +27,9 @@ native_kernels = Extension(
     # -fno-trapping-math: nothing here reads floating-point exception flags, and without it GCC will
     # not turn the float selects of the AVX2 kernels (exp's clamp) into vector blends. Results are
     # unchanged: it only drops the assumption that a comparison may trap.
-    extra_compile_args=["-O3", "-fopenmp", "-std=gnu11", "-fno-trapping-math"],
-    extra_link_args=["-fopenmp"],
+    # -fopenmp-simd: the `omp simd` loop hints only; threads come from threadpool.c, not OpenMP.
+    extra_compile_args=["-O3", "-fopenmp-simd", "-std=gnu11", "-fno-trapping-math", "-pthread"],
+    extra_link_args=["-pthread"],
     optional=True,
 )
 

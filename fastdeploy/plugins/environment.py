@@ -23,6 +23,7 @@ ENV_VARS = (
     "FD_PADDLE_KERNELS",
     "FD_CPU_KERNELS",
     "FD_CPU_THREADS",
+    "FD_CPU_SPIN_US",
     "TRITON_INTERPRET",
 )
 

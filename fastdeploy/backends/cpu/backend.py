@@ -56,6 +56,13 @@ def _native_isa() -> str | None:
     return native.best_isa() if requested == "auto" else requested
 
 
+def _waiting_policy() -> str:
+    """How the kernels' idle threads wait, for logs and `fastdeploy env`."""
+    spin = envs.cpu_spin_us()
+    waits = f"spin {spin:g} us, then sleep" if spin else "sleep at once"
+    return f"idle threads {waits} (FD_CPU_SPIN_US); loops never wait for a thread that has not started"
+
+
 class CpuBackend(Backend):
     """Runs models with numpy on the host CPU; always available."""
 
@@ -73,23 +80,26 @@ class CpuBackend(Backend):
         self.threads = options.thread_count()
         self.dtype = np.float32
         self.native_isa = _native_isa()
-        # With the native kernels every op of a forward pass runs on their OpenMP threads and BLAS
-        # is not used; a BLAS pool would only spin beside them (measured: 170 -> 26 tok/s).
+        # With the native kernels every op of a forward pass runs on their threads and BLAS is not
+        # used; a BLAS pool would only spin beside them (measured: 170 -> 26 tok/s).
         _set_blas_threads(1 if self.native_isa else self.threads)
+        if self.native_isa:
+            native.set_spin_us(envs.cpu_spin_us())
 
     @classmethod
     def runtime_details(cls) -> str:
         try:
             isa = _native_isa()
+            if isa is None:
+                return f"numpy kernels ({native.unavailable_reason() or 'FD_CPU_KERNELS=numpy'})"
+            return f"native kernels, {isa}; {_waiting_policy()}"
         except InvalidArgumentError as exc:
             return str(exc)
-        if isa is None:
-            return f"numpy kernels ({native.unavailable_reason() or 'FD_CPU_KERNELS=numpy'})"
-        return f"native kernels, {isa}"
 
     def describe(self) -> str:
         kernels = (
-            f"native kernels ({self.native_isa}; {'/'.join(native.SUPPORTED_TYPES)} weights kept in blocks)"
+            f"native kernels ({self.native_isa}; {'/'.join(native.SUPPORTED_TYPES)} weights kept in blocks; "
+            f"{_waiting_policy()})"
             if self.native_isa
             else "numpy"
         )

@@ -81,6 +81,11 @@ def pack(parts: Sequence[GGMLTensor | np.ndarray]) -> PackedWeight:
     return PackedWeight("F32", pack_f32(matrix), matrix.shape[0], in_features.pop())
 
 
+def set_spin_us(microseconds: float) -> None:
+    """How long the kernels' idle threads spin before they sleep (process-wide)."""
+    _native.set_spin_us(microseconds)
+
+
 def matmul(x: np.ndarray, weight: PackedWeight, isa: str, threads: int) -> np.ndarray:
     """x [tokens, in_features] float32 times the weight's transpose: [tokens, out_features] float32."""
     x = np.ascontiguousarray(x, dtype=np.float32)

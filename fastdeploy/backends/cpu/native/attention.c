@@ -4,10 +4,55 @@
  */
 #include "native.h"
 
-#include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 
-#define ATTN_TILE 32 /* query tokens of one sequence per work item */
+#define ATTN_TILE 32           /* query tokens of one sequence per work item */
+#define KV_WRITES_PER_TASK 64 /* (token, kv head) rows written to the cache per task */
+
+struct attention_job {
+    void (*kernel)(ATTEND_ARGS);
+    const struct attn_item *items;
+    const float *q, *k, *v;
+    float *out, *key_cache, *value_cache;
+    const int64_t *slot_of, *query_starts, *context_lens, *block_tables;
+    Py_ssize_t tokens, width, block_size, heads, kv_heads, head_dim, longest;
+    float scale;
+    _Atomic int out_of_memory;
+};
+
+/* Rows index * KV_WRITES_PER_TASK.. of the step's keys and values into their cache slots. */
+static void write_kv_task(void *ctx, Py_ssize_t index, int slot)
+{
+    struct attention_job *job = ctx;
+    const Py_ssize_t head_dim = job->head_dim, block_size = job->block_size, kv_heads = job->kv_heads;
+    const Py_ssize_t end = (index + 1) * KV_WRITES_PER_TASK < job->tokens * kv_heads ? (index + 1) * KV_WRITES_PER_TASK
+                                                                                     : job->tokens * kv_heads;
+    for (Py_ssize_t w = index * KV_WRITES_PER_TASK; w < end; w++) {
+        const Py_ssize_t t = w / kv_heads, h = w % kv_heads;
+        const Py_ssize_t block = job->slot_of[t] / block_size, offset = job->slot_of[t] % block_size;
+        const float *key = job->k + w * head_dim, *value = job->v + w * head_dim;
+        float *keys_t = job->key_cache + (block * kv_heads + h) * head_dim * block_size + offset;
+        for (Py_ssize_t d = 0; d < head_dim; d++) keys_t[d * block_size] = key[d];
+        memcpy(job->value_cache + ((block * kv_heads + h) * block_size + offset) * head_dim, value,
+               (size_t)head_dim * sizeof(float));
+    }
+    (void)slot;
+}
+
+static void attend_task(void *ctx, Py_ssize_t index, int slot)
+{
+    struct attention_job *job = ctx;
+    float *scratch = fd_thread_scratch((size_t)HEADS_AT_ONCE * (size_t)(job->head_dim + job->longest) * sizeof(float));
+    if (scratch == NULL) {
+        job->out_of_memory = 1;
+        return;
+    }
+    job->kernel(&job->items[index], job->q, job->out, job->key_cache, job->value_cache, job->query_starts,
+                job->context_lens, job->block_tables, job->width, job->block_size, job->heads, job->kv_heads,
+                job->head_dim, job->scale, scratch, scratch + HEADS_AT_ONCE * job->head_dim, job->longest);
+    (void)slot;
+}
 
 /* attention(q, k, v, slot_mapping, key_cache, value_cache, out, query_starts, context_lens,
  *           block_tables, tokens, heads, kv_heads, head_dim, block_size, table_width, scale, isa, threads)
@@ -76,40 +121,22 @@ PyObject *native_attention(PyObject *self, PyObject *args)
                 const Py_ssize_t left = query_starts[s + 1] - t0;
                 items[n++] = (struct attn_item){s, h, t0, left < ATTN_TILE ? left : ATTN_TILE};
             }
-    void (*attend)(ATTEND_ARGS) =
-        head_dim == 64 ? kernels->attend_d64 : head_dim == 128 ? kernels->attend_d128 : kernels->attend_any;
-    int failed = 0;
+    struct attention_job job = {
+        .kernel = head_dim == 64 ? kernels->attend_d64 : head_dim == 128 ? kernels->attend_d128 : kernels->attend_any,
+        .items = items, .q = q.buf, .k = k.buf, .v = v.buf, .out = out.buf, .key_cache = kc.buf,
+        .value_cache = vc.buf, .slot_of = slot_mapping.buf, .query_starts = query_starts,
+        .context_lens = context_lens, .block_tables = block_tables, .width = width, .block_size = block_size,
+        .tokens = tokens, .heads = heads, .kv_heads = kv_heads, .head_dim = head_dim, .longest = longest,
+        .scale = (float)scale,
+    };
     Py_BEGIN_ALLOW_THREADS
-#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (count > 1 || tokens > 1)
-    {
-        float *scratch = malloc((size_t)HEADS_AT_ONCE * (size_t)(head_dim + longest) * sizeof(float));
-        if (scratch == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-        /* the new keys and values first (strided key stores miss the cache; several threads overlap
-         * the misses), then attention, after the loop's barrier, when every position is written */
-#pragma omp for schedule(static)
-        for (Py_ssize_t w = 0; w < tokens * kv_heads; w++) {
-            const Py_ssize_t t = w / kv_heads, h = w % kv_heads;
-            const Py_ssize_t block = slot_of[t] / block_size, offset = slot_of[t] % block_size;
-            const float *key = (const float *)k.buf + w * head_dim, *value = (const float *)v.buf + w * head_dim;
-            float *keys_t = (float *)kc.buf + (block * kv_heads + h) * head_dim * block_size + offset;
-            for (Py_ssize_t d = 0; d < head_dim; d++) keys_t[d * block_size] = key[d];
-            memcpy((float *)vc.buf + ((block * kv_heads + h) * block_size + offset) * head_dim, value,
-                   (size_t)head_dim * sizeof(float));
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (Py_ssize_t i = 0; i < count; i++) {
-            if (scratch != NULL)
-                attend(&items[i], q.buf, out.buf, kc.buf, vc.buf, query_starts, context_lens, block_tables, width,
-                       block_size, heads, kv_heads, head_dim, (float)scale, scratch, scratch + HEADS_AT_ONCE * head_dim,
-                       longest);
-        }
-        free(scratch);
-    }
+    /* the new keys and values first (strided key stores miss the cache; several threads overlap
+     * the misses), then attention, once every position is written */
+    const Py_ssize_t writes = tokens * kv_heads;
+    fd_parallel_for((writes + KV_WRITES_PER_TASK - 1) / KV_WRITES_PER_TASK, threads, write_kv_task, &job);
+    fd_parallel_for(count, threads, attend_task, &job);
     Py_END_ALLOW_THREADS
-    if (failed)
+    if (job.out_of_memory)
         PyErr_NoMemory();
     else
         result = Py_NewRef(Py_None);

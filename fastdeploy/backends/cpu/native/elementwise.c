@@ -4,6 +4,57 @@
  */
 #include "native.h"
 
+/* Rows per task: fewer rows than this run on the calling thread alone (waking workers would cost
+ * more than the rows). */
+#define ROWS_PER_TASK 32
+
+/* One op's rows: fn runs rows [first, end) of it. */
+struct rows_job {
+    void (*fn)(const struct rows_job *job, Py_ssize_t first, Py_ssize_t end);
+    const struct row_kernels *kernels;
+    Py_ssize_t rows, cols;
+    const float *x, *residual, *weight, *cos, *sin;
+    float *out, *sum_out;
+    const int64_t *positions;
+    Py_ssize_t heads, half;
+    float eps;
+};
+
+static void rows_task(void *ctx, Py_ssize_t index, int slot)
+{
+    const struct rows_job *job = ctx;
+    const Py_ssize_t first = index * ROWS_PER_TASK;
+    job->fn(job, first, first + ROWS_PER_TASK < job->rows ? first + ROWS_PER_TASK : job->rows);
+    (void)slot;
+}
+
+static void run_rows(const struct rows_job *job, int threads)
+{
+    fd_parallel_for((job->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK, threads, rows_task, (void *)job);
+}
+
+static void rms_norm_rows(const struct rows_job *job, Py_ssize_t first, Py_ssize_t end)
+{
+    const Py_ssize_t cols = job->cols;
+    for (Py_ssize_t r = first; r < end; r++)
+        job->kernels->rms_norm_row(job->x + r * cols, job->residual ? job->residual + r * cols : NULL, job->weight,
+                                   job->out + r * cols, job->sum_out ? job->sum_out + r * cols : NULL, cols, job->eps);
+}
+
+static void silu_mul_rows(const struct rows_job *job, Py_ssize_t first, Py_ssize_t end)
+{
+    for (Py_ssize_t r = first; r < end; r++)
+        job->kernels->silu_mul_row(job->x + 2 * r * job->half, job->out + r * job->half, job->half);
+}
+
+static void rotary_rows(const struct rows_job *job, Py_ssize_t first, Py_ssize_t end)
+{
+    const Py_ssize_t row = job->heads * job->cols, half = job->half;
+    for (Py_ssize_t t = first; t < end; t++)
+        job->kernels->rotary_row(job->x + t * row, job->out + t * row, job->cos + job->positions[t] * half,
+                                 job->sin + job->positions[t] * half, job->heads, job->cols, half);
+}
+
 /* rms_norm(x, residual or None, weight, eps, out, sum_out or None, rows, cols, isa, threads) */
 PyObject *native_rms_norm(PyObject *self, PyObject *args)
 {
@@ -29,12 +80,13 @@ PyObject *native_rms_norm(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "rms_norm: buffer sizes do not match rows x cols");
         goto done;
     }
+    const struct rows_job job = {
+        .fn = rms_norm_rows, .kernels = kernels, .rows = rows, .cols = cols, .x = x.buf,
+        .residual = with_residual ? residual.buf : NULL, .weight = weight.buf, .out = out.buf,
+        .sum_out = with_residual ? sum_out.buf : NULL, .eps = (float)eps,
+    };
     Py_BEGIN_ALLOW_THREADS
-#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (rows >= 64)
-    for (Py_ssize_t r = 0; r < rows; r++)
-        kernels->rms_norm_row((const float *)x.buf + r * cols, with_residual ? (const float *)residual.buf + r * cols : NULL,
-                     weight.buf, (float *)out.buf + r * cols,
-                     with_residual ? (float *)sum_out.buf + r * cols : NULL, cols, (float)eps);
+    run_rows(&job, threads);
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
@@ -61,10 +113,11 @@ PyObject *native_silu_and_mul(PyObject *self, PyObject *args)
     } else if (x.len != 2 * rows * half * (Py_ssize_t)sizeof(float) || out.len != rows * half * (Py_ssize_t)sizeof(float)) {
         PyErr_SetString(PyExc_ValueError, "silu_and_mul: buffer sizes do not match rows x half");
     } else {
+        const struct rows_job job = {
+            .fn = silu_mul_rows, .kernels = kernels, .rows = rows, .x = x.buf, .out = out.buf, .half = half,
+        };
         Py_BEGIN_ALLOW_THREADS
-#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (rows >= 16)
-        for (Py_ssize_t r = 0; r < rows; r++)
-            kernels->silu_mul_row((const float *)x.buf + 2 * r * half, (float *)out.buf + r * half, half);
+        run_rows(&job, threads);
         Py_END_ALLOW_THREADS
         result = Py_NewRef(Py_None);
     }
@@ -94,12 +147,12 @@ PyObject *native_rotary(PyObject *self, PyObject *args)
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "rotary: buffer sizes or positions do not match the tables");
     } else if (kernels != NULL) {
+        const struct rows_job job = {
+            .fn = rotary_rows, .kernels = kernels, .rows = tokens, .cols = head_dim, .x = x.buf, .out = out.buf,
+            .cos = cos.buf, .sin = sin.buf, .positions = pos, .heads = heads, .half = half,
+        };
         Py_BEGIN_ALLOW_THREADS
-#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (tokens >= 64)
-        for (Py_ssize_t t = 0; t < tokens; t++)
-            kernels->rotary_row((const float *)x.buf + t * heads * head_dim, (float *)out.buf + t * heads * head_dim,
-                       (const float *)cos.buf + pos[t] * half, (const float *)sin.buf + pos[t] * half, heads, head_dim,
-                       half);
+        run_rows(&job, threads);
         Py_END_ALLOW_THREADS
         result = Py_NewRef(Py_None);
     }

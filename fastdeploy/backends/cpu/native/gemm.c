@@ -18,7 +18,7 @@
  * Two instruction sets are compiled with target attributes and chosen at run time: AVX-512
  * (16 columns in one register; tiles of 16 rows from the blocks, 12 rows x 2 panels from floats)
  * and AVX2+FMA+F16C (two registers per panel; 4 rows from the blocks, 6 from floats). Work is
- * split over pairs of panels with OpenMP; the GIL is released.
+ * split over pairs of panels (threadpool.c); the GIL is released.
  */
 #include "native.h"
 
@@ -359,6 +359,28 @@ static Py_ssize_t packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
     return panels * (depth / QBLOCK) * BLOCK_BYTES(kind);
 }
 
+/* One task: a pair of panels (the AVX-512 many-rows kernel computes two at once). */
+struct gemm_job {
+    struct gemm_args a;
+    Py_ssize_t panels;
+    int isa;
+};
+
+static void gemm_task(void *ctx, Py_ssize_t pair, int slot)
+{
+    struct gemm_job *job = ctx;
+    const struct gemm_args *a = &job->a;
+    float *weights = NULL;
+    /* without scratch memory the kernels read the blocks directly */
+    if (a->kind != KIND_F32 && a->rows > AVX2_ROWS) weights = fd_thread_scratch((size_t)a->depth * 2 * PANEL * sizeof(float));
+    const int count = 2 * pair + 1 < job->panels ? 2 : 1;
+    if (job->isa == ISA_AVX512)
+        avx512_panels(a, 2 * pair, count, weights);
+    else
+        for (int i = 0; i < count; i++) avx2_panel(a, 2 * pair + i, weights);
+    (void)slot;
+}
+
 /* gemm(kind, x, packed, out, rows, cols, depth, isa, threads) */
 PyObject *native_gemm(PyObject *self, PyObject *args)
 {
@@ -385,25 +407,9 @@ PyObject *native_gemm(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "buffer sizes do not match rows=%zd cols=%zd depth=%zd", rows, cols,
                      depth);
     } else {
-        const struct gemm_args a = {x.buf, packed.buf, out.buf, rows, cols, depth, kind};
-        const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
+        struct gemm_job job = {{x.buf, packed.buf, out.buf, rows, cols, depth, kind}, (cols + PANEL - 1) / PANEL, isa};
         Py_BEGIN_ALLOW_THREADS
-        if (rows > 0) {
-#pragma omp parallel num_threads(threads > 0 ? threads : 1)
-            {
-                float *weights = kind == KIND_F32 ? NULL : aligned_alloc(64, (size_t)depth * 2 * PANEL * sizeof(float));
-                /* panels in pairs: the AVX-512 many-rows kernel computes two at once */
-#pragma omp for schedule(static)
-                for (Py_ssize_t pair = 0; pair < (panels + 1) / 2; pair++) {
-                    const int count = 2 * pair + 1 < panels ? 2 : 1;
-                    if (isa == ISA_AVX512)
-                        avx512_panels(&a, 2 * pair, count, weights);
-                    else
-                        for (int i = 0; i < count; i++) avx2_panel(&a, 2 * pair + i, weights);
-                }
-                free(weights);
-            }
-        }
+        if (rows > 0) fd_parallel_for((job.panels + 1) / 2, threads, gemm_task, &job);
         Py_END_ALLOW_THREADS
         result = Py_NewRef(Py_None);
     }

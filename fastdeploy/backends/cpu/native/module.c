@@ -3,12 +3,26 @@
  */
 #include "native.h"
 
+static PyObject *native_set_spin_us(PyObject *self, PyObject *args)
+{
+    double us;
+    if (!PyArg_ParseTuple(args, "d", &us)) return NULL;
+    if (!(us >= 0)) return PyErr_Format(PyExc_ValueError, "spin time must be >= 0 us, got %g", us);
+    fd_set_spin_ns((long)(us * 1000.0));
+    Py_RETURN_NONE;
+}
+
+static PyObject *native_spin_us(PyObject *self, PyObject *noargs) { return PyFloat_FromDouble(fd_spin_ns() / 1000.0); }
+
 static PyMethodDef methods[] = {
     {"best_isa", native_best_isa, METH_NOARGS, "The widest instruction set this CPU runs: avx512, avx2 or none."},
     {"attention", native_attention, METH_VARARGS, "Paged causal attention over block tables (see attention.c)."},
     {"rms_norm", native_rms_norm, METH_VARARGS, "RMSNorm of x (+ residual), row by row."},
     {"rotary", native_rotary, METH_VARARGS, "Rotate-half rotary embedding of [tokens, heads, head_dim]."},
     {"silu_and_mul", native_silu_and_mul, METH_VARARGS, "silu(gate) * up of [gate | up] rows."},
+    {"set_spin_us", native_set_spin_us, METH_VARARGS,
+     "set_spin_us(us): how long the kernels' idle threads spin before they sleep."},
+    {"spin_us", native_spin_us, METH_NOARGS, "How long the kernels' idle threads spin before they sleep, in us."},
     {"gemm", native_gemm, METH_VARARGS,
      "gemm(kind, x, packed, out, rows, cols, depth, isa, threads): out = x @ dequant(packed).T"},
     {NULL, NULL, 0, NULL},

@@ -7,10 +7,11 @@
  * attention.c         paged causal attention over block tables (entry point)
  * elementwise.c       RMSNorm (+ residual), SiLU-and-mul, rotary embedding (entry points)
  * isa.c               which instruction sets this CPU runs
+ * threadpool.c        the parallel loops every kernel runs on (why not OpenMP: see there)
  * module.c            the Python module
  *
  * Every Python-facing function takes the instruction set to run (`isa`: "avx512" or "avx2"),
- * releases the GIL while it computes and splits its work over `threads` OpenMP threads.
+ * releases the GIL while it computes and splits its work over `threads` threads of threadpool.c.
  */
 #ifndef FASTDEPLOY_NATIVE_H
 #define FASTDEPLOY_NATIVE_H
@@ -40,6 +41,17 @@ static inline __attribute__((always_inline)) float exp_f32(float x)
     union { float f; int32_t i; } scale = {.i = ((int32_t)n + 127) << 23};
     return p * scale.f;
 }
+
+/* fn(ctx, index, slot) for every index in [0, tasks), on up to `threads` threads; `slot` is 0 on the
+ * calling thread and 1.. on workers. Returns when every index is done. */
+typedef void (*fd_task_fn)(void *ctx, Py_ssize_t index, int slot);
+void fd_parallel_for(Py_ssize_t tasks, int threads, fd_task_fn fn, void *ctx);
+/* How long waiting threads spin before they sleep. */
+void fd_set_spin_ns(long nanoseconds);
+long fd_spin_ns(void);
+/* At least `bytes` of 64-byte aligned memory owned by the calling thread (kept for its next call,
+ * freed when it exits); NULL when out of memory. */
+void *fd_thread_scratch(size_t bytes);
 
 enum weight_kind { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_F32 = 2 };
 enum isa { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };

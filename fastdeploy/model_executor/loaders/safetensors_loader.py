@@ -50,10 +50,55 @@ class SafetensorsLoader(WeightLoader):
         return _read_json(os.path.join(model_path, "config.json"))
 
     def load_tensors(self, model_path: str) -> Iterator[tuple[str, np.ndarray]]:
-        import ml_dtypes  # noqa: F401 - registers numpy's bfloat16 so bf16 checkpoints load
-        from safetensors import safe_open
-
         for path in safetensors_files(model_path):
-            with safe_open(path, framework="numpy") as shard:
-                for name in shard.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    yield name, shard.get_tensor(name)
+            yield from mapped_tensors(path)
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    if name == "BF16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    if name not in _DTYPES:
+        raise WeightLoadError(
+            f"safetensors dtype {name} is not supported (supported: BF16, {', '.join(_DTYPES)})"
+        )
+    return np.dtype(_DTYPES[name])
+
+
+#: safetensors dtype names -> numpy
+_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U8": "u1",
+    "BOOL": "?",
+}
+
+
+def mapped_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, read-only array) for every tensor of one .safetensors file, memory-mapped.
+
+    The format is an 8-byte little-endian header length, a JSON header giving each tensor's
+    dtype, shape and byte range, then the data. The `safetensors` package's numpy API copies
+    every tensor it returns; mapping the file instead means a tensor-parallel rank that keeps
+    some rows or columns of a matrix reads only those pages of the file.
+    """
+    try:
+        with open(path, "rb") as handle:
+            header_size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(header_size))
+    except (OSError, ValueError) as exc:
+        raise WeightLoadError(f"cannot read the safetensors header of {path}: {exc}") from exc
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    start = 8 + header_size
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        first, last = info["data_offsets"]
+        dtype = _numpy_dtype(info["dtype"])
+        yield name, np.asarray(data[start + first : start + last]).view(dtype).reshape(info["shape"])

@@ -69,6 +69,23 @@ class ModelConfig:
         )
 
 
+def check_data_parallel_size(value: Any) -> None:
+    """data_parallel_size is an int >= 1 (replicas of the whole engine)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"data_parallel_size must be an int >= 1 (engine replicas), got {value!r}")
+
+
+def port_number(name: str, value: Any) -> int | None:
+    """A TCP port given as an int or a string of digits (FastDeploy passes ports as strings)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise InvalidArgumentError(f"{name} must be a TCP port number (1-65535), got {value!r}")
+    return value
+
+
 def _positive_int(name: str, value: Any, allow_none: bool = True) -> None:
     if value is None and allow_none:
         return
@@ -104,6 +121,22 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     #: reuse the KV blocks of prompt prefixes computed before (shared system prompts, chat turns)
     enable_prefix_caching: bool = False
+    #: pipeline stages the decoder layers are split into (ranks = tensor x pipeline parallel size)
+    pipeline_parallel_size: int = 1
+    #: engine replicas behind one server endpoint (the server's --data-parallel-size)
+    data_parallel_size: int = 1
+    #: "uni": the model runs in the engine process (only with one rank); "mp": in rank processes
+    #: (default with more than one rank); None picks
+    distributed_executor_backend: str | None = None
+    #: hosts of a multi-host run, comma list (FastDeploy's `ips`); the first is the master
+    ips: str | None = None
+    #: the master engine's port for its ranks on a multi-host run (FastDeploy's name)
+    engine_worker_queue_port: int | None = None
+    #: seconds a rank may take to reach the engine and the other ranks
+    dist_init_timeout: float = 120.0
+    #: this replica's index among the server's data-parallel replicas (its ranks take the
+    #: devices after those of the replicas before it)
+    data_parallel_rank: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -114,13 +147,9 @@ class EngineConfig:
             "cpu_threads",
         ):
             _positive_int(name, getattr(self, name))
-        for name in ("max_num_seqs", "block_size", "tensor_parallel_size"):
+        for name in ("max_num_seqs", "block_size"):
             _positive_int(name, getattr(self, name), allow_none=False)
-        if self.tensor_parallel_size != 1:
-            raise InvalidArgumentError(
-                f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet; "
-                "this engine runs a model on one device (use tensor_parallel_size=1)"
-            )
+        self._check_parallel()
         if self.block_size & (self.block_size - 1):
             raise InvalidArgumentError(f"block_size must be a power of two, got {self.block_size}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
@@ -137,3 +166,38 @@ class EngineConfig:
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise InvalidArgumentError(f"seed must be a non-negative int, got {self.seed!r}")
+
+    def _check_parallel(self) -> None:
+        """Sizes of the parallel layout; whether the model can take them is checked once its
+        config is read (`fastdeploy.distributed.topology.check_layout`)."""
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
+        check_data_parallel_size(self.data_parallel_size)
+        port_number("engine_worker_queue_port", self.engine_worker_queue_port)
+        if self.distributed_executor_backend not in (None, "uni", "mp"):
+            raise InvalidArgumentError(
+                "distributed_executor_backend must be 'uni' (in the engine process) or 'mp' (rank "
+                f"processes), got {self.distributed_executor_backend!r}"
+            )
+        world = self.tensor_parallel_size * self.pipeline_parallel_size
+        if world > 1 and self.distributed_executor_backend == "uni":
+            raise InvalidArgumentError(
+                f"distributed_executor_backend='uni' runs one rank, but tensor_parallel_size x "
+                f"pipeline_parallel_size = {world}; use 'mp'"
+            )
+        if isinstance(self.dist_init_timeout, bool) or not isinstance(self.dist_init_timeout, (int, float)):
+            raise InvalidArgumentError(
+                f"dist_init_timeout must be a number of seconds, got {self.dist_init_timeout!r}"
+            )
+        if self.dist_init_timeout <= 0:
+            raise InvalidArgumentError(
+                f"dist_init_timeout must be > 0 seconds, got {self.dist_init_timeout!r}"
+            )
+
+    @property
+    def runs_in_rank_processes(self) -> bool:
+        """Whether the model runs in rank processes rather than in the engine process."""
+        world = self.tensor_parallel_size * self.pipeline_parallel_size
+        return world > 1 or self.distributed_executor_backend == "mp" or bool(self.ips)

@@ -79,3 +79,10 @@ def paddle_kernels() -> str:
     (always on Paddle's CPU place, where Triton runs only under `TRITON_INTERPRET=1`).
     """
     return os.environ.get("FD_PADDLE_KERNELS", "auto").strip().lower() or "auto"
+
+
+def dist_init_timeout() -> float:
+    """Seconds a rank process may take to reach the engine and the other ranks (`FD_DIST_INIT_TIMEOUT`,
+    default 120): past it, starting fails with the address that could not be reached."""
+    value = os.environ.get("FD_DIST_INIT_TIMEOUT", "").strip()
+    return float(value) if value else 120.0

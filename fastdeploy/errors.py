@@ -29,3 +29,14 @@ class PluginError(FastDeployError, RuntimeError):
 
 class WeightLoadError(FastDeployError, ValueError):
     """A checkpoint lacks tensors the model needs, or has tensors it does not know."""
+
+
+class DistributedInitError(FastDeployError, RuntimeError):
+    """Ranks of a multi-process model cannot start or reach each other; the message says which and where."""
+
+
+class WorkerFailedError(FastDeployError, RuntimeError):
+    """A rank process of a multi-process model failed or died; the engine cannot go on.
+
+    The message names the rank, how it ended and the last lines of its log.
+    """

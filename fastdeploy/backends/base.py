@@ -85,11 +85,26 @@ class Backend(ABC):
     auto_priority: ClassVar[int] = 0
     #: whether the engine hands `sample_top_k_top_p` the device logits (else it samples on the host)
     samples_on_device: ClassVar[bool] = False
+    #: the `fastdeploy_communicators` entry whose collectives ranks of this backend use
+    #: (tensor / pipeline parallelism); `FD_COMMUNICATOR` overrides it
+    communicator: ClassVar[str] = "paddle"
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
         """None when this backend can run here, else what is missing (shown to users)."""
         return None
+
+    @classmethod
+    def device_count(cls) -> int | None:
+        """Devices of this kind a host offers its ranks, one each (see `rank_environment`); None for
+        a host backend, whose ranks share the host's cores and memory."""
+        return None
+
+    @classmethod
+    def rank_environment(cls, local_rank: int) -> dict[str, str]:
+        """Environment variables that give the rank process with host index `local_rank` its own
+        device (set before the process imports anything); host backends need none."""
+        return {}
 
     @classmethod
     def runtime_details(cls) -> str | None:
@@ -226,19 +241,27 @@ class Backend(ABC):
             (self.linear_weight(g, u), self.linear_weight(d)) for g, u, d in zip(gate, up, down, strict=True)
         ]
 
-    def moe_experts(self, x: Any, experts: Any, topk_weights: Any, topk_ids: Any) -> Any:
+    def moe_experts(
+        self, x: Any, experts: Any, topk_weights: Any, topk_ids: Any, first_expert: int = 0
+    ) -> Any:
         """Routed SwiGLU experts: sum over k of weights[t, k] * expert_{ids[t, k]}(x[t]), [tokens, hidden].
 
+        `experts` (from `moe_expert_weights`) are the experts numbered `first_expert`,
+        `first_expert + 1`, ...; (token, k) pairs routed to other experts add nothing here (expert
+        parallelism: each rank holds a slice of the experts, and the ranks' results are summed).
         Tokens are grouped by expert so each active expert runs one matmul pair over all its
         tokens. The default does the grouping and the final scatter-add on the host and the
         matmuls with `gather_rows`, `linear` and `silu_and_mul`.
         """
-        ids = np.asarray(self.to_numpy(topk_ids), dtype=np.int64)
+        ids = np.asarray(self.to_numpy(topk_ids), dtype=np.int64) - first_expert
         weights = np.asarray(self.to_numpy(topk_weights), dtype=np.float32).reshape(-1)
         top_k = ids.shape[1]
         flat = ids.reshape(-1)
+        flat = np.where(
+            (flat >= 0) & (flat < len(experts)), flat, len(experts)
+        )  # others: one bin past the end
         order = np.argsort(flat, kind="stable")
-        counts = np.bincount(flat, minlength=len(experts))
+        counts = np.bincount(flat, minlength=len(experts) + 1)[: len(experts)]
         result: np.ndarray | None = None
         start = 0
         for expert in np.flatnonzero(counts):
@@ -254,6 +277,8 @@ class Backend(ABC):
                 result = np.zeros((ids.shape[0], contribution.shape[1]), dtype=np.float32)
             np.add.at(result, rows, contribution)
             start = end
+        if result is None:  # no token chose these experts
+            result = np.zeros(self.to_numpy(x).shape, dtype=np.float32)
         return self.from_numpy(result)
 
     # --- optional capabilities --------------------------------------------------------------

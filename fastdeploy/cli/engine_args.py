@@ -19,7 +19,27 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks a layer is split over")
+    parser.add_argument(
+        "--pipeline-parallel-size", type=int, default=1, help="pipeline stages the layers are split into"
+    )
+    parser.add_argument(
+        "--ips",
+        default=None,
+        help="comma list of the hosts of a multi-host run (run the same command on each)",
+    )
+    parser.add_argument(
+        "--engine-worker-queue-port",
+        type=int,
+        default=None,
+        help="port the master engine listens on for the ranks of a multi-host run (default 8002)",
+    )
+    parser.add_argument(
+        "--distributed-executor-backend",
+        choices=["uni", "mp"],
+        default=None,
+        help="uni: the model in the engine process (one rank); mp: in rank processes (default above one rank)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
@@ -40,6 +60,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "block_size": args.block_size,
         "tensor_parallel_size": args.tensor_parallel_size,
+        "pipeline_parallel_size": args.pipeline_parallel_size,
+        "ips": args.ips,
+        "engine_worker_queue_port": args.engine_worker_queue_port,
+        "distributed_executor_backend": args.distributed_executor_backend,
         "seed": args.seed,
         "kv_cache_memory": args.kv_cache_memory,
         "gpu_memory_utilization": args.gpu_memory_utilization,

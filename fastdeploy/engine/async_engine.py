@@ -25,10 +25,14 @@ from dataclasses import dataclass, field
 from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.request import OK, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.errors import FastDeployError
+from fastdeploy.errors import FastDeployError, WorkerFailedError
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
+
+
+#: how often an idle engine thread checks that the engine's rank processes are alive
+_HEALTH_CHECK_SECONDS = 1.0
 
 
 class EngineOverloadedError(FastDeployError, RuntimeError):
@@ -129,6 +133,8 @@ class AsyncLLMEngine:
         self._stopping = False
         self._stopped = False
         self._observers: list[StepObserver] = []
+        self._fatal_callbacks: list[Callable[[BaseException], None]] = []
+        self._fatal: BaseException | None = None  # what killed the engine thread, if anything did
         self._in_flight = 0  # requests added and not yet finished; touched on the loop thread only
         self._progress: dict[str, _Progress] = {}  # engine thread only
         self._taken: list[_Add | _Abort] = []  # the inbox commands being applied (engine thread only)
@@ -154,6 +160,10 @@ class AsyncLLMEngine:
     def add_observer(self, observer: StepObserver) -> None:
         """Call `observer(StepStats)` on the engine thread after every pass (must not block)."""
         self._observers.append(observer)
+
+    def on_fatal(self, callback: Callable[[BaseException], None]) -> None:
+        """Call `callback(exc)` on the engine thread if the engine dies (e.g. its rank processes failed)."""
+        self._fatal_callbacks.append(callback)
 
     @property
     def is_running(self) -> bool:
@@ -223,6 +233,8 @@ class AsyncLLMEngine:
 
     def check_capacity(self, count: int = 1) -> None:
         """Raise `EngineStoppedError` / `EngineOverloadedError` unless `count` more requests fit now."""
+        if self._fatal is not None:
+            raise EngineStoppedError(f"the engine is unavailable: {self._fatal}")
         if not self.is_running:
             raise EngineStoppedError("the server is shutting down and takes no new requests")
         if self.max_waiting is None:
@@ -251,20 +263,29 @@ class AsyncLLMEngine:
             with self._cond:
                 self._stopping = self._stopped = True
                 pending, self._inbox = self._inbox, []
-            error = GenerationError(f"internal error: the engine stopped ({type(exc).__name__}: {exc})", 500)
+            self._fatal = exc
+            if isinstance(exc, WorkerFailedError):  # the model is gone: unavailable, not a bug
+                error = GenerationError(f"the engine is unavailable: {exc}", 503)
+            else:
+                error = GenerationError(
+                    f"internal error: the engine stopped ({type(exc).__name__}: {exc})", 500
+                )
             for command in [*self._taken, *pending]:
                 if isinstance(command, _Add):
                     self._deliver(command.stream, error)
             for progress in self._progress.values():
                 self._deliver(progress.stream, error)
             self._progress.clear()
+            for callback in self._fatal_callbacks:
+                callback(exc)
 
     def _loop(self) -> None:
         engine = self.engine
         while True:
             with self._cond:
                 while not self._inbox and not self._stopping and not engine.has_unfinished_requests():
-                    self._cond.wait()
+                    if not self._cond.wait(timeout=_HEALTH_CHECK_SECONDS):
+                        engine.check_health()  # a rank process may die while nothing runs
                 commands, self._inbox = self._inbox, []
                 self._taken = commands
                 stopping = self._stopping
@@ -310,6 +331,8 @@ class AsyncLLMEngine:
     def _step(self, stats: StepStats) -> None:
         try:
             outputs = self.engine.step()
+        except WorkerFailedError:
+            raise  # fatal: the thread stops and fails every request (see _run)
         except Exception as exc:  # never let one bad step kill the thread every client waits on
             logger.exception("engine step failed; failing every request in flight")
             for request_id in list(self._progress):

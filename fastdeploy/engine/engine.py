@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,19 +12,21 @@ import numpy as np
 from fastdeploy.backends.base import BackendOptions
 from fastdeploy.backends.selection import create_backend
 from fastdeploy.config import EngineConfig
+from fastdeploy.distributed.pipeline import MicroBatchPipeline
+from fastdeploy.distributed.startup import start_executor
 from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.kv_cache_planner import plan_kv_cache
 from fastdeploy.engine.output_processor import banned_bad_word_tokens, completion_output, process_token
 from fastdeploy.engine.request import INTERNAL_ERROR, CompletionOutput, RequestMetrics, RequestOutput
 from fastdeploy.engine.sampler import BannedTokens, sample
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.engine.scheduler import Scheduler
+from fastdeploy.engine.scheduler import ScheduledBatch, Scheduler
 from fastdeploy.engine.sequence import Sequence
-from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.errors import InvalidArgumentError, WorkerFailedError
 from fastdeploy.input.detokenizer import IncrementalDetokenizer
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.logger import get_logger
-from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint
+from fastdeploy.model_executor.model_loader import CheckpointInfo, build_model, inspect_checkpoint
 from fastdeploy.model_executor.model_runner import ModelRunner
 from fastdeploy.model_resolver import resolve_model
 from fastdeploy.plugins.registry import PluginRegistry, first_that_can_load, get_registry
@@ -88,39 +91,29 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         registry = get_registry()
-        self.backend = create_backend(
-            config.device, BackendOptions(threads=config.cpu_threads, dtype=config.dtype), registry
-        )
+        #: None when the model runs in rank processes (tensor / pipeline parallelism)
+        self.backend = None
+        if not config.runs_in_rank_processes:
+            self.backend = create_backend(
+                config.device, BackendOptions(threads=config.cpu_threads, dtype=config.dtype), registry
+            )
         model_path = resolve_model(config.model)
         checkpoint = inspect_checkpoint(model_path, registry)
         self.model_config = checkpoint.config
-        tokenizer_path = resolve_model(config.tokenizer) if config.tokenizer else model_path
-        self.tokenizer: Tokenizer = first_that_can_load(
-            registry.tokenizer_loaders(), tokenizer_path, "tokenizer loader"
-        ).load(tokenizer_path)
-        if config.chat_template is not None:
-            from fastdeploy.input.chat_template import load_chat_template
-
-            self.tokenizer.chat_template = load_chat_template(config.chat_template)
-        elif not self.tokenizer.chat_template:
-            # a plugin may ship the template for an architecture whose checkpoints lack one
-            self.tokenizer.chat_template = registry.chat_templates().get(self.model_config.architecture)
-        self.reasoning_parser = self._build_reasoning_parser(registry)
         self.max_model_len = self._resolve_max_model_len()
         self.max_num_batched_tokens = config.max_num_batched_tokens or max(self.max_model_len, 2048)
-        self.model = build_model(checkpoint, self.backend, self.max_model_len, registry)
-        spec = plan_kv_cache(
-            config,
-            self.model_config,
-            self.backend,
-            self.max_model_len,
-            self.model,
-            self.max_num_batched_tokens,
+        # rank processes start loading now, while this process reads the tokenizer
+        self.executor = (
+            start_executor(config, checkpoint, self.max_model_len, self.max_num_batched_tokens, registry)
+            if config.runs_in_rank_processes
+            else None
         )
-        self.block_manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(
-            self.model, self.backend, self.backend.allocate_kv_cache(spec), spec.block_size
-        )
+        try:
+            self._load_inputs(config, registry, model_path)
+            self._load_model(config, checkpoint, registry)
+        except BaseException:
+            self.shutdown()
+            raise
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
             self.model_config.eos_token_ids
@@ -135,6 +128,57 @@ class LLMEngine:
             config.max_num_seqs,
             self.max_num_batched_tokens,
         )
+
+    def _load_inputs(self, config: EngineConfig, registry: PluginRegistry, model_path: str) -> None:
+        """The tokenizer, its chat template and the reasoning parser."""
+        tokenizer_path = resolve_model(config.tokenizer) if config.tokenizer else model_path
+        self.tokenizer: Tokenizer = first_that_can_load(
+            registry.tokenizer_loaders(), tokenizer_path, "tokenizer loader"
+        ).load(tokenizer_path)
+        if config.chat_template is not None:
+            from fastdeploy.input.chat_template import load_chat_template
+
+            self.tokenizer.chat_template = load_chat_template(config.chat_template)
+        elif not self.tokenizer.chat_template:
+            # a plugin may ship the template for an architecture whose checkpoints lack one
+            self.tokenizer.chat_template = registry.chat_templates().get(self.model_config.architecture)
+        self.reasoning_parser = self._build_reasoning_parser(registry)
+
+    def _load_model(self, config: EngineConfig, checkpoint: CheckpointInfo, registry: PluginRegistry) -> None:
+        """The model and its KV cache: here, or in the rank processes (which size their own caches)."""
+        #: keeps several steps in flight when the layers are split into pipeline stages
+        self.pipeline: MicroBatchPipeline | None = None
+        if self.executor is not None:
+            self.model = None
+            num_blocks = self.executor.wait_ready()
+            self.runner = self.executor
+            if config.pipeline_parallel_size > 1:
+                self.pipeline = MicroBatchPipeline(self.executor, config.pipeline_parallel_size)
+            self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+            return
+        self.model = build_model(checkpoint, self.backend, self.max_model_len, registry)
+        spec = plan_kv_cache(
+            config,
+            self.model_config,
+            self.backend,
+            self.max_model_len,
+            self.model,
+            self.max_num_batched_tokens,
+        )
+        self.block_manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching)
+        self.runner = ModelRunner(
+            self.model, self.backend, self.backend.allocate_kv_cache(spec), spec.block_size
+        )
+
+    def check_health(self) -> None:
+        """Raise WorkerFailedError if a rank process has died (cheap; the server calls it when idle)."""
+        if self.executor is not None:
+            self.executor.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the rank processes, if the model runs in them (they also stop when this process exits)."""
+        if self.executor is not None:
+            self.executor.shutdown()
 
     def _build_reasoning_parser(self, registry: PluginRegistry) -> ReasoningParser | None:
         name = self.config.reasoning_parser
@@ -274,9 +318,12 @@ class LLMEngine:
 
         Either way each sequence draws its uniform from its own generator, one per token.
         """
-        if self.backend.samples_on_device and not bans and all(_device_samplable(s.params) for s in seqs):
+        backend = self.backend
+        if backend is None:  # rank processes send host logits
+            return sample(logits, seqs, bans)
+        if backend.samples_on_device and not bans and all(_device_samplable(s.params) for s in seqs):
             params = [seq.params for seq in seqs]
-            tokens = self.backend.sample_top_k_top_p(
+            tokens = backend.sample_top_k_top_p(
                 logits,
                 np.array([p.temperature for p in params], dtype=np.float32),
                 np.array([max(p.top_k, 0) for p in params], dtype=np.int32),
@@ -284,17 +331,27 @@ class LLMEngine:
                 np.array([seq.rng.random() for seq in seqs], dtype=np.float32),
             )
             return [int(token) for token in np.asarray(tokens)]
-        return sample(self.backend.to_numpy(logits), seqs, bans)
+        return sample(backend.to_numpy(logits), seqs, bans)
 
     def step(self) -> list[RequestOutput]:
         """Run one forward pass; return the outputs of requests that finished during it."""
+        if self.pipeline is not None:
+            return self.pipeline.step(self)
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        return self.complete_batch(batch, lambda: self.runner.execute(batch))
+
+    def complete_batch(
+        self, batch: ScheduledBatch, forward: Callable[[], tuple[Any, list[int], float]]
+    ) -> list[RequestOutput]:
+        """Run `forward` (batch's pass: logits, sampling indices, seconds), sample, advance the batch."""
         try:
-            logits, sampling, forward_seconds = self.runner.execute(batch)
+            logits, sampling, forward_seconds = forward()
             sampled = [batch.seqs[i] for i in sampling]
             tokens = self._sample(logits, sampled, self._bans(batch.seqs, sampling)) if sampled else []
+        except WorkerFailedError:
+            raise  # the rank processes are gone: no later step could run either
         except Exception as exc:  # a failed pass must not hang or lose the requests in it
             logger.exception("forward pass failed; failing the requests of this batch")
             return self._fail_requests({seq.request_id for seq in batch.seqs}, exc)

@@ -25,6 +25,7 @@ def plan_kv_cache(
     max_model_len: int,
     model: CausalLM,
     max_num_batched_tokens: int,
+    memory_share: float = 1.0,
 ) -> KVCacheSpec:
     """How many blocks to allocate, logged as FastDeploy does (`total_block_num`).
 
@@ -32,7 +33,9 @@ def plan_kv_cache(
     a profiling forward pass over `max_num_batched_tokens` tokens (accelerator backends measure
     it; host backends take that share of the free memory). It is capped at what `max_num_seqs`
     sequences of `max_model_len` tokens could ever use. `num_gpu_blocks_override` replaces the
-    computed count.
+    computed count. `memory_share` is this process's part of the free memory when several
+    rank processes of one model share it (host backends); `model_config` gives the layers and KV
+    heads this process caches.
     """
     spec = KVCacheSpec(
         num_layers=model_config.num_hidden_layers,
@@ -50,8 +53,8 @@ def plan_kv_cache(
         if config.kv_cache_memory is not None:
             budget = config.kv_cache_memory
         else:
-            utilization = config.gpu_memory_utilization or DEFAULT_UTILIZATION.get(
-                backend.name, FALLBACK_UTILIZATION
+            utilization = memory_share * (
+                config.gpu_memory_utilization or DEFAULT_UTILIZATION.get(backend.name, FALLBACK_UTILIZATION)
             )
             budget = profiled_kv_cache_budget(model, backend, spec, utilization, max_num_batched_tokens)
             if budget is None:

@@ -78,11 +78,12 @@ class Scheduler:
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if seq.status is not SequenceStatus.RUNNING or seq.in_flight:
+                continue  # preempted earlier in this loop, or still being computed
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.block_manager.can_allocate(seq, num_new):
-                victim = self.running[-1]
+                # the newest running sequence not in flight (at worst `seq` itself)
+                victim = next(other for other in reversed(self.running) if not other.in_flight)
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:

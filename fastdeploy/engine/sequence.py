@@ -47,6 +47,8 @@ class Sequence:
     finish_time: float | None = None
     forward_time: float = 0.0
     num_preemptions: int = 0
+    #: part of a step still being computed (pipeline parallelism): not scheduled or preempted now
+    in_flight: bool = False
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -14,7 +14,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from fastdeploy.config import EngineConfig
+from fastdeploy.config import EngineConfig, check_data_parallel_size, port_number
+from fastdeploy.distributed.placement import is_master_host, parse_ips
+from fastdeploy.distributed.startup import serve_follower
 from fastdeploy.engine.engine import LLMEngine, error_output
 from fastdeploy.engine.request import INVALID_REQUEST, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
@@ -22,6 +24,7 @@ from fastdeploy.entrypoints.chat_utils import prompt_token_ids, render_conversat
 from fastdeploy.entrypoints.prompts import PromptItem, normalize_prompts
 from fastdeploy.errors import FastDeployError, InvalidArgumentError
 from fastdeploy.logger import get_logger
+from fastdeploy.plugins.registry import get_registry
 
 logger = get_logger(__name__)
 
@@ -31,7 +34,6 @@ _ACCEPTED_WITHOUT_EFFECT = frozenset(
     {
         "port",
         "metrics_port",
-        "engine_worker_queue_port",
         "cache_queue_port",
         "pod_ips",
         "use_warmup",
@@ -72,6 +74,12 @@ class LLM:
         chat_template: str | None = None,
         reasoning_parser: str | None = None,
         enable_prefix_caching: bool = False,
+        pipeline_parallel_size: int = 1,
+        data_parallel_size: int = 1,
+        ips: str | list[str] | None = None,
+        engine_worker_queue_port: int | str | None = None,
+        distributed_executor_backend: str | None = None,
+        data_parallel_rank: int = 0,
         **kwargs: Any,
     ) -> None:
         from fastdeploy import envs
@@ -81,6 +89,12 @@ class LLM:
             raise InvalidArgumentError(f"LLM() got unsupported argument(s): {', '.join(unknown)}")
         for name in sorted(kwargs):
             logger.info("LLM argument %s=%r has no effect in this engine", name, kwargs[name])
+        if data_parallel_size != 1:
+            check_data_parallel_size(data_parallel_size)
+            raise InvalidArgumentError(
+                f"data_parallel_size={data_parallel_size}: replicas are served by `fastdeploy serve "
+                "--data-parallel-size N`; offline, LLM runs one replica (use data_parallel_size=1)"
+            )
         config = EngineConfig(
             model=model,
             tokenizer=tokenizer,
@@ -99,9 +113,32 @@ class LLM:
             reasoning_parser=reasoning_parser,
             tensor_parallel_size=tensor_parallel_size,
             enable_prefix_caching=enable_prefix_caching,
+            pipeline_parallel_size=pipeline_parallel_size,
+            distributed_executor_backend=distributed_executor_backend,
+            data_parallel_rank=data_parallel_rank,
+            dist_init_timeout=envs.dist_init_timeout(),
+            ips=",".join(parse_ips(ips)) or None,
+            engine_worker_queue_port=port_number("engine_worker_queue_port", engine_worker_queue_port),
         )
-        self.llm_engine = LLMEngine(config)
         self._request_ids = itertools.count()
+        self._is_master = is_master_host(config)
+        #: on a host other than the master: the exit status of this host's ranks
+        self.follower_status: int | None = None
+        if not self._is_master:
+            # another host's engine drives this host's ranks; return once it has shut them down
+            self.follower_status = serve_follower(config, get_registry())
+            return
+        self.llm_engine = LLMEngine(config)
+
+    def _check_master(self) -> bool:
+        """Whether this process is the master of a multi-host run (always, on one host): only the
+        master generates; on the other hosts `LLM()` returns when the master has finished."""
+        return self._is_master
+
+    def shutdown(self) -> None:
+        """Stop the engine's rank processes now (they also stop when this process exits)."""
+        if self._is_master:
+            self.llm_engine.shutdown()
 
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from fastdeploy.backends.base import Backend
 from fastdeploy.config import ModelConfig
+from fastdeploy.distributed.model_parallel import ModelParallel
 from fastdeploy.errors import UnsupportedModelError
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
@@ -31,10 +32,8 @@ def inspect_checkpoint(model_path: str, registry: PluginRegistry) -> CheckpointI
     return CheckpointInfo(model_path, loader, config)
 
 
-def build_model(
-    checkpoint: CheckpointInfo, backend: Backend, max_positions: int, registry: PluginRegistry
-) -> CausalLM:
-    """Instantiate the registered architecture and load its weights onto the backend."""
+def model_class(checkpoint: CheckpointInfo, registry: PluginRegistry) -> type[CausalLM]:
+    """The registered class of the checkpoint's architecture."""
     architectures = registry.model_architectures()
     name = checkpoint.config.architecture
     if name not in architectures:
@@ -42,8 +41,24 @@ def build_model(
         raise UnsupportedModelError(
             f"architecture {name!r} of {checkpoint.path!r} is not registered by any plugin (registered: {known})"
         )
+    return architectures[name]
+
+
+def build_model(
+    checkpoint: CheckpointInfo,
+    backend: Backend,
+    max_positions: int,
+    registry: PluginRegistry,
+    parallel: ModelParallel | None = None,
+) -> CausalLM:
+    """Instantiate the registered architecture and load its weights (this rank's shard) onto the backend."""
+    cls = model_class(checkpoint, registry)
+    name = checkpoint.config.architecture
     start = time.perf_counter()
-    model = architectures[name](checkpoint.config, backend, max_positions)
+    if parallel is not None and parallel.layout.distributed:
+        model = cls(checkpoint.config, backend, max_positions, parallel=parallel)
+    else:
+        model = cls(checkpoint.config, backend, max_positions)
     model.load_weights(checkpoint.loader.load_tensors(checkpoint.path))
     logger.info(
         "loaded %s from %s with the %s loader in %.1f s",

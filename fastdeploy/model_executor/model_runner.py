@@ -68,6 +68,16 @@ class ModelRunner:
         """
         layout, sampling = build_layout(batch, self.block_size)
         start = time.perf_counter()
+        logits = self.run(layout)
+        return logits, sampling, time.perf_counter() - start
+
+    def run(self, layout: BatchLayout) -> Any:
+        """Device logits of the rows `layout.logits_indices` names (None when it names none, or on
+        a pipeline stage that hands its activations on instead).
+
+        This is all a worker process of a multi-process model runs per step: the layout is
+        host data and travels to the workers as it is.
+        """
         backend = self.backend
         metadata = backend.prepare_batch(layout)
         hidden = self.model.forward(
@@ -76,8 +86,7 @@ class ModelRunner:
             metadata,
             self.kv_caches,
         )
-        logits = None
-        if sampling:
-            rows = backend.gather_rows(hidden, backend.from_numpy(layout.logits_indices))
-            logits = self.model.compute_logits(rows)
-        return logits, sampling, time.perf_counter() - start
+        if hidden is None or not layout.logits_indices.size:
+            return None
+        rows = backend.gather_rows(hidden, backend.from_numpy(layout.logits_indices))
+        return self.model.compute_logits(rows)

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastdeploy.backends.base import Backend
 from fastdeploy.config import ModelConfig
+from fastdeploy.distributed.model_parallel import ModelParallel
 from fastdeploy.errors import WeightLoadError
 
 
@@ -16,12 +17,26 @@ class CausalLM(ABC):
 
     Built as `cls(config, backend, max_positions)`, then `load_weights` once; the model runner
     calls `forward` per step and `compute_logits` on the rows it samples from.
+
+    Classes that can be split over ranks set `supports_parallel = True` and are built with
+    `parallel=` (their rank's `ModelParallel`); the others run with tensor and pipeline parallel
+    sizes of 1 only, and asking for more is an error naming the architecture.
     """
 
-    def __init__(self, config: ModelConfig, backend: Backend, max_positions: int) -> None:
+    #: whether the class takes `parallel=` and shards itself (tensor / pipeline parallelism)
+    supports_parallel: bool = False
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        backend: Backend,
+        max_positions: int,
+        parallel: ModelParallel | None = None,
+    ) -> None:
         self.config = config
         self.backend = backend
         self.max_positions = max_positions
+        self.parallel = parallel or ModelParallel.single()
 
     @abstractmethod
     def load_weights(self, tensors: Iterable[tuple[str, Any]]) -> None:
@@ -29,7 +44,16 @@ class CausalLM(ABC):
 
     @abstractmethod
     def forward(self, input_ids: Any, positions: Any, batch: Any, kv_caches: list[Any]) -> Any:
-        """Final hidden states [num_tokens, hidden] for one flattened batch."""
+        """Final hidden states [num_tokens, hidden] for one flattened batch (None on a pipeline
+        stage other than the last, which hands its activations on instead)."""
+
+    def kv_cache_layers(self) -> int:
+        """Decoder layers whose KV cache this process holds (its pipeline stage's)."""
+        return self.config.num_hidden_layers
+
+    def kv_cache_heads(self) -> int:
+        """KV heads this process caches (its tensor-parallel shard)."""
+        return self.config.num_key_value_heads
 
     @abstractmethod
     def compute_logits(self, hidden: Any) -> Any:

@@ -6,14 +6,18 @@ transformers' implementations by tests/models:
 
 - Rotary embedding pairs adjacent dimensions (2i, 2i+1) of each head instead of the two halves.
   q.k is unchanged by permuting the dimensions of every query and key head the same way, so the
-  q/k projection rows are permuted once at load time (interleaved -> halves) and the backend's
-  rotate-half rotary applies. V and the attention output are untouched.
+  q/k projection rows are permuted once at load time (interleaved -> halves, head by head, so a
+  tensor-parallel rank permutes only its heads) and the backend's rotate-half rotary applies.
+  V and the attention output are untouched.
 - `use_bias` puts biases on every projection (and on the MoE model's lm_head).
 - MoE layers (from `moe_layer_start_index`, every `moe_layer_interval`, up to
   `moe_layer_end_index`) replace the MLP by `moe_k`-of-`moe_num_experts` routed SwiGLU experts
   plus `moe_num_shared_experts` shared ones (one MLP of `moe_num_shared_experts` x
   `moe_intermediate_size`). The router is a softmax over experts; `e_score_correction_bias` is
-  added to the probabilities to choose the experts but not to weight them.
+  added to the probabilities to choose the experts but not to weight them. Split over
+  tensor-parallel ranks, the routed experts are divided among the ranks (expert parallel: each
+  computes its experts' share for all tokens), the shared experts are split like a dense MLP,
+  and one all-reduce sums both.
 
 Paddle checkpoints (`ernie.` prefix, fused projections, [in, out] layout) reach this class
 already translated to these names by `model_executor.loaders.paddle_ernie`.
@@ -39,14 +43,9 @@ class Ernie4_5ForCausalLM(LlamaForCausalLM):
         bias = bool(self.config.raw.get("use_bias", False))
         return ProjectionBiases(qkv=bias, o_proj=bias, mlp=bias)
 
-    def preprocess_weights(self, host: dict[str, Any]) -> None:
-        for i in range(self.config.num_hidden_layers):
-            attn = f"model.layers.{i}.self_attn."
-            for proj, heads in (("q_proj", self.num_heads), ("k_proj", self.num_kv_heads)):
-                for kind in ("weight", "bias"):
-                    name = f"{attn}{proj}.{kind}"
-                    if name in host:
-                        host[name] = interleaved_to_half_rows(host[name], heads)
+    def qk_head_rows(self, tensor: Any, heads: range) -> Any:
+        # the reordering is within each head, so it applies to a rank's heads alone
+        return interleaved_to_half_rows(super().qk_head_rows(tensor, heads), len(heads))
 
 
 @dataclass
@@ -78,6 +77,8 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
         end = layers - 1 if end == -1 else end
         interval = int(raw.get("moe_layer_interval", 1) or 1)
         self.moe_layers = frozenset(i for i in range(layers) if (i + 1) % interval == 0 and start <= i <= end)
+        #: the routed experts this rank computes (expert parallel over the tensor-parallel group)
+        self.local_experts = self.parallel.shard_of(self.num_experts)
 
     def has_lm_head_bias(self) -> bool:
         return bool(self.config.raw.get("use_bias", False))
@@ -99,7 +100,7 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
             return super().load_mlp(layer, prefix, host)
         backend = self.backend
         mlp = prefix + "mlp."
-        experts = [f"{mlp}experts.{expert}." for expert in range(self.num_experts)]
+        experts = [f"{mlp}experts.{expert}." for expert in self.local_experts]
         return MoEWeights(
             gate=backend.linear_weight(host[mlp + "gate.weight"]),
             correction_bias=backend.from_numpy(host[mlp + "moe_statics.e_score_correction_bias"].reshape(-1)),
@@ -119,7 +120,10 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
         weights, ids = ops.moe_route(
             ops.linear(x, moe.gate), self.top_k, moe.correction_bias, renormalize=True, norm_min=self.norm_min
         )
-        out = ops.moe_experts(x, moe.experts, weights, ids)
+        if len(self.local_experts) == self.num_experts:
+            out = ops.moe_experts(x, moe.experts, weights, ids)
+        else:
+            out = ops.moe_experts(x, moe.experts, weights, ids, first_expert=self.local_experts.start)
         if moe.shared is not None:
             out = out + self.dense_mlp(moe.shared, x)
         return out

@@ -8,6 +8,13 @@ differ only in which projections carry biases, extra per-head norms, how q/k row
 for rotary, and what the feed-forward block of a layer is. Those are the methods a subclass
 overrides (`projection_biases`, `qk_transform`, `preprocess_weights`, `mlp_names`, `load_mlp`,
 `mlp_block`); the attention and the layer loop stay here.
+
+Split over ranks (`parallel=`, see docs/architecture.md "Parallelism"), a rank holds the query
+and KV heads of its shard (q/k/v column-parallel), the matching input columns of o_proj
+(row-parallel), its share of the MLP's intermediate features (gate/up column-parallel, down
+row-parallel) and its slice of the vocabulary (embedding and LM head); the row-parallel outputs
+and the embedding are summed over the tensor-parallel group, the logits gathered. A pipeline
+stage holds only its layers and hands hidden states and residuals to the next stage.
 """
 
 from __future__ import annotations
@@ -20,10 +27,14 @@ from fastdeploy.plugins.api import (
     Backend,
     CausalLM,
     ModelConfig,
+    ModelParallel,
     check_weight_names,
     get_logger,
     hookimpl,
     rope_tables,
+    take_columns,
+    take_head_rows,
+    take_rows,
 )
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -72,10 +83,21 @@ class LlamaForCausalLM(CausalLM):
     #: checkpoint tensors that are known but not used (e.g. multi-token-prediction heads)
     ignored_prefixes: tuple[str, ...] = ()
 
-    def __init__(self, config: ModelConfig, backend: Backend, max_positions: int) -> None:
-        super().__init__(config, backend, max_positions)
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+    supports_parallel = True
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        backend: Backend,
+        max_positions: int,
+        parallel: ModelParallel | None = None,
+    ) -> None:
+        super().__init__(config, backend, max_positions, parallel)
+        #: the query and KV heads this rank computes (all of them in one process)
+        self.q_heads = self.parallel.head_shard(config.num_attention_heads)
+        self.kv_heads = self.parallel.head_shard(config.num_key_value_heads)
+        self.num_heads = len(self.q_heads)
+        self.num_kv_heads = len(self.kv_heads)
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -83,6 +105,8 @@ class LlamaForCausalLM(CausalLM):
         self.biases = self.projection_biases()
         self.lm_head_bias: Any | None = None
         self.layers: list[LlamaLayerWeights] = []
+        #: the decoder layers of this rank's pipeline stage
+        self.layer_ids = self.parallel.stage_layers(config.num_hidden_layers)
 
     # --- what subclasses override ------------------------------------------------------------
     def projection_biases(self) -> ProjectionBiases:
@@ -112,6 +136,11 @@ class LlamaForCausalLM(CausalLM):
     def preprocess_weights(self, host: dict[str, Any]) -> None:
         """Rewrite host tensors in place before they are checked and loaded (e.g. row layouts)."""
 
+    def qk_head_rows(self, tensor: Any, heads: range) -> Any:
+        """The q or k projection rows (or bias entries) of `heads`, in the rotate-half layout the
+        backend's rotary embedding expects."""
+        return take_head_rows(tensor, heads, self.head_dim)
+
     def mlp_names(self, layer: int, prefix: str) -> set[str]:
         """Tensor names of layer `layer`'s feed-forward block (`prefix` is "model.layers.N.")."""
         return self.dense_mlp_names(prefix + "mlp.")
@@ -132,19 +161,30 @@ class LlamaForCausalLM(CausalLM):
         return names
 
     def load_dense_mlp(self, prefix: str, host: dict[str, Any]) -> DenseMLPWeights:
+        """gate/up column-parallel and down row-parallel over this rank's intermediate features."""
         backend = self.backend
+        inner = self.parallel.feature_shard(host[prefix + "down_proj.weight"].shape[1])
         weights = DenseMLPWeights(
-            gate_up=backend.linear_weight(host[prefix + "gate_proj.weight"], host[prefix + "up_proj.weight"]),
-            down=backend.linear_weight(host[prefix + "down_proj.weight"]),
+            gate_up=backend.linear_weight(
+                take_rows(host[prefix + "gate_proj.weight"], inner),
+                take_rows(host[prefix + "up_proj.weight"], inner),
+            ),
+            down=backend.linear_weight(take_columns(host[prefix + "down_proj.weight"], inner)),
         )
         if self.biases.mlp:
             weights.gate_up_bias = backend.linear_bias(
-                host[prefix + "gate_proj.bias"], host[prefix + "up_proj.bias"]
+                take_rows(host[prefix + "gate_proj.bias"], inner),
+                take_rows(host[prefix + "up_proj.bias"], inner),
             )
-            weights.down_bias = backend.linear_bias(host[prefix + "down_proj.bias"])
+            weights.down_bias = self._row_parallel_bias(host[prefix + "down_proj.bias"])
         return weights
 
+    def _row_parallel_bias(self, bias: Any) -> Any | None:
+        """A row-parallel layer's bias, added by tensor-parallel rank 0 only (before the sum)."""
+        return self.backend.linear_bias(bias) if self.parallel.tp_rank == 0 else None
+
     def dense_mlp(self, mlp: DenseMLPWeights, x: Any) -> Any:
+        """This rank's partial sum of the MLP (the whole MLP in one process)."""
         ops = self.backend
         return ops.linear(
             ops.silu_and_mul(ops.linear(x, mlp.gate_up, mlp.gate_up_bias)), mlp.down, mlp.down_bias
@@ -195,13 +235,16 @@ class LlamaForCausalLM(CausalLM):
         self.preprocess_weights(host)
         check_weight_names(self._expected_names(), set(host), _IGNORED_SUFFIXES)
         backend = self.backend
-        self.embed_tokens = backend.from_numpy(host["model.embed_tokens.weight"])
-        head = host["model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"]
-        self.lm_head = backend.linear_weight(head)
-        if self.has_lm_head_bias():
-            self.lm_head_bias = backend.linear_bias(host["lm_head.bias"])
-        self.final_norm = backend.from_numpy(host["model.norm.weight"])
-        self.layers = [self._load_layer(i, host) for i in range(self.config.num_hidden_layers)]
+        parallel = self.parallel
+        if parallel.is_first_stage:
+            self.embed_tokens = parallel.vocab_embedding_table(backend, host["model.embed_tokens.weight"])
+        if parallel.is_last_stage:
+            head = host["model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"]
+            self.lm_head = backend.linear_weight(parallel.vocab_rows_of(head))
+            if self.has_lm_head_bias():
+                self.lm_head_bias = backend.linear_bias(parallel.vocab_rows_of(host["lm_head.bias"]))
+            self.final_norm = backend.from_numpy(host["model.norm.weight"])
+        self.layers = [self._load_layer(i, host) for i in self.layer_ids]
         cos, sin = rope_tables(
             self.rope_theta(), self.head_dim, self.max_positions, self.config.rope_scaling, freq_factors
         )
@@ -213,20 +256,39 @@ class LlamaForCausalLM(CausalLM):
         attn = p + "self_attn."
         layer = LlamaLayerWeights(
             input_norm=backend.from_numpy(host[p + "input_layernorm.weight"]),
-            qkv=backend.linear_weight(*(host[attn + f"{x}_proj.weight"] for x in "qkv")),
+            qkv=backend.linear_weight(*self._qkv_rows(attn, "weight", host)),
             qkv_bias=None,
-            o_proj=backend.linear_weight(host[attn + "o_proj.weight"]),
+            o_proj=backend.linear_weight(
+                take_columns(
+                    host[attn + "o_proj.weight"],
+                    range(self.q_heads.start * self.head_dim, self.q_heads.stop * self.head_dim),
+                )
+            ),
             post_norm=backend.from_numpy(host[p + "post_attention_layernorm.weight"]),
             mlp=self.load_mlp(i, p, host),
         )
         if self.biases.qkv:
-            layer.qkv_bias = backend.linear_bias(*(host[attn + f"{x}_proj.bias"] for x in "qkv"))
+            layer.qkv_bias = backend.linear_bias(*self._qkv_rows(attn, "bias", host))
         if self.biases.o_proj:
-            layer.o_bias = backend.linear_bias(host[attn + "o_proj.bias"])
+            layer.o_bias = self._row_parallel_bias(host[attn + "o_proj.bias"])
         if self.has_qk_norm():
             layer.q_norm = backend.from_numpy(host[attn + "q_norm.weight"])
             layer.k_norm = backend.from_numpy(host[attn + "k_norm.weight"])
         return layer
+
+    def _qkv_rows(self, attn: str, kind: str, host: dict[str, Any]) -> tuple[Any, Any, Any]:
+        """This rank's q, k and v rows (column-parallel by heads) of a layer's weights or biases."""
+        return (
+            self.qk_head_rows(host[f"{attn}q_proj.{kind}"], self.q_heads),
+            self.qk_head_rows(host[f"{attn}k_proj.{kind}"], self.kv_heads),
+            take_head_rows(host[f"{attn}v_proj.{kind}"], self.kv_heads, self.head_dim),
+        )
+
+    def kv_cache_layers(self) -> int:
+        return len(self.layer_ids)
+
+    def kv_cache_heads(self) -> int:
+        return self.num_kv_heads
 
     # --- forward ------------------------------------------------------------------------------
     def attention_block(
@@ -260,19 +322,30 @@ class LlamaForCausalLM(CausalLM):
 
     def forward(self, input_ids: Any, positions: Any, batch: Any, kv_caches: list[Any]) -> Any:
         ops = self.backend
-        hidden = ops.embedding(input_ids, self.embed_tokens)
+        parallel = self.parallel
         residual = None
+        if parallel.is_first_stage:
+            hidden = parallel.vocab_embedding(ops, input_ids, self.embed_tokens)
+        else:
+            shape = (input_ids.shape[0], self.config.hidden_size)
+            hidden = parallel.recv_from_previous_stage(ops, shape)
+            residual = parallel.recv_from_previous_stage(ops, shape)
         eps = self.config.rms_norm_eps
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             normed, residual = ops.rms_norm(hidden, layer.input_norm, eps, residual)
-            hidden = self.attention_block(layer, normed, positions, batch, kv_cache)
+            hidden = parallel.all_reduce(self.attention_block(layer, normed, positions, batch, kv_cache))
             normed, residual = ops.rms_norm(hidden, layer.post_norm, eps, residual)
-            hidden = self.mlp_block(layer, normed)
+            hidden = parallel.all_reduce(self.mlp_block(layer, normed))
+        if not parallel.is_last_stage:
+            parallel.send_to_next_stage(hidden)
+            parallel.send_to_next_stage(residual)
+            return None
         normed, _ = ops.rms_norm(hidden, self.final_norm, eps, residual)
         return normed
 
     def compute_logits(self, hidden: Any) -> Any:
-        return self.backend.linear(hidden, self.lm_head, self.lm_head_bias)
+        logits = self.backend.linear(hidden, self.lm_head, self.lm_head_bias)
+        return self.parallel.gather_vocab(logits, self.config.vocab_size)
 
 
 @hookimpl

@@ -8,7 +8,7 @@ Both are checked against transformers' implementations by tests/models.
 from __future__ import annotations
 
 from fastdeploy.models.llama import LlamaForCausalLM, ProjectionBiases
-from fastdeploy.plugins.api import Backend, ModelConfig, UnsupportedModelError, hookimpl
+from fastdeploy.plugins.api import Backend, ModelConfig, ModelParallel, UnsupportedModelError, hookimpl
 
 
 def _check_sliding_window(config: ModelConfig, max_positions: int) -> None:
@@ -25,9 +25,15 @@ def _check_sliding_window(config: ModelConfig, max_positions: int) -> None:
 class Qwen2ForCausalLM(LlamaForCausalLM):
     """Qwen2 / Qwen2.5: q/k/v projections with biases."""
 
-    def __init__(self, config: ModelConfig, backend: Backend, max_positions: int) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        backend: Backend,
+        max_positions: int,
+        parallel: ModelParallel | None = None,
+    ) -> None:
         _check_sliding_window(config, max_positions)
-        super().__init__(config, backend, max_positions)
+        super().__init__(config, backend, max_positions, parallel)
 
     def projection_biases(self) -> ProjectionBiases:
         return ProjectionBiases(qkv=True, o_proj=False, mlp=False)

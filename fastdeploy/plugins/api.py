@@ -14,7 +14,16 @@ and defines nothing itself.
 from fastdeploy.backends.base import Backend, BackendOptions, BatchLayout, KVCacheSpec
 from fastdeploy.backends.conformance import OP_CHECKS, build_backend, check_greedy_generation
 from fastdeploy.config import ModelConfig
-from fastdeploy.errors import InvalidArgumentError, PluginError, UnsupportedModelError, WeightLoadError
+from fastdeploy.distributed.communicator import Communicator, RendezvousInfo
+from fastdeploy.distributed.model_parallel import ModelParallel
+from fastdeploy.distributed.sharding import take_columns, take_head_rows, take_rows
+from fastdeploy.errors import (
+    DistributedInitError,
+    InvalidArgumentError,
+    PluginError,
+    UnsupportedModelError,
+    WeightLoadError,
+)
 from fastdeploy.input.tokenizer import Tokenizer, TokenizerLoader, require_text
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
@@ -40,6 +49,13 @@ __all__ = [
     "check_weight_names",
     "interleaved_to_half_rows",
     "rope_tables",
+    # parallelism: a model's shard, and the collectives a device plugin implements
+    "ModelParallel",
+    "take_columns",
+    "take_head_rows",
+    "take_rows",
+    "Communicator",
+    "RendezvousInfo",
     # checkpoints
     "GGMLTensor",
     "SafetensorsLoader",
@@ -55,6 +71,7 @@ __all__ = [
     "ToolCallParser",
     "tool_call",
     # errors and logging
+    "DistributedInitError",
     "InvalidArgumentError",
     "PluginError",
     "UnsupportedModelError",

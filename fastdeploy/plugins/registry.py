@@ -22,6 +22,7 @@ NAMED_HOOKS = (
     "fastdeploy_reasoning_parsers",
     "fastdeploy_tool_call_parsers",
     "fastdeploy_device_backends",
+    "fastdeploy_communicators",
 )
 logger = get_logger(__name__)
 
@@ -177,6 +178,9 @@ class PluginRegistry:
 
     def device_backends(self) -> dict[str, type]:
         return self._merged("fastdeploy_device_backends")
+
+    def communicators(self) -> dict[str, type]:
+        return self._merged("fastdeploy_communicators")
 
     def weight_loaders(self) -> list[Any]:
         return self._ranked("fastdeploy_weight_loaders")

@@ -49,9 +49,10 @@ def test_server_flags_defaults():
 @pytest.mark.parametrize(
     ("flags", "fragment"),
     [
-        (["--pipeline-parallel-size=2"], "--pipeline-parallel-size=2 is not supported"),
+        (["--pipeline-parallel-size=0"], "pipeline_parallel_size must be an int >= 1, got 0"),
         (["--max-waiting=-1"], "--max-waiting must be >= 0"),
-        (["--tensor-parallel-size=2"], "tensor_parallel_size=2 is not supported"),
+        (["--tensor-parallel-size=2"], "tensor_parallel_size=2 does not divide the 9 attention heads"),
+        (["--data-parallel-size=0"], "data_parallel_size must be an int >= 1 (engine replicas), got 0"),
         (["/no/such/model"], "neither an existing path nor an embedded model"),
     ],
 )

@@ -132,7 +132,36 @@ def test_profile_line_is_logged(llm):
     ("kwargs", "error", "fragment"),
     [
         ({"model": "/no/such/model"}, FileNotFoundError, "neither an existing path nor an embedded model"),
-        ({"tensor_parallel_size": 2}, ValueError, "tensor_parallel_size=2 is not supported"),
+        (
+            {"tensor_parallel_size": 2},
+            ValueError,
+            "tensor_parallel_size=2 does not divide the 9 attention heads of SmolLM2-135M-Instruct; "
+            "sizes this model allows: 1, 3, 9",
+        ),
+        (
+            {"tensor_parallel_size": 16},
+            ValueError,
+            "tensor_parallel_size=16 is larger than the 9 attention heads",
+        ),
+        (
+            {"pipeline_parallel_size": 31},
+            ValueError,
+            "pipeline_parallel_size=31 is larger than the 30 decoder layers",
+        ),
+        (
+            {"data_parallel_size": 0},
+            ValueError,
+            "data_parallel_size must be an int >= 1 (engine replicas), got 0",
+        ),
+        (
+            {
+                "tensor_parallel_size": 3,
+                "pipeline_parallel_size": 2,
+                "ips": "127.0.0.1,203.0.113.1,203.0.113.2,203.0.113.3",
+            },
+            ValueError,
+            "tensor_parallel_size x pipeline_parallel_size = 3 x 2 = 6 ranks cannot be split evenly over the 4 hosts",
+        ),
         ({"device": "tpu"}, ValueError, "device 'tpu' is not a registered backend"),
         ({"bogus_option": 1}, ValueError, "unsupported argument(s): bogus_option"),
         ({"block_size": 48}, ValueError, "block_size must be a power of two"),
@@ -145,7 +174,8 @@ def test_profile_line_is_logged(llm):
         ({"num_gpu_blocks_override": 1, "max_model_len": 512}, ValueError, "fewer than max_model_len=512"),
     ],
 )
-def test_bad_construction_arguments(kwargs, error, fragment):
+def test_bad_construction_arguments(kwargs, error, fragment, monkeypatch):
+    monkeypatch.delenv("FD_NODE_RANK", raising=False)
     with pytest.raises(error) as info:
         LLM(**kwargs)
     assert fragment in str(info.value)

@@ -1,4 +1,4 @@
-"""ERNIE-4.5 (dense, MoE), Qwen2 and Qwen3 against transformers' implementations.
+"""ERNIE-4.5 (dense, MoE), Qwen2, Qwen3 and Llama against transformers' implementations.
 
 Each tiny random-weight model (tests/models/tiny_checkpoints.py) is written by the test in the
 `-PT` layout and, for ERNIE, in the `-Paddle` layout (one of each sharded with an index). The
@@ -31,8 +31,15 @@ VARIANTS = [
     ("ernie4_5_moe", "paddle", 1),
     ("qwen2", "pt", 1),
     ("qwen3", "pt", 2),
+    ("llama", "pt", 1),
 ]
-PARSERS = {"ernie4_5": "ernie-45-vl", "ernie4_5_moe": "ernie-x1", "qwen2": None, "qwen3": "qwen3"}
+PARSERS = {
+    "ernie4_5": "ernie-45-vl",
+    "ernie4_5_moe": "ernie-x1",
+    "qwen2": None,
+    "qwen3": "qwen3",
+    "llama": None,
+}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +101,7 @@ def test_fixture_weights_are_the_ones_the_test_rebuilds(references):
 
 
 def test_every_architecture_and_both_ernie_layouts_are_covered(references):
-    assert set(references) == {"ernie4_5", "ernie4_5_moe", "qwen2", "qwen3"}
+    assert set(references) == {"ernie4_5", "ernie4_5_moe", "qwen2", "qwen3", "llama"}
     assert {(name, layout) for name, layout, _ in VARIANTS} >= {
         ("ernie4_5", "paddle"),
         ("ernie4_5_moe", "paddle"),

@@ -1,4 +1,4 @@
-"""Tiny random-weight checkpoints of ERNIE-4.5 (dense, MoE), Qwen2 and Qwen3, rebuilt from a seed.
+"""Tiny random-weight checkpoints of ERNIE-4.5 (dense, MoE), Qwen2, Qwen3 and Llama, rebuilt from a seed.
 
 Shared by the tests (which write them as `-PT` and `-Paddle` directories and run them through
 `LLM`) and by tools/make_model_references.py (which loads exactly these weights into
@@ -94,6 +94,21 @@ SPECS: dict[str, dict[str, Any]] = {
             "rope_theta": 1000000.0,
             "tie_word_embeddings": True,
             "use_sliding_window": False,
+        },
+    },
+    "llama": {
+        "seed": 7001,
+        "config": _COMMON
+        | {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "num_hidden_layers": 2,
+            "intermediate_size": 48,
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "mlp_bias": False,
         },
     },
     "qwen3": {

@@ -257,22 +257,28 @@ class CpuBackend(Backend):
         experts: list[tuple[np.ndarray, np.ndarray]],
         topk_weights: np.ndarray,
         topk_ids: np.ndarray,
+        first_expert: int = 0,
     ) -> np.ndarray:
         tokens, top_k = topk_ids.shape
         flat = topk_ids.reshape(-1)
+        if first_expert or len(experts) <= int(flat.max(initial=0)):
+            # expert parallel: pairs routed to other ranks' experts go to one bin past the end
+            flat = flat - first_expert
+            flat = np.where((flat >= 0) & (flat < len(experts)), flat, len(experts))
         # (token, k) pairs sorted by expert: each expert's tokens are one contiguous slice
         order = np.argsort(flat, kind="stable")
         counts = np.bincount(flat, minlength=len(experts))
         rows = order // top_k
         outputs = np.empty((order.size, x.shape[1]), dtype=np.float32)
         start = 0
-        for expert in np.flatnonzero(counts):
+        for expert in np.flatnonzero(counts[: len(experts)]):
             end = start + int(counts[expert])
             gate_up, down = experts[expert]
             outputs[start:end] = self.linear(
                 self.silu_and_mul(self.linear(x[rows[start:end]], gate_up)), down
             )
             start = end
+        outputs[start:] = 0.0  # pairs of other ranks' experts (sorted last)
         outputs *= topk_weights.reshape(-1)[order][:, None]
         unsorted = np.empty_like(outputs)
         unsorted[order] = outputs

@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 
 from fastdeploy.cli.engine_args import engine_kwargs
-from fastdeploy.engine.async_engine import AsyncLLMEngine
+from fastdeploy.distributed.serving import build_replicas, serve_follower_host, stop_replicas
 from fastdeploy.entrypoints.openai.app import build_app
 from fastdeploy.entrypoints.openai.cli_args import build_parser, no_effect_flags
 from fastdeploy.entrypoints.openai.metrics import ServerMetrics
@@ -61,20 +61,12 @@ def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_context(args: argparse.Namespace) -> ServingContext:
     """Load the model and wrap it for serving (the engine thread starts with the app)."""
-    from fastdeploy.entrypoints.llm import LLM
-
-    if getattr(args, "pipeline_parallel_size", 1) != 1:
-        raise InvalidArgumentError(
-            f"--pipeline-parallel-size={args.pipeline_parallel_size} is not supported; this engine runs "
-            "a model in one process (use 1)"
-        )
     if args.max_waiting is not None and args.max_waiting < 0:
         raise InvalidArgumentError(f"--max-waiting must be >= 0, got {args.max_waiting}")
     for flag, value in no_effect_flags(args).items():
         logger.info("%s=%r has no effect in this engine", flag, value)
     kwargs = _llm_kwargs(args)
-    llm = LLM(**kwargs)
-    engine = AsyncLLMEngine(llm.llm_engine, max_waiting=args.max_waiting)
+    engine = build_replicas(kwargs, args.data_parallel_size, args.max_waiting)
     metrics = ServerMetrics()
     engine.add_observer(metrics.observe_step)
     model = kwargs.get("model")
@@ -83,8 +75,11 @@ def build_context(args: argparse.Namespace) -> ServingContext:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM / Ctrl+C; returns the exit status."""
+    """Serve until SIGTERM / Ctrl+C; returns the exit status (1 when the engine died)."""
     try:
+        follower_status = serve_follower_host(_llm_kwargs(args))
+        if follower_status is not None:
+            return follower_status
         ctx = build_context(args)
     except FastDeployError as exc:
         sys.stderr.write(f"error: {exc}\n")
@@ -107,6 +102,14 @@ def run_server(args: argparse.Namespace) -> int:
         lifespan="on",
     )
     server = GracefulServer(config)
+    died: list[BaseException] = []
+
+    def engine_died(exc: BaseException) -> None:
+        # requests in flight have failed with 503; stop serving and exit non-zero
+        died.append(exc)
+        server.should_exit = True
+
+    ctx.engine.on_fatal(engine_died)
     logger.info("serving %s on http://%s:%d", ", ".join(ctx.served_model_names), args.host, args.port)
     try:
         server.run()
@@ -114,6 +117,10 @@ def run_server(args: argparse.Namespace) -> int:
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()
+        stop_replicas(ctx.engine)
+    if died:
+        sys.stderr.write(f"error: the engine died: {died[0]}\n")
+        return 1
     return 0 if server.started else 1
 
 

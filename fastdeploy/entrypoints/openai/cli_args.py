@@ -27,10 +27,8 @@ _NO_EFFECT_FLAGS: dict[str, dict[str, Any]] = {
     },
     "--enforce-eager": {"action": "store_true", "help": "accepted; this engine has no graph mode"},
     "--disable-async-output-proc": {"action": "store_true", "help": "accepted for vLLM compatibility"},
-    "--distributed-executor-backend": {"help": "accepted; one process serves the model"},
     "--disable-log-requests": {"action": "store_true", "help": "accepted for vLLM compatibility"},
     "--disable-log-stats": {"action": "store_true", "help": "accepted for vLLM compatibility"},
-    "--engine-worker-queue-port": {"type": int, "help": "accepted for FastDeploy compatibility"},
 }
 
 
@@ -73,13 +71,17 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds running requests get to finish after SIGTERM (default 30)",
     )
     server.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="engine replicas behind this endpoint; each request goes to the least-loaded one (default 1)",
+    )
+    server.add_argument(
         "--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     compat = parser.add_argument_group("accepted for vLLM / FastDeploy compatibility")
     if not _has_flag(parser, "--dtype"):
         compat.add_argument("--dtype", default=None, help="weights dtype ('auto' or 'float32')")
-    if not _has_flag(parser, "--pipeline-parallel-size"):
-        compat.add_argument("--pipeline-parallel-size", type=int, default=1, help="must be 1")
     for flag, options in _NO_EFFECT_FLAGS.items():
         if not _has_flag(parser, flag):
             compat.add_argument(flag, **options)

@@ -1,0 +1,163 @@
+"""Tensor parallelism on this machine: TP=1 in one process against TP=2 in two rank processes.
+
+The model is a random-weight checkpoint of SmolLM2-135M's size and shape whose heads divide by
+2 (hidden 576, 30 layers, 8 query heads of 72 dims, 4 KV heads, MLP 1536, vocabulary 49152, tied
+embeddings; float32 safetensors, 0.54 GB), written to a temporary directory with SmolLM2's
+tokenizer. Greedy decoding with EOS ignored, so both runs generate the same tokens:
+
+  * start-up: seconds to build LLM(...) (also for the embedded SmolLM2, TP=1 against TP=3: its
+    9 heads do not divide by 2)
+  * decode:   one stream, --new-tokens tokens (tokens/s after the first)
+  * batch:    --batch prompts x --new-tokens tokens (output tokens/s over the whole call)
+
+TP=1 runs one process with --threads threads (default 2); TP=2 runs two rank processes of
+--threads / 2 threads each, plus the engine process that schedules and samples. The ratio
+TP=2 / TP=1 is printed for each figure, and the bytes each rank all-reduces per generated token
+(two row-parallel sums of `hidden` float32 values per layer, plus the embedding's) and receives
+in the logits all-gather.
+
+    python benchmarks/tensor_parallel.py [--threads 2] [--batch 8] [--new-tokens 64] [--skip-embedded]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from fastdeploy import LLM, SamplingParams
+from fastdeploy.model_resolver import embedded_model_path
+
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 72,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 100000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def write_checkpoint(directory: str) -> None:
+    """Random float32 weights in SmolLM2's tensor names, its tokenizer, and CONFIG."""
+    from safetensors.numpy import save_file
+
+    from fastdeploy.model_executor.gguf_export import write_hf_metadata
+
+    rng = np.random.default_rng(0)
+    hidden, inner, head_dim = CONFIG["hidden_size"], CONFIG["intermediate_size"], CONFIG["head_dim"]
+    q, kv = CONFIG["num_attention_heads"] * head_dim, CONFIG["num_key_value_heads"] * head_dim
+    shapes = {"model.embed_tokens.weight": (CONFIG["vocab_size"], hidden), "model.norm.weight": (hidden,)}
+    for i in range(CONFIG["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (q, hidden),
+                p + "self_attn.k_proj.weight": (kv, hidden),
+                p + "self_attn.v_proj.weight": (kv, hidden),
+                p + "self_attn.o_proj.weight": (hidden, q),
+                p + "mlp.gate_proj.weight": (inner, hidden),
+                p + "mlp.up_proj.weight": (inner, hidden),
+                p + "mlp.down_proj.weight": (hidden, inner),
+            }
+        )
+    tensors = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            tensors[name] = np.ones(shape, np.float32)
+        else:
+            tensors[name] = (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(
+                np.float32
+            )
+    save_file(tensors, os.path.join(directory, "model.safetensors"))
+    write_hf_metadata(directory, embedded_model_path())
+    with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as handle:
+        json.dump(CONFIG, handle)
+
+
+def allreduce_bytes_per_token() -> tuple[int, int]:
+    """(bytes each rank all-reduces, bytes it receives in the logits all-gather) per generated token."""
+    hidden, layers, vocab = CONFIG["hidden_size"], CONFIG["num_hidden_layers"], CONFIG["vocab_size"]
+    reduced = (2 * layers + 1) * hidden * 4  # o_proj and down_proj per layer, and the embedding
+    gathered = vocab // 2 * 4  # the other rank's half of the logits
+    return reduced, gathered
+
+
+def measure(
+    model: str, tp: int, threads: int, batch: int, new_tokens: int, generate: bool
+) -> dict[str, float]:
+    start = time.perf_counter()
+    llm = LLM(
+        model=model, tensor_parallel_size=tp, cpu_threads=threads, max_model_len=512, max_num_seqs=batch
+    )
+    figures = {"startup_s": time.perf_counter() - start}
+    if generate:
+        params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+        prompt = {"prompt_token_ids": list(range(100, 132))}
+        llm.generate(
+            prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
+        )  # warm-up
+        output = llm.generate(prompt, params, use_tqdm=False)[0]
+        metrics = output.metrics
+        decode_seconds = metrics.model_execute_time - metrics.first_token_time
+        figures["decode_tok_s"] = (new_tokens - 1) / decode_seconds
+        prompts = [{"prompt_token_ids": list(range(100 + i, 132 + i))} for i in range(batch)]
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        figures["batch_tok_s"] = sum(len(o.outputs.token_ids) for o in outputs) / (
+            time.perf_counter() - start
+        )
+    llm.shutdown()
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=2, help="threads of TP=1 (TP=2 ranks get half each)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--skip-embedded", action="store_true", help="skip the embedded model's start-up figures"
+    )
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fastdeploy-tp-bench-") as directory:
+        write_checkpoint(directory)
+        one = measure(directory, 1, args.threads, args.batch, args.new_tokens, True)
+        two = measure(directory, 2, max(1, args.threads // 2), args.batch, args.new_tokens, True)
+        rows.append(("random SmolLM2-size, TP=2 / TP=1", one, two))
+    if not args.skip_embedded:
+        one = measure(None, 1, args.threads, args.batch, args.new_tokens, False)
+        three = measure(None, 3, max(1, args.threads // 3), args.batch, args.new_tokens, False)
+        rows.append(("embedded SmolLM2, TP=3 / TP=1", one, three))
+    print(f"{'figure':<40}{'TP=1':>12}{'TP=N':>12}{'ratio':>9}")
+    for label, base, other in rows:
+        print(label)
+        for key in base:
+            print(f"  {key:<38}{base[key]:>12.2f}{other[key]:>12.2f}{other[key] / base[key]:>9.2f}")
+    reduced, gathered = allreduce_bytes_per_token()
+    print(
+        f"per generated token, each TP=2 rank all-reduces {reduced} bytes and gathers {gathered} bytes of logits"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Collectives through paddle.distributed: gloo on the CPU, NCCL on CUDA GPUs.
+
+The default communicator of the built-in backends. Arrays of the cpu backend (numpy) are handed
+to paddle through DLPack, so an all-reduce sums in place in the numpy array's memory, without
+copies; paddle tensors (the Paddle backends) are used as they are.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from typing import Any
+
+import numpy as np
+
+from fastdeploy.backends.base import Backend
+from fastdeploy.distributed.communicator import Communicator, RendezvousInfo
+from fastdeploy.distributed.rendezvous import split_address, wait_until_reachable
+from fastdeploy.errors import DistributedInitError
+
+#: ids of subgroups made by `new_group` (paddle numbers its own groups from 1)
+_SUBGROUP_IDS = 1000
+INSTALL_HINT = "pip install 'fastdeploy[distributed]' (paddlepaddle; paddlepaddle-gpu for NCCL on GPUs)"
+
+
+class PaddleCommunicator(Communicator):
+    """paddle.distributed over the global group and `new_group` subgroups."""
+
+    name = "paddle"
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        for distribution in ("paddlepaddle-gpu", "paddlepaddle"):
+            try:
+                importlib.metadata.version(distribution)
+                return None
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        return f"paddle.distributed is needed for more than one rank and paddlepaddle is not installed: {INSTALL_HINT}"
+
+    @classmethod
+    def preload(cls) -> None:
+        from fastdeploy.backends.cuda.runtime import import_paddle
+
+        import_paddle()
+        import paddle.distributed  # noqa: F401
+
+    def __init__(self, backend: Backend, rendezvous: RendezvousInfo) -> None:
+        on_gpu = bool(getattr(backend, "on_gpu", False))
+        os.environ["PADDLE_DISTRI_BACKEND"] = "nccl" if on_gpu else "gloo"
+        if on_gpu:
+            os.environ.setdefault("FLAGS_selected_gpus", "0")
+        if rendezvous.rank != 0:
+            wait_until_reachable(rendezvous.master, rendezvous.timeout, "the rendezvous of rank 0")
+        from fastdeploy.backends.cuda.runtime import import_paddle
+
+        self.paddle = import_paddle()
+        import paddle.distributed as dist
+
+        self.dist = dist
+        # paddle's eager mode is per thread, on for the thread that imported it: `preload` may
+        # have imported it on another one (in static mode init_parallel_env takes a legacy path)
+        self.paddle.disable_static()
+        try:
+            dist.init_parallel_env()
+        except Exception as exc:
+            raise DistributedInitError(
+                f"rank {rendezvous.rank} could not join paddle.distributed's group of {rendezvous.world_size} "
+                f"at {rendezvous.master}: {type(exc).__name__}: {exc}"
+            ) from exc
+        self.rank = rendezvous.rank
+        self.world_size = rendezvous.world_size
+        self.endpoints = rendezvous.endpoints
+        self.timeout = rendezvous.timeout
+        self._stores: list[Any] = []  # subgroup stores live as long as their groups
+
+    def _tensor(self, x: Any) -> Any:
+        """A paddle tensor sharing x's memory (DLPack for numpy and other frameworks)."""
+        if isinstance(x, self.paddle.Tensor):
+            return x
+        if isinstance(x, np.ndarray):
+            x = np.ascontiguousarray(x)
+        return self.paddle.utils.dlpack.from_dlpack(x)
+
+    def new_group(self, ranks: list[int]) -> Any:
+        """The world's group for the whole world; otherwise, for gloo, a group with a store of its own.
+
+        paddle 3.3's gloo subgroups all meet in the global store without their own key prefix,
+        and two groups forming at once (the tensor-parallel groups of two pipeline stages) can
+        pair ranks of different groups and hang (reproduced here about one start in three).
+        Each subgroup therefore rendezvouses in its own TCP store, opened by its first rank at
+        that rank's endpoint (PADDLE_TRAINER_ENDPOINTS, reserved for it by the launcher).
+        """
+        ranks = sorted(ranks)
+        if ranks == list(range(self.world_size)):
+            return None  # paddle's default (global) group
+        if os.environ["PADDLE_DISTRI_BACKEND"] != "gloo":
+            return self.dist.new_group(ranks)
+        if self.rank not in ranks:
+            return None
+        from paddle.base import core
+        from paddle.distributed.collective import Group
+
+        address = self.endpoints[ranks[0]]
+        host, port = split_address(address)
+        is_master = self.rank == ranks[0]
+        if not is_master:
+            wait_until_reachable(address, self.timeout, f"the group of ranks {ranks}")
+        store = core.TCPStore(host, port, is_master, len(ranks), int(self.timeout))
+        group_id = _SUBGROUP_IDS + ranks[0]
+        process_group = core.ProcessGroupGloo.create(store, ranks.index(self.rank), len(ranks), group_id)
+        self._stores.append(store)
+        return Group(ranks.index(self.rank), group_id, ranks, pg=process_group, name=f"fastdeploy_{group_id}")
+
+    def all_reduce(self, x: Any, group: Any) -> Any:
+        if isinstance(x, np.ndarray) and not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        self.dist.all_reduce(self._tensor(x), group=group)
+        return x
+
+    def all_gather(self, x: Any, group: Any) -> Any:
+        parts: list[Any] = []
+        self.dist.all_gather(parts, self._tensor(x), group=group)
+        if isinstance(x, self.paddle.Tensor):
+            return self.paddle.concat(parts, axis=-1)
+        return np.concatenate([part.numpy() for part in parts], axis=-1)
+
+    def broadcast(self, x: Any, src: int, group: Any) -> Any:
+        if isinstance(x, np.ndarray) and not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        self.dist.broadcast(self._tensor(x), src=src, group=group)
+        return x
+
+    def send(self, x: Any, dst: int) -> None:
+        self.dist.send(self._tensor(x), dst=dst)
+
+    def recv(self, x: Any, src: int) -> Any:
+        self.dist.recv(self._tensor(x), src=src)
+        return x
+
+    def barrier(self) -> None:
+        self.dist.barrier()

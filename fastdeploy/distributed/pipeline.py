@@ -1,0 +1,62 @@
+"""Micro-batches in flight, so that pipeline stages work at the same time.
+
+With the layers split into M stages, a step that waited for its logits would leave M-1 stages
+idle. Instead the engine keeps up to M steps in flight: each `step()` schedules a micro-batch of
+sequences that are not already in flight and sends it to the ranks, and only once M are under
+way (or nothing else can be scheduled) waits for the oldest, samples it and advances its
+sequences. Stage 0 then computes micro-batch k+1 while stage 1 computes micro-batch k.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastdeploy.engine.request import RequestOutput
+from fastdeploy.engine.scheduler import ScheduledBatch
+
+if TYPE_CHECKING:
+    from fastdeploy.distributed.executor import DistributedExecutor
+    from fastdeploy.engine.engine import LLMEngine
+
+
+class MicroBatchPipeline:
+    """Keeps up to `depth` steps of disjoint sequences in flight on a `DistributedExecutor`."""
+
+    def __init__(self, executor: DistributedExecutor, depth: int) -> None:
+        self.executor = executor
+        self.depth = depth
+
+    def step(self, engine: LLMEngine) -> list[RequestOutput]:
+        batch = engine.scheduler.schedule()
+        if batch.seqs:
+            for seq in batch.seqs:
+                seq.in_flight = True
+            self.executor.submit(batch)
+            if self.executor.num_in_flight < self.depth:
+                return []
+        if not self.executor.num_in_flight:
+            return []
+        done, logits, sampling, seconds = self.executor.collect()
+        for seq in done.seqs:
+            seq.in_flight = False
+        done, logits, sampling = _without_finished(done, logits, sampling)
+        if not done.seqs:
+            return []
+        return engine.complete_batch(done, lambda: (logits, sampling, seconds))
+
+
+def _without_finished(
+    batch: ScheduledBatch, logits: Any, sampling: list[int]
+) -> tuple[ScheduledBatch, Any, list[int]]:
+    """The batch less the sequences aborted while it was in flight (their rows of logits too)."""
+    live = [i for i, seq in enumerate(batch.seqs) if not seq.is_finished]
+    if len(live) == len(batch.seqs):
+        return batch, logits, sampling
+    kept = ScheduledBatch()
+    position = {}
+    for i in live:
+        position[i] = len(kept.seqs)
+        kept.add(batch.seqs[i], batch.num_new_tokens[i])
+    rows = [row for row, i in enumerate(sampling) if i in position]
+    new_sampling = [position[sampling[row]] for row in rows]
+    return kept, (logits[rows] if logits is not None and rows else None), new_sampling

@@ -1,0 +1,66 @@
+"""The server's side of parallelism: one engine or R replicas, and the hosts that only run ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastdeploy.backends.base import BackendOptions
+from fastdeploy.config import check_data_parallel_size
+from fastdeploy.distributed.placement import find_placement
+from fastdeploy.distributed.replicas import ReplicaRouter
+from fastdeploy.engine.async_engine import AsyncLLMEngine
+from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.logger import get_logger
+
+logger = get_logger(__name__)
+
+
+def build_replicas(
+    llm_kwargs: dict[str, Any], data_parallel_size: int, max_waiting: int | None
+) -> AsyncLLMEngine | ReplicaRouter:
+    """One engine, or `data_parallel_size` engines behind a `ReplicaRouter`.
+
+    Each replica's model runs in rank processes of its own (so the replicas compute in
+    parallel); without `cpu_threads`, a host's cores are divided among all replicas' ranks.
+    """
+    from fastdeploy.entrypoints.llm import LLM
+
+    check_data_parallel_size(data_parallel_size)
+    if data_parallel_size == 1:
+        return AsyncLLMEngine(LLM(**llm_kwargs).llm_engine, max_waiting=max_waiting)
+    if llm_kwargs.get("ips"):
+        raise InvalidArgumentError("--data-parallel-size above 1 with --ips (several hosts) is not supported")
+    ranks = (llm_kwargs.get("tensor_parallel_size") or 1) * (llm_kwargs.get("pipeline_parallel_size") or 1)
+    kwargs = dict(llm_kwargs, distributed_executor_backend="mp")
+    if kwargs.get("cpu_threads") is None:
+        kwargs["cpu_threads"] = max(1, BackendOptions().thread_count() // (data_parallel_size * ranks))
+    replicas: list[AsyncLLMEngine] = []
+    try:
+        for index in range(data_parallel_size):
+            llm = LLM(**kwargs, data_parallel_rank=index)
+            replicas.append(AsyncLLMEngine(llm.llm_engine, max_waiting=max_waiting))
+    except BaseException:
+        for replica in replicas:
+            replica.engine.shutdown()
+        raise
+    logger.info("%d engine replicas of %d rank(s) each behind one endpoint", data_parallel_size, ranks)
+    return ReplicaRouter(replicas, prefix_aware=replicas[0].engine.config.enable_prefix_caching)
+
+
+def stop_replicas(engine: AsyncLLMEngine | ReplicaRouter) -> None:
+    """Stop every replica's rank processes (after the engine threads have stopped)."""
+    replicas = engine.replicas if isinstance(engine, ReplicaRouter) else [engine]
+    for replica in replicas:
+        replica.engine.shutdown()
+
+
+def serve_follower_host(llm_kwargs: dict[str, Any]) -> int | None:
+    """On a host of `--ips` other than the master: run this host's ranks until the master ends
+    them and return their exit status; None on the master (or on one host)."""
+    if not llm_kwargs.get("ips"):
+        return None
+    if find_placement(llm_kwargs["ips"], llm_kwargs.get("engine_worker_queue_port")).is_master:
+        return None
+    from fastdeploy.entrypoints.llm import LLM
+
+    return LLM(**llm_kwargs).follower_status

@@ -1,0 +1,50 @@
+"""Slicing host weights into a rank's shard before they reach the device.
+
+Loaders hand over memory-mapped arrays and GGUF block matrices, so taking rows or columns here
+reads only the rank's part of the file. Rows (output features) of a GGUF matrix are whole runs
+of blocks and move as they are; columns (input features) stay in blocks when the cut falls on a
+block boundary, and are dequantised to float32 otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+
+
+def take_rows(tensor: Any, rows: range) -> Any:
+    """tensor[rows] (output features of an [out, in] matrix, or entries of a vector)."""
+    if isinstance(tensor, GGMLTensor):
+        return GGMLTensor(tensor.ggml_type, tensor.rows[rows.start : rows.stop], (len(rows), tensor.shape[1]))
+    return tensor[rows.start : rows.stop]
+
+
+def take_columns(tensor: Any, columns: range) -> Any:
+    """tensor[:, columns] (input features of an [out, in] matrix)."""
+    if isinstance(tensor, GGMLTensor):
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.ggml_type)]
+        if columns.start % block == 0 and len(columns) % block == 0:
+            first = columns.start // block * block_bytes
+            last = columns.stop // block * block_bytes
+            return GGMLTensor(tensor.ggml_type, tensor.rows[:, first:last], (tensor.shape[0], len(columns)))
+        tensor = np.asarray(tensor)
+    return tensor[:, columns.start : columns.stop]
+
+
+def take_head_rows(tensor: Any, heads: range, head_dim: int) -> Any:
+    """The rows of attention heads `heads` (q/k/v projections and their biases)."""
+    return take_rows(tensor, range(heads.start * head_dim, heads.stop * head_dim))
+
+
+def pad_rows(tensor: Any, rows: int) -> Any:
+    """`tensor` with zero rows appended up to `rows` (the last vocabulary shard of an uneven split)."""
+    if tensor.shape[0] == rows:
+        return tensor
+    array = np.asarray(tensor, dtype=np.float32)
+    padding = np.zeros((rows - array.shape[0], *array.shape[1:]), dtype=np.float32)
+    return np.concatenate([array, padding])

@@ -1,0 +1,149 @@
+"""The server with data-parallel replicas, and with a rank that dies: 503, non-zero exit, no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "entrypoints" / "openai"))
+
+from openai_server_helpers import ServerProcess, free_port, http_post, metric, wait_until  # noqa: E402
+
+from fastdeploy import LLM, SamplingParams  # noqa: E402
+
+pytest.importorskip("paddle", reason="rank processes of tensor parallelism use paddle.distributed (gloo)")
+
+TINY_ARGS = [
+    "--max-model-len",
+    "64",
+    "--block-size",
+    "16",
+    "--num-gpu-blocks-override",
+    "16",
+    "--max-num-seqs",
+    "4",
+]
+
+
+def rank_processes(server_pid: int) -> list[int]:
+    """Pids of the server's rank processes (its children running fastdeploy.distributed.worker)."""
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    ranks = []
+    for child in children:
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"fastdeploy.distributed.worker" in command:
+            ranks.append(int(child))
+    return ranks
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def completion(server: ServerProcess, prompt: list[int], max_tokens: int) -> tuple[int, dict]:
+    payload = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    return http_post(server.url + "/v1/completions", payload)
+
+
+def test_two_replicas_behind_one_endpoint_answer_like_one_engine(tiny_model_dirs, tiny_references):
+    path = tiny_model_dirs["llama"]
+    cases = tiny_references["llama"]["cases"]
+    reference = LLM(model=path, max_model_len=64)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    expected = [
+        o.outputs.text
+        for o in reference.generate(
+            [{"prompt_token_ids": c["prompt_token_ids"]} for c in cases], params, use_tqdm=False
+        )
+    ]
+    server = ServerProcess(
+        ["-m", "fastdeploy.entrypoints.openai.api_server", "--model", path, "--served-model-name", "tiny",
+         "--data-parallel-size", "2", *TINY_ARGS],
+        free_port(),
+    )  # fmt: skip
+    try:
+        # each replica's model runs in a rank process of its own
+        assert len(rank_processes(server.process.pid)) == 2
+        answers: dict[int, tuple[int, dict]] = {}
+        threads = [
+            threading.Thread(target=lambda i=i: answers.__setitem__(i, completion(server, cases[i % 2]["prompt_token_ids"], 8)))
+            for i in range(4)
+        ]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for index, (status, body) in answers.items():
+            assert status == 200, body
+            assert body["choices"][0]["text"] == expected[index % 2]
+    finally:
+        assert server.stop() == 0
+
+
+def tp2_server(path: str) -> ServerProcess:
+    return ServerProcess(
+        ["-m", "fastdeploy.entrypoints.openai.api_server", "--model", path, "--served-model-name", "tiny",
+         "--tensor-parallel-size", "2", "--max-model-len", "256", "--block-size", "16",
+         "--num-gpu-blocks-override", "16", "--max-num-seqs", "4"],
+        free_port(),
+    )  # fmt: skip
+
+
+def test_a_rank_killed_mid_generation_makes_the_server_answer_503_and_exit_non_zero(tiny_model_dirs):
+    server = tp2_server(tiny_model_dirs["llama"])
+    try:
+        ranks = rank_processes(server.process.pid)
+        assert len(ranks) == 2
+        result: dict[str, tuple[int, dict]] = {}
+        running = threading.Thread(target=lambda: result.__setitem__("r", completion(server, [1, 5, 9], 240)))
+        running.start()
+        wait_until(
+            lambda: metric(server.metrics(), "fastdeploy:generation_tokens_total") > 0,
+            60,
+            "generation to start",
+        )
+        os.kill(ranks[1], signal.SIGKILL)
+        killed = time.monotonic()
+        running.join(timeout=30)
+        status, body = result["r"]
+        assert status == 503, body
+        assert "rank 1 was killed by signal SIGKILL during generation" in body["error"]["message"]
+        assert server.process.wait(timeout=30) == 1
+        assert time.monotonic() - killed < 15
+        assert "error: the engine died: rank 1 was killed by signal SIGKILL" in server.output()
+        wait_until(lambda: not any(alive(pid) for pid in ranks), 10, "the rank processes to be gone")
+    finally:
+        server.stop()
+
+
+def test_a_rank_that_dies_while_the_server_is_idle_stops_it_within_seconds(tiny_model_dirs):
+    server = tp2_server(tiny_model_dirs["llama"])
+    try:
+        ranks = rank_processes(server.process.pid)
+        os.kill(ranks[0], signal.SIGKILL)
+        killed = time.monotonic()
+        assert server.process.wait(timeout=30) == 1
+        assert time.monotonic() - killed < 10
+        assert "error: the engine died: rank 0 was killed by signal SIGKILL" in server.output()
+        wait_until(lambda: not any(alive(pid) for pid in ranks), 10, "the rank processes to be gone")
+    finally:
+        server.stop()

@@ -1,0 +1,102 @@
+"""A rank's shard of each kind of weight, checked against slicing the full float32 tensor.
+
+No processes here: each rank's share is computed in this process, and the shares are summed or
+joined by hand where the ranks' collectives would do it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
+
+from fastdeploy.backends.base import Backend, BackendOptions
+from fastdeploy.backends.cpu.backend import CpuBackend
+from fastdeploy.distributed.model_parallel import ModelParallel
+from fastdeploy.distributed.sharding import take_columns, take_rows
+from fastdeploy.distributed.topology import ParallelLayout
+from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+
+RNG = np.random.default_rng(16)
+
+
+def ggml(matrix: np.ndarray, kind: GGMLQuantizationType) -> GGMLTensor:
+    return GGMLTensor(int(kind), quantize(matrix, kind), matrix.shape)
+
+
+@pytest.mark.parametrize("kind", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0])
+def test_gguf_rows_and_block_aligned_columns_stay_in_blocks(kind):
+    tensor = ggml(RNG.standard_normal((12, 128)).astype(np.float32), kind)
+    full = np.asarray(tensor)
+    rows = take_rows(tensor, range(4, 10))
+    assert isinstance(rows, GGMLTensor) and rows.shape == (6, 128)
+    np.testing.assert_array_equal(np.asarray(rows), full[4:10])
+    columns = take_columns(tensor, range(32, 96))
+    assert isinstance(columns, GGMLTensor) and columns.shape == (12, 64)
+    np.testing.assert_array_equal(np.asarray(columns), full[:, 32:96])
+    # a cut inside a block: dequantised, then sliced
+    unaligned = take_columns(tensor, range(40, 100))
+    assert isinstance(unaligned, np.ndarray)
+    np.testing.assert_array_equal(unaligned, full[:, 40:100])
+
+
+class SumLater:
+    """A communicator stand-in: collectives return this rank's share, the test combines them."""
+
+    def all_reduce(self, x, group):
+        return x
+
+    def all_gather(self, x, group):
+        return x
+
+
+def ranks(size: int) -> list[ModelParallel]:
+    return [ModelParallel(ParallelLayout(size), rank, SumLater()) for rank in range(size)]
+
+
+@pytest.mark.parametrize(("vocab", "size"), [(160, 2), (10, 4), (49152, 3)])
+def test_vocabulary_parallel_embedding_sums_to_the_full_lookup(vocab, size):
+    backend = CpuBackend(BackendOptions(threads=1))
+    table = RNG.standard_normal((vocab, 8)).astype(np.float32)
+    ids = np.array([0, vocab - 1, 3, vocab // 2, 3], dtype=np.int64)
+    shares = []
+    for parallel in ranks(size):
+        local = parallel.vocab_embedding_table(backend, table)
+        assert local.shape == (-(-vocab // size) + 1, 8)  # its rows, padded, plus the zero row
+        shares.append(parallel.vocab_embedding(backend, ids, local))
+    np.testing.assert_array_equal(sum(shares), table[ids])
+
+
+@pytest.mark.parametrize(("vocab", "size"), [(160, 4), (10, 4), (9, 2)])
+def test_vocabulary_parallel_logits_join_to_the_full_logits(vocab, size):
+    head = RNG.standard_normal((vocab, 8)).astype(np.float32)
+    hidden = RNG.standard_normal((3, 8)).astype(np.float32)
+    shards = [hidden @ np.asarray(parallel.vocab_rows_of(head)).T for parallel in ranks(size)]
+    joined = ModelParallel(ParallelLayout(size), 0, SumLater()).gather_vocab(
+        np.concatenate(shards, axis=-1), vocab
+    )
+    np.testing.assert_allclose(joined, hidden @ head.T, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("default_ops", [False, True], ids=["cpu", "base-class-default"])
+@pytest.mark.parametrize("size", [2, 3])
+def test_expert_parallel_shares_sum_to_all_experts(default_ops, size):
+    backend = CpuBackend(BackendOptions(threads=1))
+    experts, hidden, inner, tokens, top_k = 8, 16, 8, 6, 3
+    gate = [RNG.standard_normal((inner, hidden)).astype(np.float32) for _ in range(experts)]
+    up = [RNG.standard_normal((inner, hidden)).astype(np.float32) for _ in range(experts)]
+    down = [RNG.standard_normal((hidden, inner)).astype(np.float32) for _ in range(experts)]
+    x = RNG.standard_normal((tokens, hidden)).astype(np.float32)
+    ids = np.stack([RNG.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int64)
+    weights = RNG.random((tokens, top_k)).astype(np.float32)
+    run = Backend.moe_experts if default_ops else CpuBackend.moe_experts
+    full = run(backend, x, backend.moe_expert_weights(gate, up, down), weights, ids)
+    total = np.zeros_like(full)
+    for parallel in ranks(size):
+        mine = parallel.shard_of(experts)
+        local = backend.moe_expert_weights(
+            gate[mine.start : mine.stop], up[mine.start : mine.stop], down[mine.start : mine.stop]
+        )
+        total += run(backend, x, local, weights, ids, first_expert=mine.start)
+    np.testing.assert_allclose(total, full, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,103 @@
+"""Rank processes that fail or die: LLM() / generate raise within seconds, naming the rank and
+quoting its log, and no rank process is left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import tiny_checkpoints as tiny
+
+from fastdeploy import LLM, SamplingParams
+from fastdeploy.errors import WorkerFailedError
+
+pytest.importorskip("paddle", reason="tensor parallelism on the CPU uses paddle.distributed (gloo)")
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (zombies count as exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def rank_pids(llm: LLM) -> list[int]:
+    return [child.popen.pid for child in llm.llm_engine.executor._children.processes]
+
+
+def test_a_rank_killed_mid_generation_fails_the_call_and_leaves_no_process(tiny_model_dirs, monkeypatch):
+    llm = LLM(
+        model=tiny_model_dirs["llama"],
+        tensor_parallel_size=2,
+        max_model_len=64,
+        num_gpu_blocks_override=16,
+        block_size=16,
+    )
+    pids = rank_pids(llm)
+    executor = llm.llm_engine.executor
+    steps = []
+    submit = executor.submit
+
+    def kill_rank_1_at_step_3(batch):
+        steps.append(batch)
+        if len(steps) == 3:
+            os.kill(pids[1], signal.SIGKILL)
+        submit(batch)
+
+    monkeypatch.setattr(executor, "submit", kill_rank_1_at_step_3)
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as error:
+        llm.generate(
+            {"prompt_token_ids": [1, 5, 9]}, SamplingParams(max_tokens=40, ignore_eos=True), use_tqdm=False
+        )
+    assert time.monotonic() - started < 10
+    message = str(error.value)
+    assert message.startswith("rank 1 was killed by signal SIGKILL during generation")
+    assert "last lines of" in message and "workerlog.1" in message
+    assert not any(alive(pid) for pid in pids)
+    # the engine stays failed: later calls raise the same error instead of hanging
+    with pytest.raises(WorkerFailedError, match="rank 1 was killed"):
+        llm.generate({"prompt_token_ids": [1, 5]}, SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_a_rank_that_fails_to_load_makes_llm_raise_with_its_error(tmp_path):
+    tensors = tiny.write_checkpoint(tmp_path, "llama")
+    tiny.write_ernie_tokenizer(tmp_path)
+    # the driver reads only config.json; the ranks find a tensor missing
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    tiny.write_safetensors(tmp_path, tensors)
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as error:
+        LLM(model=str(tmp_path), tensor_parallel_size=2, max_model_len=64, num_gpu_blocks_override=16)
+    assert time.monotonic() - started < 60
+    message = str(error.value)
+    assert "while loading the model" in message
+    assert message.startswith(("rank 0 raised an error", "rank 1 raised an error"))
+    assert (
+        "WeightLoadError: checkpoint does not match the model: missing tensors: model.layers.1.mlp.down_proj.weight"
+        in message
+    )
+    assert "last lines of" in message
+
+
+def test_a_host_that_never_starts_fails_with_the_address_and_time_out(tiny_model_dirs, monkeypatch):
+    """Two hosts on the loopback, the second never started: the first gives up after the time-out."""
+    monkeypatch.setenv("FD_NODE_RANK", "0")
+    monkeypatch.setenv("FD_DIST_INIT_TIMEOUT", "3")
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as error:
+        LLM(
+            model=tiny_model_dirs["llama"],
+            tensor_parallel_size=2,
+            ips="127.0.0.1,127.0.0.1",
+            engine_worker_queue_port=29711,
+        )
+    assert time.monotonic() - started < 30
+    message = str(error.value)
+    assert "did not connect to the engine at 127.0.0.1:29711 within 3 s" in message
+    assert "start fastdeploy with the same ips there" in message

@@ -109,7 +109,9 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     block_size: int = 64
     seed: int = 0
-    dtype: str = "float32"
+    #: weights / activations / KV cache dtype; "auto": the backend's default (float32 on the cpu
+    #: backend, bfloat16 on a GPU that has it)
+    dtype: str = "auto"
     #: bytes of memory for the KV cache (overrides the utilisation fraction)
     kv_cache_memory: int | None = None
     #: fraction of free device memory (after weights) the KV cache may take; None: backend default
@@ -137,6 +139,8 @@ class EngineConfig:
     #: this replica's index among the server's data-parallel replicas (its ranks take the
     #: devices after those of the replicas before it)
     data_parallel_rank: int = 0
+    #: run decode steps eagerly instead of replaying captured CUDA graphs (accelerator backends)
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -160,6 +164,8 @@ class EngineConfig:
             raise InvalidArgumentError(
                 f"device must be a backend name such as 'auto' or 'cpu', got {self.device!r}"
             )
+        if not isinstance(self.enforce_eager, bool):
+            raise InvalidArgumentError(f"enforce_eager must be a bool, got {self.enforce_eager!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise InvalidArgumentError(
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"

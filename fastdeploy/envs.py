@@ -72,13 +72,22 @@ def cpu_kernels() -> str:
     return os.environ.get("FD_CPU_KERNELS", "auto").strip().lower() or "auto"
 
 
-def paddle_kernels() -> str:
-    """Kernels of the Paddle backends (`FD_PADDLE_KERNELS`): auto, triton or reference.
+def cuda_kernels() -> str:
+    """Kernels of the cuda backend and its CPU twins (`FD_CUDA_KERNELS`, formerly
+    `FD_PADDLE_KERNELS`): auto, triton or reference.
 
-    auto: Triton on a GPU when triton is installed, the paddle-op reference kernels otherwise
-    (always on Paddle's CPU place, where Triton runs only under `TRITON_INTERPRET=1`).
+    auto: Triton on a GPU when triton is installed, the reference kernels otherwise (always on a
+    CPU place, where Triton runs only under `TRITON_INTERPRET=1`).
     """
-    return os.environ.get("FD_PADDLE_KERNELS", "auto").strip().lower() or "auto"
+    value = os.environ.get("FD_CUDA_KERNELS") or os.environ.get("FD_PADDLE_KERNELS") or "auto"
+    return value.strip().lower() or "auto"
+
+
+def cuda_runtime() -> str | None:
+    """Tensor framework of the cuda backend (`FD_CUDA_RUNTIME`): paddle or torch; None: paddle
+    when paddlepaddle-gpu with CUDA is installed, else torch."""
+    value = os.environ.get("FD_CUDA_RUNTIME", "").strip().lower()
+    return value or None
 
 
 def dist_init_timeout() -> float:

@@ -22,7 +22,8 @@ class BackendOptions:
 
     #: worker threads for host compute (None: every core this process may run on)
     threads: int | None = None
-    #: data type for weights and activations
+    #: data type for weights and activations; "auto" is replaced by the backend's
+    #: `resolve_default_dtype()` before the backend is built
     dtype: str = "float32"
 
     def thread_count(self) -> int:
@@ -49,7 +50,7 @@ class KVCacheSpec:
 
     def bytes_per_block(self) -> int:
         """Bytes one block takes across all layers, keys and values."""
-        itemsize = np.dtype(self.dtype).itemsize
+        itemsize = 2 if self.dtype == "bfloat16" else np.dtype(self.dtype).itemsize
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * itemsize
 
 
@@ -88,6 +89,13 @@ class Backend(ABC):
     #: the `fastdeploy_communicators` entry whose collectives ranks of this backend use
     #: (tensor / pipeline parallelism); `FD_COMMUNICATOR` overrides it
     communicator: ClassVar[str] = "paddle"
+    #: the dtype `dtype="auto"` (the default) means on this backend
+    default_dtype: ClassVar[str] = "float32"
+
+    @classmethod
+    def resolve_default_dtype(cls) -> str:
+        """What `dtype="auto"` becomes here (e.g. float16 on a GPU without bfloat16)."""
+        return cls.default_dtype
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -202,6 +210,11 @@ class Backend(ABC):
     def gather_rows(self, x: Any, indices: Any) -> Any:
         """x[indices] along the token axis."""
 
+    def argmax_rows(self, logits: Any) -> np.ndarray:
+        """Greedy tokens: the index of each row's largest logit (the first among equals), as a
+        host int64 array. Accelerators override it to copy one id per row instead of the logits."""
+        return np.asarray(self.to_numpy(logits)).argmax(axis=-1).astype(np.int64)
+
     # --- mixture of experts (concrete defaults; backends override them for speed) -------------
     def moe_route(
         self,
@@ -282,6 +295,14 @@ class Backend(ABC):
         return self.from_numpy(result)
 
     # --- optional capabilities --------------------------------------------------------------
+    def decode_graphs(
+        self, model: Any, kv_caches: list[Any], block_size: int, max_num_seqs: int, max_model_len: int
+    ) -> Any | None:
+        """Captured decode steps (CUDA graphs) for the model runner, or None (the default): an
+        object whose `run(layout)` returns the logits of a decode-only step, or None to run it
+        eagerly. Called once after the KV cache is allocated, unless `enforce_eager`."""
+        return None
+
     def sample_top_k_top_p(
         self,
         logits: Any,

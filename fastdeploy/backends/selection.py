@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from fastdeploy.backends.base import Backend, BackendOptions
 from fastdeploy.errors import BackendUnavailableError, InvalidArgumentError
 from fastdeploy.logger import get_logger
@@ -31,6 +33,10 @@ def select_backend_class(device: str, registry: PluginRegistry) -> type[Backend]
 
 
 def create_backend(device: str, options: BackendOptions, registry: PluginRegistry) -> Backend:
-    backend = select_backend_class(device, registry)(options)
+    """Build the backend for `device`; dtype "auto" becomes the backend's default dtype."""
+    backend_class = select_backend_class(device, registry)
+    if options.dtype == "auto":
+        options = dataclasses.replace(options, dtype=backend_class.resolve_default_dtype())
+    backend = backend_class(options)
     logger.info("device backend: %s", backend.describe())
     return backend

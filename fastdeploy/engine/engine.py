@@ -85,6 +85,17 @@ def _device_samplable(params: SamplingParams) -> bool:
     )
 
 
+def _greedy_without_extras(params: SamplingParams) -> bool:
+    """Greedy rows that need nothing but the argmax (which the backend takes on the device)."""
+    return (
+        params.greedy
+        and params.repetition_penalty == 1.0
+        and not params.frequency_penalty
+        and not params.presence_penalty
+        and params.logprobs is None
+    )
+
+
 class LLMEngine:
     """Owns the backend, model, tokenizer, KV cache and scheduler; `step()` advances all requests."""
 
@@ -166,9 +177,13 @@ class LLMEngine:
             self.max_num_batched_tokens,
         )
         self.block_manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(
-            self.model, self.backend, self.backend.allocate_kv_cache(spec), spec.block_size
-        )
+        kv_caches = self.backend.allocate_kv_cache(spec)
+        graphs = None
+        if not config.enforce_eager:
+            graphs = self.backend.decode_graphs(
+                self.model, kv_caches, spec.block_size, config.max_num_seqs, self.max_model_len
+            )
+        self.runner = ModelRunner(self.model, self.backend, kv_caches, spec.block_size, graphs)
 
     def check_health(self) -> None:
         """Raise WorkerFailedError if a rank process has died (cheap; the server calls it when idle)."""
@@ -321,6 +336,8 @@ class LLMEngine:
         backend = self.backend
         if backend is None:  # rank processes send host logits
             return sample(logits, seqs, bans)
+        if not bans and all(_greedy_without_extras(seq.params) for seq in seqs):
+            return [int(token) for token in backend.argmax_rows(logits)]
         if backend.samples_on_device and not bans and all(_device_samplable(s.params) for s in seqs):
             params = [seq.params for seq in seqs]
             tokens = backend.sample_top_k_top_p(

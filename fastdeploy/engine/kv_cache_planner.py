@@ -43,7 +43,7 @@ def plan_kv_cache(
         block_size=config.block_size,
         num_kv_heads=model_config.num_key_value_heads,
         head_dim=model_config.head_dim,
-        dtype=config.dtype,
+        dtype=backend.options.dtype,
     )
     per_block = spec.bytes_per_block()
     free = backend.free_memory_bytes()

@@ -42,7 +42,6 @@ _ACCEPTED_WITHOUT_EFFECT = frozenset(
         "limit_mm_per_prompt",
         "enable_mm",
         "trust_remote_code",
-        "enforce_eager",
         "disable_log_stats",
     }
 )
@@ -66,7 +65,7 @@ class LLM:
         block_size: int = 64,
         device: str | None = None,
         seed: int = 0,
-        dtype: str = "float32",
+        dtype: str = "auto",
         kv_cache_memory: int | None = None,
         gpu_memory_utilization: float | None = None,
         num_gpu_blocks_override: int | None = None,
@@ -80,6 +79,7 @@ class LLM:
         engine_worker_queue_port: int | str | None = None,
         distributed_executor_backend: str | None = None,
         data_parallel_rank: int = 0,
+        enforce_eager: bool = False,
         **kwargs: Any,
     ) -> None:
         from fastdeploy import envs
@@ -119,6 +119,7 @@ class LLM:
             dist_init_timeout=envs.dist_init_timeout(),
             ips=",".join(parse_ips(ips)) or None,
             engine_worker_queue_port=port_number("engine_worker_queue_port", engine_worker_queue_port),
+            enforce_eager=enforce_eager,
         )
         self._request_ids = itertools.count()
         self._is_master = is_master_host(config)

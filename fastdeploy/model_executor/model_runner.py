@@ -54,11 +54,15 @@ def build_layout(batch: ScheduledBatch, block_size: int) -> tuple[BatchLayout, l
 class ModelRunner:
     """Owns the model and its KV cache on the backend."""
 
-    def __init__(self, model: CausalLM, backend: Backend, kv_caches: list[Any], block_size: int) -> None:
+    def __init__(
+        self, model: CausalLM, backend: Backend, kv_caches: list[Any], block_size: int, graphs: Any = None
+    ) -> None:
         self.model = model
         self.backend = backend
         self.kv_caches = kv_caches
         self.block_size = block_size
+        #: captured decode steps (`Backend.decode_graphs`), None when running eagerly
+        self.graphs = graphs
 
     def execute(self, batch: ScheduledBatch) -> tuple[Any, list[int], float]:
         """(device logits [samplers, vocab] or None, indices of sampling sequences, forward seconds).
@@ -78,6 +82,10 @@ class ModelRunner:
         This is all a worker process of a multi-process model runs per step: the layout is
         host data and travels to the workers as it is.
         """
+        if self.graphs is not None:
+            logits = self.graphs.run(layout)
+            if logits is not None:
+                return logits
         backend = self.backend
         metadata = backend.prepare_batch(layout)
         hidden = self.model.forward(

@@ -20,6 +20,8 @@ from fastdeploy.plugins.registry import PluginInfo, PluginRegistry
 ENV_VARS = (
     "FD_DEVICE",
     "FD_PLUGINS",
+    "FD_CUDA_RUNTIME",
+    "FD_CUDA_KERNELS",
     "FD_PADDLE_KERNELS",
     "FD_CPU_KERNELS",
     "FD_CPU_THREADS",

@@ -1,9 +1,10 @@
 """The backend conformance suite, run for each device in FD_CONFORMANCE_DEVICES.
 
 Default: the cpu backend with its native kernels (the CPU's widest instruction set, and AVX2:
-"cpu+avx2") and with numpy only ("cpu+numpy"), the Paddle
-backend on CPU place ("paddle-cpu", the cuda backend's code without a GPU) with its reference
-kernels, and the same with the Triton kernels run by Triton's interpreter ("paddle-cpu+triton"). A plugin author runs it against their backend with
+"cpu+avx2") and with numpy only ("cpu+numpy"), the cuda backend's code on the host with each of
+its runtimes ("paddle-cpu", "torch-cpu") with the reference kernels, and the same with the
+Triton kernels run by Triton's interpreter ("paddle-cpu+triton", "torch-cpu+triton"). A plugin
+author runs it against their backend with
 `FD_CONFORMANCE_DEVICES=mydevice pytest tests/backends/test_conformance.py`.
 """
 
@@ -16,7 +17,7 @@ import pytest
 from fastdeploy.backends.conformance import OP_CHECKS, build_backend, check_greedy_generation
 from fastdeploy.backends.cpu import native
 
-DEFAULT_DEVICES = "cpu,cpu+avx2,cpu+numpy,paddle-cpu,paddle-cpu+triton"
+DEFAULT_DEVICES = "cpu,cpu+avx2,cpu+numpy,paddle-cpu,paddle-cpu+triton,torch-cpu,torch-cpu+triton"
 DEVICES = [
     d.strip() for d in os.environ.get("FD_CONFORMANCE_DEVICES", DEFAULT_DEVICES).split(",") if d.strip()
 ]
@@ -24,13 +25,15 @@ DEVICES = [
 
 @pytest.fixture(scope="module", params=DEVICES)
 def device(request):
-    """The device name; "+triton" selects the Paddle backend's Triton kernels (interpreted),
+    """The device name; "+triton" selects the cuda backend's Triton kernels (interpreted),
     "cpu+numpy" the cpu backend without its native kernels."""
     name, _, kernels = request.param.partition("+")
     if name.startswith("paddle"):
         pytest.importorskip(
             "paddle", reason="the Paddle backends need paddlepaddle (the test extra installs it)"
         )
+    if name.startswith("torch"):
+        pytest.importorskip("torch", reason="the torch-cpu backend needs torch (the test extra installs it)")
     with pytest.MonkeyPatch.context() as patch:
         if kernels and name == "cpu":
             if kernels in native.ISAS and native.unavailable_reason() is not None:
@@ -41,7 +44,7 @@ def device(request):
             pytest.importorskip(
                 "torch", reason="Triton's interpreter needs torch (the test extra installs it)"
             )
-            patch.setenv("FD_PADDLE_KERNELS", kernels)
+            patch.setenv("FD_CUDA_KERNELS", kernels)
         yield name
 
 
@@ -72,8 +75,8 @@ def test_variants_use_the_kernels_they_name(backend, device):
         else:
             assert backend.native_isa == (native.best_isa() if requested == "auto" else requested)
         return
-    if not device.startswith("paddle"):
-        pytest.skip("only the cpu and Paddle backends have a kernel choice")
-    expected = os.environ.get("FD_PADDLE_KERNELS", "reference")
+    if not device.startswith(("paddle", "torch")):
+        pytest.skip("only the cpu and cuda backends have a kernel choice")
+    expected = os.environ.get("FD_CUDA_KERNELS", "reference")
     assert backend.kernels == expected
     assert (backend.launch is not None) == (expected == "triton")

@@ -68,12 +68,11 @@ def test_profile_layout_is_one_prefill_over_consecutive_blocks():
     assert layout.query_lens.tolist() == [10] and layout.logits_indices.tolist() == [9]
 
 
-@pytest.mark.parametrize("device", ["cpu", "paddle-cpu"])
-def test_dummy_forward_runs_the_model_and_paddle_budget_uses_it(device, tmp_path):
-    if device == "paddle-cpu":
-        pytest.importorskip(
-            "paddle", reason="the Paddle backend needs paddlepaddle (the test extra installs it)"
-        )
+@pytest.mark.parametrize("device", ["cpu", "paddle-cpu", "torch-cpu"])
+def test_dummy_forward_runs_the_model_and_cuda_budget_uses_it(device, tmp_path):
+    if device != "cpu":
+        framework = device.split("-")[0]
+        pytest.importorskip(framework, reason=f"{device} needs {framework} (the test extra installs it)")
     from fastdeploy.backends.conformance import build_backend
     from fastdeploy.models.llama import LlamaForCausalLM
 
@@ -85,7 +84,7 @@ def test_dummy_forward_runs_the_model_and_paddle_budget_uses_it(device, tmp_path
     logits = backend.to_numpy(dummy_forward(model, backend, 11, spec))
     expected = ref.llama_logits(weights, config, [0] * 11)[-1:]
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
-    if device == "paddle-cpu":
+    if device != "cpu":
         assert backend.kv_cache_budget_bytes(0.9, lambda: None) is None  # host memory: planner's rule
         backend.memory = FakeMemory(total=16 * GIB, weights=GIB, peak=GIB)
         ran = []

@@ -55,28 +55,82 @@ def test_stub_class_cannot_be_built_directly():
 
 
 def test_cuda_fails_fast_saying_what_is_missing(smollm2_path):
-    pytest.importorskip("paddle", reason="the message names the installed paddlepaddle build")
-    from fastdeploy.backends.cuda.runtime import installed_paddle
+    """Here: no GPU, paddlepaddle's CPU build and torch's CPU build; the message names all three."""
+    from fastdeploy.backends.cuda.runtimes import paddle_runtime, torch_runtime
 
-    distribution, version = installed_paddle()
-    if distribution != "paddlepaddle":
-        pytest.skip(f"{distribution} is installed: this test is for the CPU build of paddlepaddle")
     start = time.perf_counter()
     with pytest.raises(BackendUnavailableError) as error:
         LLM(model=smollm2_path, device="cuda")
-    assert str(error.value) == (
-        "the cuda backend cannot run here: cuda backend needs paddlepaddle-gpu built with CUDA and a "
-        f"visible GPU; found paddlepaddle {version} (CPU build)"
+    elapsed = time.perf_counter() - start
+    message = str(error.value)
+    assert message.startswith(
+        "the cuda backend cannot run here: cuda backend needs a visible NVIDIA GPU and "
+        "paddlepaddle-gpu or torch built with CUDA; paddle: "
     )
-    assert time.perf_counter() - start < 5
+    paddle = paddle_runtime.installed_paddle()
+    if paddle is not None and paddle[0] == "paddlepaddle":
+        assert f"paddle: found paddlepaddle {paddle[1]}, the CPU build" in message
+    build = torch_runtime._torch_build()
+    if build is not None and build[1] is None:
+        assert f"torch: found torch {build[0]} built without CUDA" in message
+    assert elapsed < 1.0, f"took {elapsed:.2f} s"
 
 
-def test_cuda_reason_without_paddle(monkeypatch):
-    from fastdeploy.backends.cuda import runtime
+def test_cuda_reason_without_either_framework(monkeypatch):
+    from fastdeploy.backends.cuda import runtimes
+    from fastdeploy.backends.cuda.runtimes import paddle_runtime, torch_runtime
 
-    monkeypatch.setattr(runtime, "installed_paddle", lambda: None)
-    assert runtime.gpu_unavailable_reason().endswith("paddlepaddle is not installed")
-    assert runtime.paddle_unavailable_reason().startswith("paddlepaddle is not installed")
+    monkeypatch.setattr(paddle_runtime, "installed_paddle", lambda: None)
+    monkeypatch.setattr(torch_runtime, "_torch_build", lambda: None)
+    choice = runtimes.choose_gpu_runtime()
+    assert choice.name is None
+    assert choice.why.endswith("paddle: paddlepaddle-gpu is not installed; torch: torch is not installed")
+    assert paddle_runtime.paddle_unavailable_reason().startswith("paddlepaddle is not installed")
+
+
+def test_fd_cuda_runtime_forces_one_and_says_why_it_cannot_run(monkeypatch):
+    from fastdeploy.backends.cuda import runtimes
+    from fastdeploy.backends.cuda.runtimes import torch_runtime
+
+    monkeypatch.setattr(torch_runtime, "_torch_build", lambda: ("2.11.0+cu130", None))
+    monkeypatch.setenv("FD_CUDA_RUNTIME", "torch")
+    choice = runtimes.choose_gpu_runtime()
+    assert (choice.name, choice.why) == (
+        None,
+        "FD_CUDA_RUNTIME=torch, but found torch 2.11.0+cu130 built without CUDA",
+    )
+    monkeypatch.setenv("FD_CUDA_RUNTIME", "jax")
+    with pytest.raises(InvalidArgumentError, match="FD_CUDA_RUNTIME must be one of paddle, torch, got 'jax'"):
+        runtimes.choose_gpu_runtime()
+
+
+def test_torch_runtime_chosen_when_paddle_cannot_run(monkeypatch):
+    """A GPU machine with torch + CUDA and no paddle (the GPU test machines): torch runs, and says why."""
+    from fastdeploy.backends.cuda import runtimes
+    from fastdeploy.backends.cuda.runtimes import paddle_runtime, torch_runtime
+
+    monkeypatch.setattr(paddle_runtime, "installed_paddle", lambda: None)
+    monkeypatch.setattr(torch_runtime, "gpu_unavailable_reason", lambda: None)
+    monkeypatch.setitem(runtimes._GPU_REASONS, "torch", torch_runtime.gpu_unavailable_reason)
+    choice = runtimes.choose_gpu_runtime()
+    assert choice.name == "torch"
+    assert choice.why == "torch with CUDA, since paddle cannot run: paddlepaddle-gpu is not installed"
+
+
+def test_torch_build_is_read_without_importing_torch():
+    from fastdeploy.backends.cuda.runtimes import torch_runtime
+
+    torch = pytest.importorskip("torch")
+    version, cuda = torch_runtime._torch_build()
+    assert version == torch.__version__ and cuda == torch.version.cuda
+
+
+@pytest.mark.parametrize("visible", ["", "-1"])
+def test_hidden_gpus_are_reported(monkeypatch, visible):
+    from fastdeploy.backends.cuda.gpu_probe import visible_gpu_reason
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert visible_gpu_reason() == f"no GPU is visible: CUDA_VISIBLE_DEVICES={visible!r} hides them all"
 
 
 def test_unknown_device_lists_registered_ones(smollm2_path):
@@ -143,6 +197,9 @@ def test_python_m_fastdeploy_env_json():
     assert backends["cuda"]["plugin"] == "fastdeploy.paddle_backends"
     if not backends["cuda"]["available"]:
         assert "cuda backend" in backends["cuda"]["reason"]
+    else:
+        assert "runtime" in backends["cuda"]["details"]
+    assert backends["torch-cpu"]["auto_priority"] < 0 and backends["paddle-cpu"]["auto_priority"] < 0
     names = {plugin["name"] for plugin in report["plugins"]}
     assert {"fastdeploy.cpu_backend", "fastdeploy.paddle_backends", "fastdeploy.accelerator_stubs"} <= names
 

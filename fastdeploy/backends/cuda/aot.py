@@ -5,11 +5,14 @@ machine without a GPU can prove that every kernel compiles for real hardware (sm
 for each storage dtype, with the specialisations the backend launches. The interpreter tests
 check what the kernels compute; this checks that the GPU compiler accepts them.
 
-Run `python -m fastdeploy.backends.cuda.aot [ARCH ...]` (TRITON_INTERPRET must be unset).
+Run `python -m fastdeploy.backends.cuda.aot [ARCH ...]` (TRITON_INTERPRET must be unset). It
+compiles float32, bfloat16 and float16 variants of every kernel at the shapes the models here
+use (head_dim 128 and 64, ERNIE-4.5-21B-A3B's MoE, a 152064-token vocabulary), in parallel.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -26,17 +29,22 @@ class CompiledKernel:
     cubin_bytes: int
 
 
-def _specialisations(dtype: str) -> list[tuple[str, dict[str, str], dict[str, Any]]]:
-    """(kernel attribute, signature, constexprs) for each launch the backend makes."""
+def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[str, Any]]]:
+    """(module, kernel, signature, constexprs) for each launch the backend makes in `dtype`."""
     t = "*" + _TRITON_DTYPES[dtype]
-    return [
+    precision = "ieee" if dtype == "float32" else "tf32"
+    attention_common = {"scale_log2": "fp32", "num_heads": "i32", "num_kv_heads": "i32", "head_dim": "i32"}
+    attention_common |= {"block_size": "i32", "max_blocks": "i32"}
+    specs: list[tuple[str, str, dict[str, str], dict[str, Any]]] = [
         (
+            "triton_kernels",
             "_rms_norm_kernel",
             {"x_ptr": t, "residual_ptr": t, "weight_ptr": t, "out_ptr": t, "residual_out_ptr": t}
             | {"n_cols": "i32", "eps": "fp32", "HAS_RESIDUAL": "constexpr", "BLOCK": "constexpr"},
             {"HAS_RESIDUAL": True, "BLOCK": 1024},
         ),
         (
+            "triton_kernels",
             "_rotary_kernel",
             {"x_ptr": t, "positions_ptr": "*i64", "cos_ptr": t, "sin_ptr": t, "out_ptr": t}
             | {"num_heads": "i32", "head_dim": "i32", "half": "i32"}
@@ -44,63 +52,229 @@ def _specialisations(dtype: str) -> list[tuple[str, dict[str, str], dict[str, An
             {"HALF_BLOCK": 64, "TAIL_BLOCK": 0},
         ),
         (
+            "triton_kernels",
             "_store_kv_kernel",
             {"key_ptr": t, "value_ptr": t, "key_cache_ptr": t, "value_cache_ptr": t}
             | {"slot_mapping_ptr": "*i64", "row_size": "i32", "BLOCK": "constexpr"},
             {"BLOCK": 1024},
         ),
         (
-            "_paged_attention_kernel",
-            {"q_ptr": t, "key_cache_ptr": t, "value_cache_ptr": t, "block_tables_ptr": "*i64"}
-            | {"query_seq_ptr": "*i64", "query_context_ptr": "*i64", "out_ptr": t, "scale": "fp32"}
-            | {"num_heads": "i32", "num_kv_heads": "i32", "head_dim": "i32", "block_size": "i32"}
-            | {"max_blocks": "i32", "GROUP": "constexpr", "GROUP_BLOCK": "constexpr"}
-            | {"DIM_BLOCK": "constexpr", "BLOCK_N": "constexpr"},
-            {"GROUP": 3, "GROUP_BLOCK": 4, "DIM_BLOCK": 64, "BLOCK_N": 32},
+            "triton_kernels",
+            "_silu_and_mul_kernel",
+            {"x_ptr": t, "out_ptr": t, "width": "i32", "BLOCK": "constexpr"},
+            {"BLOCK": 1024},
+        ),
+    ]
+    # prefill: head_dim 128 (Llama-1B) and 64 (SmolLM2), GQA 4 and 3
+    for head_dim, group in ((128, 4), (64, 3)):
+        specs.append(
+            (
+                "triton_attention",
+                "_prefill_kernel",
+                {"q_ptr": t, "key_cache_ptr": t, "value_cache_ptr": t, "out_ptr": t}
+                | {"block_tables_ptr": "*i32", "seq_query_start_ptr": "*i32", "seq_query_len_ptr": "*i32"}
+                | {"seq_context_len_ptr": "*i32", "tile_seq_ptr": "*i32", "tile_offset_ptr": "*i32"}
+                | attention_common
+                | dict.fromkeys(("GROUP", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "PRECISION"), "constexpr"),
+                {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": 64, "BLOCK_N": 64, "PRECISION": precision},
+            )
+        )
+        for splits in (1, 8):
+            specs.append(
+                (
+                    "triton_attention",
+                    "_decode_kernel",
+                    {"q_ptr": t, "key_cache_ptr": t, "value_cache_ptr": t, "out_ptr": t}
+                    | {"partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32", "block_tables_ptr": "*i32"}
+                    | {"decode_token_ptr": "*i32", "decode_seq_ptr": "*i32", "seq_context_len_ptr": "*i32"}
+                    | attention_common
+                    | dict.fromkeys(("GROUP", "GROUP_BLOCK", "HEAD_DIM", "BLOCK_N"), "constexpr")
+                    | {"NUM_SPLITS": "constexpr", "PRECISION": "constexpr"},
+                    {"GROUP": group, "GROUP_BLOCK": 16, "HEAD_DIM": head_dim, "BLOCK_N": 64}
+                    | {"NUM_SPLITS": splits, "PRECISION": precision},
+                )
+            )
+    specs.append(
+        (
+            "triton_attention",
+            "_decode_reduce_kernel",
+            {"out_ptr": t, "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32", "decode_token_ptr": "*i32"}
+            | {"num_heads": "i32", "head_dim": "i32", "HEAD_DIM": "constexpr", "NUM_SPLITS": "constexpr"},
+            {"HEAD_DIM": 128, "NUM_SPLITS": 8},
+        )
+    )
+    # fused MoE at ERNIE-4.5-21B-A3B's shapes: routing over 64 experts, top-6, each GEMM tile config
+    specs.append(
+        (
+            "triton_moe",
+            "_route_kernel",
+            {"logits_ptr": t, "bias_ptr": t, "weights_ptr": "*fp32", "ids_ptr": "*i32", "tokens": "i32"}
+            | {"num_experts": "i32", "norm_min": "fp32"}
+            | dict.fromkeys(
+                ("HAS_BIAS", "RENORMALIZE", "TOP_K", "K_BLOCK", "EXPERTS", "BLOCK_T"), "constexpr"
+            ),
+            {"HAS_BIAS": True, "RENORMALIZE": True, "TOP_K": 6, "K_BLOCK": 8, "EXPERTS": 64, "BLOCK_T": 16},
+        )
+    )
+    from fastdeploy.backends.cuda.triton_moe import gemm_config
+
+    for entries in (96, 1536, 24576):
+        config = {k: v for k, v in gemm_config(entries, 64).items() if not k.startswith("num_")}
+        for a_per_entry in (False, True):
+            specs.append(
+                (
+                    "triton_moe",
+                    "_gemm_kernel",
+                    {"a_ptr": t, "w_ptr": t, "c_ptr": t, "sorted_ptr": "*i32", "block_expert_ptr": "*i32"}
+                    | {"total_ptr": "*i32", "routing_ptr": "*fp32", "entries": "i32", "n_size": "i32"}
+                    | {"k_size": "i32"}
+                    | dict.fromkeys(("TOP_K", "A_PER_ENTRY", "MUL_ROUTING", "PRECISION"), "constexpr")
+                    | dict.fromkeys(config, "constexpr"),
+                    {
+                        "TOP_K": 6,
+                        "A_PER_ENTRY": a_per_entry,
+                        "MUL_ROUTING": a_per_entry,
+                        "PRECISION": precision,
+                    }
+                    | config,
+                )
+            )
+    return specs
+
+
+def _dtype_free_specialisations() -> list[tuple[str, str, dict[str, str], dict[str, Any]]]:
+    """Kernels whose inputs do not depend on the model dtype: sampling (float32 logits) and the
+    MoE entry sort."""
+    from fastdeploy.backends.cuda import triton_sampling as sampling
+
+    vocab = 152064
+    chunk = sampling.chunk_size(vocab)
+    num_chunks = -(-vocab // chunk)
+    groups = -(-num_chunks // (sampling.GROUP_SIZE // chunk))
+    pad = 1 << (num_chunks - 1).bit_length()
+    groups_pad = 1 << (groups - 1).bit_length()
+    shape = {"GROUP_CHUNKS": sampling.GROUP_SIZE // chunk, "CHUNK": chunk}
+    return [
+        (
+            "triton_sampling",
+            "_chunk_stats_kernel",
+            {"logits_ptr": "*fp32", "temperature_ptr": "*fp32", "chunk_max_ptr": "*fp32"}
+            | {"group_max_ptr": "*fp32", "group_sum_ptr": "*fp32", "vocab": "i32", "num_chunks": "i32"}
+            | {
+                "num_groups": "i32",
+                "CHUNKS_PAD": "constexpr",
+                "GROUP_CHUNKS": "constexpr",
+                "CHUNK": "constexpr",
+            },
+            {"CHUNKS_PAD": pad} | shape,
         ),
         (
-            "_sampling_kernel",
+            "triton_sampling",
+            "_threshold_kernel",
+            {
+                "chunk_max_ptr": "*fp32",
+                "group_max_ptr": "*fp32",
+                "group_sum_ptr": "*fp32",
+                "top_k_ptr": "*i32",
+            }
+            | {"threshold_ptr": "*fp32", "row_max_ptr": "*fp32", "row_sum_ptr": "*fp32", "vocab": "i32"}
+            | {"num_chunks": "i32", "num_groups": "i32"}
+            | dict.fromkeys(("CHUNKS_PAD", "GROUPS_PAD", "DEFAULT_K"), "constexpr"),
+            {"CHUNKS_PAD": pad, "GROUPS_PAD": groups_pad, "DEFAULT_K": sampling.CANDIDATES_WITHOUT_TOP_K},
+        ),
+        (
+            "triton_sampling",
+            "_gather_kernel",
+            {"logits_ptr": "*fp32", "temperature_ptr": "*fp32", "threshold_ptr": "*fp32", "count_ptr": "*i32"}
+            | {"cand_value_ptr": "*fp32", "cand_index_ptr": "*i32", "vocab": "i32"}
+            | dict.fromkeys(("CAPACITY", "GROUP_CHUNKS", "CHUNK"), "constexpr"),
+            {"CAPACITY": sampling.CAPACITY} | shape,
+        ),
+        (
+            "triton_sampling",
+            "_pick_kernel",
             {"logits_ptr": "*fp32", "temperature_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32"}
-            | {"uniform_ptr": "*fp32", "out_ptr": "*i64", "vocab": "i32"}
-            | {"STEPS": "constexpr", "BLOCK": "constexpr"},
-            {"STEPS": 64, "BLOCK": 1024},
+            | {
+                "uniform_ptr": "*fp32",
+                "count_ptr": "*i32",
+                "cand_value_ptr": "*fp32",
+                "cand_index_ptr": "*i32",
+            }
+            | {
+                "group_max_ptr": "*fp32",
+                "group_sum_ptr": "*fp32",
+                "row_max_ptr": "*fp32",
+                "row_sum_ptr": "*fp32",
+            }
+            | {"out_ptr": "*i64", "vocab": "i32", "num_groups": "i32"}
+            | dict.fromkeys(("CAPACITY", "GROUPS_PAD", "GROUP_CHUNKS", "CHUNK"), "constexpr"),
+            {"CAPACITY": sampling.CAPACITY, "GROUPS_PAD": groups_pad} | shape,
+        ),
+        (
+            "triton_moe",
+            "_align_kernel",
+            {"ids_ptr": "*i32", "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "cursor_ptr": "*i32"}
+            | {"total_ptr": "*i32", "entries": "i32", "num_experts": "i32", "max_sorted": "i32"}
+            | {"max_blocks": "i32", "EXPERTS": "constexpr", "BLOCK_M": "constexpr", "TILE": "constexpr"},
+            {"EXPERTS": 64, "BLOCK_M": 64, "TILE": 1024},
+        ),
+        (
+            "triton_moe",
+            "_scatter_kernel",
+            {
+                "ids_ptr": "*i32",
+                "sorted_ptr": "*i32",
+                "cursor_ptr": "*i32",
+                "entries": "i32",
+                "TILE": "constexpr",
+            },
+            {"TILE": 1024},
         ),
     ]
 
 
-def compile_kernels(
-    arch: int = 90, dtypes: tuple[str, ...] = ("float32", "bfloat16")
-) -> list[CompiledKernel]:
-    """Compile every kernel for `arch` (e.g. 80, 90) and each dtype; raises on a compile error."""
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _compile_one(
+    arch: int, dtype: str, spec: tuple[str, str, dict[str, str], dict[str, Any]]
+) -> CompiledKernel:
+    import importlib
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from fastdeploy.backends.cuda import triton_kernels
+    module, name, signature, constexprs = spec
+    kernel = getattr(importlib.import_module(f"fastdeploy.backends.cuda.{module}"), name)
+    if not isinstance(kernel, triton.runtime.JITFunction):
+        raise RuntimeError("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
+    try:
+        binary = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32))
+    except Exception as exc:
+        raise RuntimeError(f"{name} ({dtype}, sm_{arch}, {constexprs}) does not compile: {exc}") from exc
+    return CompiledKernel(name, arch, dtype, len(binary.asm["ptx"]), len(binary.asm["cubin"]))
 
-    target = GPUTarget("cuda", arch, 32)
-    compiled = []
-    for dtype in dtypes:
-        for name, signature, constexprs in _specialisations(dtype):
-            if name == "_sampling_kernel" and dtype != dtypes[0]:
-                continue  # sampling always runs on float32 logits
-            kernel = getattr(triton_kernels, name)
-            if not isinstance(kernel, triton.runtime.JITFunction):
-                raise RuntimeError("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
-            binary = triton.compile(ASTSource(kernel, signature, constexprs), target=target)
-            compiled.append(
-                CompiledKernel(name, arch, dtype, len(binary.asm["ptx"]), len(binary.asm["cubin"]))
-            )
-    return compiled
+
+def compile_kernels(
+    archs: tuple[int, ...] = (80, 90), dtypes: tuple[str, ...] = DTYPES
+) -> list[CompiledKernel]:
+    """Compile every kernel for each arch (e.g. 80, 90) and dtype, on all cores; raises on an error."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    launches = [(dtype, spec) for dtype in dtypes for spec in _specialisations(dtype)]
+    launches += [("float32", spec) for spec in _dtype_free_specialisations()]
+    jobs = [(arch, dtype, spec) for arch in archs for dtype, spec in launches]
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(pool.map(_compile_one, *zip(*jobs, strict=True)))
 
 
 def main(argv: list[str]) -> int:
-    for arch in [int(a) for a in argv] or [80, 90]:
-        for kernel in compile_kernels(arch):
-            sys.stdout.write(
-                f"sm_{kernel.arch} {kernel.dtype:8} {kernel.name:24} ptx {kernel.ptx_bytes:7d} B, "
-                f"cubin {kernel.cubin_bytes:7d} B\n"
-            )
+    for kernel in compile_kernels(tuple(int(a) for a in argv) or (80, 90)):
+        sys.stdout.write(
+            f"sm_{kernel.arch} {kernel.dtype:8} {kernel.name:22} ptx {kernel.ptx_bytes:7d} B, "
+            f"cubin {kernel.cubin_bytes:7d} B\n"
+        )
     return 0
 
 

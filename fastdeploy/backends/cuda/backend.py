@@ -1,9 +1,13 @@
-"""The Paddle backends: "cuda" (paddlepaddle-gpu, GPU memory, Triton kernels) and "paddle-cpu".
+"""The cuda backend: Triton kernels over a thin tensor runtime (paddle or torch).
 
-Both are one class over a Paddle place. "paddle-cpu" exists so that every paddle code path the
-cuda backend runs (weights, KV cache, batch metadata, attention, sampling) is exercised and
-checked against the cpu backend on machines without a GPU; it is never picked by
-`device="auto"` (the numpy cpu backend is faster on a CPU).
+One class, `TensorBackend`, holds everything the backend does (weights, KV cache, per-step
+metadata, kernel launches, MoE, device sampling, CUDA graphs); a `TensorRuntime` supplies the
+framework-specific few (tensor creation, matmul, casts, memory statistics, graphs). Devices:
+
+- `cuda`: an NVIDIA GPU, runtime paddle (preferred) or torch (`runtimes.choose_gpu_runtime`);
+- `paddle-cpu`, `torch-cpu`: the same class on the host with that runtime, so every code path of
+  both runtimes is exercised in CI without a GPU (reference kernels, or the Triton kernels under
+  `TRITON_INTERPRET=1`). `device="auto"` never picks them: the numpy cpu backend is faster there.
 """
 
 from __future__ import annotations
@@ -15,200 +19,391 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fastdeploy.backends.base import Backend, BackendOptions, BatchLayout, KVCacheSpec
+from fastdeploy.backends.conformance import numpy_reference
 from fastdeploy.backends.cpu.attention import build_metadata
 from fastdeploy.backends.cpu.backend import _available_host_memory
 from fastdeploy.backends.cuda import reference
-from fastdeploy.backends.cuda.kernels import TritonLauncher, choose_kernels
-from fastdeploy.backends.cuda.memory import GpuMemory, kv_cache_budget
-from fastdeploy.backends.cuda.runtime import (
-    gpu_unavailable_reason,
-    import_paddle,
-    installed_paddle,
-    paddle_unavailable_reason,
-    set_cpu_threads,
+from fastdeploy.backends.cuda.attention_metadata import CudaBatch, build_host_metadata
+from fastdeploy.backends.cuda.cuda_graphs import DecodeGraphs
+from fastdeploy.backends.cuda.launch import TritonLauncher, choose_kernels
+from fastdeploy.backends.cuda.memory import kv_cache_budget
+from fastdeploy.backends.cuda.runtimes import (
+    FLOAT_DTYPES,
+    TensorRuntime,
+    build_runtime,
+    choose_gpu_runtime,
+    paddle_runtime,
+    torch_runtime,
 )
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
 
-_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+#: the first compute capability with bfloat16 tensor cores (Ampere)
+BF16_MIN_CAPABILITY = (8, 0)
 
 
 @dataclass
-class PaddleBatch:
-    """Attention metadata of one forward pass, on the device."""
+class StackedExperts:
+    """A layer's routed experts for the fused MoE kernels: [experts, in, out] each."""
 
-    slot_mapping: Any
-    reference: reference.ReferenceAttentionMetadata | None = None
-    query_seq: Any = None  # Triton: [tokens] sequence index of each query token
-    query_context: Any = None  # Triton: [tokens] positions each token attends to (position + 1)
-    block_tables: Any = None  # Triton: [seqs, max_blocks]
-    block_size: int = 0
+    gate_up: Any  # [experts, hidden, 2 * width]
+    down: Any  # [experts, width, hidden]
 
 
-class PaddleBackend(Backend):
-    """Models on paddle tensors; subclasses fix the place."""
+def _out_of_memory(exc: BaseException) -> bool:
+    return "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
+
+
+class TensorBackend(Backend):
+    """The cuda backend's code on a runtime; subclasses fix the place and the runtime."""
 
     on_gpu: ClassVar[bool] = False
+    #: "paddle" or "torch"; None: chosen at construction (cuda)
+    runtime_name: ClassVar[str | None] = None
     samples_on_device = True
 
     def __init__(self, options: BackendOptions, kernels: str | None = None) -> None:
         super().__init__(options)
-        if options.dtype not in _FLOAT_DTYPES:
+        if options.dtype not in FLOAT_DTYPES:
             raise InvalidArgumentError(
-                f"dtype must be one of {', '.join(_FLOAT_DTYPES)} on the {self.name} backend, got {options.dtype!r}"
-            )
-        if not self.on_gpu and options.dtype != "float32":
-            raise InvalidArgumentError(
-                f"Paddle's CPU build has no {options.dtype} kernels; use dtype='float32' on {self.name}"
+                f"dtype must be one of {', '.join(FLOAT_DTYPES)} (or 'auto') on the {self.name} backend, "
+                f"got {options.dtype!r}"
             )
         if options.threads is not None and options.threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {options.threads}")
-        self.paddle = paddle = import_paddle()
-        if self.on_gpu:
-            paddle.device.set_device("gpu:0")
-            self.place = paddle.CUDAPlace(0)
-            self.memory: GpuMemory | None = GpuMemory(paddle)
-            self.threads = None
-        else:
-            self.place = paddle.CPUPlace()
-            self.memory = None
-            self.threads = set_cpu_threads(paddle, options.thread_count())
+        name, self.runtime_reason = self._runtime_choice()
+        threads = None if self.on_gpu else options.thread_count()
+        self.rt: TensorRuntime = build_runtime(name, self.on_gpu, threads)
         self.dtype = options.dtype
+        self._check_dtype()
         self.kernels = choose_kernels(self.on_gpu, kernels)
-        self.launch = TritonLauncher(paddle, self.on_gpu) if self.kernels == "triton" else None
-        self._functional = paddle.nn.functional
+        self.launch = TritonLauncher(self.rt) if self.kernels == "triton" else None
+        self.memory = self.rt.memory()
+        self.num_kv_heads = 0
+        self.num_sms = self.rt.multiprocessor_count() if self.on_gpu else 4
+
+    def _runtime_choice(self) -> tuple[str, str]:
+        if self.runtime_name is not None:
+            return self.runtime_name, f"the {self.name} device"
+        choice = choose_gpu_runtime()
+        assert choice.name is not None, choice.why  # unavailable_reason() said it can run
+        return choice.name, choice.why
+
+    def _check_dtype(self) -> None:
+        if self.on_gpu:
+            capability = self.rt.compute_capability()
+            if self.dtype == "bfloat16" and capability is not None and capability < BF16_MIN_CAPABILITY:
+                raise InvalidArgumentError(
+                    f"dtype='bfloat16' needs an NVIDIA GPU of compute capability 8.0 (Ampere) or newer; "
+                    f"this GPU is sm_{capability[0]}{capability[1]}: pass dtype='float16' or 'float32'"
+                )
+        elif self.rt.name == "paddle" and self.dtype != "float32":
+            raise InvalidArgumentError(
+                f"Paddle's CPU build has no {self.dtype} kernels; use dtype='float32' on {self.name}"
+            )
 
     def describe(self) -> str:
-        found = installed_paddle()
-        version = f"{found[0]} {found[1]}" if found else "paddle"
-        threads = f", {self.threads} threads" if self.threads else ""
-        return f"{self.name} ({version}, place {self.place}{threads}, {self.dtype}, {self.kernels} kernels)"
+        return (
+            f"{self.name} ({self.rt.describe()}, {self.dtype}, {self.kernels} kernels; {self.runtime_reason})"
+        )
 
     # --- memory ---------------------------------------------------------------------------
     def free_memory_bytes(self) -> int:
-        if self.memory is not None:
-            return self.memory.free()
-        return _available_host_memory()
+        return self.memory.free() if self.memory is not None else _available_host_memory()
 
     def kv_cache_budget_bytes(self, utilization: float, profile_forward: Callable[[], Any]) -> int | None:
-        if self.memory is None:
+        memory = self.memory
+        if memory is None:
             return None
-        return kv_cache_budget(self.memory, utilization, profile_forward)
+        try:
+            return kv_cache_budget(memory, utilization, profile_forward)
+        except Exception as exc:
+            if not _out_of_memory(exc):
+                raise
+            raise InvalidArgumentError(
+                f"the profiling forward pass ran out of GPU memory ({memory.total() / 2**30:.1f} GiB total, "
+                f"weights {memory.allocated() / 2**30:.2f} GiB): lower max_num_batched_tokens "
+                "(the largest step it profiles) or use a smaller dtype"
+            ) from exc
 
     def allocate_kv_cache(self, spec: KVCacheSpec) -> list[tuple[Any, Any]]:
+        self.num_kv_heads = spec.num_kv_heads
         shape = [spec.num_blocks * spec.block_size, spec.num_kv_heads, spec.head_dim]
-        zeros = self.paddle.zeros
-        return [
-            (zeros(shape, dtype=self.dtype), zeros(shape, dtype=self.dtype)) for _ in range(spec.num_layers)
-        ]
+        try:
+            return [
+                (self.rt.zeros(shape, self.dtype), self.rt.zeros(shape, self.dtype))
+                for _ in range(spec.num_layers)
+            ]
+        except Exception as exc:
+            if not _out_of_memory(exc):
+                raise
+            total = spec.num_blocks * spec.bytes_per_block()
+            raise InvalidArgumentError(
+                f"allocating the KV cache ({spec.num_blocks} blocks, {total / 2**30:.2f} GiB) ran out of "
+                "memory; lower gpu_memory_utilization, kv_cache_memory or num_gpu_blocks_override"
+            ) from exc
 
     # --- data movement --------------------------------------------------------------------
-    def _tensor(self, array: np.ndarray) -> Any:
-        return self.paddle.to_tensor(np.ascontiguousarray(array), place=self.place)
-
     def from_numpy(self, array: np.ndarray) -> Any:
-        if np.issubdtype(array.dtype, np.floating) or array.dtype.name == "bfloat16":
-            tensor = self._tensor(np.asarray(array, dtype=np.float32))
-            return tensor if self.dtype == "float32" else tensor.astype(self.dtype)
-        return self._tensor(array)
+        if array.dtype.name == "bfloat16" or np.issubdtype(array.dtype, np.floating):
+            return self.rt.from_numpy(np.asarray(array), self.dtype)
+        return self.rt.from_numpy(np.asarray(array))
 
     def to_numpy(self, array: Any) -> np.ndarray:
-        if array.dtype in (self.paddle.float16, self.paddle.bfloat16):
-            array = array.astype("float32")
-        return array.numpy()
+        return self.rt.to_numpy(array)
+
+    def _weight_part(self, part: Any) -> Any:
+        """One host matrix on the device in the backend dtype; GGUF blocks are dequantised on
+        the host (`gguf`), float32/float16/bfloat16 arrays go over in their own dtype."""
+        array = part if isinstance(part, np.ndarray) else np.asarray(part, dtype=np.float32)
+        return self.rt.from_numpy(array, self.dtype)
 
     def linear_weight(self, *parts: np.ndarray) -> Any:
-        stacked = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-        # [in, out] contiguous so `linear` is a plain matmul
-        return self.from_numpy(np.asarray(stacked, dtype=np.float32).T)
+        pieces = [self._weight_part(part) for part in parts]
+        stacked = pieces[0] if len(pieces) == 1 else self.rt.concat(pieces, 0)
+        return self.rt.permute(stacked, [1, 0]).contiguous()  # [in, out]: `linear` is one matmul
 
     def linear_bias(self, *parts: np.ndarray) -> Any:
         return self.from_numpy(np.concatenate([np.asarray(p, dtype=np.float32) for p in parts]))
 
-    def prepare_batch(self, layout: BatchLayout) -> PaddleBatch:
-        slot_mapping = self._tensor(layout.slot_mapping.astype(np.int64))
+    def prepare_batch(self, layout: BatchLayout) -> CudaBatch:
+        slot_mapping = self.rt.from_numpy(layout.slot_mapping.astype(np.int64))
         if self.launch is None:
-            host = build_metadata(layout)
-            meta = reference.build_reference_metadata(self.paddle, self.place, self.dtype, host)
-            return PaddleBatch(slot_mapping, reference=meta)
-        query_seq = np.repeat(np.arange(layout.query_lens.size, dtype=np.int64), layout.query_lens)
-        return PaddleBatch(
-            slot_mapping,
-            query_seq=self._tensor(query_seq),
-            query_context=self._tensor((layout.positions + 1).astype(np.int64)),
-            block_tables=self._tensor(layout.block_tables.astype(np.int64)),
-            block_size=layout.block_size,
+            meta = reference.build_reference_metadata(self.rt, self.dtype, build_metadata(layout))
+            return CudaBatch(slot_mapping, layout.block_size, reference=meta)
+        attention = self.launch.attention
+        host = build_host_metadata(layout, attention.PREFILL_BLOCK_M)
+        return self.device_batch(host, layout.block_size, slot_mapping)
+
+    def device_batch(self, host: Any, block_size: int, slot_mapping: Any = None) -> CudaBatch:
+        """Device copies of host metadata (the decode split count is fixed here)."""
+        put = self.rt.from_numpy
+        decodes = int(host.decode_token.shape[0])
+        return CudaBatch(
+            slot_mapping=slot_mapping if slot_mapping is not None else put(host.slot_mapping),
+            block_size=block_size,
+            block_tables=put(host.block_tables),
+            seq_query_start=put(host.seq_query_start),
+            seq_query_len=put(host.seq_query_len),
+            seq_context_len=put(host.seq_context_len),
+            tile_seq=put(host.tile_seq),
+            tile_offset=put(host.tile_offset),
+            decode_token=put(host.decode_token),
+            decode_seq=put(host.decode_seq),
+            num_prefill_tiles=int(host.tile_seq.shape[0]),
+            num_decodes=decodes,
+            num_splits=self.launch.attention.decode_splits(
+                decodes, max(self.num_kv_heads, 1), host.max_context, self.num_sms
+            ),
         )
 
     # --- ops --------------------------------------------------------------------------------
     def embedding(self, token_ids: Any, table: Any) -> Any:
-        return self.paddle.index_select(table, token_ids)
+        return self.rt.index_select(table, token_ids)
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
-        out = self.paddle.matmul(x, weight)
+        out = self.rt.matmul(x, weight)
         return out + bias if bias is not None else out
 
     def rms_norm(self, x: Any, weight: Any, eps: float, residual: Any | None = None) -> tuple[Any, Any]:
         if self.launch is None:
-            return reference.rms_norm(self.paddle, x, weight, eps, residual)
+            return reference.rms_norm(self.rt, x, weight, eps, residual)
         x = x.contiguous()
         residual = residual.contiguous() if residual is not None else None
-        out = self.paddle.empty_like(x)
-        new_residual = self.paddle.empty_like(x) if residual is not None else x
-        self.launch("rms_norm", x, weight, eps=eps, residual=residual, out=out, residual_out=new_residual)
+        out = self.rt.empty_like(x)
+        new_residual = self.rt.empty_like(x) if residual is not None else x
+        self.launch(self.launch.elementwise.rms_norm, x, weight, eps, residual, out, new_residual)
         return out, new_residual
 
     def rotary_embedding(self, x: Any, positions: Any, cos: Any, sin: Any) -> Any:
         if self.launch is None:
-            return reference.rotary_embedding(self.paddle, x, positions, cos, sin)
+            return reference.rotary_embedding(self.rt, x, positions, cos, sin)
         x = x.contiguous()
-        out = self.paddle.empty_like(x)
-        self.launch("rotary_embedding", x, positions, cos, sin, out)
+        out = self.rt.empty_like(x)
+        self.launch(self.launch.elementwise.rotary_embedding, x, positions, cos, sin, out)
         return out
 
     def silu_and_mul(self, x: Any) -> Any:
         half = x.shape[-1] // 2
-        return self._functional.silu(x[:, :half]) * x[:, half:]
+        if self.launch is None:
+            return self.rt.silu(x[:, :half]) * x[:, half:]
+        out = self.rt.empty([x.shape[0], half], self.rt.dtype_name(x))
+        self.launch(self.launch.elementwise.silu_and_mul, x.contiguous(), out)
+        return out
 
     def layer_norm(
         self, x: Any, weight: Any, bias: Any | None, eps: float, residual: Any | None = None
     ) -> tuple[Any, Any]:
         if residual is not None:
             x = x + residual
-        return self._functional.layer_norm(x, [x.shape[-1]], weight=weight, bias=bias, epsilon=eps), x
+        return self.rt.layer_norm(x, weight, bias, eps), x
 
     def gelu_tanh(self, x: Any) -> Any:
-        return self._functional.gelu(x, approximate=True)
+        return self.rt.gelu_tanh(x)
 
     def attention(
-        self, q: Any, k: Any, v: Any, kv_cache: tuple[Any, Any], batch: PaddleBatch, scale: float
+        self, q: Any, k: Any, v: Any, kv_cache: tuple[Any, Any], batch: CudaBatch, scale: float
     ) -> Any:
         key_cache, value_cache = kv_cache
         if self.launch is None:
-            reference.store_kv(k, v, key_cache, value_cache, batch.slot_mapping)
-            return reference.paged_attention(self.paddle, q, kv_cache, batch.reference, scale)
+            reference.store_kv(self.rt, k, v, key_cache, value_cache, batch.slot_mapping)
+            return reference.paged_attention(self.rt, q, kv_cache, batch.reference, scale)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        self.launch("store_kv", k, v, key_cache, value_cache, batch.slot_mapping)
-        out = self.paddle.empty_like(q)
-        self.launch(
-            "paged_attention",
-            q,
-            key_cache,
-            value_cache,
-            batch.block_tables,
-            batch.query_seq,
-            batch.query_context,
-            out,
-            scale=scale,
-            block_size=batch.block_size,
-        )
+        launch = self.launch
+        launch(launch.elementwise.store_kv, k, v, key_cache, value_cache, batch.slot_mapping)
+        out = self.rt.empty_like(q)
+        common = (batch.block_tables,)
+        if batch.num_prefill_tiles:
+            launch(
+                launch.attention.prefill_attention,
+                q,
+                key_cache,
+                value_cache,
+                out,
+                *common,
+                batch.seq_query_start,
+                batch.seq_query_len,
+                batch.seq_context_len,
+                batch.tile_seq,
+                batch.tile_offset,
+                scale,
+                batch.block_size,
+            )
+        if batch.num_decodes:
+            scratch = self._decode_scratch(batch, q.shape[1], q.shape[2])
+            launch(
+                launch.attention.decode_attention,
+                q,
+                key_cache,
+                value_cache,
+                out,
+                *common,
+                batch.decode_token,
+                batch.decode_seq,
+                batch.seq_context_len,
+                scratch["out"],
+                scratch["lse"],
+                scale,
+                batch.block_size,
+                batch.num_splits,
+            )
         return out
 
-    def gather_rows(self, x: Any, indices: Any) -> Any:
-        return self.paddle.index_select(x, indices)
+    def _decode_scratch(self, batch: CudaBatch, heads: int, head_dim: int) -> dict[str, Any]:
+        if not batch.scratch:
+            splits = batch.num_splits
+            size = batch.num_decodes if splits > 1 else 1
+            batch.scratch["out"] = self.rt.empty([size, heads, splits, head_dim], "float32")
+            batch.scratch["lse"] = self.rt.empty([size, heads, splits], "float32")
+        return batch.scratch
 
+    def gather_rows(self, x: Any, indices: Any) -> Any:
+        return self.rt.index_select(x, indices)
+
+    def argmax_rows(self, logits: Any) -> np.ndarray:
+        return self.rt.to_numpy(self.rt.argmax_rows(logits)).astype(np.int64)
+
+    def decode_graphs(
+        self, model: Any, kv_caches: list[Any], block_size: int, max_num_seqs: int, max_model_len: int
+    ) -> DecodeGraphs | None:
+        """Captured decode steps per batch-size bucket (on a GPU with the Triton kernels)."""
+        if not self.on_gpu or self.launch is None:
+            return None
+        graphs = DecodeGraphs(self, model, kv_caches, block_size, max_num_seqs, max_model_len)
+        graphs.capture()
+        return graphs
+
+    # --- mixture of experts -------------------------------------------------------------------
+    def moe_route(
+        self,
+        router_logits: Any,
+        top_k: int,
+        correction_bias: Any | None = None,
+        renormalize: bool = True,
+        norm_min: float = 0.0,
+    ) -> tuple[Any, Any]:
+        if self.launch is None:
+            return super().moe_route(router_logits, top_k, correction_bias, renormalize, norm_min)
+        tokens = router_logits.shape[0]
+        weights = self.rt.empty([tokens, top_k], "float32")
+        ids = self.rt.empty([tokens, top_k], "int32")
+        self.launch(
+            self.launch.moe.moe_route,
+            router_logits.contiguous(),
+            correction_bias,
+            weights,
+            ids,
+            top_k,
+            renormalize,
+            norm_min,
+        )
+        return weights, ids
+
+    def moe_expert_weights(self, gate: list[np.ndarray], up: list[np.ndarray], down: list[np.ndarray]) -> Any:
+        if self.launch is None:
+            return super().moe_expert_weights(gate, up, down)
+        width, hidden = np.shape(gate[0])
+        gate_up = self.rt.empty([len(gate), hidden, 2 * width], self.dtype)
+        down_stack = self.rt.empty([len(gate), width, hidden], self.dtype)
+        for expert, (g, u, d) in enumerate(zip(gate, up, down, strict=True)):
+            gate_up[expert] = self.linear_weight(g, u)
+            down_stack[expert] = self.linear_weight(d)
+        return StackedExperts(gate_up, down_stack)
+
+    def moe_experts(self, x: Any, experts: Any, topk_weights: Any, topk_ids: Any) -> Any:
+        if not isinstance(experts, StackedExperts):
+            return super().moe_experts(x, experts, topk_weights, topk_ids)
+        moe = self.launch.moe
+        tokens, top_k = topk_ids.shape[0], topk_ids.shape[1]
+        num_experts, hidden, double_width = experts.gate_up.shape
+        entries = tokens * top_k
+        config = moe.gemm_config(entries, num_experts)
+        block_m = config["BLOCK_M"]
+        max_sorted = moe.max_sorted_entries(entries, num_experts, block_m)
+        sorted_ids = self.rt.empty([max_sorted], "int32")
+        block_expert = self.rt.empty([-(-max_sorted // block_m)], "int32")
+        cursor = self.rt.empty([num_experts], "int32")
+        total = self.rt.empty([1], "int32")
+        ids = topk_ids if self.rt.dtype_name(topk_ids) == "int32" else self.rt.cast(topk_ids, "int32")
+        self.launch(
+            moe.moe_align, ids.contiguous(), num_experts, block_m, sorted_ids, block_expert, cursor, total
+        )
+        x = x.contiguous()
+        gate_up = self.rt.empty([entries, double_width], self.dtype)
+        self.launch(
+            moe.moe_gemm,
+            x,
+            experts.gate_up,
+            gate_up,
+            sorted_ids,
+            block_expert,
+            total,
+            None,
+            top_k,
+            False,
+            config,
+        )
+        activated = self.silu_and_mul(gate_up)
+        down = self.rt.empty([entries, hidden], self.dtype)
+        routing = self.rt.cast(topk_weights, "float32").contiguous()
+        self.launch(
+            moe.moe_gemm,
+            activated,
+            experts.down,
+            down,
+            sorted_ids,
+            block_expert,
+            total,
+            routing,
+            top_k,
+            True,
+            config,
+        )
+        return self.rt.sum_rows(down.reshape([tokens, top_k, hidden]), 1)
+
+    # --- sampling -----------------------------------------------------------------------------
     def sample_top_k_top_p(
         self,
         logits: Any,
@@ -217,40 +412,96 @@ class PaddleBackend(Backend):
         top_p: np.ndarray,
         uniforms: np.ndarray,
     ) -> np.ndarray:
-        temperatures_t = self._tensor(np.asarray(temperatures, dtype=np.float32))
-        top_k_t = self._tensor(np.asarray(top_k, dtype=np.int32))
-        top_p_t = self._tensor(np.asarray(top_p, dtype=np.float32))
-        uniforms_t = self._tensor(np.asarray(uniforms, dtype=np.float32))
-        logits = logits.astype("float32").contiguous()
+        temperatures = np.asarray(temperatures, dtype=np.float32)
+        top_k = np.asarray(top_k, dtype=np.int32)
+        top_p = np.asarray(top_p, dtype=np.float32)
+        uniforms = np.asarray(uniforms, dtype=np.float32)
         if self.launch is None:
-            chosen = reference.sample_top_k_top_p(
-                self.paddle, logits, temperatures_t, top_k_t, top_p_t, uniforms_t
+            host = self.rt.to_numpy(logits)
+            return np.array(
+                [
+                    numpy_reference.sample_top_k_top_p(
+                        host[i], temperatures[i], top_k[i], top_p[i], uniforms[i]
+                    )
+                    for i in range(host.shape[0])
+                ],
+                dtype=np.int64,
             )
-        else:
-            chosen = self.paddle.empty([logits.shape[0]], dtype="int64")
-            self.launch("sample_top_k_top_p", logits, temperatures_t, top_k_t, top_p_t, uniforms_t, chosen)
-        return chosen.numpy()
+        sampling = self.launch.sampling
+        logits = self.rt.cast(logits, "float32").contiguous()
+        rows, vocab = logits.shape[0], logits.shape[1]
+        scratch = {
+            name: (self.rt.zeros if name == "count" else self.rt.empty)(shape, dtype)
+            for name, (shape, dtype) in sampling.scratch_shapes(rows, vocab).items()
+        }
+        out = self.rt.empty([rows], "int64")
+        put = self.rt.from_numpy
+        self.launch(
+            sampling.sample_top_k_top_p,
+            logits,
+            put(temperatures),
+            put(top_k),
+            put(top_p),
+            put(uniforms),
+            out,
+            scratch,
+        )
+        tokens = self.rt.to_numpy(out)
+        for row in np.flatnonzero(tokens < 0):  # rows whose kept set the candidates did not hold
+            host_row = self.rt.to_numpy(logits[int(row)])
+            tokens[row] = numpy_reference.sample_top_k_top_p(
+                host_row, temperatures[row], top_k[row], top_p[row], uniforms[row]
+            )
+        return tokens
 
 
-class CudaBackend(PaddleBackend):
-    """paddlepaddle-gpu on the first visible GPU, with the Triton kernels."""
+class CudaBackend(TensorBackend):
+    """An NVIDIA GPU with the Triton kernels; paddle or torch tensors (see `runtimes`)."""
 
     name = "cuda"
     auto_priority = 100
     on_gpu = True
+    default_dtype = "bfloat16"
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        return gpu_unavailable_reason()
+        choice = choose_gpu_runtime()
+        return choice.why if choice.name is None else None
+
+    @classmethod
+    def runtime_details(cls) -> str | None:
+        choice = choose_gpu_runtime()
+        version = torch_runtime.torch_description() if choice.name == "torch" else "paddlepaddle-gpu"
+        return f"{choice.name} runtime ({version}): {choice.why}"
+
+    @classmethod
+    def resolve_default_dtype(cls) -> str:
+        """bfloat16 where the GPU has it (compute capability 8.0+), float16 before."""
+        choice = choose_gpu_runtime()
+        module = paddle_runtime if choice.name == "paddle" else torch_runtime
+        capability = module.gpu_capability()
+        return "bfloat16" if capability >= BF16_MIN_CAPABILITY else "float16"
 
 
-class PaddleCpuBackend(PaddleBackend):
+class PaddleCpuBackend(TensorBackend):
     """The cuda backend's code on Paddle's CPU place, for checking it without a GPU."""
 
     name = "paddle-cpu"
     auto_priority = -10
-    on_gpu = False
+    runtime_name = "paddle"
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        return paddle_unavailable_reason()
+        return paddle_runtime.paddle_unavailable_reason()
+
+
+class TorchCpuBackend(TensorBackend):
+    """The cuda backend's code on torch CPU tensors, for checking the torch runtime without a GPU."""
+
+    name = "torch-cpu"
+    auto_priority = -10
+    runtime_name = "torch"
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return torch_runtime.torch_unavailable_reason()

@@ -28,33 +28,6 @@ class DeviceMemory(Protocol):
     def synchronize(self) -> None: ...
 
 
-class GpuMemory:
-    """Paddle's CUDA allocator statistics for device 0."""
-
-    def __init__(self, paddle: Any, device: int = 0) -> None:
-        self.cuda = paddle.device.cuda
-        self.device = device
-
-    def total(self) -> int:
-        return int(self.cuda.get_device_properties(self.device).total_memory)
-
-    def allocated(self) -> int:
-        return int(self.cuda.memory_allocated(self.device))
-
-    def free(self) -> int:
-        """Total minus what paddle's allocator holds (other processes' use is not visible here)."""
-        return self.total() - int(self.cuda.memory_reserved(self.device))
-
-    def reset_peak(self) -> None:
-        self.cuda.reset_max_memory_allocated(self.device)
-
-    def peak(self) -> int:
-        return int(self.cuda.max_memory_allocated(self.device))
-
-    def synchronize(self) -> None:
-        self.cuda.synchronize(self.device)
-
-
 def kv_cache_budget(memory: DeviceMemory, utilization: float, profile_forward: Callable[[], Any]) -> int:
     """Bytes for the KV cache: utilization x total, minus the peak seen while profiling.
 

@@ -1,0 +1,143 @@
+"""The thin tensor layer under the cuda backend: what differs between paddle and torch.
+
+The backend, its Triton kernels and its reference kernels are written once against this
+interface; `PaddleRuntime` and `TorchRuntime` implement it. It covers tensor creation and host
+transfers, dtype casts, the matmul, the handful of element-wise and indexing ops the reference
+kernels need, device memory statistics and CUDA graphs. Tensor methods that both frameworks
+spell alike (`reshape`, `contiguous`, slicing, `+`, `*`, `.shape`) are used directly.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from fastdeploy.backends.cuda.memory import DeviceMemory
+
+#: the floating dtypes the cuda backend stores weights, activations and the KV cache in
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+class DeviceGraph(ABC):
+    """One captured sequence of kernel launches, replayed on the tensors it captured."""
+
+    @abstractmethod
+    def capture(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` once under capture; returns its outputs (tensors the replays overwrite)."""
+
+    @abstractmethod
+    def replay(self) -> None:
+        """Launch the captured kernels again."""
+
+
+class TensorRuntime(ABC):
+    """A tensor framework on one place (a GPU, or the host for checking the code on a CPU)."""
+
+    #: "paddle" or "torch"
+    name: str
+
+    def __init__(self, on_gpu: bool) -> None:
+        self.on_gpu = on_gpu
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Framework, version and place, for logs and `fastdeploy env`."""
+
+    @abstractmethod
+    def compute_capability(self) -> tuple[int, int] | None:
+        """(major, minor) of the GPU, None on the host."""
+
+    # --- creation and transfers -----------------------------------------------------------
+    @abstractmethod
+    def from_numpy(self, array: np.ndarray, dtype: str | None = None) -> Any:
+        """A device copy of `array`; floating arrays are cast to `dtype` on the device (the host
+        array is sent in its own dtype, so a bfloat16 checkpoint moves 2 bytes per weight)."""
+
+    @abstractmethod
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        """Host copy; float16/bfloat16 come back as float32."""
+
+    @abstractmethod
+    def empty(self, shape: Sequence[int], dtype: str) -> Any: ...
+
+    @abstractmethod
+    def zeros(self, shape: Sequence[int], dtype: str) -> Any: ...
+
+    @abstractmethod
+    def empty_like(self, tensor: Any) -> Any: ...
+
+    @abstractmethod
+    def copy_from_host(self, target: Any, array: np.ndarray) -> None:
+        """Overwrite `target` (same shape and dtype) with a host array, in place."""
+
+    @abstractmethod
+    def cast(self, tensor: Any, dtype: str) -> Any: ...
+
+    @abstractmethod
+    def dtype_name(self, tensor: Any) -> str:
+        """ "float32", "bfloat16", "int64", ..."""
+
+    # --- math -------------------------------------------------------------------------------
+    @abstractmethod
+    def matmul(self, a: Any, b: Any) -> Any:
+        """a [m, k] @ b [k, n] (batched over leading dimensions)."""
+
+    @abstractmethod
+    def index_select(self, x: Any, index: Any) -> Any:
+        """x[index] along axis 0."""
+
+    @abstractmethod
+    def index_copy_(self, x: Any, index: Any, source: Any) -> None:
+        """x[index] = source along axis 0, in place."""
+
+    @abstractmethod
+    def permute(self, x: Any, dims: Sequence[int]) -> Any: ...
+
+    @abstractmethod
+    def concat(self, tensors: Sequence[Any], axis: int) -> Any: ...
+
+    @abstractmethod
+    def softmax(self, x: Any, axis: int) -> Any: ...
+
+    @abstractmethod
+    def rsqrt(self, x: Any) -> Any: ...
+
+    @abstractmethod
+    def silu(self, x: Any) -> Any: ...
+
+    @abstractmethod
+    def gelu_tanh(self, x: Any) -> Any: ...
+
+    @abstractmethod
+    def layer_norm(self, x: Any, weight: Any, bias: Any | None, eps: float) -> Any: ...
+
+    @abstractmethod
+    def sum_rows(self, x: Any, axis: int) -> Any:
+        """Sum over `axis` (dropping it)."""
+
+    @abstractmethod
+    def argmax_rows(self, x: Any) -> Any:
+        """Index of the largest value of each row of x [rows, n] (the first among equals)."""
+
+    # --- device -----------------------------------------------------------------------------
+    @abstractmethod
+    def memory(self) -> DeviceMemory | None:
+        """Allocator statistics of the GPU; None on the host."""
+
+    @abstractmethod
+    def synchronize(self) -> None: ...
+
+    @abstractmethod
+    def multiprocessor_count(self) -> int:
+        """Streaming multiprocessors of the GPU (sizes the split-KV decode grid)."""
+
+    @abstractmethod
+    def new_graph(self) -> DeviceGraph:
+        """An empty CUDA graph (only on a GPU)."""
+
+    def kernel_args(self, value: Any) -> Any:
+        """What a Triton launch receives for `value` (torch tensors as they are)."""
+        return value

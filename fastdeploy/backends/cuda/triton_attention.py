@@ -1,0 +1,385 @@
+"""Attention over the paged KV cache in Triton: FlashAttention-style prefill, split-KV decode.
+
+The cache of one layer is two `[slots, kv_heads, head_dim]` tensors; position `p` of sequence
+`s` lives in slot `block_tables[s, p // block_size] * block_size + p % block_size`. A tile of
+`BLOCK_N` positions is gathered through the block table and fed to `tl.dot` (tensor cores), so
+the paged layout costs one small table load per tile.
+
+Prefill (`prefill_attention`): one program per (query tile of one sequence, query head), the
+layout of FlashAttention 2 / Triton's fused-attention tutorial: a `BLOCK_M x head_dim` query
+tile stays in registers, key/value tiles stream through, online softmax in base 2, tiles that
+lie entirely before the tile's first query are processed without a mask and tiles past its last
+query are never visited (causal skipping). Queries of a chunk start at position
+`context_len - query_len`, so chunked prefill and prefix-cache hits are the same code.
+
+Decode (`decode_attention`): flash-decoding. One program per (decode token, KV head, split): the
+`GROUP` query heads sharing the KV head form the M side of one `tl.dot` (padded to 16 rows), the
+split's share of the context streams through, and the partial (max, log-sum, accumulator) goes
+to a scratch buffer that `_decode_reduce_kernel` merges. The number of splits is fixed per
+launch (a CUDA graph replays it) and each program derives its range from the sequence's context
+length, so short sequences leave trailing splits empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+#: tile shapes; prefill tiles are also the unit `prefill_tiles` cuts sequences into
+PREFILL_BLOCK_M = 64
+PREFILL_BLOCK_N = 64
+DECODE_BLOCK_N = 64
+#: the M side of a decode tl.dot: tensor cores need at least 16 rows
+DECODE_MIN_GROUP = 16
+
+
+def _dot_precision(dtype_is_fp32: bool) -> str:
+    """float32 models compute float32 dot products (tf32 would change greedy tokens)."""
+    return "ieee" if dtype_is_fp32 else "tf32"
+
+
+@triton.jit
+def _kv_tile_offsets(block_tables_ptr, table_row, n, n_mask, block_size, kv_head, num_kv_heads, head_dim):
+    """Element offsets [BLOCK_N] of the first dimension of positions `n` of one KV head."""
+    page = tl.load(block_tables_ptr + table_row + n // block_size, mask=n_mask, other=0).to(tl.int64)
+    slots = page * block_size + n % block_size
+    return (slots * num_kv_heads + kv_head) * head_dim
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    seq_query_start_ptr,
+    seq_query_len_ptr,
+    seq_context_len_ptr,
+    tile_seq_ptr,
+    tile_offset_ptr,
+    scale_log2,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    block_size,
+    max_blocks,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // GROUP
+    seq = tl.load(tile_seq_ptr + tile).to(tl.int64)
+    offset = tl.load(tile_offset_ptr + tile)  # first query of the tile, within the sequence
+    query_start = tl.load(seq_query_start_ptr + seq)
+    query_len = tl.load(seq_query_len_ptr + seq)
+    context = tl.load(seq_context_len_ptr + seq)
+    table_row = seq * max_blocks
+
+    m = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, HEAD_DIM)
+    d_mask = d < head_dim
+    row_mask = offset + m < query_len
+    rows = (query_start + offset + m).to(tl.int64)
+    q_offsets = (rows * num_heads + head)[:, None] * head_dim + d[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    positions = context - query_len + offset + m  # absolute position of each query
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    first_position = context - query_len + offset
+    # keys every query of the tile sees: whole tiles before the first query need no mask
+    unmasked_end = ((first_position + 1) // BLOCK_N) * BLOCK_N
+    last_key = tl.minimum(first_position + BLOCK_M, context)  # causal: nothing past the last query
+    for start in range(0, unmasked_end, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        kv = _kv_tile_offsets(
+            block_tables_ptr, table_row, n, n < context, block_size, kv_head, num_kv_heads, head_dim
+        )
+        k = tl.load(key_cache_ptr + kv[None, :] + d[:, None], mask=d_mask[:, None], other=0.0)
+        s = tl.dot(q, k, input_precision=PRECISION) * scale_log2
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(value_cache_ptr + kv[:, None] + d[None, :], mask=d_mask[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    for start in range(unmasked_end, last_key, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_mask = n < context
+        kv = _kv_tile_offsets(
+            block_tables_ptr, table_row, n, n_mask, block_size, kv_head, num_kv_heads, head_dim
+        )
+        k = tl.load(
+            key_cache_ptr + kv[None, :] + d[:, None], mask=d_mask[:, None] & n_mask[None, :], other=0.0
+        )
+        s = tl.dot(q, k, input_precision=PRECISION) * scale_log2
+        visible = (n[None, :] <= positions[:, None]) & n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(
+            value_cache_ptr + kv[:, None] + d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+
+
+def prefill_attention(
+    q: Any,
+    key_cache: Any,
+    value_cache: Any,
+    out: Any,
+    block_tables: Any,
+    seq_query_start: Any,
+    seq_query_len: Any,
+    seq_context_len: Any,
+    tile_seq: Any,
+    tile_offset: Any,
+    scale: float,
+    block_size: int,
+) -> None:
+    """Causal attention of the prefill tokens of q [tokens, heads, head_dim] into out.
+
+    Sequence s owns token rows [seq_query_start[s], + seq_query_len[s]) whose positions end at
+    seq_context_len[s] - 1; its keys/values (this step's included) are already in the caches
+    [slots, kv_heads, head_dim]. The tiles (from `prefill_tiles`) list (sequence, first query)
+    pairs of PREFILL_BLOCK_M queries; rows of other sequences are not touched.
+    """
+    heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = key_cache.shape[1]
+    num_tiles = tile_seq.shape[0]
+    if num_tiles == 0:
+        return
+    _prefill_kernel[(num_tiles, heads)](
+        q,
+        key_cache,
+        value_cache,
+        out,
+        block_tables,
+        seq_query_start,
+        seq_query_len,
+        seq_context_len,
+        tile_seq,
+        tile_offset,
+        scale * LOG2E,
+        heads,
+        kv_heads,
+        head_dim,
+        block_size,
+        block_tables.shape[1],
+        GROUP=heads // kv_heads,
+        HEAD_DIM=max(triton.next_power_of_2(head_dim), 16),
+        BLOCK_M=PREFILL_BLOCK_M,
+        BLOCK_N=PREFILL_BLOCK_N,
+        PRECISION=_dot_precision(q.dtype == key_cache.dtype and str(q.dtype).endswith("float32")),
+        num_warps=4 if head_dim <= 64 else 8,
+        num_stages=2,
+    )
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    out_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    block_tables_ptr,
+    decode_token_ptr,
+    decode_seq_ptr,
+    seq_context_len_ptr,
+    scale_log2,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    block_size,
+    max_blocks,
+    GROUP: tl.constexpr,
+    GROUP_BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    index = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    token = tl.load(decode_token_ptr + index).to(tl.int64)
+    seq = tl.load(decode_seq_ptr + index).to(tl.int64)
+    context = tl.load(seq_context_len_ptr + seq)
+    table_row = seq * max_blocks
+
+    g = tl.arange(0, GROUP_BLOCK)
+    d = tl.arange(0, HEAD_DIM)
+    g_mask = g < GROUP
+    d_mask = d < head_dim
+    heads = kv_head * GROUP + g
+    q_offsets = (token * num_heads + heads)[:, None] * head_dim + d[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+
+    # this split's positions, whole tiles except at the end of the context
+    per_split = tl.cdiv(tl.cdiv(context, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, context)
+    m_i = tl.full([GROUP_BLOCK], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_BLOCK], tl.float32)
+    acc = tl.zeros([GROUP_BLOCK, HEAD_DIM], tl.float32)
+    for tile_start in range(start, end, BLOCK_N):
+        n = tile_start + tl.arange(0, BLOCK_N)
+        n_mask = n < end
+        kv = _kv_tile_offsets(
+            block_tables_ptr, table_row, n, n_mask, block_size, kv_head, num_kv_heads, head_dim
+        )
+        k = tl.load(
+            key_cache_ptr + kv[None, :] + d[:, None], mask=d_mask[:, None] & n_mask[None, :], other=0.0
+        )
+        s = tl.dot(q, k, input_precision=PRECISION) * scale_log2
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(
+            value_cache_ptr + kv[:, None] + d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:
+        out = acc / tl.maximum(l_i, 1e-30)[:, None]  # empty contexts (padded rows) give zeros
+        tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        # partial results: [decodes, heads, splits, head_dim] and log2-sum-exp [decodes, heads, splits]
+        row = (index * num_heads + heads) * NUM_SPLITS + split
+        tl.store(
+            partial_out_ptr + row[:, None] * head_dim + d[None, :],
+            acc / tl.maximum(l_i, 1e-30)[:, None],
+            mask=out_mask,
+        )
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
+        tl.store(partial_lse_ptr + row, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    out_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    decode_token_ptr,
+    num_heads,
+    head_dim,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    index = tl.program_id(0)
+    head = tl.program_id(1)
+    token = tl.load(decode_token_ptr + index).to(tl.int64)
+    s = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, HEAD_DIM)
+    d_mask = d < head_dim
+    row = (index * num_heads + head) * NUM_SPLITS
+    lse = tl.load(partial_lse_ptr + row + s)
+    top = tl.max(lse, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    weights = tl.exp2(lse - top)
+    parts = tl.load(
+        partial_out_ptr + (row + s)[:, None] * head_dim + d[None, :], mask=d_mask[None, :], other=0.0
+    )
+    total = tl.maximum(tl.sum(weights, axis=0), 1e-30)
+    out = tl.sum(parts * weights[:, None], axis=0) / total
+    tl.store(
+        out_ptr + (token * num_heads + head) * head_dim + d, out.to(out_ptr.dtype.element_ty), mask=d_mask
+    )
+
+
+def decode_splits(num_decodes: int, num_kv_heads: int, max_context: int, num_sms: int = 132) -> int:
+    """Splits per sequence so that about two waves of programs fill the GPU, each split at least
+    256 positions; a power of two (the reduce kernel loads all splits at once)."""
+    programs = max(num_decodes * num_kv_heads, 1)
+    wanted = max(1, (2 * num_sms) // programs)
+    longest = max(1, max_context // 256)
+    return triton.next_power_of_2(min(wanted, longest, 64)) if min(wanted, longest) > 1 else 1
+
+
+def decode_attention(
+    q: Any,
+    key_cache: Any,
+    value_cache: Any,
+    out: Any,
+    block_tables: Any,
+    decode_token: Any,
+    decode_seq: Any,
+    seq_context_len: Any,
+    partial_out: Any,
+    partial_lse: Any,
+    scale: float,
+    block_size: int,
+    num_splits: int,
+) -> None:
+    """Attention of single decode tokens over their whole context, split-KV.
+
+    decode_token[i] is the row of q/out [tokens, heads, head_dim] of decode i and decode_seq[i]
+    its sequence (row of block_tables / seq_context_len). With num_splits > 1 the scratch
+    partial_out [decodes, heads, num_splits, head_dim] float32 and partial_lse
+    [decodes, heads, num_splits] float32 hold the split results before the reduce kernel.
+    """
+    decodes = decode_token.shape[0]
+    if decodes == 0:
+        return
+    heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = key_cache.shape[1]
+    group = heads // kv_heads
+    head_block = max(triton.next_power_of_2(head_dim), 16)
+    _decode_kernel[(decodes, kv_heads, num_splits)](
+        q,
+        key_cache,
+        value_cache,
+        out,
+        partial_out,
+        partial_lse,
+        block_tables,
+        decode_token,
+        decode_seq,
+        seq_context_len,
+        scale * LOG2E,
+        heads,
+        kv_heads,
+        head_dim,
+        block_size,
+        block_tables.shape[1],
+        GROUP=group,
+        GROUP_BLOCK=max(triton.next_power_of_2(group), DECODE_MIN_GROUP),
+        HEAD_DIM=head_block,
+        BLOCK_N=DECODE_BLOCK_N,
+        NUM_SPLITS=num_splits,
+        PRECISION=_dot_precision(str(q.dtype).endswith("float32")),
+        num_warps=4,
+        num_stages=3,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(decodes, heads)](
+            out,
+            partial_out,
+            partial_lse,
+            decode_token,
+            heads,
+            head_dim,
+            HEAD_DIM=head_block,
+            NUM_SPLITS=num_splits,
+        )

@@ -1,0 +1,113 @@
+"""The FlashAttention-style prefill and split-KV decode kernels, interpreted, against float64 numpy.
+
+TRITON_INTERPRET=1 is set by tests/backends/conftest.py. One mixed step: decodes (one of them a
+one-token prompt), a full prefill spanning two query tiles, and a chunk after a cached prefix
+whose first query sits exactly on a key-tile edge; KV blocks scattered over the cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastdeploy.backends.conformance import numpy_reference as ref
+
+torch = pytest.importorskip("torch", reason="Triton's interpreter needs torch (the test extra installs it)")
+pytest.importorskip("triton", reason="the kernels are Triton kernels (the test extra installs triton)")
+from fastdeploy.backends.base import BatchLayout  # noqa: E402
+from fastdeploy.backends.cuda import triton_attention as attention  # noqa: E402
+from fastdeploy.backends.cuda.attention_metadata import build_host_metadata  # noqa: E402
+
+#: (cached positions before this step, query tokens this step) per sequence
+SEQUENCES = [(69, 1), (0, 1), (0, 70), (63, 65), (130, 1)]
+
+
+def tensor(array):
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _step(heads, kv_heads, head_dim, block=8, seed=0):
+    rng = np.random.default_rng(seed)
+    contexts = [cached + new for cached, new in SEQUENCES]
+    max_blocks = -(-max(contexts) // block)
+    num_blocks = sum(-(-c // block) for c in contexts) + 3
+    free = list(rng.permutation(num_blocks))
+    tables = np.zeros((len(SEQUENCES), max_blocks), np.int64)
+    key_cache = np.zeros((num_blocks * block, kv_heads, head_dim), np.float32)
+    value_cache = np.zeros_like(key_cache)
+    history, slots, positions = [], [], []
+    for seq, ((cached, _new), context) in enumerate(zip(SEQUENCES, contexts, strict=True)):
+        count = -(-context // block)
+        tables[seq, :count] = [free.pop() for _ in range(count)]
+        keys, values = rng.standard_normal((2, context, kv_heads, head_dim)).astype(np.float32)
+        pos = np.arange(context)
+        seq_slots = tables[seq, pos // block] * block + pos % block
+        key_cache[seq_slots], value_cache[seq_slots] = keys, values  # this step's keys already stored
+        history.append((keys, values))
+        slots.append(seq_slots[cached:])
+        positions.append(pos[cached:])
+    layout = BatchLayout(
+        input_ids=np.zeros(sum(n for _, n in SEQUENCES), np.int64),
+        positions=np.concatenate(positions),
+        slot_mapping=np.concatenate(slots),
+        query_lens=np.array([n for _, n in SEQUENCES], np.int64),
+        context_lens=np.array(contexts, np.int64),
+        block_tables=tables,
+        logits_indices=np.zeros(0, np.int64),
+        block_size=block,
+    )
+    q = rng.standard_normal((layout.input_ids.size, heads, head_dim)).astype(np.float32)
+    expected, start = [], 0
+    for (_, new), (keys, values) in zip(SEQUENCES, history, strict=True):
+        expected.append(ref.causal_attention(q[start : start + new], keys, values, head_dim**-0.5))
+        start += new
+    return layout, q, key_cache, value_cache, np.concatenate(expected)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "num_splits"),
+    [(9, 3, 64, 1), (9, 3, 64, 4), (4, 4, 24, 4), (8, 2, 16, 1)],
+)
+def test_prefill_and_decode_kernels_match_float64_attention(heads, kv_heads, head_dim, num_splits):
+    layout, q, key_cache, value_cache, expected = _step(heads, kv_heads, head_dim)
+    meta = build_host_metadata(layout, attention.PREFILL_BLOCK_M)
+    assert meta.tile_seq.tolist() == [2, 2, 3, 3] and meta.decode_seq.tolist() == [0, 1, 4]
+    out = np.full_like(q, np.nan)
+    common = (tensor(q), tensor(key_cache), tensor(value_cache), tensor(out), tensor(meta.block_tables))
+    attention.prefill_attention(
+        *common,
+        tensor(meta.seq_query_start),
+        tensor(meta.seq_query_len),
+        tensor(meta.seq_context_len),
+        tensor(meta.tile_seq),
+        tensor(meta.tile_offset),
+        head_dim**-0.5,
+        layout.block_size,
+    )
+    decoded = meta.decode_token
+    assert np.isnan(out[decoded]).all()  # the prefill kernel leaves decode rows alone
+    decodes = decoded.size
+    partial_out = np.zeros((decodes, heads, num_splits, head_dim), np.float32)
+    partial_lse = np.zeros((decodes, heads, num_splits), np.float32)
+    attention.decode_attention(
+        *common,
+        tensor(meta.decode_token),
+        tensor(meta.decode_seq),
+        tensor(meta.seq_context_len),
+        tensor(partial_out),
+        tensor(partial_lse),
+        head_dim**-0.5,
+        layout.block_size,
+        num_splits,
+    )
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_split_count_fills_the_gpu_and_stays_a_power_of_two():
+    assert attention.decode_splits(256, 8, 2048, 132) == 1  # 2048 programs already
+    assert attention.decode_splits(1, 8, 2048, 132) == 8  # 33 wanted, 8 by the 256-position floor
+    assert attention.decode_splits(1, 8, 100_000, 132) == 64
+    assert attention.decode_splits(4, 2, 300, 132) == 1  # too short to split
+    for decodes in range(1, 300, 7):
+        splits = attention.decode_splits(decodes, 8, 4096, 132)
+        assert splits & (splits - 1) == 0

@@ -13,6 +13,8 @@ both engines load that: fastdeploy then reads float32 weights too, so the compar
 the engine does apart from reading the GGUF's 4-bit blocks.
 
     python benchmarks/throughput.py [--skip-peer] [--checkpoint gguf|safetensors] [--batch 16] [--new-tokens 128]
+
+`--device cuda` runs the GPU comparison instead (benchmarks/throughput_cuda.py).
 """
 
 from __future__ import annotations
@@ -164,7 +166,20 @@ def main() -> None:
         default="gguf",
         help="load the embedded SmolLM2 GGUF, or a float32 safetensors directory written from it",
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: random-weight SmolLM2- and Llama-1B-shaped models on the GPU (benchmarks/throughput_cuda.py)",
+    )
+    parser.add_argument("--shapes", default="smollm2,1b", help="--device cuda: model shapes to run")
+    parser.add_argument("--json", help="--device cuda: also write the figures to this file")
     args = parser.parse_args()
+    if args.device == "cuda":
+        import throughput_cuda
+
+        throughput_cuda.main(args)
+        return
     args.model = embedded_model_path()
     with tempfile.TemporaryDirectory(prefix="smollm2-float32-") as directory:
         if args.checkpoint == "safetensors":

@@ -77,6 +77,6 @@ def test_variants_use_the_kernels_they_name(backend, device):
         return
     if not device.startswith(("paddle", "torch")):
         pytest.skip("only the cpu and cuda backends have a kernel choice")
-    expected = os.environ.get("FD_CUDA_KERNELS", "reference")
+    expected = os.environ.get("FD_CUDA_KERNELS") or ("triton" if backend.on_gpu else "reference")
     assert backend.kernels == expected
     assert (backend.launch is not None) == (expected == "triton")

@@ -70,7 +70,7 @@ def _step(heads, kv_heads, head_dim, block=8, seed=0):
 )
 def test_prefill_and_decode_kernels_match_float64_attention(heads, kv_heads, head_dim, num_splits):
     layout, q, key_cache, value_cache, expected = _step(heads, kv_heads, head_dim)
-    meta = build_host_metadata(layout, attention.PREFILL_BLOCK_M)
+    meta = build_host_metadata(layout, attention.prefill_block_m(is_float32=True))
     assert meta.tile_seq.tolist() == [2, 2, 3, 3] and meta.decode_seq.tolist() == [0, 1, 4]
     out = np.full_like(q, np.nan)
     common = (tensor(q), tensor(key_cache), tensor(value_cache), tensor(out), tensor(meta.block_tables))

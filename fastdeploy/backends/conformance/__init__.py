@@ -256,7 +256,14 @@ def check_greedy_generation(device: str, directory: str, new_tokens: int = 12) -
 
     config, weights = tiny_llama(directory)
     prompts = [[72, 101, 108, 108, 111, 44, 32], [87, 111, 114, 108, 100]]
-    llm = LLM(model=directory, device=device, max_model_len=64, block_size=4, num_gpu_blocks_override=64)
+    llm = LLM(
+        model=directory,
+        device=device,
+        dtype="float32",
+        max_model_len=64,
+        block_size=4,
+        num_gpu_blocks_override=64,
+    )
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     results = []

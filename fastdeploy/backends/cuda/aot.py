@@ -76,7 +76,8 @@ def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[st
                 | {"seq_context_len_ptr": "*i32", "tile_seq_ptr": "*i32", "tile_offset_ptr": "*i32"}
                 | attention_common
                 | dict.fromkeys(("GROUP", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "PRECISION"), "constexpr"),
-                {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": 64, "BLOCK_N": 64, "PRECISION": precision},
+                {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": 64 if dtype == "float32" else 128}
+                | {"BLOCK_N": 64, "PRECISION": precision},
             )
         )
         for splits in (1, 8):
@@ -119,7 +120,9 @@ def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[st
     from fastdeploy.backends.cuda.triton_moe import gemm_config
 
     for entries in (96, 1536, 24576):
-        config = {k: v for k, v in gemm_config(entries, 64).items() if not k.startswith("num_")}
+        config = {
+            k: v for k, v in gemm_config(entries, 64, dtype == "float32").items() if not k.startswith("num_")
+        }
         for a_per_entry in (False, True):
             specs.append(
                 (

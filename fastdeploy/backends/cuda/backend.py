@@ -174,7 +174,7 @@ class TensorBackend(Backend):
             meta = reference.build_reference_metadata(self.rt, self.dtype, build_metadata(layout))
             return CudaBatch(slot_mapping, layout.block_size, reference=meta)
         attention = self.launch.attention
-        host = build_host_metadata(layout, attention.PREFILL_BLOCK_M)
+        host = build_host_metadata(layout, attention.prefill_block_m(self.dtype == "float32"))
         return self.device_batch(host, layout.block_size, slot_mapping)
 
     def device_batch(self, host: Any, block_size: int, slot_mapping: Any = None) -> CudaBatch:
@@ -359,7 +359,7 @@ class TensorBackend(Backend):
         tokens, top_k = topk_ids.shape[0], topk_ids.shape[1]
         num_experts, hidden, double_width = experts.gate_up.shape
         entries = tokens * top_k
-        config = moe.gemm_config(entries, num_experts)
+        config = moe.gemm_config(entries, num_experts, self.dtype == "float32")
         block_m = config["BLOCK_M"]
         max_sorted = moe.max_sorted_entries(entries, num_experts, block_m)
         sorted_ids = self.rt.empty([max_sorted], "int32")

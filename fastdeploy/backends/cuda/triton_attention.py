@@ -29,12 +29,21 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 
-#: tile shapes; prefill tiles are also the unit `prefill_tiles` cuts sequences into
-PREFILL_BLOCK_M = 64
+#: key/value tile of both kernels
 PREFILL_BLOCK_N = 64
 DECODE_BLOCK_N = 64
 #: the M side of a decode tl.dot: tensor cores need at least 16 rows
 DECODE_MIN_GROUP = 16
+
+
+def prefill_block_m(is_float32: bool) -> int:
+    """Query rows per prefill program (also how the host metadata cuts sequences into tiles):
+    128 with 16-bit storage, 64 with float32, whose tiles take twice the shared memory."""
+    return 64 if is_float32 else 128
+
+
+def _is_float32(tensor: Any) -> bool:
+    return str(tensor.dtype).endswith("float32")
 
 
 def _dot_precision(dtype_is_fp32: bool) -> str:
@@ -158,8 +167,9 @@ def prefill_attention(
     Sequence s owns token rows [seq_query_start[s], + seq_query_len[s]) whose positions end at
     seq_context_len[s] - 1; its keys/values (this step's included) are already in the caches
     [slots, kv_heads, head_dim]. The tiles (from `prefill_tiles`) list (sequence, first query)
-    pairs of PREFILL_BLOCK_M queries; rows of other sequences are not touched.
+    pairs of `prefill_block_m` queries; rows of other sequences are not touched.
     """
+    fp32 = _is_float32(q)
     heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = key_cache.shape[1]
     num_tiles = tile_seq.shape[0]
@@ -184,11 +194,11 @@ def prefill_attention(
         block_tables.shape[1],
         GROUP=heads // kv_heads,
         HEAD_DIM=max(triton.next_power_of_2(head_dim), 16),
-        BLOCK_M=PREFILL_BLOCK_M,
+        BLOCK_M=prefill_block_m(fp32),
         BLOCK_N=PREFILL_BLOCK_N,
-        PRECISION=_dot_precision(q.dtype == key_cache.dtype and str(q.dtype).endswith("float32")),
-        num_warps=4 if head_dim <= 64 else 8,
-        num_stages=2,
+        PRECISION=_dot_precision(fp32),
+        num_warps=4 if fp32 and head_dim <= 64 else 8,
+        num_stages=2 if fp32 else 3,
     )
 
 
@@ -368,9 +378,9 @@ def decode_attention(
         HEAD_DIM=head_block,
         BLOCK_N=DECODE_BLOCK_N,
         NUM_SPLITS=num_splits,
-        PRECISION=_dot_precision(str(q.dtype).endswith("float32")),
+        PRECISION=_dot_precision(_is_float32(q)),
         num_warps=4,
-        num_stages=3,
+        num_stages=2 if _is_float32(q) else 3,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(decodes, heads)](

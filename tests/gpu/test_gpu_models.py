@@ -1,0 +1,112 @@
+"""The engine on an NVIDIA GPU against transformers on the same GPU (issue 9's correctness bar).
+
+Random-weight checkpoints of SmolLM2-135M's and Llama-3.2-1B's shapes are built with
+transformers (tools/gpu_checkpoints.py) for Llama, Qwen3 and ERNIE-4.5 MoE. In float32 the
+greedy tokens must equal transformers' over 32 new tokens; in bfloat16 the first 8 must, and the
+first step's top log-probabilities must agree within bfloat16's precision.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = os.environ.get("FD_GPU_TEST_DEVICE", "cuda")
+SHAPES = os.environ.get("FD_GPU_TEST_SHAPES", "smollm2,1b").split(",")
+ARCHS = ("llama", "qwen3", "ernie_moe")
+PROMPTS = [[72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100], [84, 104, 101, 32] * 5, [1, 2, 3]]
+
+
+def _checkpoints():
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "gpu_checkpoints.py")
+    spec = importlib.util.spec_from_file_location("gpu_checkpoints", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("gpu_checkpoints", module)
+    spec.loader.exec_module(module)
+    if "tiny" in SHAPES:  # the CPU dry run of these tests
+        module.SHAPES["tiny"] = dict(module.SHAPES["smollm2"], num_hidden_layers=2, vocab_size=300)
+        module.MOE["tiny"] = module.MOE["smollm2"]
+    return module
+
+
+@pytest.fixture(scope="module", params=[(arch, shape) for shape in SHAPES for arch in ARCHS], ids=str)
+def checkpoint(request, tmp_path_factory):
+    arch, shape = request.param
+    directory = str(tmp_path_factory.mktemp(f"{arch}-{shape}"))
+    return _checkpoints().make_checkpoint(directory, arch, shape), arch
+
+
+def _transformers(directory: str, dtype: str, prompts: list[list[int]], new_tokens: int):
+    """Greedy tokens and first-step log-probabilities from transformers on the same device."""
+    import torch
+    import transformers
+
+    device = "cuda" if DEVICE == "cuda" else "cpu"
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype)).to(
+        device
+    )
+    tokens, first = [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt], device=device)
+            out = model.generate(
+                ids,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            tokens.append(out[0, len(prompt) :].tolist())
+            logits = model(ids).logits[0, -1].float()
+            first.append(torch.log_softmax(logits, -1).cpu().numpy())
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return tokens, first
+
+
+def _ours(directory: str, dtype: str, prompts: list[list[int]], new_tokens: int):
+    from fastdeploy import LLM, SamplingParams
+
+    llm = LLM(
+        model=directory,
+        device=DEVICE,
+        dtype=dtype,
+        max_model_len=256,
+        max_num_seqs=8,
+        gpu_memory_utilization=0.3,
+    )
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True, logprobs=5)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    result = [(list(o.outputs.token_ids), o.outputs.logprobs[0]) for o in outputs]
+    del llm
+    return result
+
+
+def test_float32_greedy_tokens_equal_transformers(checkpoint):
+    directory, _ = checkpoint
+    expected, _ = _transformers(directory, "float32", PROMPTS, 32)
+    ours = _ours(directory, "float32", PROMPTS, 32)
+    for prompt, (tokens, _), theirs in zip(PROMPTS, ours, expected, strict=True):
+        assert tokens == theirs, f"prompt {prompt}"
+
+
+def test_bfloat16_first_tokens_and_logprobs_agree(checkpoint):
+    directory, _ = checkpoint
+    expected, first = _transformers(directory, "bfloat16", PROMPTS, 8)
+    ours = _ours(directory, "bfloat16", PROMPTS, 8)
+    for (tokens, logprobs), theirs, reference in zip(ours, expected, first, strict=True):
+        assert tokens == theirs
+        for token, value in logprobs.items():
+            # bfloat16 keeps 8 bits of mantissa: a log-probability of a few units is good to ~0.1
+            assert value == pytest.approx(
+                float(reference[token]), abs=0.1 + 0.02 * abs(float(reference[token]))
+            )
+        assert int(np.argmax(reference)) == tokens[0]

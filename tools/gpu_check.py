@@ -1,0 +1,153 @@
+"""Everything issue 9 asks of an NVIDIA GPU, in one run, with a summary at the end.
+
+    pip install -e . && python tools/gpu_check.py [--out gpu_check_out] [--quick]
+
+Steps (each a subprocess, its output kept in --out):
+  1. `fastdeploy env`: which runtime (paddle / torch) runs the cuda backend, and why;
+  2. the GPU tests (`pytest -m gpu tests/gpu`): float32 greedy tokens equal transformers' over
+     32 tokens, bfloat16 first 8 tokens and log-probabilities, for Llama, Qwen3 and ERNIE-4.5
+     MoE at SmolLM2 and Llama-3.2-1B shapes;
+  3. the CPU-side suites of the cuda backend, now with a GPU present (conformance on `cuda`);
+  4. the kernel benchmarks against torch (benchmarks/cuda_kernels.py);
+  5. the engine against transformers (benchmarks/throughput.py --device cuda).
+`--quick` keeps the SmolLM2 shape only. Nothing is installed; a missing module is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NEEDED = (
+    "torch",
+    "triton",
+    "transformers",
+    "pytest",
+    "numpy",
+    "safetensors",
+    "tokenizers",
+    "pluggy",
+    "ml_dtypes",
+    "gguf",
+)
+
+
+def run_step(name: str, command: list[str], out_dir: str, env: dict[str, str], timeout: int) -> dict:
+    log = os.path.join(out_dir, f"{name}.txt")
+    start = time.perf_counter()
+    print(f"\n=== {name}: {' '.join(command)}", flush=True)
+    with open(log, "w", encoding="utf-8") as handle:
+        try:
+            process = subprocess.run(
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=timeout,
+            )
+            output, code = process.stdout, process.returncode
+        except subprocess.TimeoutExpired as exc:
+            output, code = (exc.stdout or "") + f"\n[timed out after {timeout} s]", -1
+        handle.write(output)
+    tail = "\n".join(output.strip().splitlines()[-25:])
+    print(tail, flush=True)
+    return {
+        "step": name,
+        "returncode": code,
+        "seconds": round(time.perf_counter() - start, 1),
+        "log": log,
+        "tail": tail,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="gpu_check_out")
+    parser.add_argument("--quick", action="store_true", help="SmolLM2 shape only")
+    args = parser.parse_args()
+    missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"missing modules: {', '.join(missing)} (pip install them; see README 'What has run where')")
+    out_dir = os.path.abspath(args.out)
+    os.makedirs(out_dir, exist_ok=True)
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    shapes = "smollm2" if args.quick else "smollm2,1b"
+    python = sys.executable
+    steps = [
+        ("env", [python, "-m", "fastdeploy", "env"], {}, 300),
+        (
+            "gpu_tests",
+            [python, "-m", "pytest", "-q", "-m", "gpu", "tests/gpu", "-p", "no:cacheprovider"],
+            {"FD_GPU_TEST_SHAPES": shapes},
+            5400,
+        ),
+        (
+            "conformance_cuda",
+            [python, "-m", "pytest", "-q", "tests/backends/test_conformance.py", "-p", "no:cacheprovider"],
+            {"FD_CONFORMANCE_DEVICES": "cuda,torch-cpu"},
+            1800,
+        ),
+        (
+            "kernels",
+            [python, "benchmarks/cuda_kernels.py", "--json", os.path.join(out_dir, "kernels.json")],
+            {},
+            1800,
+        ),
+        (
+            "throughput",
+            [
+                python,
+                "benchmarks/throughput.py",
+                "--device",
+                "cuda",
+                "--shapes",
+                shapes,
+                "--json",
+                os.path.join(out_dir, "throughput.json"),
+            ],
+            {},
+            5400,
+        ),
+    ]
+    results = [
+        run_step(name, command, out_dir, env | extra, timeout) for name, command, extra, timeout in steps
+    ]
+    print("\n=== summary")
+    for result in results:
+        state = "ok" if result["returncode"] == 0 else f"FAILED (exit {result['returncode']})"
+        print(f"{result['step']:<18} {state:<18} {result['seconds']:8.1f} s   log: {result['log']}")
+    kernels = os.path.join(out_dir, "kernels.json")
+    if os.path.exists(kernels):
+        with open(kernels, encoding="utf-8") as handle:
+            for item in json.load(handle):
+                verdict = "met" if item["meets_target"] else "NOT met"
+                print(
+                    f"  {item['kernel']:<62} {item['ratio']:6.2f}x of torch (target {item['target']}x: {verdict})"
+                )
+    throughput = os.path.join(out_dir, "throughput.json")
+    if os.path.exists(throughput):
+        with open(throughput, encoding="utf-8") as handle:
+            for shape, figures in json.load(handle).items():
+                ours, peer = figures["fastdeploy"], figures["transformers"] or {}
+                line = ", ".join(
+                    f"{key} {ours[key]:.0f} tok/s"
+                    + (f" ({ours[key] / peer[key]:.1f}x)" if key in peer else "")
+                    for key in ours
+                )
+                print(f"  {shape}: {line}")
+    with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=2)
+    return 0 if all(result["returncode"] == 0 for result in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -93,9 +93,7 @@ def bench_transformers(directory: str, vocab: int) -> dict[str, float]:
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
                 do_sample=False,
-                eos_token_id=None,
                 pad_token_id=0,
             )
         torch.cuda.synchronize()

@@ -55,7 +55,8 @@ def make_checkpoint(directory: str, arch: str = "llama", shape: str = "smollm2",
     from fastdeploy.backends.conformance.checkpoint import write_byte_tokenizer
 
     fields = dict(SHAPES[shape], max_position_embeddings=4096, rms_norm_eps=1e-5)
-    fields.update(bos_token_id=None, eos_token_id=256, pad_token_id=None)
+    # no EOS: both engines generate exactly the tokens asked for, and nothing bans a token
+    fields.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)
     if arch == "llama":
         config = transformers.LlamaConfig(**fields)
         model_class = transformers.LlamaForCausalLM

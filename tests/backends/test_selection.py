@@ -73,6 +73,10 @@ def test_cuda_fails_fast_saying_what_is_missing(smollm2_path):
     build = torch_runtime._torch_build()
     if build is not None and build[1] is None:
         assert f"torch: found torch {build[0]} built without CUDA" in message
+    from fastdeploy.backends.cuda.gpu_probe import visible_gpu_reason
+
+    if visible_gpu_reason() is not None:
+        assert message.endswith(f"; GPU: {visible_gpu_reason()}")
     assert elapsed < 1.0, f"took {elapsed:.2f} s"
 
 
@@ -84,7 +88,7 @@ def test_cuda_reason_without_either_framework(monkeypatch):
     monkeypatch.setattr(torch_runtime, "_torch_build", lambda: None)
     choice = runtimes.choose_gpu_runtime()
     assert choice.name is None
-    assert choice.why.endswith("paddle: paddlepaddle-gpu is not installed; torch: torch is not installed")
+    assert "paddle: paddlepaddle-gpu is not installed; torch: torch is not installed" in choice.why
     assert paddle_runtime.paddle_unavailable_reason().startswith("paddlepaddle is not installed")
 
 

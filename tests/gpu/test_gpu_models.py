@@ -8,6 +8,7 @@ first step's top log-probabilities must agree within bfloat16's precision.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import sys
@@ -58,9 +59,7 @@ def _transformers(directory: str, dtype: str, prompts: list[list[int]], new_toke
             out = model.generate(
                 ids,
                 max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
                 do_sample=False,
-                eos_token_id=None,
                 pad_token_id=0,
             )
             tokens.append(out[0, len(prompt) :].tolist())
@@ -86,7 +85,8 @@ def _ours(directory: str, dtype: str, prompts: list[list[int]], new_tokens: int)
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True, logprobs=5)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     result = [(list(o.outputs.token_ids), o.outputs.logprobs[0]) for o in outputs]
-    del llm
+    del llm, outputs
+    gc.collect()  # the next engine sizes its KV cache from free memory
     return result
 
 

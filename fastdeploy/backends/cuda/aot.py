@@ -80,7 +80,7 @@ def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[st
                 | {"BLOCK_N": 64, "PRECISION": precision},
             )
         )
-        for splits in (1, 8):
+        for splits in (1, 8) if head_dim == 128 else (1,):
             specs.append(
                 (
                     "triton_attention",
@@ -119,11 +119,12 @@ def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[st
     )
     from fastdeploy.backends.cuda.triton_moe import gemm_config
 
-    for entries in (96, 1536, 24576):
+    # decode (16-row tiles), 256 tokens (64) and 4096 tokens (128); A rows of tokens or of entries
+    for entries, a_choices in ((96, (False,)), (1536, (True,)), (24576, (False, True))):
         config = {
             k: v for k, v in gemm_config(entries, 64, dtype == "float32").items() if not k.startswith("num_")
         }
-        for a_per_entry in (False, True):
+        for a_per_entry in a_choices:
             specs.append(
                 (
                     "triton_moe",

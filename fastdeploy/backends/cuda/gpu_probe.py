@@ -12,6 +12,7 @@ def visible_gpu_reason() -> str | None:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
         return f"no GPU is visible: CUDA_VISIBLE_DEVICES={visible!r} hides them all"
-    if not glob.glob("/dev/nvidia[0-9]*") and not glob.glob("/proc/driver/nvidia/gpus/*"):
+    devices = glob.glob("/dev/nvidia[0-9]*") + glob.glob("/proc/driver/nvidia/gpus/*") + glob.glob("/dev/dxg")
+    if not devices:  # (/dev/dxg: WSL's GPU)
         return "no NVIDIA GPU is visible (no /dev/nvidia0 device: no GPU, or its driver is not loaded)"
     return None

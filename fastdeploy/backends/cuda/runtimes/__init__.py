@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastdeploy import envs
+from fastdeploy.backends.cuda.gpu_probe import visible_gpu_reason
 from fastdeploy.backends.cuda.runtimes import paddle_runtime, torch_runtime
 from fastdeploy.backends.cuda.runtimes.base import FLOAT_DTYPES, DeviceGraph, TensorRuntime
 from fastdeploy.errors import InvalidArgumentError
@@ -56,10 +57,12 @@ def choose_gpu_runtime() -> GpuRuntimeChoice:
     torch_reason = torch_runtime.gpu_unavailable_reason()
     if torch_reason is None:
         return GpuRuntimeChoice("torch", f"torch with CUDA, since paddle cannot run: {paddle_reason}")
+    gpu = visible_gpu_reason()
     return GpuRuntimeChoice(
         None,
         "cuda backend needs a visible NVIDIA GPU and paddlepaddle-gpu or torch built with CUDA; "
-        f"paddle: {paddle_reason}; torch: {torch_reason}",
+        f"paddle: {paddle_reason}; torch: {torch_reason}"
+        + (f"; GPU: {gpu}" if gpu and gpu not in torch_reason else ""),
     )
 
 

@@ -501,6 +501,7 @@ class TorchCpuBackend(TensorBackend):
     name = "torch-cpu"
     auto_priority = -10
     runtime_name = "torch"
+    communicator = "torch"  # torch.distributed for its ranks (tensor / pipeline parallelism)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -40,7 +40,7 @@ class PaddleCommunicator(Communicator):
 
     @classmethod
     def preload(cls) -> None:
-        from fastdeploy.backends.cuda.runtime import import_paddle
+        from fastdeploy.backends.cuda.runtimes.paddle_runtime import import_paddle
 
         import_paddle()
         import paddle.distributed  # noqa: F401
@@ -52,7 +52,7 @@ class PaddleCommunicator(Communicator):
             os.environ.setdefault("FLAGS_selected_gpus", "0")
         if rendezvous.rank != 0:
             wait_until_reachable(rendezvous.master, rendezvous.timeout, "the rendezvous of rank 0")
-        from fastdeploy.backends.cuda.runtime import import_paddle
+        from fastdeploy.backends.cuda.runtimes.paddle_runtime import import_paddle
 
         self.paddle = import_paddle()
         import paddle.distributed as dist

@@ -7,7 +7,7 @@
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "GuidedDecodingParams", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +19,8 @@ def __getattr__(name: str) -> Any:
         from fastdeploy.engine.sampling_params import SamplingParams
 
         return SamplingParams
+    if name in ("GuidedDecodingParams", "StructuredOutputsParams"):
+        from fastdeploy.engine.guided import params
+
+        return getattr(params, name)
     raise AttributeError(f"module 'fastdeploy' has no attribute {name!r}")

@@ -141,6 +141,12 @@ class EngineConfig:
     data_parallel_rank: int = 0
     #: run decode steps eagerly instead of replaying captured CUDA graphs (accelerator backends)
     enforce_eager: bool = False
+    #: grammar library for guided decoding: auto (llguidance), llguidance, xgrammar, or off
+    guided_decoding_backend: str = "auto"
+    #: JSON outputs without optional whitespace between tokens
+    guided_decoding_disable_any_whitespace: bool = False
+    #: tool-call parser for chat requests with tools (`hermes`, `qwen3`, `ernie-x1`, or a plugin's)
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
         for name in (

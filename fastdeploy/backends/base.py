@@ -72,6 +72,19 @@ class BatchLayout:
     block_size: int
 
 
+def apply_token_bitmask_numpy(logits: np.ndarray, bitmask: np.ndarray, rows: np.ndarray) -> None:
+    """In place: `logits[rows[i], t] = -inf` wherever bit t of `bitmask[i]` is 0 (host reference).
+
+    `bitmask` is int32 [len(rows), ceil(vocab / 32)], bits packed little-endian: token t is
+    allowed when bit `t % 32` of word `t // 32` is set.
+    """
+    vocab = logits.shape[-1]
+    packed = np.ascontiguousarray(bitmask, dtype=np.int32).view(np.uint8)
+    allowed = np.unpackbits(packed, axis=-1, bitorder="little")[:, :vocab].astype(bool)
+    for row, keep in zip(rows.tolist(), allowed, strict=True):
+        np.copyto(logits[row], -np.inf, where=~keep)
+
+
 class Backend(ABC):
     """A device backend; subclasses are registered through `fastdeploy_device_backends`.
 
@@ -293,6 +306,21 @@ class Backend(ABC):
         if result is None:  # no token chose these experts
             result = np.zeros(self.to_numpy(x).shape, dtype=np.float32)
         return self.from_numpy(result)
+
+    # --- guided decoding ---------------------------------------------------------------------
+    def apply_token_bitmask(self, logits: Any, bitmask: np.ndarray, rows: np.ndarray) -> Any:
+        """Forbid tokens in some rows of device logits [num_rows, vocab] (guided decoding).
+
+        `bitmask` is a host int32 array [len(rows), ceil(vocab / 32)]: token t stays allowed in
+        row `rows[i]` when bit `t % 32` of `bitmask[i, t // 32]` is 1, and its logit becomes -inf
+        otherwise; rows not in `rows` are untouched. Returns the logits (the same array, changed
+        in place, or a new one). The engine calls it before penalties and sampling. The default
+        round-trips through the host (`to_numpy`, `from_numpy`); accelerators override it to
+        unpack the bits on the device.
+        """
+        host = np.array(self.to_numpy(logits), dtype=np.float32)
+        apply_token_bitmask_numpy(host, bitmask, rows)
+        return self.from_numpy(host)
 
     # --- optional capabilities --------------------------------------------------------------
     def decode_graphs(

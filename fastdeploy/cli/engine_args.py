@@ -47,6 +47,22 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--cpu-threads", type=int, default=None)
     parser.add_argument("--chat-template", default=None, help="template string or file")
     parser.add_argument("--reasoning-parser", default=None)
+    parser.add_argument(
+        "--guided-decoding-backend",
+        default="auto",
+        choices=["auto", "llguidance", "xgrammar", "off"],
+        help="grammar library for guided decoding / structured outputs (default auto: llguidance)",
+    )
+    parser.add_argument(
+        "--guided-decoding-disable-any-whitespace",
+        action="store_true",
+        help="guided JSON outputs without optional whitespace between tokens",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="read tool calls of chat requests with tools: hermes, qwen3, ernie-x1 or a plugin's",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -71,4 +87,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_threads": args.cpu_threads,
         "chat_template": args.chat_template,
         "reasoning_parser": args.reasoning_parser,
+        "guided_decoding_backend": args.guided_decoding_backend,
+        "guided_decoding_disable_any_whitespace": args.guided_decoding_disable_any_whitespace,
+        "tool_call_parser": args.tool_call_parser,
     }

@@ -15,6 +15,7 @@ from fastdeploy.config import EngineConfig
 from fastdeploy.distributed.pipeline import MicroBatchPipeline
 from fastdeploy.distributed.startup import start_executor
 from fastdeploy.engine.block_manager import BlockManager
+from fastdeploy.engine.guided.decoder import GuidedDecoder
 from fastdeploy.engine.kv_cache_planner import plan_kv_cache
 from fastdeploy.engine.output_processor import banned_bad_word_tokens, completion_output, process_token
 from fastdeploy.engine.request import INTERNAL_ERROR, CompletionOutput, RequestMetrics, RequestOutput
@@ -96,6 +97,16 @@ def _greedy_without_extras(params: SamplingParams) -> bool:
     )
 
 
+def _registered(setting: str, name: str | None, registered: dict[str, type]) -> type | None:
+    """The class registered under `name` (None when unset); an error listing the names otherwise."""
+    if name is None:
+        return None
+    if name not in registered:
+        known = ", ".join(sorted(registered)) or "none"
+        raise InvalidArgumentError(f"{setting} {name!r} is not registered (registered: {known})")
+    return registered[name]
+
+
 class LLMEngine:
     """Owns the backend, model, tokenizer, KV cache and scheduler; `step()` advances all requests."""
 
@@ -129,6 +140,14 @@ class LLMEngine:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
             self.model_config.eos_token_ids
         )
+        self.guided = GuidedDecoder(
+            config.guided_decoding_backend,
+            self.tokenizer,
+            self.model_config.vocab_size,
+            sorted(self.eos_token_ids),
+            self.reasoning_parser.reasoning_end_token_ids() if self.reasoning_parser else None,
+            config.guided_decoding_disable_any_whitespace,
+        )
         self.requests: dict[str, EngineRequest] = {}
         self._next_seq_id = 0
         self._request_counter = 0
@@ -154,6 +173,7 @@ class LLMEngine:
             # a plugin may ship the template for an architecture whose checkpoints lack one
             self.tokenizer.chat_template = registry.chat_templates().get(self.model_config.architecture)
         self.reasoning_parser = self._build_reasoning_parser(registry)
+        self.tool_parser_class = self._tool_parser_class(registry)
 
     def _load_model(self, config: EngineConfig, checkpoint: CheckpointInfo, registry: PluginRegistry) -> None:
         """The model and its KV cache: here, or in the rank processes (which size their own caches)."""
@@ -196,14 +216,11 @@ class LLMEngine:
             self.executor.shutdown()
 
     def _build_reasoning_parser(self, registry: PluginRegistry) -> ReasoningParser | None:
-        name = self.config.reasoning_parser
-        if name is None:
-            return None
-        parsers = registry.reasoning_parsers()
-        if name not in parsers:
-            known = ", ".join(sorted(parsers)) or "none"
-            raise InvalidArgumentError(f"reasoning_parser {name!r} is not registered (registered: {known})")
-        return parsers[name](self.tokenizer)
+        parser = _registered("reasoning_parser", self.config.reasoning_parser, registry.reasoning_parsers())
+        return parser(self.tokenizer) if parser is not None else None
+
+    def _tool_parser_class(self, registry: PluginRegistry) -> type | None:
+        return _registered("tool_call_parser", self.config.tool_call_parser, registry.tool_call_parsers())
 
     def _resolve_max_model_len(self) -> int:
         model_limit = self.model_config.max_position_embeddings
@@ -249,6 +266,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidArgumentError(f"request_id {request_id!r} is already in use")
         self.validate_prompt(prompt_token_ids)
+        grammar = self.guided.compile(params.guided_decoding) if params.guided_decoding else None
         arrival = time.time() if arrival_time is None else arrival_time
         request = EngineRequest(
             request_id,
@@ -281,6 +299,8 @@ class LLMEngine:
                 detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
             )
             self._next_seq_id += 1
+            if grammar is not None:
+                self.guided.add(seq, grammar, thinking_enabled)
             request.seqs.append(seq)
             self.scheduler.add(seq)
         self.requests[request_id] = request
@@ -301,6 +321,7 @@ class LLMEngine:
         if request is None:
             return None
         for seq in request.seqs:
+            self.guided.discard(seq)
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 seq.finish_time = time.time()
@@ -317,7 +338,7 @@ class LLMEngine:
             seq = seqs[index]
             banned: list[int] = []
             if seq.num_output_tokens < seq.params.min_tokens:
-                if not seq.params.ignore_eos:
+                if not seq.params.ignore_eos and not self.guided.grammar_complete(seq):
                     banned.extend(self.eos_token_ids)
                 banned.extend(seq.params.stop_token_ids)
             request = self.requests[seq.request_id]
@@ -366,6 +387,7 @@ class LLMEngine:
         try:
             logits, sampling, forward_seconds = forward()
             sampled = [batch.seqs[i] for i in sampling]
+            logits = self.guided.apply(self.backend, logits, sampled)
             tokens = self._sample(logits, sampled, self._bans(batch.seqs, sampling)) if sampled else []
         except WorkerFailedError:
             raise  # the rank processes are gone: no later step could run either
@@ -387,6 +409,7 @@ class LLMEngine:
                 seq.finish_time = now
                 self.scheduler.finish(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
+        self.guided.advance(sampled)
         outputs = []
         for request in touched.values():
             if request.finished:

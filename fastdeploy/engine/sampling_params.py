@@ -6,7 +6,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from fastdeploy.engine.guided.params import GuidedDecodingParams, StructuredOutputsParams
 from fastdeploy.errors import InvalidArgumentError
+
+#: the guided-decoding parameter classes are importable from here too, as in FastDeploy and vLLM
+__all__ = ["GuidedDecodingParams", "SamplingParams", "StructuredOutputsParams"]
 
 _SEED_LIMIT = 2**63
 
@@ -72,6 +76,11 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     #: with a reasoning parser: thinking tokens allowed before the end-of-thinking tag is forced
     reasoning_max_tokens: int | None = None
+    #: constrain the output to a JSON schema, regex, choice, grammar, ... (`GuidedDecodingParams`
+    #: or a dict of its fields); applied after the reasoning when a reasoning parser is set
+    guided_decoding: GuidedDecodingParams | dict[str, Any] | None = None
+    #: vLLM's newer name for `guided_decoding` (`StructuredOutputsParams`); set one or the other
+    structured_outputs: GuidedDecodingParams | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _check_number("n", self.n, integer=True)
@@ -132,6 +141,18 @@ class SamplingParams:
                 raise InvalidArgumentError(
                     f"SamplingParams.{name} must be a bool, got {getattr(self, name)!r}"
                 )
+        self._check_guided_decoding()
+
+    def _check_guided_decoding(self) -> None:
+        """`guided_decoding` and `structured_outputs` are one setting under two names."""
+        both = self.guided_decoding is not None and self.structured_outputs is not None
+        if both and self.guided_decoding is not self.structured_outputs:
+            raise InvalidArgumentError(
+                "SamplingParams.structured_outputs and SamplingParams.guided_decoding are the same "
+                "setting under vLLM's and FastDeploy's names; set only one"
+            )
+        chosen = self.guided_decoding if self.guided_decoding is not None else self.structured_outputs
+        self.guided_decoding = self.structured_outputs = GuidedDecodingParams.from_value(chosen)
 
     @property
     def greedy(self) -> bool:

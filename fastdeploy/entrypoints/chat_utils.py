@@ -20,6 +20,16 @@ def thinking_enabled(template_kwargs: Mapping[str, Any] | None) -> bool:
     return bool((template_kwargs or {}).get("enable_thinking", True))
 
 
+def with_tools(
+    template_kwargs: Mapping[str, Any] | None, tools: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """Template kwargs with the request's `tools` (the variable chat templates render them from)."""
+    kwargs = dict(template_kwargs or {})
+    if tools is not None:
+        kwargs["tools"] = tools
+    return kwargs
+
+
 def render_conversation(
     tokenizer: Tokenizer,
     conversation: Any,

@@ -20,11 +20,13 @@ from fastdeploy.distributed.startup import serve_follower
 from fastdeploy.engine.engine import LLMEngine, error_output
 from fastdeploy.engine.request import INVALID_REQUEST, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.chat_utils import prompt_token_ids, render_conversation
+from fastdeploy.entrypoints.chat_utils import prompt_token_ids, render_conversation, with_tools
+from fastdeploy.entrypoints.offline_tools import constrain_offline, fill_tool_calls, plan_offline
 from fastdeploy.entrypoints.prompts import PromptItem, normalize_prompts
 from fastdeploy.errors import FastDeployError, InvalidArgumentError
 from fastdeploy.logger import get_logger
 from fastdeploy.plugins.registry import get_registry
+from fastdeploy.tool_calling.request import template_messages
 
 logger = get_logger(__name__)
 
@@ -80,6 +82,9 @@ class LLM:
         distributed_executor_backend: str | None = None,
         data_parallel_rank: int = 0,
         enforce_eager: bool = False,
+        guided_decoding_backend: str = "auto",
+        guided_decoding_disable_any_whitespace: bool = False,
+        tool_call_parser: str | None = None,
         **kwargs: Any,
     ) -> None:
         from fastdeploy import envs
@@ -120,6 +125,9 @@ class LLM:
             ips=",".join(parse_ips(ips)) or None,
             engine_worker_queue_port=port_number("engine_worker_queue_port", engine_worker_queue_port),
             enforce_eager=enforce_eager,
+            guided_decoding_backend=guided_decoding_backend,
+            guided_decoding_disable_any_whitespace=guided_decoding_disable_any_whitespace,
+            tool_call_parser=tool_call_parser,
         )
         self._request_ids = itertools.count()
         self._is_master = is_master_host(config)
@@ -164,8 +172,15 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Reply to one conversation (a list of messages) or a batch of them, via the chat template."""
+        """Reply to one conversation (a list of messages) or a batch of them, via the chat template.
+
+        `tools` (OpenAI function tools) reach the template; with `tool_choice` "required" or a
+        named function, or "auto" and a `tool_call_parser`, the calls land in
+        `CompletionOutput.tool_calls` (see docs/tool_calling.md).
+        """
         arrival = time.time()
         if not isinstance(messages, list) or not messages:
             raise InvalidArgumentError("messages must be a non-empty list of messages or of conversations")
@@ -179,11 +194,21 @@ class LLM:
             from fastdeploy.input.chat_template import load_chat_template
 
             template = load_chat_template(chat_template)
+        plan, tool_error = plan_offline(self.llm_engine, tools, tool_choice)
+        template_kwargs = with_tools(chat_template_kwargs, plan.tools)
         items = [
-            self._render(conversation, index, template, add_generation_prompt, chat_template_kwargs or {})
+            self._render(
+                template_messages(conversation), index, template, add_generation_prompt, template_kwargs
+            )
             for index, conversation in enumerate(conversations)
         ]
-        return self._run(items, self._params_per_prompt(sampling_params, len(items)), use_tqdm, arrival)
+        params = self._params_per_prompt(sampling_params, len(items))
+        for index, item in enumerate(items):
+            params[index], error = constrain_offline(params[index], plan)
+            item.error = item.error or tool_error or error
+        outputs = self._run(items, params, use_tqdm, arrival)
+        fill_tool_calls(outputs, plan)
+        return outputs
 
     # --- internals --------------------------------------------------------------------------
     def _render(

@@ -12,8 +12,8 @@ more blocks
 `extract_tool_calls` turns the complete blocks of a text into OpenAI-style tool calls
 (`{"id", "type": "function", "function": {"name", "arguments": <JSON string>}}`), as
 FastDeploy's `ernie-x1` tool parser does. A block whose body is not a JSON object with a string
-`name` is skipped with a warning; it never fails the request. `ErnieX1ToolParser` is the class
-registered under `ernie-x1` through the `fastdeploy_tool_call_parsers` hook, for the server.
+`name` is skipped with a warning; it never fails the request. The tool-call parser registered
+under `ernie-x1` (for the server and `LLM.chat(tools=...)`) is in `fastdeploy.tool_calling.tagged`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,29 +69,3 @@ class ToolCallExtraction:
     tools_called: bool
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     content: str | None = None
-
-
-class ToolCallParser(ABC):
-    """What the `fastdeploy_tool_call_parsers` hook registers: built once per server with the
-    model's tokenizer, it finds the function calls in a finished answer."""
-
-    def __init__(self, tokenizer: Any = None) -> None:
-        self.tokenizer = tokenizer
-
-    @abstractmethod
-    def extract_tool_calls(self, text: str) -> ToolCallExtraction:
-        """The calls in `text` (the answer part, after any reasoning) and the text left for `content`."""
-
-
-class ErnieX1ToolParser(ToolCallParser):
-    """`ernie-x1` tool-call parser: tool calls from the answer part of an ERNIE-X1 output.
-
-    The tags are matched in text (the tokenizer is unused). Reasoning never yields tool calls.
-    """
-
-    def extract_tool_calls(self, text: str) -> ToolCallExtraction:
-        calls = extract_tool_calls(text)
-        if not calls:
-            return ToolCallExtraction(tools_called=False, content=text)
-        before = text[: text.find(TOOL_CALL_START)].strip()
-        return ToolCallExtraction(tools_called=True, tool_calls=calls, content=before or None)

@@ -340,6 +340,17 @@ FIRST_ADDED_ID = 32000
 #: vocab_size of a tiny model that covers the whole tokenizer (for chat tests)
 CHAT_VOCAB_SIZE = 32016
 
+#: Qwen3's chat template, reduced to what decides the thinking switch (tools left out): with
+#: enable_thinking=False the assistant prompt gets an empty, closed think block.
+QWEN3_THINKING_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
 
 def added_token_id(text: str) -> int:
     return FIRST_ADDED_ID + [t for t, _ in ERNIE_ADDED_TOKENS].index(text)

@@ -18,7 +18,8 @@ from fastdeploy.engine.request import CompletionOutput
 from fastdeploy.entrypoints.streaming import DeltaTracker
 from fastdeploy.plugins.registry import get_registry
 from fastdeploy.reasoning.base import ReasoningSplit
-from fastdeploy.reasoning.tool_calls import ErnieX1ToolParser, extract_tool_calls
+from fastdeploy.reasoning.tool_calls import extract_tool_calls
+from fastdeploy.tool_calling.tagged import ErnieX1TaggedToolParser
 
 # (id, text, thinking_enabled, reasoning_content, content)
 THINK_CASES = [
@@ -219,7 +220,7 @@ def test_end_of_thinking_tokens_are_the_tokenizers_single_tag(tokenizer, name):
 
 def test_ernie_x1_tool_parser_is_registered_and_extracts_arguments_as_json():
     registered = get_registry().tool_call_parsers()["ernie-x1"]
-    assert registered is ErnieX1ToolParser
+    assert registered is ErnieX1TaggedToolParser
     result = registered(None).extract_tool_calls(
         'Sure.\n<tool_call>\n{"name": "search", "arguments": {"query": ["天气", 1]}}\n</tool_call>'
     )

@@ -19,16 +19,7 @@ from fastdeploy.plugins.hookspecs import hookimpl
 from fastdeploy.plugins.registry import get_registry
 from fastdeploy.reasoning.ernie_x1 import ErnieX1ReasoningParser
 
-#: Qwen3's template, reduced to what decides the thinking switch (tools left out): with
-#: enable_thinking=False the assistant prompt gets an empty, closed think block.
-QWEN3_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"
-)
+QWEN3_TEMPLATE = tiny.QWEN3_THINKING_TEMPLATE
 MESSAGES = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "1+1 等于几？"}]
 END_THINK = tiny.added_token_id("</think>")
 

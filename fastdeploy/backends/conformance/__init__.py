@@ -232,6 +232,27 @@ def check_sampling(backend: Backend) -> str | None:
     return None
 
 
+def check_token_bitmask(backend: Backend) -> None:
+    """Guided decoding's mask: forbidden tokens of the listed rows become -inf, nothing else moves."""
+    rng = np.random.default_rng(18)
+    rows, vocab = 5, 70  # 70 tokens: three int32 words, the last one partly used
+    logits = _random(rng, rows, vocab)
+    allowed = {1: [0, 31, 32, 69], 3: [5, 40, 63, 64]}
+    bitmask = np.zeros((2, 3), dtype=np.uint32)
+    for i, tokens in enumerate(allowed.values()):
+        for token in tokens:
+            bitmask[i, token // 32] |= np.uint32(1 << (token % 32))
+    expected = logits.astype(np.float64)
+    for row, tokens in allowed.items():
+        keep = expected[row, tokens].copy()
+        expected[row] = -np.inf
+        expected[row, tokens] = keep
+    out = backend.apply_token_bitmask(
+        backend.from_numpy(logits), bitmask.view(np.int32), np.array(list(allowed), dtype=np.int64)
+    )
+    _close("apply_token_bitmask", backend.to_numpy(out), expected, rtol=0, atol=0)
+
+
 #: op-level checks, each `check(backend) -> None | skip reason`
 OP_CHECKS: dict[str, Callable[[Backend], str | None]] = {
     "embedding_and_gather": check_embedding_and_gather,
@@ -243,6 +264,7 @@ OP_CHECKS: dict[str, Callable[[Backend], str | None]] = {
     "paged_attention": check_paged_attention,
     "kv_cache_layers": check_kv_cache_layers_are_independent,
     "sampling": check_sampling,
+    "token_bitmask": check_token_bitmask,
 }
 
 

@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 
 from fastdeploy import envs
-from fastdeploy.backends.base import Backend, BackendOptions, BatchLayout, KVCacheSpec
+from fastdeploy.backends.base import (
+    Backend,
+    BackendOptions,
+    BatchLayout,
+    KVCacheSpec,
+    apply_token_bitmask_numpy,
+)
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.attention import CpuAttentionMetadata, build_metadata, paged_attention
 from fastdeploy.errors import InvalidArgumentError
@@ -228,6 +234,10 @@ class CpuBackend(Backend):
 
     def gather_rows(self, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
         return x[indices]
+
+    def apply_token_bitmask(self, logits: np.ndarray, bitmask: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        apply_token_bitmask_numpy(logits, bitmask, rows)  # logits are host arrays: in place, no copy
+        return logits
 
     def moe_route(
         self,

@@ -61,6 +61,10 @@ def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_context(args: argparse.Namespace) -> ServingContext:
     """Load the model and wrap it for serving (the engine thread starts with the app)."""
+    if getattr(args, "enable_auto_tool_choice", False) and not args.tool_call_parser:
+        raise InvalidArgumentError(
+            "--enable-auto-tool-choice needs --tool-call-parser NAME (hermes, qwen3, ernie-x1) to read the calls"
+        )
     if args.max_waiting is not None and args.max_waiting < 0:
         raise InvalidArgumentError(f"--max-waiting must be >= 0, got {args.max_waiting}")
     for flag, value in no_effect_flags(args).items():

@@ -77,6 +77,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="engine replicas behind this endpoint; each request goes to the least-loaded one (default 1)",
     )
     server.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="vLLM's switch for tool_choice 'auto'; needs --tool-call-parser, which alone enables it too",
+    )
+    server.add_argument(
         "--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     compat = parser.add_argument_group("accepted for vLLM / FastDeploy compatibility")

@@ -7,9 +7,9 @@ from typing import Any
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.openai.errors import from_sampling_error, invalid_request, unsupported
 from fastdeploy.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from fastdeploy.entrypoints.openai.structured_outputs import guided_decoding
 from fastdeploy.errors import InvalidArgumentError
 
-_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag")
 #: request fields passed to SamplingParams under the same name when set
 _PASS_THROUGH = (
     "temperature",
@@ -41,12 +41,6 @@ def reject_unsupported(request: SamplingRequest) -> None:
         raise unsupported("length_penalty", "beam search")
     if request.early_stopping:
         raise unsupported("early_stopping", "beam search")
-    for name in _GUIDED:
-        if getattr(request, name) is not None:
-            raise unsupported(name, "guided decoding (structured output)")
-    if request.response_format is not None and request.response_format.get("type", "text") != "text":
-        kind = request.response_format.get("type")
-        raise unsupported("response_format", f"structured output (response_format type {kind!r})")
     if request.logit_bias:
         raise unsupported("logit_bias", "logit biasing")
     if request.prompt_logprobs is not None:
@@ -58,15 +52,16 @@ def reject_unsupported(request: SamplingRequest) -> None:
             raise unsupported("suffix", "insertion (text after the completion)")
         if request.echo and request.logprobs is not None:
             raise unsupported("logprobs", "prompt logprobs (logprobs together with echo)")
-    if isinstance(request, ChatCompletionRequest):
-        if request.tools or request.functions:
-            raise unsupported("tools" if request.tools else "functions", "function calling (tools)")
-        if request.top_logprobs is not None and not request.logprobs:
-            raise invalid_request("top_logprobs needs logprobs to be true", param="top_logprobs")
+    if (
+        isinstance(request, ChatCompletionRequest)
+        and request.top_logprobs is not None
+        and not request.logprobs
+    ):
+        raise invalid_request("top_logprobs needs logprobs to be true", param="top_logprobs")
 
 
 def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
-    return _build(request, request.max_tokens, request.logprobs, {})
+    return _build(request, request.max_tokens, request.logprobs, {}, guided_decoding=guided_decoding(request))
 
 
 def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
@@ -76,7 +71,7 @@ def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
         max_tokens, max_name = request.max_tokens, "max_tokens"
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     renames = {"max_tokens": max_name, "logprobs": "top_logprobs"}
-    extra = {}
+    extra: dict[str, Any] = {"guided_decoding": guided_decoding(request)}
     if request.reasoning_max_tokens is not None:
         extra["reasoning_max_tokens"] = request.reasoning_max_tokens
     return _build(request, max_tokens, logprobs, renames, **extra)

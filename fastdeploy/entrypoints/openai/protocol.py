@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI-compatible API (pydantic), with vLLM's and FastDeploy's extensions.
 
 Unknown fields are ignored, as OpenAI's API does. Fields we know but cannot honour yet (beam
-search, guided decoding, structured output, logit bias, ...) are declared here so that
+search, logit bias, ...) are declared here so that
 `params.reject_unsupported` can answer 400 naming them, never ignore them silently.
 Prompt and message contents are kept loosely typed: the shared prompt normaliser and the chat
 template layer validate them and name what is wrong.
@@ -48,18 +48,22 @@ class SamplingRequest(OpenAIBaseModel):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # --- understood, not supported yet (400 when used) --------------------------------------
-    use_beam_search: bool = False
-    best_of: int | None = None
-    length_penalty: float | None = None
-    early_stopping: bool | str | None = None
-    logit_bias: dict[str, float] | None = None
+    # --- structured outputs (see structured_outputs.py) --------------------------------------
     response_format: dict[str, Any] | None = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
     structural_tag: Any = None
+    guided_whitespace_pattern: str | None = None
+    #: vLLM's newer form: {"json" | "regex" | "choice" | "grammar" | "json_object" | "structural_tag": ...}
+    structured_outputs: Any = None
+    # --- understood, not supported yet (400 when used) --------------------------------------
+    use_beam_search: bool = False
+    best_of: int | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | str | None = None
+    logit_bias: dict[str, float] | None = None
     prompt_logprobs: int | None = None
 
 
@@ -86,5 +90,9 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     reasoning_max_tokens: int | None = None
-    tools: list[Any] | None = None
+    tools: Any = None
+    #: "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
+    tool_choice: Any = None
+    #: accepted; the parsers return every call the model writes
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None

@@ -15,7 +15,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.chat_utils import render_conversation
+from fastdeploy.entrypoints.chat_utils import render_conversation, with_tools
+from fastdeploy.entrypoints.openai.chat_tools import (
+    StreamedToolCalls,
+    chat_message,
+    constrain_for_tools,
+    plan_chat_tools,
+)
 from fastdeploy.entrypoints.openai.errors import invalid_request
 from fastdeploy.entrypoints.openai.logprobs import chat_logprobs
 from fastdeploy.entrypoints.openai.params import chat_sampling_params, reject_unsupported
@@ -32,21 +38,25 @@ from fastdeploy.entrypoints.openai.serving import (
     unless_disconnected,
     usage,
 )
+from fastdeploy.entrypoints.openai.structured_outputs import check_request_guided_decoding
 from fastdeploy.entrypoints.streaming import DeltaTracker
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.tool_calling.request import ToolPlan, template_messages
 
 
-def prepare_conversation(ctx: ServingContext, request: ChatCompletionRequest) -> PreparedPrompt:
+def prepare_conversation(
+    ctx: ServingContext, request: ChatCompletionRequest, plan: ToolPlan
+) -> PreparedPrompt:
     """The conversation rendered as `LLM.chat` renders it (same template, same encoding)."""
     if not request.messages:
         raise invalid_request("messages must be a non-empty list of messages", param="messages")
     try:
         item = render_conversation(
             ctx.tokenizer,
-            request.messages,
+            template_messages(request.messages),
             chat_template=request.chat_template,
             add_generation_prompt=request.add_generation_prompt,
-            template_kwargs=request.chat_template_kwargs,
+            template_kwargs=with_tools(request.chat_template_kwargs, plan.tools),
         )
     except InvalidArgumentError as exc:
         raise invalid_request(str(exc), param="messages") from exc
@@ -59,13 +69,16 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
     request = parse_body(ChatCompletionRequest, await raw.body())
     model = ctx.model_name(request.model)
     reject_unsupported(request)
+    plan = plan_chat_tools(ctx.engine.engine, request)
     params = chat_sampling_params(request)
-    prompt = prepare_conversation(ctx, request)
+    await check_request_guided_decoding(ctx.engine.engine, request, params)
+    params = await constrain_for_tools(ctx.engine.engine, request, params, plan)
+    prompt = prepare_conversation(ctx, request, plan)
     request_id = new_id("chatcmpl")
     created = int(time.time())
     if request.stream:
         ctx.admit(1)
-        events = _events(ctx, request, prompt, params, request_id, model, created)
+        events = _events(ctx, request, prompt, params, plan, request_id, model, created)
         return StreamingResponse(sse_stream(events), media_type="text/event-stream")
     try:
         (output,) = await unless_disconnected(ctx.final_outputs(request_id, [prompt], params), raw)
@@ -77,13 +90,13 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
         logprobs = None
         if request.logprobs:
             logprobs = chat_logprobs(ctx.tokenizer, sample.token_ids, sample.logprobs or [], top)
-        message = {"role": "assistant", "content": sample.text, "reasoning_content": sample.reasoning_content}
+        message, finish_reason = chat_message(plan, sample)
         choices.append(
             {
                 "index": sample.index,
                 "message": message,
                 "logprobs": logprobs,
-                "finish_reason": sample.finish_reason,
+                "finish_reason": finish_reason,
             }
         )
     body = {
@@ -102,6 +115,7 @@ async def _events(
     request: ChatCompletionRequest,
     prompt: PreparedPrompt,
     params: SamplingParams,
+    plan: ToolPlan,
     request_id: str,
     model: str,
     created: int,
@@ -134,6 +148,7 @@ async def _events(
             }
         )
     tracker = DeltaTracker()
+    tool_calls = StreamedToolCalls(plan)
     final: RequestOutput | None = None
     top = request.top_logprobs or 0
     async for _, output in ctx.generate(request_id, [prompt], params):
@@ -142,14 +157,17 @@ async def _events(
         for sample in output.outputs:
             delta = tracker.update(sample)
             generated[sample.index] = len(sample.token_ids)
+            content, calls, finish_reason = tool_calls.delta(sample, delta.text, delta.finish_reason)
             wants_tokens = request.logprobs and delta.token_ids
-            if not (delta.text or delta.reasoning_content or delta.finish_reason or wants_tokens):
+            if not (content or calls or delta.reasoning_content or finish_reason or wants_tokens):
                 continue
             message: dict[str, Any] = {}
             if delta.reasoning_content:
                 message["reasoning_content"] = delta.reasoning_content
-            if delta.text:
-                message["content"] = delta.text
+            if content:
+                message["content"] = content
+            if calls:
+                message["tool_calls"] = calls
             logprobs = None
             if request.logprobs:
                 logprobs = chat_logprobs(ctx.tokenizer, delta.token_ids, delta.logprobs or [], top)
@@ -158,7 +176,7 @@ async def _events(
                     "index": sample.index,
                     "delta": message,
                     "logprobs": logprobs,
-                    "finish_reason": delta.finish_reason,
+                    "finish_reason": finish_reason,
                 }
             )
     if include_usage and final is not None:

@@ -28,6 +28,7 @@ from fastdeploy.entrypoints.openai.serving import (
     unless_disconnected,
     usage,
 )
+from fastdeploy.entrypoints.openai.structured_outputs import check_request_guided_decoding
 from fastdeploy.entrypoints.prompts import normalize_prompts
 from fastdeploy.entrypoints.streaming import DeltaTracker
 from fastdeploy.errors import InvalidArgumentError
@@ -61,6 +62,7 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     model = ctx.model_name(request.model)
     reject_unsupported(request)
     params = completion_sampling_params(request)
+    await check_request_guided_decoding(ctx.engine.engine, request, params)
     prompts = prepare_prompts(ctx, request.prompt)
     request_id = new_id("cmpl")
     created = int(time.time())

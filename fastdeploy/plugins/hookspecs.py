@@ -100,10 +100,11 @@ def fastdeploy_reasoning_parsers() -> dict[str, type]:
 def fastdeploy_tool_call_parsers() -> dict[str, type]:
     """Tool-call parser classes by name (named hook).
 
-    Called by: `PluginRegistry.tool_call_parsers()`; `fastdeploy env` lists them. The server
-    does not choose one by name yet.
-    Returns: {name: class}; the class subclasses `ToolCallParser`, is built with the model's
-    tokenizer and extracts function calls (name and JSON arguments) from generated text.
+    Called by: the engine when an `LLM` or server is built with `tool_call_parser=name`
+    (`--tool-call-parser name`); an unknown name is an error listing the registered ones.
+    Returns: {name: class}; the class subclasses `ToolCallParser` (fastdeploy.plugins.api), is
+    built with the model's tokenizer for chat requests whose `tool_choice` is "auto", and reads
+    the function calls (name and JSON arguments) out of the answer text, whole or streamed.
     """
 
 

@@ -40,6 +40,19 @@ def test_seed_launch_flags_parse():
     }
 
 
+def test_structured_output_and_tool_flags_reach_the_engine():
+    from fastdeploy.cli.engine_args import engine_kwargs
+
+    flags = ["serve", "--guided-decoding-backend=xgrammar", "--guided-decoding-disable-any-whitespace"]
+    args = build_parser().parse_args([*flags, "--tool-call-parser=hermes", "--enable-auto-tool-choice"])
+    kwargs = engine_kwargs(args)
+    assert (
+        kwargs["guided_decoding_backend"] == "xgrammar" and kwargs["guided_decoding_disable_any_whitespace"]
+    )
+    assert kwargs["tool_call_parser"] == "hermes" and args.enable_auto_tool_choice
+    assert engine_kwargs(build_parser().parse_args(["serve"]))["guided_decoding_backend"] == "auto"
+
+
 def test_server_flags_defaults():
     args = build_parser().parse_args(["serve"])
     assert args.model is None and args.port == 8000 and args.metrics_port is None and args.api_key is None
@@ -54,6 +67,8 @@ def test_server_flags_defaults():
         (["--tensor-parallel-size=2"], "tensor_parallel_size=2 does not divide the 9 attention heads"),
         (["--data-parallel-size=0"], "data_parallel_size must be an int >= 1 (engine replicas), got 0"),
         (["/no/such/model"], "neither an existing path nor an embedded model"),
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+        (["--tool-call-parser=nope"], "tool_call_parser 'nope' is not registered"),
     ],
 )
 def test_impossible_settings_exit_with_a_message(flags, fragment, capsys):

@@ -66,8 +66,12 @@ def chat_message(plan: ToolPlan, sample: CompletionOutput) -> tuple[dict[str, An
     if calls:
         message["tool_calls"] = calls
         message["content"] = content or None
-        return message, "tool_calls"
-    return message, sample.finish_reason
+    return message, _finish_reason(sample.finish_reason, bool(calls))
+
+
+def _finish_reason(reason: str | None, called: bool) -> str | None:
+    """ "tool_calls" for an answer with calls that ended on its own; "length" stays "length"."""
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 class StreamedToolCalls:
@@ -93,9 +97,7 @@ class StreamedToolCalls:
             stream = self._streams[sample.index] = ToolCallStream(self.plan.parser)
         update = stream.update(sample.text, finished=sample.finish_reason is not None)
         calls = update.tool_calls or ([] if stream.called else self._found_calls(sample, finish_reason))
-        if finish_reason is not None and stream.called:
-            finish_reason = "tool_calls"
-        return update.content, calls, self._reason(sample, finish_reason)
+        return update.content, calls, self._reason(sample, _finish_reason(finish_reason, stream.called))
 
     def _found_calls(self, sample: CompletionOutput, finish_reason: str | None) -> list[dict[str, Any]]:
         """Calls the reasoning parser found (sent whole, once, when the sample finishes)."""
@@ -105,6 +107,4 @@ class StreamedToolCalls:
         return [{"index": i, **call} for i, call in enumerate(sample.tool_calls)]
 
     def _reason(self, sample: CompletionOutput, finish_reason: str | None) -> str | None:
-        if finish_reason is not None and sample.index in self._done:
-            return "tool_calls"
-        return finish_reason
+        return _finish_reason(finish_reason, sample.index in self._done) if finish_reason else finish_reason

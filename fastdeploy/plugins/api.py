@@ -33,7 +33,10 @@ from fastdeploy.model_executor.rope import interleaved_to_half_rows, rope_tables
 from fastdeploy.models.base import CausalLM, check_weight_names
 from fastdeploy.plugins.hookspecs import hookimpl
 from fastdeploy.reasoning.base import ReasoningParser, ReasoningSplit
-from fastdeploy.reasoning.tool_calls import ToolCallExtraction, ToolCallParser, tool_call
+from fastdeploy.reasoning.tool_calls import ToolCallExtraction, tool_call
+from fastdeploy.text_utils import partial_suffix_length
+from fastdeploy.tool_calling.json_scan import CallDraft, scan_call
+from fastdeploy.tool_calling.parser import ParsedAnswer, ToolCallParser
 
 __all__ = [
     # registering
@@ -69,6 +72,10 @@ __all__ = [
     "ReasoningSplit",
     "ToolCallExtraction",
     "ToolCallParser",
+    "ParsedAnswer",
+    "CallDraft",
+    "scan_call",
+    "partial_suffix_length",
     "tool_call",
     # errors and logging
     "DistributedInitError",

@@ -14,10 +14,10 @@ from typing import Any
 
 from fastdeploy.engine.guided.params import GuidedDecodingParams
 from fastdeploy.tool_calling.json_scan import CallDraft, container_end, scan_call
-from fastdeploy.tool_calling.parser import ParsedAnswer, ToolParser
+from fastdeploy.tool_calling.parser import ParsedAnswer, ToolCallParser
 
 
-class NamedFunctionParser(ToolParser):
+class NamedFunctionParser(ToolCallParser):
     """The whole answer is the arguments of one call to `name`."""
 
     def __init__(self, name: str) -> None:
@@ -30,7 +30,7 @@ class NamedFunctionParser(ToolParser):
         return ParsedAnswer("", [CallDraft(self.name, arguments, arguments_complete=complete)])
 
 
-class RequiredCallsParser(ToolParser):
+class RequiredCallsParser(ToolCallParser):
     """The answer is a JSON array of `{"name", "parameters"}` calls."""
 
     def parse(self, text: str, finished: bool) -> ParsedAnswer:

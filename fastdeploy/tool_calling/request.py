@@ -29,7 +29,7 @@ from fastdeploy.tool_calling.forced import (
     named_function_grammar,
     required_calls_grammar,
 )
-from fastdeploy.tool_calling.parser import ToolParser
+from fastdeploy.tool_calling.parser import ToolCallParser
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _MODES = ("none", "auto", "required")
@@ -54,7 +54,7 @@ class ToolPlan:
     #: the constraint of a forced call (None for "none" and "auto")
     guided_decoding: GuidedDecodingParams | None = None
     #: reads the answer (None: the answer is plain text)
-    parser: ToolParser | None = None
+    parser: ToolCallParser | None = None
 
     @property
     def calls_tools(self) -> bool:
@@ -118,7 +118,7 @@ def _needs_parameters(function: dict[str, Any], index: int, why: str) -> dict[st
 
 
 def plan_tools(
-    tools: Any, tool_choice: Any, auto_parser: Callable[[], ToolParser] | None, auto_hint: str
+    tools: Any, tool_choice: Any, auto_parser: Callable[[], ToolCallParser] | None, auto_hint: str
 ) -> ToolPlan:
     """Check `tools` / `tool_choice` and decide how to generate.
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastdeploy.reasoning.tool_calls import new_tool_call_id
-from fastdeploy.tool_calling.parser import ToolParser
+from fastdeploy.tool_calling.parser import ToolCallParser
 
 
 @dataclass
@@ -32,7 +32,7 @@ class ToolStreamDelta:
 class ToolCallStream:
     """Per-sample memory of the content and calls already streamed."""
 
-    def __init__(self, parser: ToolParser) -> None:
+    def __init__(self, parser: ToolCallParser) -> None:
         self.parser = parser
         self._content = ""
         self._calls: list[_SentCall] = []

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from fastdeploy.text_utils import partial_suffix_length
 from fastdeploy.tool_calling.json_scan import scan_call
-from fastdeploy.tool_calling.parser import ParsedAnswer, ToolParser
+from fastdeploy.tool_calling.parser import ParsedAnswer, ToolCallParser
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
 
 
-class TaggedJsonToolParser(ToolParser):
+class TaggedJsonToolParser(ToolCallParser):
     """`<tool_call>{json}</tool_call>` blocks (the tags are class attributes for variants)."""
 
     start_tag = TOOL_CALL_START

@@ -57,8 +57,9 @@ def test_streamed_json_schema_accumulates_to_a_valid_document(client):
 def test_json_object(client):
     ask = [{"role": "user", "content": 'Reply with the JSON object {"cat": "Tom", "age": 3}.'}]
     response = client.chat.completions.create(
-        model=MODEL, messages=ask, temperature=0, max_tokens=40, response_format={"type": "json_object"}
+        model=MODEL, messages=ask, temperature=0, max_tokens=120, response_format={"type": "json_object"}
     )
+    assert response.choices[0].finish_reason == "stop"
     content = response.choices[0].message.content
     assert isinstance(json.loads(content), dict)
 

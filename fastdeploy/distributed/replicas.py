@@ -54,6 +54,14 @@ class ReplicaRouter:
         for replica in self.replicas:
             replica.on_fatal(callback)
 
+    def stop_accepting(self) -> None:
+        for replica in self.replicas:
+            replica.stop_accepting()
+
+    def abort_all(self) -> None:
+        for replica in self.replicas:
+            replica.abort_all()
+
     def add_observer(self, observer: StepObserver) -> None:
         """`observer` sees each replica's step with the gauges (queues, KV usage) summed over replicas."""
         for index, replica in enumerate(self.replicas):
@@ -86,6 +94,10 @@ class ReplicaRouter:
     @property
     def is_running(self) -> bool:
         return all(replica.is_running for replica in self.replicas)
+
+    @property
+    def is_accepting(self) -> bool:
+        return all(replica.is_accepting for replica in self.replicas)
 
     @property
     def num_in_flight(self) -> int:

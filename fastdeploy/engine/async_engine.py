@@ -109,6 +109,11 @@ class _Abort:
 
 
 @dataclass
+class _AbortAll:
+    """Abort every request in flight; each ends with a final output (finish_reason "abort")."""
+
+
+@dataclass
 class _Progress:
     """Engine-thread bookkeeping of one request, for latency metrics."""
 
@@ -116,6 +121,9 @@ class _Progress:
     arrival_time: float
     num_tokens: int = 0
     last_token_time: float | None = None
+
+
+_Command = _Add | _Abort | _AbortAll
 
 
 class AsyncLLMEngine:
@@ -129,7 +137,8 @@ class AsyncLLMEngine:
         self.engine = engine
         self.max_waiting = max_waiting
         self._cond = threading.Condition()
-        self._inbox: list[_Add | _Abort] = []
+        self._inbox: list[_Command] = []
+        self._accepting = True
         self._stopping = False
         self._stopped = False
         self._observers: list[StepObserver] = []
@@ -137,7 +146,7 @@ class AsyncLLMEngine:
         self._fatal: BaseException | None = None  # what killed the engine thread, if anything did
         self._in_flight = 0  # requests added and not yet finished; touched on the loop thread only
         self._progress: dict[str, _Progress] = {}  # engine thread only
-        self._taken: list[_Add | _Abort] = []  # the inbox commands being applied (engine thread only)
+        self._taken: list[_Command] = []  # the inbox commands being applied (engine thread only)
         self._thread = threading.Thread(target=self._run, name="fastdeploy-engine", daemon=True)
         self._started = False
 
@@ -157,6 +166,14 @@ class AsyncLLMEngine:
             if self._thread.is_alive():
                 logger.error("engine thread did not stop within %.1f s", timeout or 0.0)
 
+    def stop_accepting(self) -> None:
+        """Refuse new requests (`EngineStoppedError`) while those in flight go on: the drain."""
+        self._accepting = False
+
+    def abort_all(self) -> None:
+        """Abort every request in flight (the drain's deadline); their streams get a final output."""
+        self._submit(_AbortAll())
+
     def add_observer(self, observer: StepObserver) -> None:
         """Call `observer(StepStats)` on the engine thread after every pass (must not block)."""
         self._observers.append(observer)
@@ -168,6 +185,11 @@ class AsyncLLMEngine:
     @property
     def is_running(self) -> bool:
         return self._started and self._thread.is_alive() and not self._stopping
+
+    @property
+    def is_accepting(self) -> bool:
+        """False once `stop_accepting` was called (the server is draining)."""
+        return self._accepting
 
     @property
     def num_in_flight(self) -> int:
@@ -235,7 +257,7 @@ class AsyncLLMEngine:
         """Raise `EngineStoppedError` / `EngineOverloadedError` unless `count` more requests fit now."""
         if self._fatal is not None:
             raise EngineStoppedError(f"the engine is unavailable: {self._fatal}")
-        if not self.is_running:
+        if not self.is_running or not self._accepting:
             raise EngineStoppedError("the server is shutting down and takes no new requests")
         if self.max_waiting is None:
             return
@@ -244,10 +266,10 @@ class AsyncLLMEngine:
             raise EngineOverloadedError(
                 f"the server is overloaded: {self._in_flight} requests are in flight and at most "
                 f"{self.max_waiting} may wait beyond the {self.engine.config.max_num_seqs} that run at "
-                "once (--max-waiting); retry later"
+                "once (--max-waiting-requests); retry later"
             )
 
-    def _submit(self, command: _Add | _Abort) -> None:
+    def _submit(self, command: _Command) -> None:
         with self._cond:
             if self._stopped and isinstance(command, _Add):
                 raise EngineStoppedError("the engine has stopped")
@@ -303,15 +325,13 @@ class AsyncLLMEngine:
                 self._step(stats)
             self._report(stats)
 
-    def _apply(self, command: _Add | _Abort, stats: StepStats) -> None:
+    def _apply(self, command: _Command, stats: StepStats) -> None:
+        if isinstance(command, _AbortAll):
+            for request_id in list(self._progress):
+                self._abort(request_id, stats)
+            return
         if isinstance(command, _Abort):
-            progress = self._progress.pop(command.request_id, None)
-            output = self.engine.abort_request(command.request_id)
-            if output is not None:
-                logger.info("request %s aborted", command.request_id)
-                stats.finished.append(output)
-                if progress is not None:
-                    self._deliver(progress.stream, output)
+            self._abort(command.request_id, stats)
             return
         try:
             self.engine.add_request(
@@ -327,6 +347,15 @@ class AsyncLLMEngine:
             self._deliver(command.stream, exc)
             return
         self._progress[command.request_id] = _Progress(command.stream, command.arrival_time)
+
+    def _abort(self, request_id: str, stats: StepStats) -> None:
+        progress = self._progress.pop(request_id, None)
+        output = self.engine.abort_request(request_id)
+        if output is not None:
+            logger.info("request %s aborted", request_id)
+            stats.finished.append(output)
+            if progress is not None:
+                self._deliver(progress.stream, output)
 
     def _step(self, stats: StepStats) -> None:
         try:

@@ -102,7 +102,10 @@ class HFTokenizer(Tokenizer):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         require_text(text)
-        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it works (encode does not), so the server's event
+        # loop keeps answering while a long prompt is tokenized on another thread
+        (encoding,) = self._tokenizer.encode_batch([text], add_special_tokens=False)
+        ids = encoding.ids
         if add_special_tokens and self.add_bos_token:
             ids.insert(0, self.bos_token_id)
         return ids

@@ -57,13 +57,42 @@ def test_server_flags_defaults():
     args = build_parser().parse_args(["serve"])
     assert args.model is None and args.port == 8000 and args.metrics_port is None and args.api_key is None
     assert args.served_model_name is None and args.max_waiting == 1024 and args.shutdown_timeout == 30.0
+    assert args.max_request_size == 8 * 1024 * 1024 and args.header_timeout == args.body_timeout == 60.0
+    assert args.metrics_require_api_key is False
+
+
+def test_queue_limit_has_the_old_name_as_alias():
+    parser = build_parser()
+    assert parser.parse_args(["serve", "--max-waiting-requests=7"]).max_waiting == 7
+    assert parser.parse_args(["serve", "--max-waiting=9"]).max_waiting == 9
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("1000", 1000), ("512K", 512 * 1024), ("16M", 16 * 1024**2), ("1GiB", 1024**3), ("2mb", 2 * 1024**2)],
+)
+def test_request_size_units(text, size):
+    assert build_parser().parse_args(["serve", f"--max-request-size={text}"]).max_request_size == size
+
+
+def test_request_size_rejects_garbage(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--max-request-size=lots"])
+    assert "expected a size such as" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
     ("flags", "fragment"),
     [
         (["--pipeline-parallel-size=0"], "pipeline_parallel_size must be an int >= 1, got 0"),
-        (["--max-waiting=-1"], "--max-waiting must be >= 0"),
+        (["--max-waiting=-1"], "--max-waiting-requests must be >= 0"),
+        (["--max-request-size=0"], "--max-request-size must be at least 1 byte"),
+        (["--header-timeout=0"], "--header-timeout must be > 0 seconds"),
+        (["--metrics-require-api-key"], "--metrics-require-api-key needs --api-key"),
+        (
+            ["--metrics-require-api-key", "--api-key=k", "--metrics-port=9100"],
+            "--metrics-port serves /metrics without authentication",
+        ),
         (["--tensor-parallel-size=2"], "tensor_parallel_size=2 does not divide the 9 attention heads"),
         (["--data-parallel-size=0"], "data_parallel_size must be an int >= 1 (engine replicas), got 0"),
         (["/no/such/model"], "neither an existing path nor an embedded model"),

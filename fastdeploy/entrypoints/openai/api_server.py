@@ -3,18 +3,15 @@
 `fastdeploy serve M` runs the same code. The model loads before the port opens, so `/health`
 answers only once the server can generate. One process holds the HTTP server (uvicorn, one
 event loop) and the engine thread. On SIGTERM or Ctrl+C the listening socket closes, running
-requests get `--shutdown-timeout` seconds to finish, the engine thread stops, and the process
-exits with status 0.
+requests get `--shutdown-timeout` seconds to finish, then are aborted (streams end with
+`finish_reason: "abort"` and `[DONE]`), the engine thread stops, and the process exits with
+status 0 (see `graceful_server`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -23,6 +20,8 @@ from fastdeploy.cli.engine_args import engine_kwargs
 from fastdeploy.distributed.serving import build_replicas, serve_follower_host, stop_replicas
 from fastdeploy.entrypoints.openai.app import build_app
 from fastdeploy.entrypoints.openai.cli_args import build_parser, no_effect_flags
+from fastdeploy.entrypoints.openai.graceful_server import GracefulServer
+from fastdeploy.entrypoints.openai.http_protocol import DeadlineH11Protocol
 from fastdeploy.entrypoints.openai.metrics import ServerMetrics
 from fastdeploy.entrypoints.openai.serving import ServingContext
 from fastdeploy.errors import FastDeployError, InvalidArgumentError
@@ -30,26 +29,6 @@ from fastdeploy.logger import get_logger
 from fastdeploy.model_resolver import DEFAULT_MODEL
 
 logger = get_logger(__name__)
-
-
-class GracefulServer(uvicorn.Server):
-    """uvicorn's server, except that a handled SIGTERM/SIGINT is not re-raised after the drain.
-
-    uvicorn re-raises the signal once it has shut down, which kills the process with that signal;
-    a server that drained cleanly should exit 0 instead.
-    """
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -65,8 +44,7 @@ def build_context(args: argparse.Namespace) -> ServingContext:
         raise InvalidArgumentError(
             "--enable-auto-tool-choice needs --tool-call-parser NAME (hermes, qwen3, ernie-x1) to read the calls"
         )
-    if args.max_waiting is not None and args.max_waiting < 0:
-        raise InvalidArgumentError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    check_server_flags(args)
     for flag, value in no_effect_flags(args).items():
         logger.info("%s=%r has no effect in this engine", flag, value)
     kwargs = _llm_kwargs(args)
@@ -75,7 +53,36 @@ def build_context(args: argparse.Namespace) -> ServingContext:
     engine.add_observer(metrics.observe_step)
     model = kwargs.get("model")
     names = args.served_model_name or [model or DEFAULT_MODEL]
-    return ServingContext(engine, names, metrics, api_key=args.api_key, model_root=model or DEFAULT_MODEL)
+    return ServingContext(
+        engine,
+        names,
+        metrics,
+        api_key=args.api_key,
+        model_root=model or DEFAULT_MODEL,
+        metrics_require_api_key=args.metrics_require_api_key,
+    )
+
+
+def check_server_flags(args: argparse.Namespace) -> None:
+    """Refuse impossible server settings before the model loads."""
+    if args.max_waiting is not None and args.max_waiting < 0:
+        raise InvalidArgumentError(f"--max-waiting-requests must be >= 0, got {args.max_waiting}")
+    if args.max_request_size < 1:
+        raise InvalidArgumentError(f"--max-request-size must be at least 1 byte, got {args.max_request_size}")
+    for flag in ("header_timeout", "body_timeout", "shutdown_timeout"):
+        if getattr(args, flag) <= 0:
+            raise InvalidArgumentError(
+                f"--{flag.replace('_', '-')} must be > 0 seconds, got {getattr(args, flag)}"
+            )
+    if args.metrics_require_api_key and args.api_key is None:
+        raise InvalidArgumentError(
+            "--metrics-require-api-key needs --api-key (the key /metrics should require)"
+        )
+    if args.metrics_require_api_key and args.metrics_port is not None:
+        raise InvalidArgumentError(
+            "--metrics-port serves /metrics without authentication; with --metrics-require-api-key, "
+            "scrape /metrics on the main port instead"
+        )
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -88,7 +95,7 @@ def run_server(args: argparse.Namespace) -> int:
     except FastDeployError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
-    app = build_app(ctx)
+    app = build_app(ctx, max_request_bytes=args.max_request_size)
     metrics_server = None
     if args.metrics_port is not None:
         from prometheus_client import start_http_server
@@ -104,14 +111,15 @@ def run_server(args: argparse.Namespace) -> int:
         log_level=args.uvicorn_log_level,
         timeout_graceful_shutdown=args.shutdown_timeout,
         lifespan="on",
+        http=DeadlineH11Protocol.with_timeouts(args.header_timeout, args.body_timeout),
     )
-    server = GracefulServer(config)
+    server = GracefulServer(config, on_drain=ctx.engine.stop_accepting, on_deadline=ctx.engine.abort_all)
     died: list[BaseException] = []
 
     def engine_died(exc: BaseException) -> None:
-        # requests in flight have failed with 503; stop serving and exit non-zero
+        # requests in flight have failed; stop serving and exit non-zero
         died.append(exc)
-        server.should_exit = True
+        server.fail(f"the engine died: {exc}")
 
     ctx.engine.on_fatal(engine_died)
     logger.info("serving %s on http://%s:%d", ", ".join(ctx.served_model_names), args.host, args.port)
@@ -124,8 +132,7 @@ def run_server(args: argparse.Namespace) -> int:
         stop_replicas(ctx.engine)
     if died:
         sys.stderr.write(f"error: the engine died: {died[0]}\n")
-        return 1
-    return 0 if server.started else 1
+    return server.exit_code if server.started else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,8 @@
 
 The engine thread starts with the application (lifespan startup) and stops after the server has
 drained its connections (lifespan shutdown), so a SIGTERM lets running requests finish first.
+`build_app` returns the FastAPI app wrapped in `RequestGuard` (body size and content type are
+refused before any route runs).
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp
 
 from fastdeploy import __version__
 from fastdeploy.entrypoints.openai.errors import OpenAIError
+from fastdeploy.entrypoints.openai.http_guard import DEFAULT_MAX_REQUEST_BYTES, RequestGuard
 from fastdeploy.entrypoints.openai.metrics import CONTENT_TYPE
 from fastdeploy.entrypoints.openai.serving import ServingContext, as_openai_error
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
@@ -26,7 +31,11 @@ from fastdeploy.logger import get_logger
 logger = get_logger(__name__)
 
 
-def build_app(ctx: ServingContext) -> FastAPI:
+def error_response(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> ASGIApp:
     """An ASGI app serving `ctx`'s engine; running it (lifespan) starts and stops the engine thread."""
 
     @asynccontextmanager
@@ -36,6 +45,7 @@ def build_app(ctx: ServingContext) -> FastAPI:
             yield
         finally:
             ctx.engine.shutdown()
+            ctx.close()
 
     app = FastAPI(title="fastdeploy OpenAI-compatible API", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
@@ -43,12 +53,12 @@ def build_app(ctx: ServingContext) -> FastAPI:
 
     @app.exception_handler(OpenAIError)
     async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error = OpenAIError(exc.status_code, str(exc.detail))
-        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+        error = OpenAIError(exc.status_code, str(exc.detail), headers=exc.headers)
+        return error_response(error)
 
     async def check_api_key(request: Request) -> None:
         if ctx.api_key is None:
@@ -69,7 +79,7 @@ def build_app(ctx: ServingContext) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        if not ctx.engine.is_running:
+        if not ctx.engine.is_running or not ctx.engine.is_accepting:
             return JSONResponse({"status": "stopping"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
@@ -77,7 +87,7 @@ def build_app(ctx: ServingContext) -> FastAPI:
     async def version() -> Response:
         return JSONResponse({"version": __version__})
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=authorized if ctx.metrics_require_api_key else [])
     async def metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
 
@@ -105,7 +115,7 @@ def build_app(ctx: ServingContext) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await _serve(create_chat_completion, ctx, request)
 
-    return app
+    return RequestGuard(app, max_request_bytes)
 
 
 async def _serve(
@@ -114,8 +124,10 @@ async def _serve(
     """Run an endpoint; any failure becomes an OpenAI-style error response."""
     try:
         return await handler(ctx, request)
+    except ClientDisconnect:  # gone while sending its body (or dropped by --body-timeout)
+        return Response(status_code=499)
     except Exception as exc:
         error = as_openai_error(exc)
         if error.status >= 500:
             logger.warning("request to %s failed: %s", request.url.path, error.message)
-        return JSONResponse(error.body(), status_code=error.status)
+        return error_response(error)

@@ -12,10 +12,15 @@ import argparse
 from typing import Any
 
 from fastdeploy.cli.engine_args import add_engine_arguments
+from fastdeploy.entrypoints.openai.http_guard import DEFAULT_MAX_REQUEST_BYTES
 
 DEFAULT_PORT = 8000
 #: requests that may wait beyond the --max-num-seqs running ones before the server answers 503
 DEFAULT_MAX_WAITING = 1024
+#: seconds a client may take to send a request's head, and between two reads of its body (nginx's
+#: client_header_timeout and client_body_timeout)
+DEFAULT_READ_TIMEOUT = 60.0
+_SIZE_SUFFIXES = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 #: flag -> argparse options, for launch flags accepted without effect
 _NO_EFFECT_FLAGS: dict[str, dict[str, Any]] = {
@@ -30,6 +35,16 @@ _NO_EFFECT_FLAGS: dict[str, dict[str, Any]] = {
     "--disable-log-requests": {"action": "store_true", "help": "accepted for vLLM compatibility"},
     "--disable-log-stats": {"action": "store_true", "help": "accepted for vLLM compatibility"},
 }
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes from '16777216', '16M', '512k' or '1G' (binary units), for argparse."""
+    value = text.strip().lower().removesuffix("ib").removesuffix("b")
+    suffix = value[-1:] if value[-1:] in _SIZE_SUFFIXES else ""
+    number = value[: len(value) - len(suffix)]
+    if not number.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a size such as 16777216, 512K or 16M, got {text!r}")
+    return int(number) * _SIZE_SUFFIXES[suffix]
 
 
 def _has_flag(parser: argparse.ArgumentParser, flag: str) -> bool:
@@ -58,17 +73,46 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="name(s) clients use in 'model' (default: the MODEL argument as given)",
     )
     server.add_argument(
+        "--metrics-require-api-key",
+        action="store_true",
+        help="/metrics needs the --api-key too (default: /metrics is open, as Prometheus scrapers expect)",
+    )
+    server.add_argument(
+        "--max-waiting-requests",
         "--max-waiting",
+        dest="max_waiting",
         type=int,
         default=DEFAULT_MAX_WAITING,
-        help="requests that may queue beyond --max-num-seqs before new ones get 503 "
+        help="requests that may queue beyond --max-num-seqs before new ones get 503 with Retry-After "
         f"(default {DEFAULT_MAX_WAITING})",
+    )
+    server.add_argument(
+        "--max-request-size",
+        type=byte_size,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="largest request body in bytes (K/M/G suffixes allowed); larger ones get 413 before "
+        "their body is read (default 8M)",
+    )
+    server.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_READ_TIMEOUT,
+        help="seconds a client may take to send a request's line and headers before the connection is "
+        f"closed (default {DEFAULT_READ_TIMEOUT:g}, as nginx)",
+    )
+    server.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_READ_TIMEOUT,
+        help="seconds a client may pause while sending a request body before the connection is closed "
+        f"(default {DEFAULT_READ_TIMEOUT:g}, as nginx)",
     )
     server.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
-        help="seconds running requests get to finish after SIGTERM (default 30)",
+        help="seconds running requests get to finish after SIGTERM; then they are aborted and their "
+        "streams end with finish_reason 'abort' (default 30)",
     )
     server.add_argument(
         "--data-parallel-size",

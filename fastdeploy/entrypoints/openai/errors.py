@@ -17,6 +17,7 @@ _TYPES = {
     401: "authentication_error",
     404: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable",
 }
@@ -33,6 +34,7 @@ class OpenAIError(Exception):
         param: str | None = None,
         code: str | int | None = None,
         type: str | None = None,  # noqa: A002 - OpenAI's field name
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -40,9 +42,32 @@ class OpenAIError(Exception):
         self.param = param
         self.code = code
         self.type = type or _TYPES.get(status, "invalid_request_error")
+        #: extra response headers (`Retry-After` on 503)
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        message = redact_paths(self.message)
+        return {"error": {"message": message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+#: the server's own routes, which messages may name
+_API_ROUTES = "/v1/"
+#: an absolute filesystem path with at least one directory, not inside a URL or a word
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])/(?:[\w.@+~-]+/)+([\w.@+~-]+)")
+
+
+def redact_paths(message: str) -> str:
+    """`message` with absolute server paths cut to their last component.
+
+    Errors from deep inside (a loader, a backend, a plugin) may name files on the server; a
+    client needs the file's name at most, never the server's directory layout.
+    """
+    return _ABSOLUTE_PATH.sub(_last_component, message)
+
+
+def _last_component(match: re.Match[str]) -> str:
+    path = match.group(0)
+    return path if path.startswith(_API_ROUTES) else match.group(1)
 
 
 def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:

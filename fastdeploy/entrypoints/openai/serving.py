@@ -5,17 +5,23 @@ A request with several prompts (completions accept a list) becomes one engine re
 prompt; their outputs are merged into one stream of `(prompt_index, RequestOutput)`. Leaving
 that stream early (the client disconnected) cancels every engine request behind it, which frees
 their KV blocks.
+
+Chat-template rendering and tokenization run on a small thread pool (`ServingContext.offload`),
+never on the event loop: a multi-megabyte prompt takes seconds to tokenize, and meanwhile every
+other connection, `/health` included, must still be answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -37,9 +43,14 @@ logger = get_logger(__name__)
 
 Model = TypeVar("Model", bound=BaseModel)
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: the last event of every stream
 SSE_DONE = "data: [DONE]\n\n"
+#: threads that render chat templates and tokenize prompts (the tokenizers release the GIL)
+PREPROCESS_THREADS = 2
+#: `Retry-After` seconds sent with a 503 (overloaded or shutting down)
+RETRY_AFTER_SECONDS = 1
 
 
 class ClientDisconnected(Exception):
@@ -66,6 +77,7 @@ class ServingContext:
         metrics: ServerMetrics,
         api_key: str | None = None,
         model_root: str | None = None,
+        metrics_require_api_key: bool = False,
     ) -> None:
         if not served_model_names:
             raise InvalidArgumentError("served_model_names must name at least one model")
@@ -76,6 +88,17 @@ class ServingContext:
         self.metrics = metrics
         self.api_key = api_key
         self.model_root = model_root
+        self.metrics_require_api_key = metrics_require_api_key
+        self._preprocess = ThreadPoolExecutor(PREPROCESS_THREADS, thread_name_prefix="fastdeploy-preprocess")
+
+    async def offload(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`function(*args, **kwargs)` on the preprocessing threads (CPU work off the event loop)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._preprocess, functools.partial(function, *args, **kwargs))
+
+    def close(self) -> None:
+        """Stop the preprocessing threads (after the server has drained)."""
+        self._preprocess.shutdown(wait=False, cancel_futures=True)
 
     def model_name(self, requested: str | None) -> str:
         """The name to answer with; 404 if the request names a model this server does not serve."""
@@ -95,8 +118,8 @@ class ServingContext:
         """400 if the engine cannot serve these prompt tokens (too long, empty, bad ids)."""
         if len(token_ids) >= self.max_model_len:
             raise invalid_request(
-                f"This model's maximum context length is {self.max_model_len} tokens, but the "
-                f"{param} has {len(token_ids)} tokens, leaving no room to generate; shorten the {param} "
+                f"This model's maximum context length is {self.max_model_len} tokens, but the request "
+                f"has {len(token_ids)} tokens of {param}, leaving no room to generate; shorten the {param} "
                 "(or start the server with a larger --max-model-len)",
                 param=param,
                 code="context_length_exceeded",
@@ -105,6 +128,26 @@ class ServingContext:
             self.engine.engine.validate_prompt(token_ids)
         except InvalidArgumentError as exc:
             raise invalid_request(str(exc), param=param) from exc
+
+    def check_max_tokens(
+        self, prompt_tokens: int, max_tokens: int | None, param: str, prompt_param: str
+    ) -> None:
+        """400 naming the maximum when a requested `max_tokens` does not fit after the prompt.
+
+        OpenAI and vLLM refuse such a request rather than silently generating less; a default
+        (None) is not checked: the engine then stops at the context window.
+        """
+        if max_tokens is None:
+            return
+        room = self.max_model_len - prompt_tokens
+        if max_tokens > room:
+            raise invalid_request(
+                f"{param}={max_tokens} is too large: this model's maximum context length is "
+                f"{self.max_model_len} tokens and {prompt_tokens} of them are {prompt_param}, so at most "
+                f"{room} tokens can be generated; lower {param} or shorten the {prompt_param}",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     def admit(self, count: int) -> None:
         """Raise 503 now, before a stream starts, if `count` more requests do not fit."""
@@ -175,6 +218,21 @@ class ServingContext:
         return [finals[index] for index in range(len(prompts))]
 
 
+def refuse_aborted(outputs: list[RequestOutput]) -> None:
+    """503 for a non-streaming request the server aborted (at its shutdown deadline).
+
+    A stream shows such an end as `finish_reason: "abort"`; a whole response would otherwise
+    look like a normal, merely short, answer.
+    """
+    if any(sample.finish_reason == "abort" for output in outputs for sample in output.outputs):
+        raise OpenAIError(
+            503,
+            "the server stopped this request before it finished (it is shutting down); retry it",
+            code="server_shutting_down",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -197,10 +255,11 @@ def as_openai_error(exc: BaseException) -> OpenAIError:
     """The HTTP error for a failure while serving a request."""
     if isinstance(exc, OpenAIError):
         return exc
+    retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     if isinstance(exc, EngineOverloadedError):
-        return OpenAIError(503, str(exc), code="server_overloaded")
+        return OpenAIError(503, str(exc), code="server_overloaded", headers=retry)
     if isinstance(exc, EngineStoppedError):
-        return OpenAIError(503, str(exc), code="server_shutting_down")
+        return OpenAIError(503, str(exc), code="server_shutting_down", headers=retry)
     if isinstance(exc, InvalidArgumentError):
         return invalid_request(str(exc))
     if isinstance(exc, GenerationError):

@@ -33,6 +33,7 @@ from fastdeploy.entrypoints.openai.serving import (
     new_id,
     output_usage,
     parse_body,
+    refuse_aborted,
     sse,
     sse_stream,
     unless_disconnected,
@@ -71,9 +72,12 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
     reject_unsupported(request)
     plan = plan_chat_tools(ctx.engine.engine, request)
     params = chat_sampling_params(request)
+    ctx.admit(1)  # a full queue refuses before any CPU is spent on the prompt
     await check_request_guided_decoding(ctx.engine.engine, request, params)
     params = await constrain_for_tools(ctx.engine.engine, request, params, plan)
-    prompt = prepare_conversation(ctx, request, plan)
+    prompt = await ctx.offload(prepare_conversation, ctx, request, plan)
+    max_param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+    ctx.check_max_tokens(len(prompt.token_ids), params.max_tokens, max_param, "messages")
     request_id = new_id("chatcmpl")
     created = int(time.time())
     if request.stream:
@@ -84,6 +88,7 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
         (output,) = await unless_disconnected(ctx.final_outputs(request_id, [prompt], params), raw)
     except ClientDisconnected:
         return Response(status_code=499)
+    refuse_aborted([output])
     top = request.top_logprobs or 0
     choices = []
     for sample in output.outputs:

@@ -23,6 +23,7 @@ from fastdeploy.entrypoints.openai.serving import (
     new_id,
     output_usage,
     parse_body,
+    refuse_aborted,
     sse,
     sse_stream,
     unless_disconnected,
@@ -62,8 +63,12 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     model = ctx.model_name(request.model)
     reject_unsupported(request)
     params = completion_sampling_params(request)
+    ctx.admit(1)  # a full queue refuses before any CPU is spent on the prompt
     await check_request_guided_decoding(ctx.engine.engine, request, params)
-    prompts = prepare_prompts(ctx, request.prompt)
+    prompts = await ctx.offload(prepare_prompts, ctx, request.prompt)
+    if "max_tokens" in request.model_fields_set:  # the default (16) is cut to what fits
+        for prompt in prompts:
+            ctx.check_max_tokens(len(prompt.token_ids), params.max_tokens, "max_tokens", "prompt")
     request_id = new_id("cmpl")
     created = int(time.time())
     if request.stream:
@@ -74,6 +79,7 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
         outputs = await unless_disconnected(ctx.final_outputs(request_id, prompts, params), raw)
     except ClientDisconnected:
         return Response(status_code=499)
+    refuse_aborted(outputs)
     choices = []
     for prompt_index, output in enumerate(outputs):
         for sample in output.outputs:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import openai
 import pytest
 from openai_server_helpers import http_get, http_post
@@ -127,3 +130,83 @@ def test_openai_client_sees_bad_request_with_param(client):
 def test_unknown_route_is_an_openai_style_404(server):
     status, text = http_get(server.url + "/v1/no-such-endpoint")
     assert status == 404 and '"error"' in text
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "param"),
+    [
+        ("/v1/completions", completion(max_tokens=1_000_000_000), "max_tokens"),
+        ("/v1/chat/completions", chat(max_tokens=1_000_000_000), "max_tokens"),
+        ("/v1/chat/completions", chat(max_completion_tokens=5000), "max_completion_tokens"),
+    ],
+)
+def test_max_tokens_beyond_the_context_is_400_naming_the_maximum(server, path, payload, param):
+    small = {
+        key: value for key, value in payload.items() if key not in ("max_tokens", "max_completion_tokens")
+    }
+    status, body = http_post(server.url + path, {**small, "max_tokens": 1})
+    assert status == 200, body
+    room = 1024 - body["usage"]["prompt_tokens"]
+    status, body = http_post(server.url + path, payload)
+    error = assert_error(status, body, 400, param, f"at most {room} tokens can be generated")
+    assert "maximum context length is 1024 tokens" in error["message"]
+    assert error["code"] == "context_length_exceeded"
+    status, body = http_post(server.url + path, {**payload, param: room + 1})
+    assert_error(status, body, 400, param, f"at most {room} tokens")
+    # exactly what fits is accepted (the stream is left after its first event, which aborts it)
+    with httpx.stream(
+        "POST", server.url + path, json={**payload, param: room, "stream": True}, timeout=120
+    ) as response:
+        assert response.status_code == 200
+        assert next(response.iter_lines()).startswith("data: ")
+
+
+def test_default_max_tokens_is_cut_to_what_fits(server, llm):
+    prompt = "hello " * 1015  # the completions default of 16 tokens does not fit after it
+    prompt_tokens = len(llm.get_tokenizer().encode(prompt))
+    assert 1024 - 16 < prompt_tokens < 1024
+    status, body = http_post(server.url + "/v1/completions", {"model": MODEL, "prompt": prompt})
+    assert status == 200, body
+    assert body["usage"]["completion_tokens"] <= 1024 - prompt_tokens
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_non_json_content_type_is_415(server, content_type):
+    headers = {"Content-Type": content_type} if content_type else {}
+    request = httpx.Request(
+        "POST", server.url + "/v1/completions", content=json.dumps(completion()), headers=headers
+    )
+    assert request.headers.get("Content-Type") == content_type
+    response = httpx.Client(timeout=60).send(request)
+    assert response.status_code == 415, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_media_type" and "application/json" in error["message"]
+
+
+def test_json_content_type_with_parameters_is_accepted(server):
+    response = httpx.post(
+        server.url + "/v1/completions",
+        content=json.dumps(completion()),
+        headers={"Content-Type": "Application/JSON; charset=utf-8"},
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        (
+            "cannot read /home/ops/models/secret-model/model.gguf: bad magic",
+            "cannot read model.gguf: bad magic",
+        ),
+        ("file /etc/fastdeploy/key.txt missing", "file key.txt missing"),
+        ("POST /v1/chat/completions failed", "POST /v1/chat/completions failed"),
+        ("see http://host:8000/a/b/c", "see http://host:8000/a/b/c"),
+        ("ratio 1/2/3 and ./relative/path", "ratio 1/2/3 and ./relative/path"),
+    ],
+)
+def test_error_bodies_never_show_server_directories(message, shown):
+    from fastdeploy.entrypoints.openai.errors import OpenAIError
+
+    assert OpenAIError(500, message).body()["error"]["message"] == shown

@@ -108,9 +108,13 @@ def test_overload_beyond_max_waiting_is_503(guarded):
             return running == 2 and metric(text, "fastdeploy:num_requests_waiting") == 1
 
         wait_until(queue_is_full, 120, "2 running and 1 waiting requests")
-        status, body = http_post(guarded.url + "/v1/chat/completions", chat_payload(max_tokens=2), AUTH)
-        assert status == 503, body
-        assert body["error"]["code"] == "server_overloaded" and "--max-waiting" in body["error"]["message"]
+        response = httpx.post(
+            guarded.url + "/v1/chat/completions", json=chat_payload(max_tokens=2), headers=AUTH, timeout=60
+        )
+        assert response.status_code == 503, response.text
+        assert response.headers["Retry-After"] == "1"
+        error = response.json()["error"]
+        assert error["code"] == "server_overloaded" and "--max-waiting-requests" in error["message"]
     # the three streams were closed: their requests are aborted and capacity comes back
     wait_until(
         lambda: metric(guarded.metrics(), "fastdeploy:num_requests_running") == 0,

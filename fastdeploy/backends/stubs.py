@@ -48,7 +48,7 @@ class StubBackend(Backend):
         stub = cls.stub
         return (
             f"not implemented: the {stub.vendor} {stub.product} backend (device {stub.device!r}) is a stub; "
-            "implement fastdeploy.backends.base.Backend (see docs/plugins.md) and register it via "
+            "implement fastdeploy.plugins.api.Backend (see docs/plugins.md) and register it via "
             "fastdeploy_device_backends"
         )
 

@@ -207,6 +207,7 @@ class GGUFTokenizerLoader(TokenizerLoader):
 
     name = "gguf"
     priority = 10
+    reads = "a .gguf file (its tokenizer metadata)"
 
     def can_load(self, model_path: str) -> bool:
         return model_path.lower().endswith(".gguf") and os.path.isfile(model_path)

@@ -144,6 +144,7 @@ class HFTokenizerLoader(TokenizerLoader):
 
     name = "hf-tokenizer-json"
     priority = 0
+    reads = "a directory with tokenizer.json (and tokenizer_config.json)"
 
     def can_load(self, model_path: str) -> bool:
         return os.path.isdir(model_path) and os.path.isfile(os.path.join(model_path, "tokenizer.json"))

@@ -326,6 +326,7 @@ class SentencePieceTokenizerLoader(TokenizerLoader):
 
     name = "sentencepiece"
     priority = 5
+    reads = "a directory with a SentencePiece tokenizer.model"
 
     def can_load(self, model_path: str) -> bool:
         if not (os.path.isdir(model_path) and os.path.isfile(os.path.join(model_path, "tokenizer.model"))):

@@ -133,6 +133,11 @@ _TITLES = {
 }
 
 
+def _width(names: list[str], minimum: int) -> int:
+    """A column wide enough for every name, so long names never shift the next column."""
+    return max([minimum, *map(len, names)])
+
+
 def format_environment(report: EnvironmentReport) -> str:
     """The report as text for a terminal."""
     lines = [
@@ -140,24 +145,27 @@ def format_environment(report: EnvironmentReport) -> str:
         "",
         f"Device backends (device='auto' picks: {report.auto_device or 'none available'}):",
     ]
+    device = _width([status.name for status in report.backends], 10)
     for status in report.backends:
         state = "available" if status.available else "unavailable"
         lines.append(
-            f"  {status.name:<10} {state:<11} plugin {status.plugin}, auto priority {status.auto_priority}"
+            f"  {status.name:<{device}} {state:<11} plugin {status.plugin}, auto priority {status.auto_priority}"
         )
         if status.reason:
-            lines.append(f"  {'':<10} why: {status.reason}")
+            lines.append(f"  {'':<{device}} why: {status.reason}")
         if status.details:
-            lines.append(f"  {'':<10} runs: {status.details}")
+            lines.append(f"  {'':<{device}} runs: {status.details}")
     lines += ["", "Plugins (entry points of group 'fastdeploy.plugins'):"]
+    name = _width([plugin.name for plugin in report.plugins], 32)
     for plugin in report.plugins:
         kind = "built-in" if plugin.builtin else "third-party"
         state = "loaded" if plugin.loaded else f"NOT LOADED: {plugin.error}"
-        lines.append(f"  {plugin.name:<32} {kind:<11} {plugin.distribution}: {state}")
+        lines.append(f"  {plugin.name:<{name}} {kind:<11} {plugin.distribution}: {state}")
     for hook, title in _TITLES.items():
         entries = report.components.get(hook, {})
+        name = _width(list(entries), 32)
         lines += ["", f"{title}:"]
-        lines += [f"  {name:<32} {owner}" for name, owner in entries.items()] or ["  (none)"]
+        lines += [f"  {entry:<{name}} {owner}" for entry, owner in entries.items()] or ["  (none)"]
     if report.errors:
         lines += ["", "Errors:"]
         lines += [f"  {hook}: {error}" for hook, error in report.errors.items()]

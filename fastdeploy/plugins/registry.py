@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,9 +208,15 @@ def reset_registry() -> None:
 
 
 def first_that_can_load(loaders: list[Any], path: str, what: str) -> Any:
-    """Return the first loader whose `can_load(path)` is true, else raise naming what was tried."""
+    """Return the first loader whose `can_load(path)` is true, else raise saying what each loader
+    reads (their `reads`) and what the directory holds, so the user sees which files are missing."""
     for loader in loaders:
         if loader.can_load(path):
             return loader
-    tried = ", ".join(loader.name for loader in loaders) or "none registered"
-    raise UnsupportedModelError(f"no registered {what} can read {path!r}; tried: {tried}")
+    expected = "; ".join(f"{loader.reads} ({loader.name})" for loader in loaders) or "none registered"
+    found = ""
+    if os.path.isdir(path):
+        names = sorted(os.listdir(path))
+        found = f"; the directory holds: {', '.join(names[:12])}{' ...' if len(names) > 12 else ''}"
+        found = found if names else "; the directory is empty"
+    raise UnsupportedModelError(f"no registered {what} can read {path!r}; expected one of: {expected}{found}")

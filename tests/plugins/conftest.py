@@ -17,6 +17,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE_PLUGINS = {
     "fastdeploy-gpt2": "plugins/fastdeploy-gpt2",
+    "fastdeploy-minimal-model": "plugins/fastdeploy-minimal-model",
     "fastdeploy-think-parser": "plugins/fastdeploy-think-parser",
 }
 

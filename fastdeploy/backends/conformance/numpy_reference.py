@@ -85,13 +85,17 @@ def sample_top_k_top_p(
 
 
 def llama_logits(weights: dict[str, np.ndarray], config: dict[str, Any], token_ids: list[int]) -> np.ndarray:
-    """Logits of every position of `token_ids` under a HF-named Llama checkpoint, no cache."""
+    """Logits of every position of `token_ids` under a HF-named Llama checkpoint, no cache.
+
+    `partial_rotary_factor` in `config` (default 1) rotates only that fraction of each head.
+    """
     hidden = config["hidden_size"]
     heads = config["num_attention_heads"]
     kv_heads = config["num_key_value_heads"]
     head_dim = hidden // heads
     eps = config["rms_norm_eps"]
-    inv_freq = 1.0 / config["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
+    rotary_dim = int(head_dim * config.get("partial_rotary_factor", 1.0))
+    inv_freq = 1.0 / config["rope_theta"] ** (np.arange(0, rotary_dim, 2) / rotary_dim)
     positions = np.arange(len(token_ids))
     w = {name: value.astype(np.float64) for name, value in weights.items()}
     x = w["model.embed_tokens.weight"][token_ids]

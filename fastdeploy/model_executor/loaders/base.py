@@ -22,6 +22,8 @@ class WeightLoader(ABC):
     name: str = "base"
     #: loaders are asked in descending priority; the first that can load wins
     priority: int = 0
+    #: what this loader reads, in words, for the error shown when no loader can read a path
+    reads: str = "a checkpoint"
 
     @abstractmethod
     def can_load(self, model_path: str) -> bool:

@@ -65,6 +65,7 @@ def hf_tensor_name(gguf_name: str) -> str:
 class GGUFLoader(WeightLoader):
     name = "gguf"
     priority = 10
+    reads = "a .gguf file"
 
     def can_load(self, model_path: str) -> bool:
         return model_path.lower().endswith(".gguf")

@@ -106,6 +106,7 @@ class PaddleErnieLoader(SafetensorsLoader):
 
     name = "paddle-ernie-safetensors"
     priority = 5
+    reads = "an ERNIE-4.5 -Paddle directory (config.json, *.safetensors with ernie.* tensors)"
 
     def can_load(self, model_path: str) -> bool:
         if not super().can_load(model_path):

@@ -35,13 +35,18 @@ def safetensors_files(model_dir: str) -> list[str]:
     else:
         names = sorted(name for name in os.listdir(model_dir) if name.endswith(".safetensors"))
     if not names:
-        raise WeightLoadError(f"{model_dir} has no *.safetensors weight files")
+        held = ", ".join(sorted(os.listdir(model_dir))[:12])
+        raise WeightLoadError(
+            f"{model_dir} has no *.safetensors weight files (it holds: {held}); fastdeploy reads "
+            "safetensors or GGUF weights, not PyTorch .bin/.pt files"
+        )
     return [os.path.join(model_dir, name) for name in names]
 
 
 class SafetensorsLoader(WeightLoader):
     name = "safetensors"
     priority = 0
+    reads = "a directory with config.json and *.safetensors weights"
 
     def can_load(self, model_path: str) -> bool:
         return os.path.isdir(model_path) and os.path.isfile(os.path.join(model_path, "config.json"))

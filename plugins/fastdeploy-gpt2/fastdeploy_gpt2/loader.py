@@ -56,6 +56,7 @@ class GPT2Loader(SafetensorsLoader):
 
     name = "gpt2-safetensors"
     priority = 20
+    reads = "a GPT-2 directory (config.json with model_type gpt2, *.safetensors)"
 
     def can_load(self, model_path: str) -> bool:
         """Only GPT-2 directories; anything unreadable is left to the generic loader's errors."""

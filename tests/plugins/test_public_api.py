@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import glob
 import os
+import re
 
 import pytest
 
@@ -124,3 +125,22 @@ def test_every_exported_name_exists_and_nothing_else_is_public():
     public = {name for name in vars(api) if not name.startswith("_")}
     assert public == set(api.__all__)
     assert len(api.__all__) == len(set(api.__all__))
+
+
+def _guide_code_blocks() -> list[str]:
+    with open(os.path.join(ROOT, "docs", "plugins.md"), encoding="utf-8") as handle:
+        return re.findall(r"```python\n(.*?)```", handle.read(), re.DOTALL)
+
+
+def test_the_guide_teaches_only_the_public_api():
+    """docs/plugins.md's examples import plugin names from the public module, user names
+    (`LLM`, `SamplingParams`) from the package root, and nothing else of fastdeploy's."""
+    import fastdeploy
+
+    blocks = _guide_code_blocks()
+    assert len(blocks) > 10
+    for block in blocks:
+        assert reaches_past_api(block, "docs.plugins", {"fastdeploy"}) == [], block[:200]
+        for _, module, name in imported_modules(block, "docs.plugins"):
+            if module == "fastdeploy":
+                assert name in fastdeploy.__all__, f"docs/plugins.md imports fastdeploy.{name}"

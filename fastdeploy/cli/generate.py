@@ -13,6 +13,7 @@ import json
 import sys
 
 from fastdeploy.cli.engine_args import add_engine_arguments, engine_kwargs
+from fastdeploy.cli.sampling_args import add_sampling_arguments, sampling_params_from
 from fastdeploy.engine.request import OK, RequestOutput
 
 #: exit status when at least one prompt failed (2 stays for errors before generation starts)
@@ -23,9 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("generate", help="complete one or more prompts and print the results")
     add_engine_arguments(parser)
     parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeatable)")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
+    add_sampling_arguments(parser, max_tokens=128)
     parser.add_argument(
         "--output-format",
         choices=["text", "jsonl"],
@@ -51,10 +50,10 @@ def format_output(output: RequestOutput, prompt: str, output_format: str) -> str
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastdeploy import LLM, SamplingParams
+    from fastdeploy import LLM
 
+    params = sampling_params_from(args)  # before the model loads: a bad flag fails at once
     llm = LLM(**engine_kwargs(args))
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
     status = 0
     for index, (prompt, output) in enumerate(
         zip(args.prompt, llm.generate(args.prompt, params), strict=True)

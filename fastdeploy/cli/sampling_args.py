@@ -1,4 +1,4 @@
-"""Sampling flags of the commands that generate (`chat`), checked while the command line is parsed.
+"""Sampling flags of the commands that generate (`chat`, `generate`), checked while the command line is parsed.
 
 Each value is validated by building a `SamplingParams` with that one field, so the rules and
 messages are `SamplingParams`' own, and a bad value is reported with the subcommand's usage

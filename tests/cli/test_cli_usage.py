@@ -34,6 +34,7 @@ def test_an_unknown_flag_shows_that_subcommands_usage(capsys, argv, prog):
     )
 
 
+@pytest.mark.parametrize("command", ["chat", "generate"])
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
@@ -43,13 +44,14 @@ def test_an_unknown_flag_shows_that_subcommands_usage(capsys, argv, prog):
         ("--top-p", "0", "argument --top-p: top_p must be in (0.0, 1.0], got 0.0"),
     ],
 )
-def test_chat_sampling_flags_fail_before_the_model_loads(capsys, monkeypatch, flag, value, message):
+def test_sampling_flags_fail_before_the_model_loads(capsys, monkeypatch, command, flag, value, message):
     import fastdeploy.entrypoints.llm as llm_module
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the flags were checked")
 
     monkeypatch.setattr(llm_module.LLM, "__init__", no_model)
-    err = usage_error(capsys, ["chat", flag, value])
-    assert err.startswith("usage: fastdeploy chat ")
-    assert err.splitlines()[-1] == f"fastdeploy chat: error: {message}"
+    prompt = ["--prompt", "hi"] if command == "generate" else []
+    err = usage_error(capsys, [command, *prompt, flag, value])
+    assert err.startswith(f"usage: fastdeploy {command} ")
+    assert err.splitlines()[-1] == f"fastdeploy {command}: error: {message}"

@@ -79,7 +79,7 @@ def make_checkpoint(directory: str, arch: str = "llama", shape: str = "smollm2",
         for name, buffer in model.named_buffers():
             if "e_score_correction_bias" in name:
                 buffer.normal_(std=0.02)
-    model.save_pretrained(directory, safe_serialization=True)
+    model.save_pretrained(directory)  # safetensors (transformers 5 has no other format)
     write_byte_tokenizer(directory)
     return directory
 

@@ -104,6 +104,10 @@ class Backend(ABC):
     communicator: ClassVar[str] = "paddle"
     #: the dtype `dtype="auto"` (the default) means on this backend
     default_dtype: ClassVar[str] = "float32"
+    #: tokens one step may compute when `max_num_batched_tokens` is not set (at least
+    #: max_model_len): more tokens per step amortise a step's fixed cost (kernel launches) on
+    #: accelerators, fewer keep a host backend's steps short
+    default_max_num_batched_tokens: ClassVar[int] = 2048
 
     @classmethod
     def resolve_default_dtype(cls) -> str:
@@ -114,6 +118,12 @@ class Backend(ABC):
     def unavailable_reason(cls) -> str | None:
         """None when this backend can run here, else what is missing (shown to users)."""
         return None
+
+    @classmethod
+    def communicator_name(cls) -> str:
+        """The communicator its ranks use: `communicator`, unless the backend decides at run time
+        (the cuda backend's ranks use the collectives of the tensor framework it runs on)."""
+        return cls.communicator
 
     @classmethod
     def device_count(cls) -> int | None:

@@ -40,6 +40,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         default=None,
         help="uni: the model in the engine process (one rank); mp: in rank processes (default above one rank)",
     )
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step eagerly: no CUDA graphs for decode steps (accelerator backends)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
@@ -81,6 +86,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "engine_worker_queue_port": args.engine_worker_queue_port,
         "distributed_executor_backend": args.distributed_executor_backend,
         "seed": args.seed,
+        "enforce_eager": args.enforce_eager,
         "kv_cache_memory": args.kv_cache_memory,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "num_gpu_blocks_override": args.num_gpu_blocks_override,

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.backends.base import BackendOptions
-from fastdeploy.backends.selection import create_backend
+from fastdeploy.backends.selection import create_backend, select_backend_class
 from fastdeploy.config import EngineConfig
 from fastdeploy.distributed.pipeline import MicroBatchPipeline
 from fastdeploy.distributed.startup import start_executor
@@ -123,7 +123,9 @@ class LLMEngine:
         checkpoint = inspect_checkpoint(model_path, registry)
         self.model_config = checkpoint.config
         self.max_model_len = self._resolve_max_model_len()
-        self.max_num_batched_tokens = config.max_num_batched_tokens or max(self.max_model_len, 2048)
+        self.max_num_batched_tokens = config.max_num_batched_tokens or max(
+            self.max_model_len, select_backend_class(config.device, registry).default_max_num_batched_tokens
+        )
         # rank processes start loading now, while this process reads the tokenizer
         self.executor = (
             start_executor(config, checkpoint, self.max_model_len, self.max_num_batched_tokens, registry)

@@ -56,7 +56,9 @@ def plan_kv_cache(
             utilization = memory_share * (
                 config.gpu_memory_utilization or DEFAULT_UTILIZATION.get(backend.name, FALLBACK_UTILIZATION)
             )
-            budget = profiled_kv_cache_budget(model, backend, spec, utilization, max_num_batched_tokens)
+            budget = profiled_kv_cache_budget(
+                model, backend, spec, utilization, max_num_batched_tokens, max_model_len
+            )
             if budget is None:
                 budget = int(free * utilization)
         blocks_per_seq = -(-max_model_len // config.block_size)

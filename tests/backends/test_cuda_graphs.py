@@ -105,3 +105,28 @@ def test_mixed_and_oversized_steps_run_eagerly():
     assert is_decode_only(layout([1, 1, 1]))
     assert not is_decode_only(layout([1, 5, 1]))
     assert not is_decode_only(layout([]))
+
+
+def test_a_one_token_prompt_chunk_is_not_a_graph_decode():
+    """A step whose sequences all compute one token is replayed only if every one samples: a
+    one-token chunk in the middle of a prompt (budget left over by chunked prefill) samples
+    nothing, so the graph's logits rows would not be the step's samplers."""
+    from fastdeploy.backends.cuda.cuda_graphs import is_decode_only
+    from fastdeploy.engine.sampling_params import SamplingParams
+    from fastdeploy.engine.scheduler import ScheduledBatch
+    from fastdeploy.engine.sequence import Sequence
+    from fastdeploy.model_executor.model_runner import build_layout
+
+    def sequence(seq_id, prompt, computed):
+        seq = Sequence(seq_id, str(seq_id), 0, prompt, SamplingParams(), 8, np.random.default_rng(0), 0.0)
+        seq.num_computed_tokens = computed
+        seq.block_table = [seq_id]
+        return seq
+
+    decoding = sequence(0, [5, 6, 7], 2)  # its last prompt token: samples
+    batch = ScheduledBatch()
+    batch.add(decoding, 1)
+    assert is_decode_only(build_layout(batch, 4)[0])
+    batch.add(sequence(1, [1, 2, 3, 4], 1), 1)  # token 2 of 4: samples nothing
+    layout, sampling = build_layout(batch, 4)
+    assert sampling == [0] and not is_decode_only(layout)

@@ -62,10 +62,22 @@ def test_budget_refuses_when_nothing_is_left():
 
 
 def test_profile_layout_is_one_prefill_over_consecutive_blocks():
-    layout = profile_layout(10, 4)
+    layout = profile_layout(10, 4, max_model_len=64)
     assert layout.block_tables.tolist() == [[0, 1, 2]]
     assert layout.slot_mapping.tolist() == list(range(10))
     assert layout.query_lens.tolist() == [10] and layout.logits_indices.tolist() == [9]
+
+
+def test_profile_layout_keeps_positions_inside_the_model_length():
+    """More tokens than max_model_len: sequences of max_model_len, each in its own blocks (a
+    position past the model length would read past the rotary table)."""
+    layout = profile_layout(11, 4, max_model_len=5)
+    assert layout.query_lens.tolist() == [5, 5, 1] and layout.context_lens.tolist() == [5, 5, 1]
+    assert layout.positions.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0]
+    assert layout.block_tables.tolist() == [[0, 1], [2, 3], [4, 5]]
+    # slot = block_tables[seq][pos // 4] * 4 + pos % 4
+    assert layout.slot_mapping.tolist() == [0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 16]
+    assert layout.logits_indices.tolist() == [4, 9, 10]
 
 
 @pytest.mark.parametrize("device", ["cpu", "paddle-cpu", "torch-cpu"])
@@ -81,7 +93,7 @@ def test_dummy_forward_runs_the_model_and_cuda_budget_uses_it(device, tmp_path):
     model = LlamaForCausalLM(ModelConfig.from_hf_dict(config), backend, 64)
     model.load_weights(weights.items())
     spec = KVCacheSpec(num_layers=2, num_blocks=0, block_size=4, num_kv_heads=2, head_dim=16)
-    logits = backend.to_numpy(dummy_forward(model, backend, 11, spec))
+    logits = backend.to_numpy(dummy_forward(model, backend, 11, spec, 64))
     expected = ref.llama_logits(weights, config, [0] * 11)[-1:]
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
     if device != "cpu":
@@ -89,12 +101,30 @@ def test_dummy_forward_runs_the_model_and_cuda_budget_uses_it(device, tmp_path):
         backend.memory = FakeMemory(total=16 * GIB, weights=GIB, peak=GIB)
         ran = []
         budget = backend.kv_cache_budget_bytes(
-            0.5, lambda: ran.append(dummy_forward(model, backend, 11, spec))
+            0.5, lambda: ran.append(dummy_forward(model, backend, 11, spec, 64))
         )
         assert len(ran) == 1 and budget == 7 * GIB
-        assert profiled_kv_cache_budget(model, backend, spec, 0.75, 11) == 11 * GIB
+        assert profiled_kv_cache_budget(model, backend, spec, 0.75, 11, 64) == 11 * GIB
     else:
-        assert profiled_kv_cache_budget(model, backend, spec, 0.75, 11) is None
+        assert profiled_kv_cache_budget(model, backend, spec, 0.75, 11, 64) is None
+
+
+@pytest.mark.parametrize("device", ["cpu", "torch-cpu"])
+def test_dummy_forward_over_more_tokens_than_the_model_length(device, tmp_path):
+    """11 tokens with max_model_len 8: a sequence of 8 and one of 3, logits of both last rows."""
+    if device != "cpu":
+        pytest.importorskip("torch", reason="torch-cpu needs torch (the test extra installs it)")
+    from fastdeploy.backends.conformance import build_backend
+    from fastdeploy.models.llama import LlamaForCausalLM
+
+    config, weights = tiny_llama(str(tmp_path))
+    backend = build_backend(device)
+    model = LlamaForCausalLM(ModelConfig.from_hf_dict(config), backend, 8)
+    model.load_weights(weights.items())
+    spec = KVCacheSpec(num_layers=2, num_blocks=0, block_size=4, num_kv_heads=2, head_dim=16)
+    logits = backend.to_numpy(dummy_forward(model, backend, 11, spec, 8))
+    expected = [ref.llama_logits(weights, config, [0] * n)[-1] for n in (8, 3)]
+    np.testing.assert_allclose(logits, np.stack(expected), rtol=1e-4, atol=1e-4)
 
 
 def test_cpu_backend_leaves_sizing_to_the_planner():

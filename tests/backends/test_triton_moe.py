@@ -114,3 +114,33 @@ def test_backend_moe_ops_on_torch_cpu_with_triton(monkeypatch):
     w_down = np.stack([d.T for d in down])
     expected = _experts_reference(x, w_gate_up, w_down, expected_weights, expected_ids)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_expert_parallel_ranks_sum_to_the_whole_layer(monkeypatch):
+    """Under expert parallelism each rank holds a slice of the experts (`first_expert`), adds
+    nothing for entries routed elsewhere, and the ranks' sum is the whole layer."""
+    from fastdeploy.backends.conformance import build_backend
+
+    monkeypatch.setenv("FD_CUDA_KERNELS", "triton")
+    backend = build_backend("torch-cpu", threads=1)
+    rng = np.random.default_rng(5)
+    gate = [(rng.standard_normal((WIDTH, HIDDEN)) * 0.2).astype(np.float32) for _ in range(EXPERTS)]
+    up = [(rng.standard_normal((WIDTH, HIDDEN)) * 0.2).astype(np.float32) for _ in range(EXPERTS)]
+    down = [(rng.standard_normal((HIDDEN, WIDTH)) * 0.2).astype(np.float32) for _ in range(EXPERTS)]
+    x = rng.standard_normal((7, HIDDEN)).astype(np.float32)
+    ids = rng.integers(0, EXPERTS, (7, TOP_K)).astype(np.int32)
+    weights = rng.random((7, TOP_K)).astype(np.float32)
+    half = EXPERTS // 2
+    out = np.zeros((7, HIDDEN))
+    for first in (0, half):
+        shard = slice(first, first + half)
+        experts = backend.moe_expert_weights(gate[shard], up[shard], down[shard])
+        out += backend.to_numpy(
+            backend.moe_experts(
+                backend.from_numpy(x), experts, tensor(weights), tensor(ids), first_expert=first
+            )
+        )
+    w_gate_up = np.stack([np.concatenate([g, u]).T for g, u in zip(gate, up, strict=True)])
+    w_down = np.stack([d.T for d in down])
+    expected = _experts_reference(x, w_gate_up, w_down, weights, ids)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)

@@ -94,3 +94,17 @@ def test_overflowing_candidates_are_flagged_not_guessed():
 def test_chunk_width_scales_with_the_vocabulary():
     assert sampling.chunk_size(150) == 16 and sampling.chunk_size(152064) == 128
     assert sampling.capacity(150) == 256 and sampling.capacity(152064) == sampling.CAPACITY
+
+
+def test_negative_logits_sample_like_any_others():
+    """Candidates far below zero must still sort above the buffer's empty slots (a model whose
+    logits are all negative samples from the same distribution as after any shift)."""
+    logits, temperatures, uniforms, _ = _inputs(7)
+    logits = logits - 60.0
+    expected = [
+        ref.sample_top_k_top_p(logits[i], temperatures[i], TOP_K[i], TOP_P[i], uniforms[i])
+        for i in range(ROWS)
+    ]
+    out, _ = _run(logits, temperatures, uniforms)
+    for row in (0, 1, 2, 3, 5, 7):
+        assert out[row] == expected[row], row

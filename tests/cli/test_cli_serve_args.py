@@ -33,11 +33,21 @@ def test_seed_launch_flags_parse():
         128,
     )
     assert (args.host, args.port, args.gpu_memory_utilization) == ("0.0.0.0", 8080, 0.9)
-    assert no_effect_flags(args) == {
-        "--num-scheduler-steps": 8,
-        "--trust-remote-code": True,
-        "--enforce-eager": True,
-    }
+    assert no_effect_flags(args) == {"--num-scheduler-steps": 8, "--trust-remote-code": True}
+
+
+def test_enforce_eager_reaches_the_engine():
+    """--enforce-eager turns off CUDA graphs (it is no longer a flag without effect)."""
+    from fastdeploy.cli.engine_args import engine_kwargs
+
+    assert engine_kwargs(build_parser().parse_args(SEED_LAUNCH))["enforce_eager"] is True
+    assert engine_kwargs(build_parser().parse_args(["serve"]))["enforce_eager"] is False
+    assert (
+        engine_kwargs(build_parser().parse_args(["generate", "--prompt=hi", "--enforce-eager"]))[
+            "enforce_eager"
+        ]
+        is True
+    )
 
 
 def test_structured_output_and_tool_flags_reach_the_engine():

@@ -4,6 +4,12 @@ Random-weight checkpoints of SmolLM2-135M's and Llama-3.2-1B's shapes are built 
 transformers (tools/gpu_checkpoints.py) for Llama, Qwen3 and ERNIE-4.5 MoE. In float32 the
 greedy tokens must equal transformers' over 32 new tokens; in bfloat16 the first 8 must, and the
 first step's top log-probabilities must agree within bfloat16's precision.
+
+Random weights give flat distributions, where two tokens can score within rounding of each other.
+Where the engines' tokens first differ, transformers' own scores of both tokens at that step
+must then be within the dtype's tolerance (a tie the dtype cannot break, reported in the
+assertion message otherwise); past that point the two continuations are not comparable and the
+comparison stops. Any other difference fails.
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ def checkpoint(request, tmp_path_factory):
 
 
 def _transformers(directory: str, dtype: str, prompts: list[list[int]], new_tokens: int):
-    """Greedy tokens and first-step log-probabilities from transformers on the same device."""
+    """Greedy tokens and each step's log-probabilities [new_tokens, vocab] from transformers on
+    the same device."""
     import torch
     import transformers
 
@@ -52,7 +59,7 @@ def _transformers(directory: str, dtype: str, prompts: list[list[int]], new_toke
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype)).to(
         device
     )
-    tokens, first = [], []
+    tokens, steps = [], []
     with torch.no_grad():
         for prompt in prompts:
             ids = torch.tensor([prompt], device=device)
@@ -61,14 +68,29 @@ def _transformers(directory: str, dtype: str, prompts: list[list[int]], new_toke
                 max_new_tokens=new_tokens,
                 do_sample=False,
                 pad_token_id=0,
+                output_logits=True,
+                return_dict_in_generate=True,
             )
-            tokens.append(out[0, len(prompt) :].tolist())
-            logits = model(ids).logits[0, -1].float()
-            first.append(torch.log_softmax(logits, -1).cpu().numpy())
+            tokens.append(out.sequences[0, len(prompt) :].tolist())
+            logits = torch.stack([step[0] for step in out.logits]).float()
+            steps.append(torch.log_softmax(logits, -1).cpu().numpy())
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
-    return tokens, first
+    return tokens, steps
+
+
+def _assert_greedy_agrees(ours: list[int], theirs: list[int], steps: np.ndarray, tolerance: float) -> None:
+    """Identical tokens, or identical up to a step where transformers scores both within `tolerance`."""
+    assert len(ours) == len(theirs)
+    for step, (mine, reference) in enumerate(zip(ours, theirs, strict=True)):
+        if mine != reference:
+            gap = float(steps[step][reference] - steps[step][mine])
+            assert gap <= tolerance, (
+                f"token {step}: ours {mine}, transformers {reference}, which transformers scores "
+                f"{gap:.4g} higher in log-probability (tolerance {tolerance}); ours {ours}, theirs {theirs}"
+            )
+            return
 
 
 def _ours(directory: str, dtype: str, prompts: list[list[int]], new_tokens: int):
@@ -92,21 +114,21 @@ def _ours(directory: str, dtype: str, prompts: list[list[int]], new_tokens: int)
 
 def test_float32_greedy_tokens_equal_transformers(checkpoint):
     directory, _ = checkpoint
-    expected, _ = _transformers(directory, "float32", PROMPTS, 32)
+    expected, steps = _transformers(directory, "float32", PROMPTS, 32)
     ours = _ours(directory, "float32", PROMPTS, 32)
-    for prompt, (tokens, _), theirs in zip(PROMPTS, ours, expected, strict=True):
-        assert tokens == theirs, f"prompt {prompt}"
+    for (tokens, _), theirs, scores in zip(ours, expected, steps, strict=True):
+        _assert_greedy_agrees(tokens, theirs, scores, tolerance=1e-3)
 
 
 def test_bfloat16_first_tokens_and_logprobs_agree(checkpoint):
     directory, _ = checkpoint
-    expected, first = _transformers(directory, "bfloat16", PROMPTS, 8)
+    expected, steps = _transformers(directory, "bfloat16", PROMPTS, 8)
     ours = _ours(directory, "bfloat16", PROMPTS, 8)
-    for (tokens, logprobs), theirs, reference in zip(ours, expected, first, strict=True):
-        assert tokens == theirs
+    for (tokens, logprobs), theirs, scores in zip(ours, expected, steps, strict=True):
+        _assert_greedy_agrees(tokens, theirs, scores, tolerance=0.1)
+        reference = scores[0]
         for token, value in logprobs.items():
             # bfloat16 keeps 8 bits of mantissa: a log-probability of a few units is good to ~0.1
             assert value == pytest.approx(
                 float(reference[token]), abs=0.1 + 0.02 * abs(float(reference[token]))
             )
-        assert int(np.argmax(reference)) == tokens[0]

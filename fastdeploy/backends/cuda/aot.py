@@ -7,7 +7,9 @@ check what the kernels compute; this checks that the GPU compiler accepts them.
 
 Run `python -m fastdeploy.backends.cuda.aot [ARCH ...]` (TRITON_INTERPRET must be unset). It
 compiles float32, bfloat16 and float16 variants of every kernel at the shapes the models here
-use (head_dim 128 and 64, ERNIE-4.5-21B-A3B's MoE, a 152064-token vocabulary), in parallel.
+use (head_dim 128 and 64, ERNIE-4.5-21B-A3B's MoE, a 152064-token vocabulary), in parallel,
+with the num_warps / num_stages the launchers use, and fails where a kernel needs more shared
+memory than the architecture gives one program (which on a GPU is a launch-time OutOfResources).
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 _TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+#: shared memory one program may use (bytes, the opt-in maximum per block): A100 / H100
+SHARED_MEMORY_LIMIT = {80: 166912, 90: 232448}
+
+#: (module, kernel, signature, constexprs, launch options: num_warps / num_stages as launched)
+Launch = tuple[str, str, dict[str, str], dict[str, Any], dict[str, int]]
 
 
 @dataclass(frozen=True)
@@ -27,21 +34,27 @@ class CompiledKernel:
     dtype: str
     ptx_bytes: int
     cubin_bytes: int
+    shared_bytes: int
 
 
-def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[str, Any]]]:
+def _specialisations(dtype: str) -> list[Launch]:
     """(module, kernel, signature, constexprs) for each launch the backend makes in `dtype`."""
     t = "*" + _TRITON_DTYPES[dtype]
     precision = "ieee" if dtype == "float32" else "tf32"
     attention_common = {"scale_log2": "fp32", "num_heads": "i32", "num_kv_heads": "i32", "head_dim": "i32"}
     attention_common |= {"block_size": "i32", "max_blocks": "i32"}
-    specs: list[tuple[str, str, dict[str, str], dict[str, Any]]] = [
+    from fastdeploy.backends.cuda.triton_attention import decode_launch_options, prefill_launch_options
+    from fastdeploy.backends.cuda.triton_moe import gemm_config
+
+    fp32 = dtype == "float32"
+    specs: list[Launch] = [
         (
             "triton_kernels",
             "_rms_norm_kernel",
             {"x_ptr": t, "residual_ptr": t, "weight_ptr": t, "out_ptr": t, "residual_out_ptr": t}
             | {"n_cols": "i32", "eps": "fp32", "HAS_RESIDUAL": "constexpr", "BLOCK": "constexpr"},
             {"HAS_RESIDUAL": True, "BLOCK": 1024},
+            {},
         ),
         (
             "triton_kernels",
@@ -50,6 +63,7 @@ def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[st
             | {"num_heads": "i32", "head_dim": "i32", "half": "i32"}
             | {"HALF_BLOCK": "constexpr", "TAIL_BLOCK": "constexpr"},
             {"HALF_BLOCK": 64, "TAIL_BLOCK": 0},
+            {},
         ),
         (
             "triton_kernels",
@@ -57,12 +71,14 @@ def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[st
             {"key_ptr": t, "value_ptr": t, "key_cache_ptr": t, "value_cache_ptr": t}
             | {"slot_mapping_ptr": "*i64", "row_size": "i32", "BLOCK": "constexpr"},
             {"BLOCK": 1024},
+            {},
         ),
         (
             "triton_kernels",
             "_silu_and_mul_kernel",
             {"x_ptr": t, "out_ptr": t, "width": "i32", "BLOCK": "constexpr"},
             {"BLOCK": 1024},
+            {},
         ),
     ]
     # prefill: head_dim 128 (Llama-1B) and 64 (SmolLM2), GQA 4 and 3
@@ -76,8 +92,9 @@ def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[st
                 | {"seq_context_len_ptr": "*i32", "tile_seq_ptr": "*i32", "tile_offset_ptr": "*i32"}
                 | attention_common
                 | dict.fromkeys(("GROUP", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "PRECISION"), "constexpr"),
-                {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": 64 if dtype == "float32" else 128}
+                {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": 64 if fp32 else 128}
                 | {"BLOCK_N": 64, "PRECISION": precision},
+                prefill_launch_options(fp32, head_dim),
             )
         )
         for splits in (1, 8) if head_dim == 128 else (1,):
@@ -93,6 +110,7 @@ def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[st
                     | {"NUM_SPLITS": "constexpr", "PRECISION": "constexpr"},
                     {"GROUP": group, "GROUP_BLOCK": 16, "HEAD_DIM": head_dim, "BLOCK_N": 64}
                     | {"NUM_SPLITS": splits, "PRECISION": precision},
+                    decode_launch_options(fp32),
                 )
             )
     specs.append(
@@ -102,6 +120,7 @@ def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[st
             {"out_ptr": t, "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32", "decode_token_ptr": "*i32"}
             | {"num_heads": "i32", "head_dim": "i32", "HEAD_DIM": "constexpr", "NUM_SPLITS": "constexpr"},
             {"HEAD_DIM": 128, "NUM_SPLITS": 8},
+            {},
         )
     )
     # fused MoE at ERNIE-4.5-21B-A3B's shapes: routing over 64 experts, top-6, each GEMM tile config
@@ -115,15 +134,15 @@ def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[st
                 ("HAS_BIAS", "RENORMALIZE", "TOP_K", "K_BLOCK", "EXPERTS", "BLOCK_T"), "constexpr"
             ),
             {"HAS_BIAS": True, "RENORMALIZE": True, "TOP_K": 6, "K_BLOCK": 8, "EXPERTS": 64, "BLOCK_T": 16},
+            {},
         )
     )
-    from fastdeploy.backends.cuda.triton_moe import gemm_config
 
     # decode (16-row tiles), 256 tokens (64) and 4096 tokens (128); A rows of tokens or of entries
     for entries, a_choices in ((96, (False,)), (1536, (True,)), (24576, (False, True))):
-        config = {
-            k: v for k, v in gemm_config(entries, 64, dtype == "float32").items() if not k.startswith("num_")
-        }
+        launch = gemm_config(entries, 64, fp32)
+        config = {k: v for k, v in launch.items() if not k.startswith("num_")}
+        options = {k: v for k, v in launch.items() if k.startswith("num_")}
         for a_per_entry in a_choices:
             specs.append(
                 (
@@ -141,12 +160,13 @@ def _specialisations(dtype: str) -> list[tuple[str, str, dict[str, str], dict[st
                         "PRECISION": precision,
                     }
                     | config,
+                    options,
                 )
             )
     return specs
 
 
-def _dtype_free_specialisations() -> list[tuple[str, str, dict[str, str], dict[str, Any]]]:
+def _dtype_free_specialisations() -> list[Launch]:
     """Kernels whose inputs do not depend on the model dtype: sampling (float32 logits) and the
     MoE entry sort."""
     from fastdeploy.backends.cuda import triton_sampling as sampling
@@ -158,6 +178,7 @@ def _dtype_free_specialisations() -> list[tuple[str, str, dict[str, str], dict[s
     pad = 1 << (num_chunks - 1).bit_length()
     groups_pad = 1 << (groups - 1).bit_length()
     shape = {"GROUP_CHUNKS": sampling.GROUP_SIZE // chunk, "CHUNK": chunk}
+    warps = {"num_warps": sampling.SAMPLING_WARPS}
     return [
         (
             "triton_sampling",
@@ -171,6 +192,7 @@ def _dtype_free_specialisations() -> list[tuple[str, str, dict[str, str], dict[s
                 "CHUNK": "constexpr",
             },
             {"CHUNKS_PAD": pad} | shape,
+            warps,
         ),
         (
             "triton_sampling",
@@ -185,6 +207,7 @@ def _dtype_free_specialisations() -> list[tuple[str, str, dict[str, str], dict[s
             | {"num_chunks": "i32", "num_groups": "i32"}
             | dict.fromkeys(("CHUNKS_PAD", "GROUPS_PAD", "DEFAULT_K"), "constexpr"),
             {"CHUNKS_PAD": pad, "GROUPS_PAD": groups_pad, "DEFAULT_K": sampling.CANDIDATES_WITHOUT_TOP_K},
+            warps,
         ),
         (
             "triton_sampling",
@@ -193,6 +216,7 @@ def _dtype_free_specialisations() -> list[tuple[str, str, dict[str, str], dict[s
             | {"cand_value_ptr": "*fp32", "cand_index_ptr": "*i32", "vocab": "i32"}
             | dict.fromkeys(("CAPACITY", "GROUP_CHUNKS", "CHUNK"), "constexpr"),
             {"CAPACITY": sampling.CAPACITY} | shape,
+            warps,
         ),
         (
             "triton_sampling",
@@ -213,6 +237,7 @@ def _dtype_free_specialisations() -> list[tuple[str, str, dict[str, str], dict[s
             | {"out_ptr": "*i64", "vocab": "i32", "num_groups": "i32"}
             | dict.fromkeys(("CAPACITY", "GROUPS_PAD", "GROUP_CHUNKS", "CHUNK"), "constexpr"),
             {"CAPACITY": sampling.CAPACITY, "GROUPS_PAD": groups_pad} | shape,
+            warps,
         ),
         (
             "triton_moe",
@@ -221,6 +246,7 @@ def _dtype_free_specialisations() -> list[tuple[str, str, dict[str, str], dict[s
             | {"total_ptr": "*i32", "entries": "i32", "num_experts": "i32", "max_sorted": "i32"}
             | {"max_blocks": "i32", "EXPERTS": "constexpr", "BLOCK_M": "constexpr", "TILE": "constexpr"},
             {"EXPERTS": 64, "BLOCK_M": 64, "TILE": 1024},
+            {},
         ),
         (
             "triton_moe",
@@ -230,9 +256,11 @@ def _dtype_free_specialisations() -> list[tuple[str, str, dict[str, str], dict[s
                 "sorted_ptr": "*i32",
                 "cursor_ptr": "*i32",
                 "entries": "i32",
+                "num_experts": "i32",
                 "TILE": "constexpr",
             },
             {"TILE": 1024},
+            {},
         ),
     ]
 
@@ -240,24 +268,29 @@ def _dtype_free_specialisations() -> list[tuple[str, str, dict[str, str], dict[s
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _compile_one(
-    arch: int, dtype: str, spec: tuple[str, str, dict[str, str], dict[str, Any]]
-) -> CompiledKernel:
+def _compile_one(arch: int, dtype: str, spec: Launch) -> CompiledKernel:
     import importlib
 
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    module, name, signature, constexprs = spec
+    module, name, signature, constexprs, options = spec
     kernel = getattr(importlib.import_module(f"fastdeploy.backends.cuda.{module}"), name)
     if not isinstance(kernel, triton.runtime.JITFunction):
         raise RuntimeError("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
+    where = f"{name} ({dtype}, sm_{arch}, {constexprs}, {options or 'default launch options'})"
     try:
-        binary = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32))
+        binary = triton.compile(
+            ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32), options=options
+        )
     except Exception as exc:
-        raise RuntimeError(f"{name} ({dtype}, sm_{arch}, {constexprs}) does not compile: {exc}") from exc
-    return CompiledKernel(name, arch, dtype, len(binary.asm["ptx"]), len(binary.asm["cubin"]))
+        raise RuntimeError(f"{where} does not compile: {exc}") from exc
+    shared = int(binary.metadata.shared)
+    limit = SHARED_MEMORY_LIMIT.get(arch)
+    if limit is not None and shared > limit:  # the launch would fail with OutOfResources on the GPU
+        raise RuntimeError(f"{where} needs {shared} B of shared memory; sm_{arch} allows {limit} B")
+    return CompiledKernel(name, arch, dtype, len(binary.asm["ptx"]), len(binary.asm["cubin"]), shared)
 
 
 def compile_kernels(
@@ -277,7 +310,7 @@ def main(argv: list[str]) -> int:
     for kernel in compile_kernels(tuple(int(a) for a in argv) or (80, 90)):
         sys.stdout.write(
             f"sm_{kernel.arch} {kernel.dtype:8} {kernel.name:22} ptx {kernel.ptx_bytes:7d} B, "
-            f"cubin {kernel.cubin_bytes:7d} B\n"
+            f"cubin {kernel.cubin_bytes:7d} B, shared {kernel.shared_bytes:6d} B\n"
         )
     return 0
 

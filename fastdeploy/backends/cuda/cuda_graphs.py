@@ -52,7 +52,10 @@ def bucket_for(count: int, buckets: list[int]) -> int | None:
 
 
 def is_decode_only(layout: BatchLayout) -> bool:
-    return bool(layout.query_lens.size) and bool((layout.query_lens == 1).all())
+    """Every sequence computes one token and samples from it (a one-token chunk in the middle of
+    a prompt computes one token but samples nothing: the graph's logits rows would not match)."""
+    count = layout.query_lens.size
+    return bool(count) and bool((layout.query_lens == 1).all()) and layout.logits_indices.size == count
 
 
 class DecodeGraphs:

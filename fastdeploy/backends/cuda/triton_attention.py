@@ -46,6 +46,15 @@ def _is_float32(tensor: Any) -> bool:
     return str(tensor.dtype).endswith("float32")
 
 
+def prefill_launch_options(is_float32: bool, head_dim: int) -> dict[str, int]:
+    """num_warps / num_stages of the prefill kernel (the AOT check compiles with the same)."""
+    return {"num_warps": 4 if is_float32 and head_dim <= 64 else 8, "num_stages": 2 if is_float32 else 3}
+
+
+def decode_launch_options(is_float32: bool) -> dict[str, int]:
+    return {"num_warps": 4, "num_stages": 2 if is_float32 else 3}
+
+
 def _dot_precision(dtype_is_fp32: bool) -> str:
     """float32 models compute float32 dot products (tf32 would change greedy tokens)."""
     return "ieee" if dtype_is_fp32 else "tf32"
@@ -197,8 +206,7 @@ def prefill_attention(
         BLOCK_M=prefill_block_m(fp32),
         BLOCK_N=PREFILL_BLOCK_N,
         PRECISION=_dot_precision(fp32),
-        num_warps=4 if fp32 and head_dim <= 64 else 8,
-        num_stages=2 if fp32 else 3,
+        **prefill_launch_options(fp32, head_dim),
     )
 
 
@@ -379,8 +387,7 @@ def decode_attention(
         BLOCK_N=DECODE_BLOCK_N,
         NUM_SPLITS=num_splits,
         PRECISION=_dot_precision(_is_float32(q)),
-        num_warps=4,
-        num_stages=2 if _is_float32(q) else 3,
+        **decode_launch_options(_is_float32(q)),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(decodes, heads)](

@@ -9,7 +9,8 @@ ids, reading that expert's weight tile, and scattering the result back to the en
 - `moe_route`: softmax over experts, top-k on probabilities + correction bias (chosen by the
   biased score, weighted by the unbiased probability), renormalised.
 - `moe_align`: counts per expert, padded offsets, the expert of every tile, and the sorted
-  entry ids (padding entries hold `tokens * top_k`, which every GEMM skips).
+  entry ids (padding entries hold `tokens * top_k`, which every GEMM skips). Entries routed to
+  an expert outside [0, experts) (another rank's, under expert parallelism) are left out.
 - `moe_gemm`: C[entry] = A[row] @ W[expert] (x rows for the gate/up GEMM, intermediate rows for
   the down GEMM), optionally scaled by the entry's routing weight.
 
@@ -125,6 +126,7 @@ def _align_kernel(
     for start in range(0, entries, TILE):
         i = start + tl.arange(0, TILE)
         expert = tl.load(ids_ptr + i, mask=i < entries, other=EXPERTS).to(tl.int32)
+        expert = tl.where((expert >= 0) & (expert < num_experts), expert, EXPERTS)  # others': none
         counts += tl.sum((expert[:, None] == e[None, :]).to(tl.int32), axis=0)
     padded = tl.cdiv(counts, BLOCK_M) * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
@@ -142,10 +144,10 @@ def _align_kernel(
 
 
 @triton.jit
-def _scatter_kernel(ids_ptr, sorted_ptr, cursor_ptr, entries, TILE: tl.constexpr):
+def _scatter_kernel(ids_ptr, sorted_ptr, cursor_ptr, entries, num_experts, TILE: tl.constexpr):
     i = tl.program_id(0) * TILE + tl.arange(0, TILE)
-    mask = i < entries
-    expert = tl.load(ids_ptr + i, mask=mask, other=0).to(tl.int32)
+    expert = tl.load(ids_ptr + i, mask=i < entries, other=0).to(tl.int32)
+    mask = (i < entries) & (expert >= 0) & (expert < num_experts)
     slot = tl.atomic_add(cursor_ptr + expert, 1, mask=mask)
     tl.store(sorted_ptr + slot, i.to(tl.int32), mask=mask)
 
@@ -158,7 +160,8 @@ def max_sorted_entries(entries: int, num_experts: int, block_m: int) -> int:
 def moe_align(
     ids: Any, num_experts: int, block_m: int, sorted_ids: Any, block_expert: Any, cursor: Any, total: Any
 ) -> None:
-    """Sort the entries of ids [tokens, top_k] by expert into sorted_ids [max_sorted_entries].
+    """Sort the entries of ids [tokens, top_k] by expert into sorted_ids [max_sorted_entries]
+    (entries whose id is outside [0, num_experts) are dropped).
 
     block_expert [max_sorted / block_m] int32 gets each tile's expert, total [1] int32 the padded
     length; cursor [experts] int32 is scratch. Order within an expert is unspecified (it does
@@ -181,7 +184,7 @@ def moe_align(
         BLOCK_M=block_m,
         TILE=tile,
     )
-    _scatter_kernel[(triton.cdiv(entries, tile),)](ids, sorted_ids, cursor, entries, TILE=tile)
+    _scatter_kernel[(triton.cdiv(entries, tile),)](ids, sorted_ids, cursor, entries, num_experts, TILE=tile)
 
 
 @triton.jit

@@ -38,6 +38,8 @@ CAPACITY = 2048
 CANDIDATES_WITHOUT_TOP_K = 256
 #: logits a stats / gather program reads
 GROUP_SIZE = 4096
+#: warps of every sampling kernel (the per-row sorts of 2048 keys want the whole register file)
+SAMPLING_WARPS = 8
 
 
 def capacity(vocab: int) -> int:
@@ -210,8 +212,8 @@ def _pick_kernel(
     valid = j < tl.minimum(count, CAPACITY)
     values = tl.load(cand_value_ptr + row * CAPACITY + j, mask=valid, other=float("-inf"))
     index = tl.load(cand_index_ptr + row * CAPACITY + j, mask=valid, other=vocab)
-    keys = (_sortable(values) << 32) | (0xFFFFFFFF - index.to(tl.int64))
-    keys = tl.sort(tl.where(valid, keys, -(2**62)), descending=True)
+    # empty slots hold -inf, below every candidate (candidates are finite): they sort last
+    keys = tl.sort((_sortable(values) << 32) | (0xFFFFFFFF - index.to(tl.int64)), descending=True)
     values = _unsortable((keys >> 32).to(tl.int32))
     index = (0xFFFFFFFF - (keys & 0xFFFFFFFF)).to(tl.int32)
     kth = _element(values, tl.maximum(top_k - 1, 0), CAPACITY)
@@ -311,7 +313,7 @@ def sample_top_k_top_p(
         CHUNKS_PAD=chunks_pad,
         GROUP_CHUNKS=group_chunks,
         CHUNK=chunk,
-        num_warps=8,
+        num_warps=SAMPLING_WARPS,
     )
     _threshold_kernel[(rows,)](
         scratch["chunk_max"],
@@ -327,7 +329,7 @@ def sample_top_k_top_p(
         CHUNKS_PAD=chunks_pad,
         GROUPS_PAD=groups_pad,
         DEFAULT_K=CANDIDATES_WITHOUT_TOP_K,
-        num_warps=8,
+        num_warps=SAMPLING_WARPS,
     )
     _gather_kernel[(rows, num_groups)](
         logits,
@@ -340,7 +342,7 @@ def sample_top_k_top_p(
         CAPACITY=cap,
         GROUP_CHUNKS=group_chunks,
         CHUNK=chunk,
-        num_warps=8,
+        num_warps=SAMPLING_WARPS,
     )
     _pick_kernel[(rows,)](
         logits,
@@ -362,7 +364,7 @@ def sample_top_k_top_p(
         GROUPS_PAD=groups_pad,
         GROUP_CHUNKS=group_chunks,
         CHUNK=chunk,
-        num_warps=8,
+        num_warps=SAMPLING_WARPS,
     )
 
 

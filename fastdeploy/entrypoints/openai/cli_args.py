@@ -2,7 +2,7 @@
 
 Engine flags come from `fastdeploy.cli.engine_args`; this module adds the server's own, and
 accepts the vLLM / Ascend launch flags users paste from existing deployments
-(`--num-scheduler-steps`, `--trust-remote-code`, `--enforce-eager`, ...): they have no effect in
+(`--num-scheduler-steps`, `--trust-remote-code`, ...): they have no effect in
 this engine and are logged as such rather than rejected.
 """
 
@@ -30,7 +30,6 @@ _NO_EFFECT_FLAGS: dict[str, dict[str, Any]] = {
         "action": "store_true",
         "help": "accepted; no model code is ever downloaded or run",
     },
-    "--enforce-eager": {"action": "store_true", "help": "accepted; this engine has no graph mode"},
     "--disable-async-output-proc": {"action": "store_true", "help": "accepted for vLLM compatibility"},
     "--disable-log-requests": {"action": "store_true", "help": "accepted for vLLM compatibility"},
     "--disable-log-stats": {"action": "store_true", "help": "accepted for vLLM compatibility"},
@@ -130,7 +129,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     compat = parser.add_argument_group("accepted for vLLM / FastDeploy compatibility")
     if not _has_flag(parser, "--dtype"):
-        compat.add_argument("--dtype", default=None, help="weights dtype ('auto' or 'float32')")
+        compat.add_argument(
+            "--dtype", default=None, help="'auto' (default), 'float32', 'bfloat16' or 'float16'"
+        )
     for flag, options in _NO_EFFECT_FLAGS.items():
         if not _has_flag(parser, flag):
             compat.add_argument(flag, **options)

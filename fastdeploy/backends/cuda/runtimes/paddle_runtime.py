@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.backends.cuda.gpu_probe import visible_gpu_reason
+from fastdeploy.backends.cuda.gpu_probe import local_gpu_index, visible_gpu_reason
 from fastdeploy.backends.cuda.runtimes.base import DeviceGraph, TensorRuntime
 from fastdeploy.logger import get_logger
 
@@ -81,8 +81,8 @@ def gpu_unavailable_reason() -> str | None:
 
 
 def gpu_capability() -> tuple[int, int]:
-    """(major, minor) compute capability of GPU 0 (paddlepaddle-gpu must be usable)."""
-    major, minor = import_paddle().device.cuda.get_device_capability(0)
+    """(major, minor) compute capability of this process's GPU (paddlepaddle-gpu must be usable)."""
+    major, minor = import_paddle().device.cuda.get_device_capability(local_gpu_index())
     return int(major), int(minor)
 
 
@@ -93,9 +93,9 @@ def set_cpu_threads(paddle: ModuleType, count: int) -> int:
 
 
 class PaddleMemory:
-    """Paddle's CUDA allocator statistics for device 0."""
+    """Paddle's CUDA allocator statistics for one device."""
 
-    def __init__(self, paddle: Any, device: int = 0) -> None:
+    def __init__(self, paddle: Any, device: int) -> None:
         self.cuda = paddle.device.cuda
         self.device = device
 
@@ -140,7 +140,8 @@ class PaddleGraph(DeviceGraph):
 
 
 class PaddleRuntime(TensorRuntime):
-    """paddle tensors on `gpu:0`, or on Paddle's CPU place (the `paddle-cpu` device)."""
+    """paddle tensors on this process's GPU (`gpu:N`, see `gpu_probe.local_gpu_index`), or on
+    Paddle's CPU place (the `paddle-cpu` device)."""
 
     name = "paddle"
 
@@ -149,9 +150,10 @@ class PaddleRuntime(TensorRuntime):
         self.paddle = paddle = import_paddle()
         self._functional = paddle.nn.functional
         self.threads = None
+        self.index = local_gpu_index()
         if on_gpu:
-            paddle.device.set_device("gpu:0")
-            self.place = paddle.CUDAPlace(0)
+            paddle.device.set_device(f"gpu:{self.index}")
+            self.place = paddle.CUDAPlace(self.index)
             # Triton launches on paddle tensors through paddle's torch-compat proxy, enabled for
             # the triton package before it is imported, as FastDeploy does
             paddle.enable_compat(scope={"triton"})
@@ -168,7 +170,7 @@ class PaddleRuntime(TensorRuntime):
     def compute_capability(self) -> tuple[int, int] | None:
         if not self.on_gpu:
             return None
-        major, minor = self.paddle.device.cuda.get_device_capability(0)
+        major, minor = self.paddle.device.cuda.get_device_capability(self.index)
         return int(major), int(minor)
 
     def from_numpy(self, array: np.ndarray, dtype: str | None = None) -> Any:
@@ -239,14 +241,14 @@ class PaddleRuntime(TensorRuntime):
         return self.paddle.argmax(x, axis=-1)
 
     def memory(self) -> PaddleMemory | None:
-        return PaddleMemory(self.paddle) if self.on_gpu else None
+        return PaddleMemory(self.paddle, self.index) if self.on_gpu else None
 
     def synchronize(self) -> None:
         if self.on_gpu:
-            self.paddle.device.cuda.synchronize()
+            self.paddle.device.cuda.synchronize(self.index)
 
     def multiprocessor_count(self) -> int:
-        return int(self.paddle.device.cuda.get_device_properties(0).multi_processor_count)
+        return int(self.paddle.device.cuda.get_device_properties(self.index).multi_processor_count)
 
     def new_graph(self) -> DeviceGraph:
         return PaddleGraph(self.paddle)

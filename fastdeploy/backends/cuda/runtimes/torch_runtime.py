@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.backends.cuda.gpu_probe import visible_gpu_reason
+from fastdeploy.backends.cuda.gpu_probe import local_gpu_index, visible_gpu_reason
 from fastdeploy.backends.cuda.runtimes.base import DeviceGraph, TensorRuntime
 
 
@@ -63,10 +63,10 @@ def gpu_unavailable_reason() -> str | None:
 
 
 def gpu_capability() -> tuple[int, int]:
-    """(major, minor) compute capability of GPU 0 (torch with CUDA must be usable)."""
+    """(major, minor) compute capability of this process's GPU (torch with CUDA must be usable)."""
     import torch
 
-    major, minor = torch.cuda.get_device_capability(0)
+    major, minor = torch.cuda.get_device_capability(local_gpu_index())
     return int(major), int(minor)
 
 
@@ -78,30 +78,31 @@ def torch_description() -> str:
 
 
 class TorchMemory:
-    """torch's CUDA caching-allocator statistics for the current device."""
+    """torch's CUDA caching-allocator statistics for one device."""
 
-    def __init__(self, torch: Any) -> None:
+    def __init__(self, torch: Any, device: Any) -> None:
         self.cuda = torch.cuda
+        self.device = device
 
     def total(self) -> int:
-        return int(self.cuda.get_device_properties(0).total_memory)
+        return int(self.cuda.get_device_properties(self.device).total_memory)
 
     def allocated(self) -> int:
-        return int(self.cuda.memory_allocated(0))
+        return int(self.cuda.memory_allocated(self.device))
 
     def free(self) -> int:
         """Free memory on the device as the driver reports it (other processes included)."""
-        free, _ = self.cuda.mem_get_info(0)
+        free, _ = self.cuda.mem_get_info(self.device)
         return int(free)
 
     def reset_peak(self) -> None:
-        self.cuda.reset_peak_memory_stats(0)
+        self.cuda.reset_peak_memory_stats(self.device)
 
     def peak(self) -> int:
-        return int(self.cuda.max_memory_allocated(0))
+        return int(self.cuda.max_memory_allocated(self.device))
 
     def synchronize(self) -> None:
-        self.cuda.synchronize(0)
+        self.cuda.synchronize(self.device)
 
 
 class TorchGraph(DeviceGraph):
@@ -125,7 +126,9 @@ _DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint8", "bool")
 
 
 class TorchRuntime(TensorRuntime):
-    """torch tensors on `cuda:0`, or on the host (the `torch-cpu` device)."""
+    """torch tensors on this process's GPU (`cuda:N`, N from `gpu_probe.local_gpu_index`; each rank
+    process sees only its own GPU, so N is 0 unless a launcher selected another), or on the host
+    (the `torch-cpu` device)."""
 
     name = "torch"
 
@@ -136,7 +139,7 @@ class TorchRuntime(TensorRuntime):
 
         self.torch = torch
         self._functional = functional
-        self.device = torch.device("cuda:0" if on_gpu else "cpu")
+        self.device = torch.device(f"cuda:{local_gpu_index()}" if on_gpu else "cpu")
         self.threads = None
         if on_gpu:
             torch.cuda.set_device(self.device)
@@ -148,14 +151,14 @@ class TorchRuntime(TensorRuntime):
 
     def describe(self) -> str:
         if self.on_gpu:
-            return f"{torch_description()}, {self.torch.cuda.get_device_name(0)}"
+            return f"{torch_description()}, {self.torch.cuda.get_device_name(self.device)}"
         threads = f", {self.threads} threads" if self.threads else ""
         return f"{torch_description()}, host{threads}"
 
     def compute_capability(self) -> tuple[int, int] | None:
         if not self.on_gpu:
             return None
-        major, minor = self.torch.cuda.get_device_capability(0)
+        major, minor = self.torch.cuda.get_device_capability(self.device)
         return int(major), int(minor)
 
     def from_numpy(self, array: np.ndarray, dtype: str | None = None) -> Any:
@@ -231,14 +234,14 @@ class TorchRuntime(TensorRuntime):
         return self.torch.argmax(x, dim=-1)
 
     def memory(self) -> TorchMemory | None:
-        return TorchMemory(self.torch) if self.on_gpu else None
+        return TorchMemory(self.torch, self.device) if self.on_gpu else None
 
     def synchronize(self) -> None:
         if self.on_gpu:
             self.torch.cuda.synchronize()
 
     def multiprocessor_count(self) -> int:
-        return int(self.torch.cuda.get_device_properties(0).multi_processor_count)
+        return int(self.torch.cuda.get_device_properties(self.device).multi_processor_count)
 
     def new_graph(self) -> DeviceGraph:
         return TorchGraph(self.torch, self._graph_pool)

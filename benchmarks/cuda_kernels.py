@@ -38,6 +38,12 @@ def gpu_missing() -> str | None:
     return None
 
 
+def device_shared_memory() -> int | None:
+    from fastdeploy.backends.cuda.launch import device_shared_memory as shared_memory
+
+    return shared_memory()
+
+
 def _bench(fn) -> float:
     import triton.testing
 
@@ -92,7 +98,9 @@ def bench_prefill(torch) -> dict:
     scale = head_dim**-0.5
 
     def ours():
-        attention.prefill_attention(q, key_cache, value_cache, out, *args, *tiles, scale, block)
+        attention.prefill_attention(
+            q, key_cache, value_cache, out, *args, *tiles, scale, block, device_shared_memory()
+        )
 
     sdpa_q = q.reshape(seqs, ctx, heads, head_dim).transpose(1, 2).contiguous()
     sdpa_k = keys.transpose(1, 2).contiguous()
@@ -238,7 +246,7 @@ def bench_moe(torch, tokens: int) -> dict:
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=dev)
     moe.moe_route(logits, None, weights, ids, top_k, True, 1e-12)
     entries = tokens * top_k
-    config = moe.gemm_config(entries, experts)
+    config = moe.gemm_config(entries, experts, shared_memory=device_shared_memory())
     block_m = config["BLOCK_M"]
     max_sorted = moe.max_sorted_entries(entries, experts, block_m)
     sorted_ids = torch.empty(max_sorted, dtype=torch.int32, device=dev)

@@ -65,10 +65,22 @@ def _step(heads, kv_heads, head_dim, block=8, seed=0):
 
 
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "head_dim", "num_splits"),
-    [(9, 3, 64, 1), (9, 3, 64, 4), (4, 4, 24, 4), (8, 2, 16, 1)],
+    ("heads", "kv_heads", "head_dim", "num_splits", "hopper_tiles"),
+    [
+        (9, 3, 64, 1, False),
+        (9, 3, 64, 4, False),
+        (4, 4, 24, 4, False),
+        (8, 2, 16, 1, False),
+        (9, 3, 64, 1, True),
+    ],
 )
-def test_prefill_and_decode_kernels_match_float64_attention(heads, kv_heads, head_dim, num_splits):
+def test_prefill_and_decode_kernels_match_float64_attention(
+    heads, kv_heads, head_dim, num_splits, hopper_tiles, monkeypatch
+):
+    if hopper_tiles:  # the 128-key tiles 16-bit models take on Hopper, here over float32 data
+        options = attention.prefill_launch_options(False, head_dim, attention.LARGE_SHARED_MEMORY)
+        assert options["BLOCK_N"] == 128
+        monkeypatch.setattr(attention, "prefill_launch_options", lambda *_: options)
     layout, q, key_cache, value_cache, expected = _step(heads, kv_heads, head_dim)
     meta = build_host_metadata(layout, attention.prefill_block_m(is_float32=True))
     assert meta.tile_seq.tolist() == [2, 2, 3, 3] and meta.decode_seq.tolist() == [0, 1, 4]

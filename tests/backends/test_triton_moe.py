@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="Triton's interpreter needs torch (the test extra installs it)")
 pytest.importorskip("triton", reason="the kernels are Triton kernels (the test extra installs triton)")
 from fastdeploy.backends.cuda import triton_moe as moe  # noqa: E402
+from fastdeploy.backends.cuda.triton_attention import LARGE_SHARED_MEMORY  # noqa: E402
 
 TOKENS, EXPERTS, TOP_K, HIDDEN, WIDTH = 37, 8, 3, 32, 24
 
@@ -47,8 +48,8 @@ def test_routing_picks_by_biased_score_and_weights_by_probability():
     np.testing.assert_allclose(weights, expected_weights, rtol=1e-5)
 
 
-@pytest.mark.parametrize("tokens", [1, TOKENS])
-def test_sorted_grouped_gemms_equal_the_per_token_sum(tokens):
+@pytest.mark.parametrize(("tokens", "hopper_tiles"), [(1, False), (TOKENS, False), (TOKENS, True)])
+def test_sorted_grouped_gemms_equal_the_per_token_sum(tokens, hopper_tiles):
     rng = np.random.default_rng(tokens)
     x = rng.standard_normal((tokens, HIDDEN)).astype(np.float32)
     ids = rng.integers(0, EXPERTS, (tokens, TOP_K)).astype(np.int32)
@@ -57,6 +58,9 @@ def test_sorted_grouped_gemms_equal_the_per_token_sum(tokens):
     w_gate_up = (rng.standard_normal((EXPERTS, HIDDEN, 2 * WIDTH)) * 0.2).astype(np.float32)
     w_down = (rng.standard_normal((EXPERTS, WIDTH, HIDDEN)) * 0.2).astype(np.float32)
     config = moe.gemm_config(tokens * TOP_K, EXPERTS)
+    if hopper_tiles:  # the 128 x 256 tiles of large 16-bit batches on Hopper, over float32 data
+        config = moe.gemm_config(24576, 64, False, LARGE_SHARED_MEMORY)
+        assert config["BLOCK_N"] == 256
     block_m = config["BLOCK_M"]
     max_sorted = moe.max_sorted_entries(tokens * TOP_K, EXPERTS, block_m)
     sorted_ids = np.zeros(max_sorted, np.int32)

@@ -37,8 +37,9 @@ class CompiledKernel:
     shared_bytes: int
 
 
-def _specialisations(dtype: str) -> list[Launch]:
-    """(module, kernel, signature, constexprs) for each launch the backend makes in `dtype`."""
+def _specialisations(dtype: str, shared_memory: int) -> list[Launch]:
+    """(module, kernel, signature, constexprs) for each launch the backend makes in `dtype` on a GPU
+    whose programs may use `shared_memory` bytes (tile sizes depend on it)."""
     t = "*" + _TRITON_DTYPES[dtype]
     precision = "ieee" if dtype == "float32" else "tf32"
     attention_common = {"scale_log2": "fp32", "num_heads": "i32", "num_kv_heads": "i32", "head_dim": "i32"}
@@ -83,6 +84,7 @@ def _specialisations(dtype: str) -> list[Launch]:
     ]
     # prefill: head_dim 128 (Llama-1B) and 64 (SmolLM2), GQA 4 and 3
     for head_dim, group in ((128, 4), (64, 3)):
+        prefill = prefill_launch_options(fp32, head_dim, shared_memory)
         specs.append(
             (
                 "triton_attention",
@@ -93,8 +95,8 @@ def _specialisations(dtype: str) -> list[Launch]:
                 | attention_common
                 | dict.fromkeys(("GROUP", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "PRECISION"), "constexpr"),
                 {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": 64 if fp32 else 128}
-                | {"BLOCK_N": 64, "PRECISION": precision},
-                prefill_launch_options(fp32, head_dim),
+                | {"BLOCK_N": prefill["BLOCK_N"], "PRECISION": precision},
+                {k: v for k, v in prefill.items() if k.startswith("num_")},
             )
         )
         for splits in (1, 8) if head_dim == 128 else (1,):
@@ -140,7 +142,7 @@ def _specialisations(dtype: str) -> list[Launch]:
 
     # decode (16-row tiles), 256 tokens (64) and 4096 tokens (128); A rows of tokens or of entries
     for entries, a_choices in ((96, (False,)), (1536, (True,)), (24576, (False, True))):
-        launch = gemm_config(entries, 64, fp32)
+        launch = gemm_config(entries, 64, fp32, shared_memory)
         config = {k: v for k, v in launch.items() if not k.startswith("num_")}
         options = {k: v for k, v in launch.items() if k.startswith("num_")}
         for a_per_entry in a_choices:
@@ -299,9 +301,13 @@ def compile_kernels(
     """Compile every kernel for each arch (e.g. 80, 90) and dtype, on all cores; raises on an error."""
     from concurrent.futures import ProcessPoolExecutor
 
-    launches = [(dtype, spec) for dtype in dtypes for spec in _specialisations(dtype)]
-    launches += [("float32", spec) for spec in _dtype_free_specialisations()]
-    jobs = [(arch, dtype, spec) for arch in archs for dtype, spec in launches]
+    jobs = [
+        (arch, dtype, spec)
+        for arch in archs
+        for dtype in dtypes
+        for spec in _specialisations(dtype, SHARED_MEMORY_LIMIT[arch])
+    ]
+    jobs += [(arch, "float32", spec) for arch in archs for spec in _dtype_free_specialisations()]
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return list(pool.map(_compile_one, *zip(*jobs, strict=True)))
 

@@ -271,6 +271,7 @@ class TensorBackend(Backend):
                 batch.tile_offset,
                 scale,
                 batch.block_size,
+                launch.shared_memory,
             )
         if batch.num_decodes:
             scratch = self._decode_scratch(batch, q.shape[1], q.shape[2])
@@ -362,7 +363,7 @@ class TensorBackend(Backend):
         tokens, top_k = topk_ids.shape[0], topk_ids.shape[1]
         num_experts, hidden, double_width = experts.gate_up.shape
         entries = tokens * top_k
-        config = moe.gemm_config(entries, num_experts, self.dtype == "float32")
+        config = moe.gemm_config(entries, num_experts, self.dtype == "float32", self.launch.shared_memory)
         block_m = config["BLOCK_M"]
         max_sorted = moe.max_sorted_entries(entries, num_experts, block_m)
         sorted_ids = self.rt.empty([max_sorted], "int32")

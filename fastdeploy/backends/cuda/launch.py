@@ -54,6 +54,18 @@ def choose_kernels(on_gpu: bool, requested: str | None = None) -> str:
     return choice
 
 
+def device_shared_memory() -> int | None:
+    """Shared memory one program may use on the current GPU (bytes), from Triton's driver; None
+    where it cannot say (the interpreter): the kernels then take tiles that fit every GPU."""
+    try:
+        from triton.runtime import driver
+
+        properties = driver.active.utils.get_device_properties(driver.active.get_current_device())
+        return int(properties["max_shared_mem"])
+    except Exception:  # noqa: BLE001 - no GPU driver behind Triton: the conservative tiles
+        return None
+
+
 class TritonLauncher:
     """Calls a launcher function of the kernel modules with the runtime's tensors."""
 
@@ -61,6 +73,8 @@ class TritonLauncher:
         from fastdeploy.backends.cuda import triton_attention, triton_kernels, triton_moe, triton_sampling
 
         self.runtime = runtime
+        #: picks the prefill and MoE tile sizes (larger on Hopper)
+        self.shared_memory = device_shared_memory() if runtime.on_gpu else None
         self.attention = triton_attention
         self.elementwise = triton_kernels
         self.moe = triton_moe

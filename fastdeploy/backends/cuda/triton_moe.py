@@ -236,15 +236,23 @@ def _gemm_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-def gemm_config(entries: int, num_experts: int, is_float32: bool = False) -> dict[str, int]:
+def gemm_config(
+    entries: int, num_experts: int, is_float32: bool = False, shared_memory: int | None = None
+) -> dict[str, int]:
     """Tile shapes by the average number of entries per expert (small: decode steps); float32
-    tiles take twice the shared memory, so they pipeline one stage less."""
+    tiles take twice the shared memory, so they pipeline one stage less. Large batches with
+    Hopper's shared memory (`shared_memory` bytes per program) take 256-wide tiles in four
+    stages: 1.77 ms against 2.10 ms on an H100 for 4096 tokens of ERNIE-4.5-21B-A3B's experts."""
+    from fastdeploy.backends.cuda.triton_attention import LARGE_SHARED_MEMORY
+
     per_expert = entries / max(num_experts, 1)
     stages = 2 if is_float32 else 3
     if per_expert <= 16:
         return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": stages}
     if per_expert <= 96:
         return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": stages}
+    if not is_float32 and (shared_memory or 0) >= LARGE_SHARED_MEMORY:
+        return {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4}
     return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": stages}
 
 

@@ -80,19 +80,28 @@ def test_profile_layout_keeps_positions_inside_the_model_length():
     assert layout.logits_indices.tolist() == [4, 9, 10]
 
 
-@pytest.mark.parametrize("device", ["cpu", "paddle-cpu", "torch-cpu"])
-def test_dummy_forward_runs_the_model_and_cuda_budget_uses_it(device, tmp_path):
+SPEC = KVCacheSpec(num_layers=2, num_blocks=0, block_size=4, num_kv_heads=2, head_dim=16)
+
+
+def _tiny_model(device: str, directory: str, max_model_len: int):
+    """(backend, model, config, weights): the tiny Llama on `device`."""
     if device != "cpu":
         framework = device.split("-")[0]
         pytest.importorskip(framework, reason=f"{device} needs {framework} (the test extra installs it)")
     from fastdeploy.backends.conformance import build_backend
     from fastdeploy.models.llama import LlamaForCausalLM
 
-    config, weights = tiny_llama(str(tmp_path))
+    config, weights = tiny_llama(directory)
     backend = build_backend(device)
-    model = LlamaForCausalLM(ModelConfig.from_hf_dict(config), backend, 64)
+    model = LlamaForCausalLM(ModelConfig.from_hf_dict(config), backend, max_model_len)
     model.load_weights(weights.items())
-    spec = KVCacheSpec(num_layers=2, num_blocks=0, block_size=4, num_kv_heads=2, head_dim=16)
+    return backend, model, config, weights
+
+
+@pytest.mark.parametrize("device", ["cpu", "paddle-cpu", "torch-cpu"])
+def test_dummy_forward_runs_the_model_and_cuda_budget_uses_it(device, tmp_path):
+    backend, model, config, weights = _tiny_model(device, str(tmp_path), 64)
+    spec = SPEC
     logits = backend.to_numpy(dummy_forward(model, backend, 11, spec, 64))
     expected = ref.llama_logits(weights, config, [0] * 11)[-1:]
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
@@ -112,17 +121,8 @@ def test_dummy_forward_runs_the_model_and_cuda_budget_uses_it(device, tmp_path):
 @pytest.mark.parametrize("device", ["cpu", "torch-cpu"])
 def test_dummy_forward_over_more_tokens_than_the_model_length(device, tmp_path):
     """11 tokens with max_model_len 8: a sequence of 8 and one of 3, logits of both last rows."""
-    if device != "cpu":
-        pytest.importorskip("torch", reason="torch-cpu needs torch (the test extra installs it)")
-    from fastdeploy.backends.conformance import build_backend
-    from fastdeploy.models.llama import LlamaForCausalLM
-
-    config, weights = tiny_llama(str(tmp_path))
-    backend = build_backend(device)
-    model = LlamaForCausalLM(ModelConfig.from_hf_dict(config), backend, 8)
-    model.load_weights(weights.items())
-    spec = KVCacheSpec(num_layers=2, num_blocks=0, block_size=4, num_kv_heads=2, head_dim=16)
-    logits = backend.to_numpy(dummy_forward(model, backend, 11, spec, 8))
+    backend, model, config, weights = _tiny_model(device, str(tmp_path), 8)
+    logits = backend.to_numpy(dummy_forward(model, backend, 11, SPEC, 8))
     expected = [ref.llama_logits(weights, config, [0] * n)[-1] for n in (8, 3)]
     np.testing.assert_allclose(logits, np.stack(expected), rtol=1e-4, atol=1e-4)
 

@@ -120,12 +120,6 @@ class Backend(ABC):
         return None
 
     @classmethod
-    def communicator_name(cls) -> str:
-        """The communicator its ranks use: `communicator`, unless the backend decides at run time
-        (the cuda backend's ranks use the collectives of the tensor framework it runs on)."""
-        return cls.communicator
-
-    @classmethod
     def device_count(cls) -> int | None:
         """Devices of this kind a host offers its ranks, one each (see `rank_environment`); None for
         a host backend, whose ranks share the host's cores and memory."""

@@ -25,7 +25,6 @@ from fastdeploy.backends.cpu.backend import _available_host_memory
 from fastdeploy.backends.cuda import reference
 from fastdeploy.backends.cuda.attention_metadata import CudaBatch, build_host_metadata
 from fastdeploy.backends.cuda.cuda_graphs import DecodeGraphs
-from fastdeploy.backends.cuda.gpu_probe import visible_gpu_ids
 from fastdeploy.backends.cuda.launch import TritonLauncher, choose_kernels
 from fastdeploy.backends.cuda.memory import kv_cache_budget
 from fastdeploy.backends.cuda.runtimes import (
@@ -483,27 +482,6 @@ class CudaBackend(TensorBackend):
         choice = choose_gpu_runtime()
         version = torch_runtime.torch_description() if choice.name == "torch" else "paddlepaddle-gpu"
         return f"{choice.name} runtime ({version}): {choice.why}"
-
-    @classmethod
-    def communicator_name(cls) -> str:
-        """NCCL through the framework that holds the tensors: paddle's, or torch.distributed."""
-        return "torch" if choose_gpu_runtime().name == "torch" else "paddle"
-
-    @classmethod
-    def device_count(cls) -> int:
-        """The GPUs this process may use (CUDA_VISIBLE_DEVICES, else every GPU of the driver)."""
-        return len(visible_gpu_ids())
-
-    @classmethod
-    def rank_environment(cls, local_rank: int) -> dict[str, str]:
-        """Rank `local_rank` of this host sees only its own GPU, as device 0 of its framework."""
-        ids = visible_gpu_ids()
-        if local_rank >= len(ids):
-            raise InvalidArgumentError(
-                f"rank {local_rank} of this host needs GPU number {local_rank}, but only {len(ids)} "
-                "are visible (CUDA_VISIBLE_DEVICES)"
-            )
-        return {"CUDA_VISIBLE_DEVICES": ids[local_rank], "FLAGS_selected_gpus": "0"}
 
     @classmethod
     def resolve_default_dtype(cls) -> str:

@@ -80,17 +80,21 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING or seq.in_flight:
                 continue  # preempted earlier in this loop, or still being computed
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.block_manager.can_allocate(seq, num_new):
-                # the newest running sequence not in flight (at worst `seq` itself)
-                victim = next(other for other in reversed(self.running) if not other.in_flight)
-                self._preempt(victim)
-                preempted = True
-                if victim is seq:
-                    break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue
-            self.block_manager.allocate(seq, num_new)
+            num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
+            # most steps a decode fits in its last block: nothing to allocate, nobody to preempt
+            extra_blocks = self.block_manager.extra_blocks_needed(seq, num_new)
+            if extra_blocks:
+                # preempting others never changes what `seq` needs; preempting `seq` ends the loop
+                while extra_blocks > self.block_manager.num_free_blocks:
+                    # the newest running sequence not in flight (at worst `seq` itself)
+                    victim = next(other for other in reversed(self.running) if not other.in_flight)
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is seq:
+                        break
+                if seq.status is not SequenceStatus.RUNNING:
+                    continue
+                self.block_manager.allocate(seq, num_new)
             batch.add(seq, num_new)
             budget -= num_new
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from itertools import chain
 from typing import Any
 
 import numpy as np
 
 from fastdeploy.backends.base import Backend, BatchLayout
 from fastdeploy.engine.scheduler import ScheduledBatch
+from fastdeploy.engine.sequence import Sequence
 from fastdeploy.models.base import CausalLM
 
 
@@ -17,38 +19,44 @@ def build_layout(batch: ScheduledBatch, block_size: int) -> tuple[BatchLayout, l
 
     A sequence samples when this pass computes its last known token (the end of its prompt, or
     of the prompt plus outputs after a preemption); mid-prompt chunks produce no token.
+
+    This runs every step for every running sequence, so the only per-sequence Python is reading
+    a few attributes; positions, slots and sampling rows are computed for the whole batch at once.
     """
-    ids, positions, slots = [], [], []
-    query_lens, context_lens, logits_rows, sampling = [], [], [], []
-    max_blocks = max(len(seq.block_table) for seq in batch.seqs)
-    tables = np.zeros((len(batch), max_blocks), dtype=np.int64)
-    row = 0
-    for i, (seq, count) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
-        start = seq.num_computed_tokens
-        end = start + count
-        table = np.asarray(seq.block_table, dtype=np.int64)
-        tables[i, : table.size] = table
-        pos = np.arange(start, end, dtype=np.int64)
-        ids.append(np.asarray(seq.token_ids[start:end], dtype=np.int64))
-        positions.append(pos)
-        slots.append(table[pos // block_size] * block_size + pos % block_size)
-        query_lens.append(count)
-        context_lens.append(end)
-        row += count
-        if end == seq.num_tokens:
-            logits_rows.append(row - 1)
-            sampling.append(i)
+    seqs = batch.seqs
+    counts = np.asarray(batch.num_new_tokens, dtype=np.int64)
+    starts = np.array([seq.num_computed_tokens for seq in seqs], dtype=np.int64)
+    ends = starts + counts
+    num_tokens = np.array([len(seq.token_ids) for seq in seqs], dtype=np.int64)
+    input_ids: list[int] = []
+    for seq, start, end in zip(seqs, starts.tolist(), ends.tolist(), strict=True):
+        input_ids.extend(seq.token_ids[start:end])
+    row_ends = np.cumsum(counts)
+    seq_of_row = np.repeat(np.arange(len(seqs)), counts)
+    positions = np.arange(row_ends[-1], dtype=np.int64) + np.repeat(starts - (row_ends - counts), counts)
+    tables = _block_tables(seqs)
+    slots = tables[seq_of_row, positions // block_size] * block_size + positions % block_size
+    sampling = np.flatnonzero(ends == num_tokens)
     layout = BatchLayout(
-        input_ids=np.concatenate(ids),
-        positions=np.concatenate(positions),
-        slot_mapping=np.concatenate(slots),
-        query_lens=np.asarray(query_lens, dtype=np.int64),
-        context_lens=np.asarray(context_lens, dtype=np.int64),
+        input_ids=np.array(input_ids, dtype=np.int64),
+        positions=positions,
+        slot_mapping=slots,
+        query_lens=counts,
+        context_lens=ends,
         block_tables=tables,
-        logits_indices=np.asarray(logits_rows, dtype=np.int64),
+        logits_indices=row_ends[sampling] - 1,
         block_size=block_size,
     )
-    return layout, sampling
+    return layout, sampling.tolist()
+
+
+def _block_tables(seqs: list[Sequence]) -> np.ndarray:
+    """[len(seqs), longest table] block ids, each row padded with 0."""
+    widths = np.array([len(seq.block_table) for seq in seqs], dtype=np.int64)
+    tables = np.zeros((len(seqs), int(widths.max())), dtype=np.int64)
+    flat = np.fromiter(chain.from_iterable(seq.block_table for seq in seqs), np.int64, int(widths.sum()))
+    tables[np.arange(tables.shape[1]) < widths[:, None]] = flat
+    return tables
 
 
 class ModelRunner:

@@ -93,3 +93,19 @@ def test_newest_running_sequence_is_preempted_and_recomputed():
     # recomputation covers the prompt and the already generated token, then samples the next one
     assert batch.seqs == [new] and batch.num_new_tokens == [5]
     assert new.num_output_tokens == 2
+
+
+def test_preemption_continues_until_the_sequence_fits():
+    """A sequence that needs two more blocks preempts the two newest, each holding one."""
+    manager = BlockManager(num_blocks=3, block_size=4)
+    scheduler = Scheduler(manager, max_num_seqs=4, max_num_batched_tokens=100)
+    first, second, third = make_seq(0, 4), make_seq(1, 4), make_seq(2, 4)
+    for seq in (first, second, third):
+        scheduler.add(seq)
+    run_step(scheduler)  # one block each, none free
+    first.token_ids.extend([9, 9, 9, 9])  # 9 tokens, 4 computed: 5 to compute in 3 blocks
+    batch = run_step(scheduler)
+    assert scheduler.num_preemptions == 2
+    assert list(scheduler.waiting) == [second, third]
+    assert batch.seqs == [first] and batch.num_new_tokens == [5]
+    assert len(first.block_table) == 3

@@ -299,6 +299,7 @@ class LLMEngine:
                 rng=np.random.default_rng(list(seed)),
                 arrival_time=arrival,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
+                defer_text=not stream and not params.stop,
             )
             self._next_seq_id += 1
             if grammar is not None:
@@ -339,7 +340,7 @@ class LLMEngine:
         for row, index in enumerate(sampling):
             seq = seqs[index]
             banned: list[int] = []
-            if seq.num_output_tokens < seq.params.min_tokens:
+            if seq.params.min_tokens and seq.num_output_tokens < seq.params.min_tokens:
                 if not seq.params.ignore_eos and not self.guided.grammar_complete(seq):
                     banned.extend(self.eos_token_ids)
                 banned.extend(seq.params.stop_token_ids)
@@ -359,9 +360,10 @@ class LLMEngine:
         backend = self.backend
         if backend is None:  # rank processes send host logits
             return sample(logits, seqs, bans)
-        if not bans and all(_greedy_without_extras(seq.params) for seq in seqs):
-            return [int(token) for token in backend.argmax_rows(logits)]
-        if backend.samples_on_device and not bans and all(_device_samplable(s.params) for s in seqs):
+        distinct_params = {id(seq.params): seq.params for seq in seqs}.values()  # often one per batch
+        if not bans and all(_greedy_without_extras(params) for params in distinct_params):
+            return np.asarray(backend.argmax_rows(logits)).tolist()
+        if backend.samples_on_device and not bans and all(_device_samplable(p) for p in distinct_params):
             params = [seq.params for seq in seqs]
             tokens = backend.sample_top_k_top_p(
                 logits,
@@ -402,6 +404,7 @@ class LLMEngine:
             self.block_manager.register_full_blocks(seq)
         now = time.time()
         touched: dict[str, EngineRequest] = {}
+        finishing: set[str] = set()
         for seq, token in zip(sampled, tokens, strict=True):
             if seq.first_token_time is None:
                 seq.first_token_time = now
@@ -410,11 +413,12 @@ class LLMEngine:
             if seq.finish_reason is not None:
                 seq.finish_time = now
                 self.scheduler.finish(seq)
+                finishing.add(seq.request_id)
             touched[seq.request_id] = self.requests[seq.request_id]
         self.guided.advance(sampled)
         outputs = []
         for request in touched.values():
-            if request.finished:
+            if request.request_id in finishing and request.finished:
                 del self.requests[request.request_id]
             elif not request.stream:
                 continue

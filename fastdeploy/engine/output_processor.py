@@ -21,10 +21,13 @@ def _find_stop_string(seq: Sequence, delta_len: int) -> tuple[int, str] | None:
 def process_token(seq: Sequence, token: int, eos_token_ids: Collection[int], max_model_len: int) -> None:
     """Append `token` to `seq`, extend its text, and set `finish_reason` if it must stop."""
     seq.token_ids.append(token)
-    delta = seq.detokenizer.add([token])
-    seq.text += delta
+    delta = ""
+    if not seq.defer_text:
+        delta = seq.detokenizer.add([token])
+        seq.text += delta
     params = seq.params
-    if seq.num_output_tokens >= params.min_tokens:
+    num_outputs = len(seq.token_ids) - len(seq.prompt_token_ids)
+    if num_outputs >= params.min_tokens:
         if (not params.ignore_eos and token in eos_token_ids) or token in params.stop_token_ids:
             _finish(seq, "stop")
             return
@@ -35,18 +38,33 @@ def process_token(seq: Sequence, token: int, eos_token_ids: Collection[int], max
                 seq.text = seq.text[: index + len(stop) if params.include_stop_str_in_output else index]
                 seq.finish_reason = "stop"  # the cut text is final: no held-back bytes to flush
                 return
-    if seq.num_output_tokens >= seq.max_output_tokens or seq.num_tokens >= max_model_len:
+    if num_outputs >= seq.max_output_tokens or len(seq.token_ids) >= max_model_len:
         _finish(seq, "length")
 
 
 def _finish(seq: Sequence, reason: str) -> None:
     """Finish `seq`, adding any text the detokenizer still held back (an incomplete character)."""
+    catch_up_text(seq)
     seq.text += seq.detokenizer.flush()
     seq.finish_reason = reason
 
 
+def catch_up_text(seq: Sequence) -> None:
+    """Give a sequence with deferred text the text of every output so far, in one detokenizer call.
+
+    One call over many ids gives the text that one call per id gives: both are the full decode of
+    the outputs (see IncrementalDetokenizer). Only past the detokenizer's held-back bound (a long
+    run of tokens that never forms a character) can per-id text differ; late text is the full decode.
+    """
+    if seq.defer_text:
+        pending = seq.num_output_tokens - seq.detokenizer.num_token_ids
+        if pending:
+            seq.text += seq.detokenizer.add(seq.token_ids[-pending:])
+
+
 def streamable_text(seq: Sequence) -> str:
     """Text that can be shown now: while running, hold back what might start a stop string."""
+    catch_up_text(seq)
     if seq.finish_reason is not None or not seq.params.stop:
         return seq.text
     return seq.text[: len(seq.text) - partial_suffix_length(seq.text, seq.params.stop)]

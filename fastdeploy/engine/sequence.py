@@ -17,9 +17,13 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
-    """Engine-side state of one sample of one request (a request with `n=k` has k sequences)."""
+    """Engine-side state of one sample of one request (a request with `n=k` has k sequences).
+
+    Compared by identity: the scheduler finds sequences in its queues with `in` and `remove`,
+    which would otherwise compare every field of every other sequence.
+    """
 
     seq_id: int
     request_id: str
@@ -49,6 +53,9 @@ class Sequence:
     num_preemptions: int = 0
     #: part of a step still being computed (pipeline parallelism): not scheduled or preempted now
     in_flight: bool = False
+    #: nobody reads the text before the sequence finishes (no streaming, no stop strings): the
+    #: detokenizer then turns all outputs into text in one call when it is read, not every step
+    defer_text: bool = False
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -68,7 +75,7 @@ class Sequence:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        return len(self.token_ids) - len(self.prompt_token_ids)
 
     @property
     def is_finished(self) -> bool:

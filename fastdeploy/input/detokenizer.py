@@ -50,6 +50,11 @@ class IncrementalDetokenizer:
         return list(self._ids)
 
     @property
+    def num_token_ids(self) -> int:
+        """How many ids were added so far."""
+        return len(self._ids)
+
+    @property
     def text(self) -> str:
         """All text emitted so far (the concatenation of every delta)."""
         if len(self._pieces) > 1:

@@ -213,6 +213,8 @@ class GuidedDecoder:
     def advance(self, seqs: list[Sequence]) -> None:
         """After a step appended tokens: forget finished sequences and start preparing the next
         masks of the others on the mask thread."""
+        if not self._states:
+            return  # whatever dropped the last state waited for the mask thread first
         self._wait()
         for seq in seqs:
             if seq.is_finished or seq.finish_reason is not None:

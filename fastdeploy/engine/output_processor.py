@@ -85,7 +85,7 @@ def completion_output(seq: Sequence) -> CompletionOutput:
     return CompletionOutput(
         index=seq.sample_index,
         send_idx=seq.num_output_tokens,
-        token_ids=list(seq.output_token_ids),
+        token_ids=seq.output_token_ids,  # a fresh slice: later tokens never show up in it
         text=streamable_text(seq),
         finish_reason=seq.finish_reason,
         logprobs=seq.logprobs,

@@ -97,3 +97,18 @@ def test_abort_returns_the_same_partial_text_either_way(scripted):
     plain, stop = engine.abort_request("plain"), engine.abort_request("stop")
     assert plain.outputs.token_ids == stop.outputs.token_ids == script[: emoji_start + 1]
     assert plain.outputs.text == stop.outputs.text == tokenizer.decode(script[:emoji_start])
+
+
+def test_plain_generate_decodes_a_few_times_per_sequence_not_per_token(scripted, monkeypatch):
+    llm, _ = scripted
+    tokenizer = llm.llm_engine.tokenizer
+    calls = []
+    decode = tokenizer.decode
+    monkeypatch.setattr(
+        tokenizer, "decode", lambda ids, **kwargs: calls.append(len(ids)) or decode(ids, **kwargs)
+    )
+    params = {"temperature": 0, "max_tokens": 40, "ignore_eos": True}
+    llm.generate({"prompt_token_ids": [1, 2]}, SamplingParams(**params), use_tqdm=False)
+    deferred_calls, calls[:] = len(calls), []
+    llm.generate({"prompt_token_ids": [1, 2]}, SamplingParams(**params, stop=NEVER), use_tqdm=False)
+    assert deferred_calls <= 8 and len(calls) >= 40

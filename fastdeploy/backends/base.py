@@ -120,6 +120,12 @@ class Backend(ABC):
         return None
 
     @classmethod
+    def default_communicator(cls) -> str:
+        """The communicator this backend's ranks use: `communicator`, unless the backend picks
+        one at run time (a backend over paddle or torch tensors names the matching runtime)."""
+        return cls.communicator
+
+    @classmethod
     def device_count(cls) -> int | None:
         """Devices of this kind a host offers its ranks, one each (see `rank_environment`); None for
         a host backend, whose ranks share the host's cores and memory."""

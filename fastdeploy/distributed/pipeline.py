@@ -26,6 +26,11 @@ class MicroBatchPipeline:
         self.executor = executor
         self.depth = depth
 
+    @property
+    def busy(self) -> bool:
+        """Steps are in flight (possibly only of requests aborted since): `step()` must collect them."""
+        return self.executor.num_in_flight > 0
+
     def step(self, engine: LLMEngine) -> list[RequestOutput]:
         batch = engine.scheduler.schedule()
         if batch.seqs:

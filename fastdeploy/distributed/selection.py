@@ -15,7 +15,7 @@ logger = get_logger(__name__)
 
 def communicator_class(backend_class: type[Backend], registry: PluginRegistry) -> type[Communicator]:
     """The registered communicator `FD_COMMUNICATOR` or the backend names; errors say what to install."""
-    name = os.environ.get("FD_COMMUNICATOR", "").strip() or backend_class.communicator
+    name = os.environ.get("FD_COMMUNICATOR", "").strip() or backend_class.default_communicator()
     communicators = registry.communicators()
     if name not in communicators:
         known = ", ".join(sorted(communicators)) or "none"

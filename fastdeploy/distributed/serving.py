@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from fastdeploy.backends.base import BackendOptions
@@ -11,6 +12,7 @@ from fastdeploy.distributed.replicas import ReplicaRouter
 from fastdeploy.engine.async_engine import AsyncLLMEngine
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
+from fastdeploy.plugins.registry import get_registry
 
 logger = get_logger(__name__)
 
@@ -21,7 +23,8 @@ def build_replicas(
     """One engine, or `data_parallel_size` engines behind a `ReplicaRouter`.
 
     Each replica's model runs in rank processes of its own (so the replicas compute in
-    parallel); without `cpu_threads`, a host's cores are divided among all replicas' ranks.
+    parallel); without `cpu_threads`, a host's cores are divided among all replicas' ranks. The
+    replicas are built side by side (their ranks load at the same time).
     """
     from fastdeploy.entrypoints.llm import LLM
 
@@ -34,15 +37,19 @@ def build_replicas(
     kwargs = dict(llm_kwargs, distributed_executor_backend="mp")
     if kwargs.get("cpu_threads") is None:
         kwargs["cpu_threads"] = max(1, BackendOptions().thread_count() // (data_parallel_size * ranks))
-    replicas: list[AsyncLLMEngine] = []
-    try:
-        for index in range(data_parallel_size):
-            llm = LLM(**kwargs, data_parallel_rank=index)
-            replicas.append(AsyncLLMEngine(llm.llm_engine, max_waiting=max_waiting))
-    except BaseException:
-        for replica in replicas:
-            replica.engine.shutdown()
-        raise
+    get_registry()  # loaded once, before the replicas are built side by side
+    with ThreadPoolExecutor(data_parallel_size, thread_name_prefix="fastdeploy-replica") as pool:
+        futures = [
+            pool.submit(LLM, **kwargs, data_parallel_rank=index) for index in range(data_parallel_size)
+        ]
+        wait(futures)
+    failed = [future.exception() for future in futures if future.exception() is not None]
+    if failed:
+        for future in futures:
+            if future.exception() is None:
+                future.result().shutdown()
+        raise failed[0]
+    replicas = [AsyncLLMEngine(future.result().llm_engine, max_waiting=max_waiting) for future in futures]
     logger.info("%d engine replicas of %d rank(s) each behind one endpoint", data_parallel_size, ranks)
     return ReplicaRouter(replicas, prefix_aware=replicas[0].engine.config.enable_prefix_caching)
 

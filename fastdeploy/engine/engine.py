@@ -332,7 +332,8 @@ class LLMEngine:
         return self.request_output(request)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Whether `step()` has work: requests to run, or pipeline steps still to collect."""
+        return self.scheduler.has_unfinished() or (self.pipeline is not None and self.pipeline.busy)
 
     # --- stepping ---------------------------------------------------------------------------
     def _bans(self, seqs: list[Sequence], sampling: list[int]) -> list[BannedTokens]:

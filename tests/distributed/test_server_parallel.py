@@ -33,7 +33,11 @@ TINY_ARGS = [
 
 def rank_processes(server_pid: int) -> list[int]:
     """Pids of the server's rank processes (its children running fastdeploy.distributed.worker)."""
-    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    children = [
+        child
+        for task in Path(f"/proc/{server_pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
     ranks = []
     for child in children:
         try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -101,3 +103,41 @@ def test_a_host_that_never_starts_fails_with_the_address_and_time_out(tiny_model
     message = str(error.value)
     assert "did not connect to the engine at 127.0.0.1:29711 within 3 s" in message
     assert "start fastdeploy with the same ips there" in message
+
+
+ENGINE_SCRIPT = """
+import sys, threading, time
+from fastdeploy import LLM, SamplingParams
+built = {}
+# built on a thread that then exits: its ranks must not die with that thread
+thread = threading.Thread(target=lambda: built.setdefault("llm", LLM(model=sys.argv[1], tensor_parallel_size=2,
+                          max_model_len=64, num_gpu_blocks_override=16, block_size=16)))
+thread.start()
+thread.join()
+llm = built["llm"]
+output = llm.generate({"prompt_token_ids": [1, 5, 9]}, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)[0]
+assert len(output.outputs.token_ids) == 3, output.error_msg
+pids = [child.popen.pid for child in llm.llm_engine.executor._children.processes]
+print("ranks", *pids, flush=True)
+time.sleep(600)
+"""
+
+
+def test_ranks_die_with_an_engine_that_is_killed(tiny_model_dirs):
+    engine = subprocess.Popen(
+        [sys.executable, "-c", ENGINE_SCRIPT, tiny_model_dirs["llama"]], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = engine.stdout.readline()
+        assert line.startswith("ranks "), line
+        pids = [int(pid) for pid in line.split()[1:]]
+        assert len(pids) == 2 and all(alive(pid) for pid in pids)
+        engine.kill()
+        engine.wait()
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in pids)
+    finally:
+        engine.kill()
+        engine.wait()

@@ -47,7 +47,6 @@ def tiny_llm(path: str, tp: int, pp: int = 1) -> LLM:
         ("ernie4_5", 2, 1, "paddle"),
         ("ernie4_5_moe", 2, 1, "paddle"),
         ("llama", 4, 1, "paddle"),
-        ("llama", 1, 2, "paddle"),
         ("ernie4_5_moe", 2, 2, "paddle"),
         ("ernie4_5_moe", 2, 2, "torch"),
     ],
@@ -80,10 +79,36 @@ def test_smollm2_over_three_ranks_matches_transformers(smollm2_reference):
         llm.shutdown()
 
 
-def test_pipeline_keeps_one_micro_batch_per_stage_in_flight(tiny_model_dirs, tiny_references, monkeypatch):
-    """With 2 stages, a second micro-batch is sent before the first one's logits are awaited."""
+@pytest.fixture(scope="module")
+def pipeline_llm(tiny_model_dirs):
+    """The tiny Llama over 2 pipeline stages of 1 rank each."""
     llm = tiny_llm(tiny_model_dirs["llama"], 1, 2)
-    executor = llm.llm_engine.executor
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture()
+def one_prompt_per_micro_batch(pipeline_llm, tiny_references):
+    """A token budget of the shorter prompt: the first micro-batch holds that prompt alone."""
+    scheduler = pipeline_llm.llm_engine.scheduler
+    budget = scheduler.max_num_batched_tokens
+    scheduler.max_num_batched_tokens = min(
+        len(c["prompt_token_ids"]) for c in tiny_references["llama"]["cases"]
+    )
+    yield
+    scheduler.max_num_batched_tokens = budget
+
+
+def test_pipeline_stages_match_transformers(pipeline_llm, tiny_references):
+    reference = tiny_references["llama"]
+    assert generate_references(pipeline_llm, reference) == [c["output_token_ids"] for c in reference["cases"]]
+
+
+def test_pipeline_keeps_one_micro_batch_per_stage_in_flight(
+    pipeline_llm, tiny_references, one_prompt_per_micro_batch, monkeypatch
+):
+    """With 2 stages, a second micro-batch is sent before the first one's logits are awaited."""
+    executor = pipeline_llm.llm_engine.executor
     in_flight = []
     submit = executor.submit
 
@@ -92,14 +117,28 @@ def test_pipeline_keeps_one_micro_batch_per_stage_in_flight(tiny_model_dirs, tin
         in_flight.append(executor.num_in_flight)
 
     monkeypatch.setattr(executor, "submit", recording_submit)
-    try:
-        reference = tiny_references["llama"]
-        # a budget of the shorter prompt: the first micro-batch holds that prompt alone
-        llm.llm_engine.scheduler.max_num_batched_tokens = min(
-            len(c["prompt_token_ids"]) for c in reference["cases"]
-        )
-        expected = [case["output_token_ids"] for case in reference["cases"]]
-        assert generate_references(llm, reference) == expected
-    finally:
-        llm.shutdown()
+    reference = tiny_references["llama"]
+    assert generate_references(pipeline_llm, reference) == [c["output_token_ids"] for c in reference["cases"]]
     assert max(in_flight) == 2
+
+
+def test_a_request_aborted_while_its_micro_batch_is_in_flight(pipeline_llm, tiny_references):
+    """The other request of that micro-batch carries on; the aborted one's logits row is dropped."""
+    engine = pipeline_llm.llm_engine
+    first, second = tiny_references["llama"]["cases"]
+    params = SamplingParams(temperature=0, max_tokens=len(first["output_token_ids"]), ignore_eos=True)
+    engine.add_request("kept", first["prompt_token_ids"], params)
+    engine.add_request("aborted", second["prompt_token_ids"], params)
+    outputs = []
+    while not (engine.executor.num_in_flight and engine.requests["aborted"].seqs[0].num_output_tokens):
+        outputs += engine.step()
+    # both prompts are done and a micro-batch with both sequences' next tokens is in flight
+    assert all(seq.in_flight for name in ("kept", "aborted") for seq in engine.requests[name].seqs)
+    engine.abort_request("aborted")
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert [(o.request_id, o.error_code, o.outputs.token_ids) for o in outputs] == [
+        ("kept", 200, first["output_token_ids"])
+    ]
+    assert engine.executor.num_in_flight == 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -25,6 +25,7 @@ from fastdeploy.backends.cpu.backend import _available_host_memory
 from fastdeploy.backends.cuda import reference
 from fastdeploy.backends.cuda.attention_metadata import CudaBatch, build_host_metadata
 from fastdeploy.backends.cuda.cuda_graphs import DecodeGraphs
+from fastdeploy.backends.cuda.gpu_probe import visible_gpus
 from fastdeploy.backends.cuda.launch import TritonLauncher, choose_kernels
 from fastdeploy.backends.cuda.memory import kv_cache_budget
 from fastdeploy.backends.cuda.runtimes import (
@@ -482,6 +483,21 @@ class CudaBackend(TensorBackend):
         choice = choose_gpu_runtime()
         version = torch_runtime.torch_description() if choice.name == "torch" else "paddlepaddle-gpu"
         return f"{choice.name} runtime ({version}): {choice.why}"
+
+    @classmethod
+    def default_communicator(cls) -> str:
+        """NCCL through the framework that holds the tensors: paddle.distributed or torch.distributed."""
+        return choose_gpu_runtime().name or "paddle"
+
+    @classmethod
+    def device_count(cls) -> int:
+        return len(visible_gpus())
+
+    @classmethod
+    def rank_environment(cls, local_rank: int) -> dict[str, str]:
+        """The rank with index `local_rank` on this host sees one GPU, that index of the visible ones,
+        as its device 0 (`FLAGS_selected_gpus=0`: an inherited launcher choice must not point past it)."""
+        return {"CUDA_VISIBLE_DEVICES": visible_gpus()[local_rank], "FLAGS_selected_gpus": "0"}
 
     @classmethod
     def resolve_default_dtype(cls) -> str:

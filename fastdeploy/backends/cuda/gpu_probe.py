@@ -24,3 +24,12 @@ def local_gpu_index() -> int:
     selected for a rank (`FLAGS_selected_gpus`), else the first."""
     selected = os.environ.get("FLAGS_selected_gpus", "").strip()  # noqa: SIM112 (paddle's name)
     return int(selected) if selected.isdigit() else 0
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (indices or UUIDs), or
+    the driver's device files' indices when it is unset (ranks of tensor parallelism take one each)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [device.strip() for device in visible.split(",") if device.strip() not in ("", "-1")]
+    return sorted((path[len("/dev/nvidia") :] for path in glob.glob("/dev/nvidia[0-9]*")), key=int)

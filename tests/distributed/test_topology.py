@@ -137,3 +137,17 @@ def test_a_host_finds_its_place_in_ips(monkeypatch):
     monkeypatch.setenv("FD_NODE_RANK", "2")
     with pytest.raises(InvalidArgumentError, match="FD_NODE_RANK=2 is outside the 2 hosts"):
         find_placement("127.0.0.1,127.0.0.1", None)
+
+
+def test_cuda_ranks_take_one_visible_gpu_each(monkeypatch):
+    from fastdeploy.backends.cuda.backend import CudaBackend
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
+    assert CudaBackend.device_count() == 3
+    assert [CudaBackend.rank_environment(i) for i in range(3)] == [
+        {"CUDA_VISIBLE_DEVICES": "2"},
+        {"CUDA_VISIBLE_DEVICES": "5"},
+        {"CUDA_VISIBLE_DEVICES": "7"},
+    ]
+    with pytest.raises(InvalidArgumentError, match=r"4 per host, but this host has 3 cuda device\(s\)"):
+        check_placement(Placement(), ParallelLayout(2, 2), CudaBackend.device_count(), "cuda")

@@ -26,6 +26,9 @@ ENV_VARS = (
     "FD_CPU_KERNELS",
     "FD_CPU_THREADS",
     "FD_CPU_SPIN_US",
+    "FD_COMMUNICATOR",
+    "FD_NODE_RANK",
+    "FD_DIST_INIT_TIMEOUT",
     "TRITON_INTERPRET",
 )
 
@@ -94,6 +97,7 @@ def collect_environment(registry: PluginRegistry) -> EnvironmentReport:
         "fastdeploy_reasoning_parsers",
         "fastdeploy_tool_call_parsers",
         "fastdeploy_chat_templates",
+        "fastdeploy_communicators",
     ):
         try:
             components[hook] = dict(sorted(registry.owners(hook).items()))
@@ -128,6 +132,7 @@ _TITLES = {
     "fastdeploy_reasoning_parsers": "Reasoning parsers",
     "fastdeploy_tool_call_parsers": "Tool-call parsers",
     "fastdeploy_chat_templates": "Chat templates",
+    "fastdeploy_communicators": "Communicators (collectives of tensor / pipeline parallel ranks)",
     "fastdeploy_weight_loaders": "Weight loaders",
     "fastdeploy_tokenizer_loaders": "Tokenizer loaders",
 }

@@ -100,3 +100,20 @@ def test_expert_parallel_shares_sum_to_all_experts(default_ops, size):
         )
         total += run(backend, x, local, weights, ids, first_expert=mine.start)
     np.testing.assert_allclose(total, full, rtol=1e-5, atol=1e-5)
+
+
+def test_safetensors_tensors_are_mapped_so_a_shard_reads_only_its_pages(tmp_path):
+    from safetensors.numpy import save_file
+
+    from fastdeploy.model_executor.loaders.safetensors_loader import mapped_tensors
+
+    matrix = RNG.standard_normal((64, 48)).astype(np.float32)
+    save_file({"w": matrix, "b": matrix[0].copy()}, str(tmp_path / "model.safetensors"))
+    tensors = dict(mapped_tensors(str(tmp_path / "model.safetensors")))
+    np.testing.assert_array_equal(tensors["w"], matrix)
+    assert not tensors["w"].flags.writeable  # a view of the file, not a copy in memory
+    columns = take_columns(tensors["w"], range(16, 32))
+    rows = take_rows(tensors["w"], range(8, 40))
+    assert np.shares_memory(columns, tensors["w"]) and np.shares_memory(rows, tensors["w"])
+    np.testing.assert_array_equal(columns, matrix[:, 16:32])
+    np.testing.assert_array_equal(rows, matrix[8:40])

@@ -151,3 +151,23 @@ def test_cuda_ranks_take_one_visible_gpu_each(monkeypatch):
     ]
     with pytest.raises(InvalidArgumentError, match=r"4 per host, but this host has 3 cuda device\(s\)"):
         check_placement(Placement(), ParallelLayout(2, 2), CudaBackend.device_count(), "cuda")
+
+
+def test_more_than_one_rank_without_paddle_says_what_to_install(monkeypatch):
+    import importlib.metadata
+
+    from fastdeploy import LLM
+    from fastdeploy.errors import DistributedInitError
+
+    real_version = importlib.metadata.version
+
+    def without_paddle(name):
+        if name.startswith("paddlepaddle"):
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", without_paddle)
+    with pytest.raises(DistributedInitError) as error:
+        LLM(tensor_parallel_size=3)
+    assert "more than one rank needs the 'paddle' communicator" in str(error.value)
+    assert "pip install 'fastdeploy[distributed]'" in str(error.value)

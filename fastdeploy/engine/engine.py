@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.backends.base import BackendOptions
+from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.selection import create_backend, select_backend_class
 from fastdeploy.config import EngineConfig
 from fastdeploy.distributed.pipeline import MicroBatchPipeline
@@ -113,9 +114,10 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         registry = get_registry()
-        #: None when the model runs in rank processes (tensor / pipeline parallelism)
-        self.backend = None
-        if not config.runs_in_rank_processes:
+        if config.runs_in_rank_processes:
+            # the ranks send the logits to the host: the engine samples them with the cpu ops
+            self.backend = CpuBackend(BackendOptions(threads=1))
+        else:
             self.backend = create_backend(
                 config.device, BackendOptions(threads=config.cpu_threads, dtype=config.dtype), registry
             )
@@ -359,8 +361,6 @@ class LLMEngine:
         Either way each sequence draws its uniform from its own generator, one per token.
         """
         backend = self.backend
-        if backend is None:  # rank processes send host logits
-            return sample(logits, seqs, bans)
         distinct_params = {id(seq.params): seq.params for seq in seqs}.values()  # often one per batch
         if not bans and all(_greedy_without_extras(params) for params in distinct_params):
             return np.asarray(backend.argmax_rows(logits)).tolist()

@@ -10,9 +10,11 @@ paddlepaddle (a test extra).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from fastdeploy import LLM, SamplingParams
+from fastdeploy import LLM, GuidedDecodingParams, SamplingParams
 
 pytest.importorskip("paddle", reason="tensor parallelism on the CPU uses paddle.distributed (gloo)")
 
@@ -65,18 +67,27 @@ def test_greedy_tokens_match_transformers(
         llm.shutdown()
 
 
-def test_smollm2_over_three_ranks_matches_transformers(smollm2_reference):
-    """9 query heads and 3 KV heads over 3 ranks; GGUF Q4_1 blocks cut along both axes."""
-    llm = LLM(max_model_len=512, max_num_seqs=4, tensor_parallel_size=3)
+def test_smollm2_over_three_ranks_matches_transformers(smollm2_reference, llm):
+    """9 query heads and 3 KV heads over 3 ranks; GGUF Q4_1 blocks cut along both axes. A guided
+    request (its mask applied to the logits the ranks send) answers as the one-process `llm` does."""
+    split = LLM(max_model_len=512, max_num_seqs=4, tensor_parallel_size=3)
     try:
         for case in (smollm2_reference["cases"][0], smollm2_reference["cases"][6]):
             params = SamplingParams(temperature=0, max_tokens=len(case["output_token_ids"]))
-            run = llm.chat if case["kind"] == "chat" else llm.generate
+            run = split.chat if case["kind"] == "chat" else split.generate
             output = run(case["input"], params, use_tqdm=False)[0]
             assert output.outputs.token_ids == case["output_token_ids"]
             assert output.outputs.text == case["output_text"]
+        phone = r"\(\d{3}\) \d{3}-\d{4}"
+        guided = SamplingParams(
+            temperature=0, max_tokens=16, guided_decoding=GuidedDecodingParams(regex=phone)
+        )
+        prompt = "Call our office at"
+        answer = split.generate(prompt, guided, use_tqdm=False)[0].outputs.text
+        assert re.fullmatch(phone, answer)
+        assert answer == llm.generate(prompt, guided, use_tqdm=False)[0].outputs.text
     finally:
-        llm.shutdown()
+        split.shutdown()
 
 
 @pytest.fixture(scope="module")

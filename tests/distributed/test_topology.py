@@ -145,9 +145,9 @@ def test_cuda_ranks_take_one_visible_gpu_each(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
     assert CudaBackend.device_count() == 3
     assert [CudaBackend.rank_environment(i) for i in range(3)] == [
-        {"CUDA_VISIBLE_DEVICES": "2"},
-        {"CUDA_VISIBLE_DEVICES": "5"},
-        {"CUDA_VISIBLE_DEVICES": "7"},
+        {"CUDA_VISIBLE_DEVICES": "2", "FLAGS_selected_gpus": "0"},
+        {"CUDA_VISIBLE_DEVICES": "5", "FLAGS_selected_gpus": "0"},
+        {"CUDA_VISIBLE_DEVICES": "7", "FLAGS_selected_gpus": "0"},
     ]
     with pytest.raises(InvalidArgumentError, match=r"4 per host, but this host has 3 cuda device\(s\)"):
         check_placement(Placement(), ParallelLayout(2, 2), CudaBackend.device_count(), "cuda")

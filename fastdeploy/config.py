@@ -147,6 +147,14 @@ class EngineConfig:
     guided_decoding_disable_any_whitespace: bool = False
     #: tool-call parser for chat requests with tools (`hermes`, `qwen3`, `ernie-x1`, or a plugin's)
     tool_call_parser: str | None = None
+    #: most images / videos one prompt may carry, e.g. {"image": 100} (multimodal models)
+    limit_mm_per_prompt: dict[str, int] | None = None
+    #: defaults of the multimodal processor (pixel bounds, frame sampling), e.g. {"image_max_pixels": 802816}
+    mm_processor_kwargs: dict[str, Any] | None = None
+    #: local media files chat requests may name: True anywhere (offline), False none, or a directory
+    allowed_local_media_path: bool | str = True
+    #: whether chat requests may name http(s) media URLs
+    allow_media_url_fetch: bool = True
 
     def __post_init__(self) -> None:
         for name in (

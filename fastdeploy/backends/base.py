@@ -331,6 +331,50 @@ class Backend(ABC):
         host = np.array(self.to_numpy(logits), dtype=np.float32)
         apply_token_bitmask_numpy(host, bitmask, rows)
         return self.from_numpy(host)
+    # --- vision encoders (concrete defaults on the host; backends override them for speed) -------
+    def encoder_attention(self, q: Any, k: Any, v: Any, cu_seqlens: np.ndarray, scale: float) -> Any:
+        """Bidirectional attention within segments: q/k/v [tokens, heads, head_dim] -> same shape.
+
+        Tokens `cu_seqlens[i]:cu_seqlens[i+1]` (one image, or one video frame) attend to each other
+        only; no KV cache. Softmax in float32. The default runs on the host with numpy.
+        """
+        qs, ks, vs = (np.asarray(self.to_numpy(t), dtype=np.float32) for t in (q, k, v))
+        out = np.empty_like(qs)
+        for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True):
+            qh, kh, vh = (t[start:end].transpose(1, 0, 2) for t in (qs, ks, vs))
+            scores = (qh @ kh.transpose(0, 2, 1)) * np.float32(scale)
+            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            scores /= scores.sum(axis=-1, keepdims=True)
+            out[start:end] = (scores @ vh).transpose(1, 0, 2)
+        return self.from_numpy(out)
+
+    def quick_gelu(self, x: Any) -> Any:
+        """x * sigmoid(1.702 x) (CLIP's and ERNIE-4.5-VL's vision MLP activation)."""
+        h = np.asarray(self.to_numpy(x), dtype=np.float32)
+        return self.from_numpy(h / (np.float32(1.0) + np.exp(np.float32(-1.702) * h)))
+
+    def gelu(self, x: Any) -> Any:
+        """Exact GELU, x * Phi(x) with the error function (PyTorch's default `nn.GELU()`).
+
+        erf comes from Abramowitz & Stegun 7.1.26 in float64 (absolute error < 1.5e-7, below
+        float32's resolution of the result).
+        """
+        h = np.asarray(self.to_numpy(x), dtype=np.float64)
+        z = np.abs(h) / np.sqrt(2.0)
+        t = 1.0 / (1.0 + 0.3275911 * z)
+        poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        erf = np.sign(h) * (1.0 - poly * np.exp(-z * z))
+        return self.from_numpy((0.5 * h * (1.0 + erf)).astype(np.float32))
+
+    def merge_rows(self, parts: list[tuple[Any, np.ndarray]], num_rows: int) -> Any:
+        """A new [num_rows, ...] array whose rows `indices` come from `rows` for each (rows, indices)
+        part; the parts' indices cover every row once. Used to put image embeddings among text
+        embeddings and to join the text and vision experts' outputs."""
+        first = np.asarray(self.to_numpy(parts[0][0]))
+        out = np.empty((num_rows, *first.shape[1:]), dtype=first.dtype)
+        for rows, indices in parts:
+            out[indices] = self.to_numpy(rows)
+        return self.from_numpy(out)
 
     # --- optional capabilities --------------------------------------------------------------
     def decode_graphs(

@@ -15,7 +15,7 @@ from collections import OrderedDict, deque
 
 from fastdeploy.engine.sequence import Sequence
 
-BlockKey = tuple[int, int, tuple[int, ...]]  # (parent block id, parent generation, tokens)
+BlockKey = tuple  # (parent block id, parent generation, tokens[, content hashes of images in the block])
 _ROOT = (-1, 0)
 
 
@@ -88,7 +88,10 @@ class BlockManager:
 
     def _key(self, seq: Sequence, index: int) -> BlockKey:
         start = index * self.block_size
-        return (*self._parent(seq, index), tuple(seq.token_ids[start : start + self.block_size]))
+        key = (*self._parent(seq, index), tuple(seq.token_ids[start : start + self.block_size]))
+        if seq.extra_inputs is not None:  # images: equal placeholder tokens, different pixels
+            key += (seq.extra_inputs.block_key(start, start + self.block_size),)
+        return key
 
     def reuse_cached_prefix(self, seq: Sequence) -> int:
         """Give a fresh sequence the cached blocks of its longest cached prefix; returns its tokens.

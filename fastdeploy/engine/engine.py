@@ -26,6 +26,7 @@ from fastdeploy.engine.scheduler import ScheduledBatch, Scheduler
 from fastdeploy.engine.sequence import Sequence
 from fastdeploy.errors import InvalidArgumentError, WorkerFailedError
 from fastdeploy.input.detokenizer import IncrementalDetokenizer
+from fastdeploy.input.multimodal.options import build_multimodal_processor
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.model_loader import CheckpointInfo, build_model, inspect_checkpoint
@@ -52,6 +53,8 @@ class EngineRequest:
     stream: bool = False
     #: False when the request turned thinking off (chat_template_kwargs enable_thinking=False)
     thinking_enabled: bool = True
+    #: images and videos of the prompt (`MultiModalPrompt`), None for text-only requests
+    multimodal: Any = None
 
     @property
     def finished(self) -> bool:
@@ -183,6 +186,8 @@ class LLMEngine:
         """The model and its KV cache: here, or in the rank processes (which size their own caches)."""
         #: keeps several steps in flight when the layers are split into pipeline stages
         self.pipeline: MicroBatchPipeline | None = None
+        #: turns images and videos into model inputs; None for text-only models
+        self.mm_processor = None
         if self.executor is not None:
             self.model = None
             num_blocks = self.executor.wait_ready()
@@ -192,6 +197,9 @@ class LLMEngine:
             self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
             return
         self.model = build_model(checkpoint, self.backend, self.max_model_len, registry)
+        self.mm_processor = build_multimodal_processor(
+            registry, self.model, self.tokenizer, self.model_config, config
+        )
         spec = plan_kv_cache(
             config,
             self.model_config,
@@ -262,13 +270,19 @@ class LLMEngine:
         arrival_time: float | None = None,
         stream: bool = False,
         thinking_enabled: bool = True,
+        multimodal: Any = None,
     ) -> None:
         """Queue a request; raises InvalidArgumentError (nothing queued) if it cannot be served.
 
         With `stream`, `step()` returns this request's progress after every step that adds tokens.
+        `multimodal` is the processor's `MultiModalPrompt`; its (expanded) token ids are the prompt.
         """
         if request_id in self.requests:
             raise InvalidArgumentError(f"request_id {request_id!r} is already in use")
+        if multimodal is not None:
+            if self.mm_processor is None:
+                raise InvalidArgumentError(f"{self.model_config.architecture} takes text only, not images or videos")
+            prompt_token_ids = multimodal.token_ids
         self.validate_prompt(prompt_token_ids)
         grammar = self.guided.compile(params.guided_decoding) if params.guided_decoding else None
         arrival = time.time() if arrival_time is None else arrival_time
@@ -280,6 +294,7 @@ class LLMEngine:
             arrival,
             stream=stream,
             thinking_enabled=thinking_enabled,
+            multimodal=multimodal,
         )
         request.bad_words_ids = self._bad_words_ids(params.bad_words)
         room = self.max_model_len - len(prompt_token_ids)
@@ -302,6 +317,7 @@ class LLMEngine:
                 arrival_time=arrival,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
                 defer_text=not stream and not params.stop,
+                extra_inputs=multimodal,
             )
             self._next_seq_id += 1
             if grammar is not None:
@@ -325,6 +341,8 @@ class LLMEngine:
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
+        if request.multimodal is not None:
+            request.multimodal.release_encoder_outputs()
         for seq in request.seqs:
             self.guided.discard(seq)
             if not seq.is_finished:
@@ -421,6 +439,8 @@ class LLMEngine:
         for request in touched.values():
             if request.request_id in finishing and request.finished:
                 del self.requests[request.request_id]
+                if request.multimodal is not None:
+                    request.multimodal.release_encoder_outputs()
             elif not request.stream:
                 continue
             outputs.append(self.request_output(request))
@@ -476,6 +496,8 @@ class LLMEngine:
             finished=request.finished,
             metrics=self._metrics(request),
             num_cached_tokens=request.seqs[0].num_cached_tokens,
+            num_input_image_tokens=request.multimodal.num_image_tokens if request.multimodal else 0,
+            num_input_video_tokens=request.multimodal.num_video_tokens if request.multimodal else 0,
         )
 
     @staticmethod

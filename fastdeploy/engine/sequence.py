@@ -56,6 +56,9 @@ class Sequence:
     #: nobody reads the text before the sequence finishes (no streaming, no stop strings): the
     #: detokenizer then turns all outputs into text in one call when it is read, not every step
     defer_text: bool = False
+    #: what the model needs beyond token ids (a multimodal prompt), shared by a request's samples;
+    #: opaque to the engine except for `block_key(start, end)`, mixed into prefix-cache keys
+    extra_inputs: Any = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

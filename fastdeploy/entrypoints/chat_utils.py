@@ -57,8 +57,14 @@ def render_conversation(
     )
 
 
-def prompt_token_ids(tokenizer: Tokenizer, item: PromptItem) -> list[int]:
-    """The token ids of a prompt item: as given, or its text encoded with special tokens."""
+def prompt_token_ids(tokenizer: Tokenizer, item: PromptItem, mm_processor: Any = None) -> list[int]:
+    """The token ids of a prompt item: as given, or its text encoded with special tokens.
+
+    A prompt with images or videos is encoded by the multimodal processor, which knows the
+    placeholder spellings (e.g. `<|image@placeholder|>`) and encodes each as its token.
+    """
+    if item.has_media and mm_processor is not None and item.token_ids is None and item.text is not None:
+        return mm_processor.encode_text(item.text)
     if item.token_ids is not None:
         return item.token_ids
     return tokenizer.encode(item.text or "", add_special_tokens=True)

@@ -22,6 +22,7 @@ from fastdeploy.engine.request import INVALID_REQUEST, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.chat_utils import prompt_token_ids, render_conversation, with_tools
 from fastdeploy.entrypoints.offline_tools import constrain_offline, fill_tool_calls, plan_offline
+from fastdeploy.entrypoints.multimodal import extract_media, process_media
 from fastdeploy.entrypoints.prompts import PromptItem, normalize_prompts
 from fastdeploy.errors import FastDeployError, InvalidArgumentError
 from fastdeploy.logger import get_logger
@@ -41,7 +42,6 @@ _ACCEPTED_WITHOUT_EFFECT = frozenset(
         "use_warmup",
         "enable_chunked_prefill",
         "kv_cache_ratio",
-        "limit_mm_per_prompt",
         "enable_mm",
         "trust_remote_code",
         "disable_log_stats",
@@ -85,6 +85,8 @@ class LLM:
         guided_decoding_backend: str = "auto",
         guided_decoding_disable_any_whitespace: bool = False,
         tool_call_parser: str | None = None,
+        limit_mm_per_prompt: dict[str, int] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         from fastdeploy import envs
@@ -128,6 +130,8 @@ class LLM:
             guided_decoding_backend=guided_decoding_backend,
             guided_decoding_disable_any_whitespace=guided_decoding_disable_any_whitespace,
             tool_call_parser=tool_call_parser,
+            limit_mm_per_prompt=limit_mm_per_prompt,
+            mm_processor_kwargs=mm_processor_kwargs,
         )
         self._request_ids = itertools.count()
         self._is_master = is_master_host(config)
@@ -220,7 +224,8 @@ class LLM:
         template_kwargs: dict[str, Any],
     ) -> PromptItem:
         try:
-            return render_conversation(
+            images, videos = extract_media(conversation)
+            item = render_conversation(
                 self.llm_engine.tokenizer,
                 conversation,
                 chat_template=template,
@@ -229,6 +234,10 @@ class LLM:
             )
         except InvalidArgumentError as exc:
             return PromptItem(error=f"conversation {index}: {exc}")
+        if images or videos:
+            # re-encoded by the multimodal processor, which knows the placeholder tokens
+            item.images, item.videos, item.token_ids = images, videos, None
+        return item
 
     @staticmethod
     def _params_per_prompt(
@@ -263,11 +272,12 @@ class LLM:
                 try:
                     engine.add_request(
                         request_id,
-                        prompt_token_ids(engine.tokenizer, item),
+                        prompt_token_ids(engine.tokenizer, item, engine.mm_processor),
                         item_params,
                         prompt=item.text,
                         arrival_time=arrival,
                         thinking_enabled=item.thinking_enabled,
+                        multimodal=self._multimodal(item),
                     )
                     continue
                 except FastDeployError as exc:
@@ -276,6 +286,20 @@ class LLM:
             results[request_id] = error_output(request_id, item.text, item.error, arrival, INVALID_REQUEST)
         self._drive(results, len(order), use_tqdm)
         return [results[request_id] for request_id in order]
+
+    def _multimodal(self, item: PromptItem) -> Any:
+        """The processed images and videos of a prompt (None when it has none)."""
+        if not item.has_media:
+            return None
+        engine = self.llm_engine
+        return process_media(
+            engine.mm_processor,
+            engine.model_config.architecture,
+            prompt_token_ids(engine.tokenizer, item, engine.mm_processor),
+            item.images,
+            item.videos,
+            item.mm_processor_kwargs,
+        )
 
     def _drive(self, results: dict[str, RequestOutput], total: int, use_tqdm: bool) -> None:
         """Step the engine until every queued request has finished."""

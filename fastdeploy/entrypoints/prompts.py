@@ -6,7 +6,7 @@ top-level value of the wrong type is raised immediately.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastdeploy.errors import InvalidArgumentError
@@ -21,6 +21,15 @@ class PromptItem:
     error: str | None = None
     #: False when a chat request turned thinking off (for the reasoning parser)
     thinking_enabled: bool = True
+    #: images and videos, in the order of their placeholders in the prompt (multimodal models)
+    images: list[Any] = field(default_factory=list)
+    videos: list[Any] = field(default_factory=list)
+    #: per-request multimodal processor settings (pixel bounds, frame sampling)
+    mm_processor_kwargs: dict[str, Any] | None = None
+
+    @property
+    def has_media(self) -> bool:
+        return bool(self.images or self.videos)
 
 
 def _is_token_ids(value: Any) -> bool:
@@ -47,11 +56,23 @@ def _item(value: Any, index: int) -> PromptItem:
 
 
 def _dict_item(value: dict[str, Any], index: int) -> PromptItem:
-    if value.get("multimodal_data") or value.get("multi_modal_data"):
-        return PromptItem(
-            text=value.get("prompt"),
-            error=f"prompt {index} has multimodal_data, but this model takes text only",
-        )
+    item = _text_or_ids(value, index)
+    data = value.get("multimodal_data", value.get("multi_modal_data"))
+    if item.error is None and data is not None:
+        from fastdeploy.entrypoints.multimodal import multimodal_data
+
+        try:
+            item.images, item.videos = multimodal_data(data, f"prompt {index}")
+        except InvalidArgumentError as exc:
+            item.error = str(exc)
+        kwargs = value.get("mm_processor_kwargs")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            item.error = f"prompt {index}: mm_processor_kwargs must be a dict"
+        item.mm_processor_kwargs = kwargs
+    return item
+
+
+def _text_or_ids(value: dict[str, Any], index: int) -> PromptItem:
     if "prompt_token_ids" in value:
         ids = value["prompt_token_ids"]
         if not _is_token_ids(ids):

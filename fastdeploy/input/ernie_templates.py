@@ -55,3 +55,48 @@ ERNIE_THINKING_CHAT_TEMPLATE = (
 {%- endif -%}
 """
 )
+
+#: ERNIE-4.5-VL: the same turns, with content parts. An image part becomes
+#: `Picture N:<|IMAGE_START|><|image@placeholder|><|IMAGE_END|>` and a video part
+#: `Video N:<|VIDEO_START|><|video@placeholder|><|VIDEO_END|>` (numbered across the conversation),
+#: as FastDeploy's processor expects; text parts are written as they are. Thinking is on unless
+#: `enable_thinking=False` (the generation prompt then carries an empty, closed block).
+ERNIE_4_5_VL_CHAT_TEMPLATE = """\
+{%- set counts = namespace(image=0, video=0) -%}
+{%- macro render(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- else -%}
+        {%- for part in content -%}
+            {%- if part["type"] == "text" -%}
+                {{- part["text"] -}}
+            {%- elif part["type"] in ("image_url", "image") -%}
+                {%- set counts.image = counts.image + 1 -%}
+                {{- "Picture " ~ counts.image ~ ":<|IMAGE_START|><|image@placeholder|><|IMAGE_END|>" -}}
+            {%- elif part["type"] in ("video_url", "video") -%}
+                {%- set counts.video = counts.video + 1 -%}
+                {{- "Video " ~ counts.video ~ ":<|VIDEO_START|><|video@placeholder|><|VIDEO_END|>" -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{{- "<|begin_of_sentence|>" -}}
+{%- for message in messages -%}
+    {%- if message["role"] == "system" -%}
+        {{- render(message["content"]) + "\\n" -}}
+    {%- elif message["role"] == "user" -%}
+        {{- "User: " + render(message["content"]) + "\\n" -}}
+    {%- elif message["role"] == "assistant" -%}
+        {{- "Assistant: " + render(message["content"] or "") + "<|end_of_sentence|>" -}}
+    {%- else -%}
+        {{- raise_exception("ERNIE-4.5-VL chat messages must be system, user or assistant; got " + message["role"]) -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {%- if enable_thinking is defined and not enable_thinking -%}
+        {{- "Assistant: <think>\\n\\n</think>\\n\\n" -}}
+    {%- else -%}
+        {{- "Assistant: <think>\\n" -}}
+    {%- endif -%}
+{%- endif -%}
+"""

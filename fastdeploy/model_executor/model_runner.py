@@ -59,6 +59,19 @@ def _block_tables(seqs: list[Sequence]) -> np.ndarray:
     return tables
 
 
+def extra_model_inputs(batch: ScheduledBatch) -> dict[str, Any]:
+    """`extra_inputs=[(seq.extra_inputs, first scheduled token, count), ...]` for the model's
+    forward when any scheduled sequence carries extra inputs (a multimodal prompt); else nothing,
+    so models without them keep the plain signature."""
+    if all(seq.extra_inputs is None for seq in batch.seqs):
+        return {}
+    spans = [
+        (seq.extra_inputs, seq.num_computed_tokens, count)
+        for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True)
+    ]
+    return {"extra_inputs": spans}
+
+
 class ModelRunner:
     """Owns the model and its KV cache on the backend."""
 
@@ -80,17 +93,17 @@ class ModelRunner:
         """
         layout, sampling = build_layout(batch, self.block_size)
         start = time.perf_counter()
-        logits = self.run(layout)
+        logits = self.run(layout, extra_model_inputs(batch))
         return logits, sampling, time.perf_counter() - start
 
-    def run(self, layout: BatchLayout) -> Any:
+    def run(self, layout: BatchLayout, extra: dict[str, Any] | None = None) -> Any:
         """Device logits of the rows `layout.logits_indices` names (None when it names none, or on
         a pipeline stage that hands its activations on instead).
 
         This is all a worker process of a multi-process model runs per step: the layout is
         host data and travels to the workers as it is.
         """
-        if self.graphs is not None:
+        if self.graphs is not None and not extra:  # captured graphs take no extra inputs
             logits = self.graphs.run(layout)
             if logits is not None:
                 return logits
@@ -101,6 +114,7 @@ class ModelRunner:
             backend.from_numpy(layout.positions),
             metadata,
             self.kv_caches,
+            **(extra or {}),
         )
         if hidden is None or not layout.logits_indices.size:
             return None

@@ -98,6 +98,7 @@ def collect_environment(registry: PluginRegistry) -> EnvironmentReport:
         "fastdeploy_tool_call_parsers",
         "fastdeploy_chat_templates",
         "fastdeploy_communicators",
+        "fastdeploy_multimodal_processors",
     ):
         try:
             components[hook] = dict(sorted(registry.owners(hook).items()))
@@ -133,6 +134,7 @@ _TITLES = {
     "fastdeploy_tool_call_parsers": "Tool-call parsers",
     "fastdeploy_chat_templates": "Chat templates",
     "fastdeploy_communicators": "Communicators (collectives of tensor / pipeline parallel ranks)",
+    "fastdeploy_multimodal_processors": "Multimodal processors",
     "fastdeploy_weight_loaders": "Weight loaders",
     "fastdeploy_tokenizer_loaders": "Tokenizer loaders",
 }

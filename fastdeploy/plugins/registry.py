@@ -171,6 +171,9 @@ class PluginRegistry:
     def chat_templates(self) -> dict[str, str]:
         return self._merged("fastdeploy_chat_templates")
 
+    def multimodal_processors(self) -> dict[str, Any]:
+        return self._merged("fastdeploy_multimodal_processors")
+
     def reasoning_parsers(self) -> dict[str, type]:
         return self._merged("fastdeploy_reasoning_parsers")
 

@@ -1,0 +1,54 @@
+"""Engine-wide multimodal settings handed to processor factories (`fastdeploy_multimodal_processors`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.input.multimodal.media import MediaPolicy
+
+MODALITIES = ("image", "video")
+
+
+@dataclass(frozen=True)
+class ProcessorOptions:
+    """`limit_mm_per_prompt`, `mm_processor_kwargs` (engine defaults) and where media may come from."""
+
+    limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)
+    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    policy: MediaPolicy = MediaPolicy()
+
+
+def check_limits(value: Any) -> dict[str, int]:
+    """`limit_mm_per_prompt` as {modality: max count}; raises naming a bad key or value."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"limit_mm_per_prompt must be a dict like {{'image': 4}}, got {type(value).__name__}")
+    for key, count in value.items():
+        if key not in MODALITIES:
+            raise InvalidArgumentError(f"limit_mm_per_prompt: unknown modality {key!r}; use {', '.join(MODALITIES)}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidArgumentError(f"limit_mm_per_prompt[{key!r}] must be an int >= 0, got {count!r}")
+    return dict(value)
+
+
+def build_multimodal_processor(registry: Any, model: Any, tokenizer: Any, model_config: Any, config: Any) -> Any:
+    """The processor of a multimodal model (None for text-only models), from the plugin hook."""
+    if not getattr(model, "supports_multimodal", False):
+        return None
+    factories = registry.multimodal_processors()
+    factory = factories.get(model_config.architecture)
+    if factory is None:
+        raise InvalidArgumentError(
+            f"{model_config.architecture} takes images, but no plugin registers a multimodal processor for it "
+            "(hook fastdeploy_multimodal_processors)"
+        )
+    policy = MediaPolicy(
+        allow_local=config.allowed_local_media_path, allow_fetch=config.allow_media_url_fetch
+    )
+    options = ProcessorOptions(
+        check_limits(config.limit_mm_per_prompt), dict(config.mm_processor_kwargs or {}), policy
+    )
+    return factory(tokenizer, model_config, options)

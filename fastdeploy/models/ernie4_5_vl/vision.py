@@ -1,0 +1,170 @@
+"""ERNIE-4.5-VL's vision tower and resampler, written against backend ops.
+
+Vision tower (transformers' `Ernie4_5_VLMoeVisionTransformerPretrainedModel`): a linear patch
+embedding (3*14*14 -> width, no bias), `depth` pre-LayerNorm blocks of bidirectional attention
+with 2-D rotary positions (each image, or each video frame, attends only within itself) and a
+quick-GELU MLP, then a final LayerNorm.
+
+Resampler (`Ernie4_5_VLMoeVariableResolutionResamplerModel`): every 4 consecutive patch rows (one
+2x2 block, in the processor's order) are concatenated and pass an MLP (fc1, exact GELU, fc2,
+LayerNorm); then pairs of frames are concatenated (an image is paired with itself) and pass a
+second such MLP, and a linear projection into the text width with an RMSNorm. The frame pairing
+is done without a concatenation: fc1 of [a | b] is a @ W1[:, :n]^T + b @ W1[:, n:]^T + bias.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fastdeploy.backends.base import Backend
+from fastdeploy.model_executor.mrope import vision_tables
+
+VISION = "model.vision_model."
+RESAMPLER = "model.resampler_model."
+
+
+@dataclass
+class _Linear:
+    weight: Any
+    bias: Any | None
+
+
+@dataclass
+class _Block:
+    norm1: tuple[Any, Any]
+    norm2: tuple[Any, Any]
+    qkv: _Linear
+    proj: _Linear
+    fc1: _Linear
+    fc2: _Linear
+
+
+@dataclass
+class _MergeMLP:
+    fc1_parts: list[Any]
+    fc1_bias: Any
+    fc2: _Linear
+    norm: tuple[Any, Any]
+
+
+class VisionEncoder:
+    """Pixels of one image or video -> its rows of text-width embeddings."""
+
+    def __init__(self, vision: dict[str, Any], text_hidden: int, text_eps: float, backend: Backend) -> None:
+        self.backend = backend
+        self.hidden = vision["hidden_size"]
+        self.heads = vision["num_heads"]
+        self.head_dim = self.hidden // self.heads
+        self.depth = vision["depth"]
+        self.eps = vision["rms_norm_eps"]
+        self.theta = vision["rope_theta"]
+        self.merge = vision["spatial_merge_size"]
+        self.temporal = vision["temporal_merge_size"]
+        self.text_eps = text_eps
+        self.text_hidden = text_hidden
+        self.scale = self.head_dim**-0.5
+
+    def tensor_names(self) -> set[str]:
+        names = {VISION + "patch_embed.proj.weight", VISION + "ln.weight", VISION + "ln.bias"}
+        for i in range(self.depth):
+            block = f"{VISION}blocks.{i}."
+            for part in ("norm1", "norm2", "attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):
+                names.update({f"{block}{part}.weight", f"{block}{part}.bias"})
+        for mlp in ("spatial_linear", "temporal_linear"):
+            for index in (0, 2, 3):
+                names.update({f"{RESAMPLER}{mlp}.{index}.weight", f"{RESAMPLER}{mlp}.{index}.bias"})
+        names.update({RESAMPLER + "mlp.weight", RESAMPLER + "mlp.bias", RESAMPLER + "after_norm.weight"})
+        return names
+
+    def load(self, host: dict[str, Any]) -> None:
+        backend = self.backend
+
+        def linear(prefix: str) -> _Linear:
+            bias = host.get(prefix + ".bias")
+            return _Linear(backend.linear_weight(host[prefix + ".weight"]), None if bias is None else backend.linear_bias(bias))
+
+        def norm(prefix: str) -> tuple[Any, Any]:
+            return backend.from_numpy(host[prefix + ".weight"]), backend.from_numpy(host[prefix + ".bias"])
+
+        def merge_mlp(prefix: str, parts: int) -> _MergeMLP:
+            fc1 = np.asarray(host[prefix + ".0.weight"])
+            width = fc1.shape[1] // parts
+            return _MergeMLP(
+                [backend.linear_weight(fc1[:, i * width : (i + 1) * width]) for i in range(parts)],
+                backend.linear_bias(host[prefix + ".0.bias"]),
+                linear(prefix + ".2"),
+                norm(prefix + ".3"),
+            )
+
+        self.patch_embed = backend.linear_weight(host[VISION + "patch_embed.proj.weight"])
+        self.blocks = [
+            _Block(
+                norm(f"{VISION}blocks.{i}.norm1"),
+                norm(f"{VISION}blocks.{i}.norm2"),
+                linear(f"{VISION}blocks.{i}.attn.qkv"),
+                linear(f"{VISION}blocks.{i}.attn.proj"),
+                linear(f"{VISION}blocks.{i}.mlp.fc1"),
+                linear(f"{VISION}blocks.{i}.mlp.fc2"),
+            )
+            for i in range(self.depth)
+        ]
+        self.final_norm = norm(VISION + "ln")
+        self.spatial = merge_mlp(RESAMPLER + "spatial_linear", 1)
+        self.temporal_mlp = merge_mlp(RESAMPLER + "temporal_linear", self.temporal)
+        self.projection = linear(RESAMPLER + "mlp")
+        self.after_norm = backend.from_numpy(host[RESAMPLER + "after_norm.weight"])
+
+    # --- forward ---------------------------------------------------------------------------------
+    def encode(self, patches: np.ndarray, grid_thw: tuple[int, int, int]) -> Any:
+        """[T*h*w, 588] pixels of one item -> [T/tm * h*w/4, text hidden] embeddings (device)."""
+        ops = self.backend
+        t, h, w = grid_thw
+        cos, sin = vision_tables(grid_thw, self.head_dim, self.theta, self.merge)
+        cos, sin = ops.from_numpy(cos), ops.from_numpy(sin)
+        rows = patches.shape[0]
+        positions = ops.from_numpy(np.arange(rows, dtype=np.int64))
+        cu_seqlens = np.arange(0, rows + 1, h * w, dtype=np.int64)  # one segment per frame
+        x = ops.linear(ops.from_numpy(np.asarray(patches, dtype=np.float32)), self.patch_embed)
+        for block in self.blocks:
+            normed, _ = ops.layer_norm(x, *block.norm1, self.eps)
+            qkv = ops.linear(normed, block.qkv.weight, block.qkv.bias)
+            q = qkv[:, : self.hidden].reshape(rows, self.heads, self.head_dim)
+            k = qkv[:, self.hidden : 2 * self.hidden].reshape(rows, self.heads, self.head_dim)
+            v = qkv[:, 2 * self.hidden :].reshape(rows, self.heads, self.head_dim)
+            q = ops.rotary_embedding(q, positions, cos, sin)
+            k = ops.rotary_embedding(k, positions, cos, sin)
+            attn = ops.encoder_attention(q, k, v, cu_seqlens, self.scale).reshape(rows, self.hidden)
+            x = x + ops.linear(attn, block.proj.weight, block.proj.bias)
+            normed, _ = ops.layer_norm(x, *block.norm2, self.eps)
+            x = x + ops.linear(ops.quick_gelu(ops.linear(normed, block.fc1.weight, block.fc1.bias)), block.fc2.weight, block.fc2.bias)
+        x, _ = ops.layer_norm(x, *self.final_norm, self.eps)
+        return self.resample(x, grid_thw)
+
+    def _merge_mlp(self, mlp: _MergeMLP, parts: list[Any]) -> Any:
+        ops = self.backend
+        hidden = ops.linear(parts[0], mlp.fc1_parts[0], mlp.fc1_bias)
+        for part, weight in zip(parts[1:], mlp.fc1_parts[1:], strict=True):
+            hidden = hidden + ops.linear(part, weight)
+        hidden = ops.gelu(hidden)
+        hidden = ops.linear(hidden, mlp.fc2.weight, mlp.fc2.bias)
+        out, _ = ops.layer_norm(hidden, *mlp.norm, self.eps)
+        return out
+
+    def resample(self, x: Any, grid_thw: tuple[int, int, int]) -> Any:
+        ops = self.backend
+        t, h, w = grid_thw
+        merged_rows = x.shape[0] // (self.merge * self.merge)
+        x = self._merge_mlp(self.spatial, [x.reshape(merged_rows, -1)])
+        per_frame = h * w // (self.merge * self.merge)
+        frames = np.arange(t * per_frame, dtype=np.int64).reshape(t, per_frame)
+        if t == 1:
+            parts = [x] * self.temporal
+        else:
+            parts = [ops.gather_rows(x, ops.from_numpy(frames[i :: self.temporal].reshape(-1))) for i in range(self.temporal)]
+        x = self._merge_mlp(self.temporal_mlp, parts)
+        x = ops.linear(x, self.projection.weight, self.projection.bias)
+        out, _ = ops.rms_norm(x, self.after_norm, self.text_eps)
+        return out

@@ -88,7 +88,9 @@ def video_frames(spec: dict[str, Any]) -> list[np.ndarray]:
     """Crops of a photograph panning right by `step` pixels: a short clip of real image content."""
     photo = np.asarray(Image.open(IMAGES / spec["source"]).convert("RGB"))
     width, height = spec["size"]
-    return [photo[10 : 10 + height, i * spec["step"] : i * spec["step"] + width] for i in range(spec["frames"])]
+    return [
+        photo[10 : 10 + height, i * spec["step"] : i * spec["step"] + width] for i in range(spec["frames"])
+    ]
 
 
 def rounded(values: torch.Tensor) -> list[Any]:
@@ -100,7 +102,9 @@ def pixel_fixture() -> dict[str, np.ndarray]:
     for path in sorted(IMAGES.glob("*")):
         image = Image.open(path)
         for label, bounds in IMAGE_BOUNDS.items():
-            kwargs = {} if bounds is None else {"size": {"shortest_edge": bounds[0], "longest_edge": bounds[1]}}
+            kwargs = (
+                {} if bounds is None else {"size": {"shortest_edge": bounds[0], "longest_edge": bounds[1]}}
+            )
             out = Ernie4_5_VLMoeImageProcessorPil(**kwargs)(images=[image], return_tensors="np")
             arrays[f"{path.name}/{label}/pixel_values"] = out["pixel_values"].astype(np.float32)
             arrays[f"{path.name}/{label}/grid_thw"] = out["image_grid_thw"].astype(np.int64)
@@ -139,8 +143,12 @@ def model_reference(model: Any, case: dict[str, Any]) -> tuple[dict[str, Any], l
         processor = Ernie4_5_VLMoeVideoProcessor(
             size={"shortest_edge": VIDEO_BOUNDS[0], "longest_edge": VIDEO_BOUNDS[1]}, draw_on_frames=False
         )
-        video_out = processor(videos=[np.stack(video_frames(case["video"]))], return_tensors="pt", do_sample_frames=False)
-        inputs.update(pixel_values_videos=video_out["pixel_values_videos"], video_grid_thw=video_out["video_grid_thw"])
+        video_out = processor(
+            videos=[np.stack(video_frames(case["video"]))], return_tensors="pt", do_sample_frames=False
+        )
+        inputs.update(
+            pixel_values_videos=video_out["pixel_values_videos"], video_grid_thw=video_out["video_grid_thw"]
+        )
     ids = expand(case, image_out, video_out)
     prompt_len = len(ids)
     steps, margins = [], []
@@ -154,9 +162,17 @@ def model_reference(model: Any, case: dict[str, Any]) -> tuple[dict[str, Any], l
         moe_types[(tensor == tiny.VIDEO_START) | (tensor == tiny.VIDEO_END)] = 2
         model.model.rope_deltas = None
         with torch.no_grad():
-            logits = model(
-                input_ids=tensor, mm_token_type_ids=mm_types, moe_mm_token_type_ids=moe_types, use_cache=False, **inputs
-            ).logits[0, -1].float()
+            logits = (
+                model(
+                    input_ids=tensor,
+                    mm_token_type_ids=mm_types,
+                    moe_mm_token_type_ids=moe_types,
+                    use_cache=False,
+                    **inputs,
+                )
+                .logits[0, -1]
+                .float()
+            )
         top2 = torch.topk(logits, 2).values
         margins.append(float(top2[0] - top2[1]))
         steps.append(rounded(logits))
@@ -183,7 +199,12 @@ def main() -> None:
         entry, case_margins = model_reference(model, case)
         cases.append(entry)
         margins.extend(case_margins)
-        print(case["name"], len(entry["expanded_token_ids"]), entry["output_token_ids"], round(min(case_margins), 4))
+        print(
+            case["name"],
+            len(entry["expanded_token_ids"]),
+            entry["output_token_ids"],
+            round(min(case_margins), 4),
+        )
     data = {
         "metadata": {
             "generator": "tools/make_vl_references.py",

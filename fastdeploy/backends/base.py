@@ -362,7 +362,9 @@ class Backend(ABC):
         h = np.asarray(self.to_numpy(x), dtype=np.float64)
         z = np.abs(h) / np.sqrt(2.0)
         t = 1.0 / (1.0 + 0.3275911 * z)
-        poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        poly = t * (
+            0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+        )
         erf = np.sign(h) * (1.0 - poly * np.exp(-z * z))
         return self.from_numpy((0.5 * h * (1.0 + erf)).astype(np.float32))
 

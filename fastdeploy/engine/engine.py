@@ -281,7 +281,9 @@ class LLMEngine:
             raise InvalidArgumentError(f"request_id {request_id!r} is already in use")
         if multimodal is not None:
             if self.mm_processor is None:
-                raise InvalidArgumentError(f"{self.model_config.architecture} takes text only, not images or videos")
+                raise InvalidArgumentError(
+                    f"{self.model_config.architecture} takes text only, not images or videos"
+                )
             prompt_token_ids = multimodal.token_ids
         self.validate_prompt(prompt_token_ids)
         grammar = self.guided.compile(params.guided_decoding) if params.guided_decoding else None

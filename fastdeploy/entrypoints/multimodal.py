@@ -69,7 +69,9 @@ def multimodal_data(value: Any, where: str) -> tuple[list[Any], list[Any]]:
         raise InvalidArgumentError(f"{where}: multimodal_data must be a dict with 'image' and/or 'video'")
     unknown = sorted(set(value) - {"image", "video"})
     if unknown:
-        raise InvalidArgumentError(f"{where}: multimodal_data has unknown key(s) {unknown}; use 'image', 'video'")
+        raise InvalidArgumentError(
+            f"{where}: multimodal_data has unknown key(s) {unknown}; use 'image', 'video'"
+        )
     return _as_list(value.get("image")), _as_list(value.get("video"))
 
 

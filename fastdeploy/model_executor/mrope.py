@@ -32,7 +32,9 @@ def text_axes(head_dim: int, section: list[int]) -> np.ndarray:
     return axes
 
 
-def text_tables(positions: np.ndarray, inv_freq: np.ndarray, axes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def text_tables(
+    positions: np.ndarray, inv_freq: np.ndarray, axes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin [tokens, head_dim/2] float32 for positions [3, tokens] (time, height, width)."""
     angles = positions[axes].T.astype(np.float64) * inv_freq
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from tiny_checkpoints import write_safetensors
 
 SEED = 4545
@@ -93,7 +92,10 @@ def tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     text, vision = config["text_config"], config["vision_config"]
     hidden, vocab = text["hidden_size"], text["vocab_size"]
     heads, kv_heads, head_dim = text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"]
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (vocab, hidden),
+        "model.norm.weight": (hidden,),
+    }
     if not config.get("tie_word_embeddings", True):
         shapes["lm_head.weight"] = (vocab, hidden)
     experts = text["moe_num_experts"]
@@ -115,7 +117,9 @@ def tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         for e in range(2 * experts):
             shapes.update(_swiglu(f"{mlp}experts.{e}.", hidden, text_inner if e < experts else vision_inner))
         if text["moe_num_shared_experts"]:
-            shapes.update(_swiglu(mlp + "shared_experts.", hidden, text_inner * text["moe_num_shared_experts"]))
+            shapes.update(
+                _swiglu(mlp + "shared_experts.", hidden, text_inner * text["moe_num_shared_experts"])
+            )
     v_hidden, v_inner = vision["hidden_size"], vision["intermediate_size"]
     patch = vision["in_channels"] * vision["patch_size"] ** 2
     v = "model.vision_model."
@@ -137,7 +141,10 @@ def tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     shapes[v + "ln.bias"] = (v_hidden,)
     merged = v_hidden * vision["spatial_merge_size"] ** 2
     r = "model.resampler_model."
-    for name, in_dim in (("spatial_linear", merged), ("temporal_linear", merged * vision["temporal_merge_size"])):
+    for name, in_dim in (
+        ("spatial_linear", merged),
+        ("temporal_linear", merged * vision["temporal_merge_size"]),
+    ):
         shapes[f"{r}{name}.0.weight"] = (merged, in_dim)
         shapes[f"{r}{name}.0.bias"] = (merged,)
         shapes[f"{r}{name}.2.weight"] = (merged, merged)
@@ -166,9 +173,9 @@ def pt_tensors(config: dict[str, Any] | None = None, seed: int = SEED) -> dict[s
     for name, shape in sorted(tensor_shapes(config).items()):
         if name.endswith("e_score_correction_bias"):
             value = rng.uniform(0.0, 0.15, size=shape)
-        elif name.endswith(("norm.weight", "layernorm.weight", "norm1.weight", "norm2.weight", "ln.weight")) or (
-            name.endswith(".3.weight")
-        ):
+        elif name.endswith(
+            ("norm.weight", "layernorm.weight", "norm1.weight", "norm2.weight", "ln.weight")
+        ) or (name.endswith(".3.weight")):
             value = 1.0 + 0.1 * rng.standard_normal(shape)
         elif name.endswith(".bias"):
             value = 0.1 * rng.standard_normal(shape)
@@ -201,9 +208,16 @@ def paddle_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             out[base[: -len("q_proj")] + f"qkv_proj.{kind}"] = fused.T.copy()
         elif base.endswith("gate_proj"):
             stem = name[: -len(f"gate_proj.{kind}")]
-            fused = np.concatenate([tensors[f"{stem}gate_proj.{kind}"], tensors[f"{stem}up_proj.{kind}"]], axis=0)
+            fused = np.concatenate(
+                [tensors[f"{stem}gate_proj.{kind}"], tensors[f"{stem}up_proj.{kind}"]], axis=0
+            )
             out[base[: -len("gate_proj")] + f"up_gate_proj.{kind}"] = fused.T.copy()
-        elif kind != "weight" or value.ndim != 2 or ".mlp.gate." in name or name.endswith("embed_tokens.weight"):
+        elif (
+            kind != "weight"
+            or value.ndim != 2
+            or ".mlp.gate." in name
+            or name.endswith("embed_tokens.weight")
+        ):
             out[paddle_name] = value  # routers are [in, out] in both layouts; embeddings [vocab, hidden]
         else:
             out[paddle_name] = value.T.copy()

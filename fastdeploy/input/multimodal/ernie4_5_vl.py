@@ -50,7 +50,9 @@ class ProcessorSettings:
     video: PatchSettings = PatchSettings(min_pixels=299 * 28 * 28, max_pixels=1196 * 28 * 28)
     sampling: FrameSampling = FrameSampling()
 
-    def updated(self, kwargs: Mapping[str, Any] | None, what: str = "mm_processor_kwargs") -> ProcessorSettings:
+    def updated(
+        self, kwargs: Mapping[str, Any] | None, what: str = "mm_processor_kwargs"
+    ) -> ProcessorSettings:
         """These settings with `mm_processor_kwargs` applied; unknown or bad keys raise naming them."""
         if not kwargs:
             return self
@@ -58,7 +60,9 @@ class ProcessorSettings:
             raise MediaError(f"{what} must be a dict, got {type(kwargs).__name__}")
         unknown = sorted(set(kwargs) - set(PROCESSOR_KWARGS))
         if unknown:
-            raise MediaError(f"{what}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(PROCESSOR_KWARGS)}")
+            raise MediaError(
+                f"{what}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(PROCESSOR_KWARGS)}"
+            )
         for key, value in kwargs.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise MediaError(f"{what}: {key} must be a positive number, got {value!r}")
@@ -82,8 +86,6 @@ class ProcessorSettings:
         for bounds, name in ((image, "image"), (video, "video")):
             if bounds.min_pixels > bounds.max_pixels:
                 raise MediaError(f"{what}: {name}_min_pixels must not exceed {name}_max_pixels")
-        if sampling.min_frames > sampling.max_frames:
-            raise MediaError(f"{what}: video_min_frames must not exceed video_max_frames")
         return ProcessorSettings(image, video, sampling)
 
 
@@ -266,7 +268,9 @@ def vision_tokens(tokenizer: Any, config: Mapping[str, Any]) -> VisionTokens:
         if value is None:
             value = fallback
         if value is None:
-            raise MediaError(f"cannot find the {spelling} token: config.json has no {key} and the tokenizer lacks it")
+            raise MediaError(
+                f"cannot find the {spelling} token: config.json has no {key} and the tokenizer lacks it"
+            )
         return int(value)
 
     image = resolve("image_token_id", "<|IMAGE_PLACEHOLDER|>")
@@ -286,9 +290,14 @@ def build_processor(tokenizer: Any, model_config: Any, options: Any) -> Ernie4_5
     raw = model_config.raw
     vision = raw.get("vision_config", {})
     defaults = ProcessorSettings()
-    patch = {"patch_size": int(vision.get("patch_size", 14)), "merge_size": int(vision.get("spatial_merge_size", 2))}
+    patch = {
+        "patch_size": int(vision.get("patch_size", 14)),
+        "merge_size": int(vision.get("spatial_merge_size", 2)),
+    }
     settings = ProcessorSettings(
-        dataclasses.replace(defaults.image, **patch), dataclasses.replace(defaults.video, **patch), defaults.sampling
+        dataclasses.replace(defaults.image, **patch),
+        dataclasses.replace(defaults.video, **patch),
+        defaults.sampling,
     ).updated(options.mm_processor_kwargs)
     return Ernie4_5_VLProcessor(
         tokenizer, vision_tokens(tokenizer, raw), settings, options.limit_mm_per_prompt, options.policy

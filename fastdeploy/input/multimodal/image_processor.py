@@ -44,9 +44,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     if min(height, width) < 1:
         raise MediaError(f"image is {width}x{height}: both sides must be at least 1 pixel")
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise MediaError(
-            f"image is {width}x{height}: the aspect ratio must be at most {MAX_ASPECT_RATIO}:1"
-        )
+        raise MediaError(f"image is {width}x{height}: the aspect ratio must be at most {MAX_ASPECT_RATIO}:1")
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:

@@ -25,19 +25,30 @@ def check_limits(value: Any) -> dict[str, int]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise InvalidArgumentError(f"limit_mm_per_prompt must be a dict like {{'image': 4}}, got {type(value).__name__}")
+        raise InvalidArgumentError(
+            f"limit_mm_per_prompt must be a dict like {{'image': 4}}, got {type(value).__name__}"
+        )
     for key, count in value.items():
         if key not in MODALITIES:
-            raise InvalidArgumentError(f"limit_mm_per_prompt: unknown modality {key!r}; use {', '.join(MODALITIES)}")
+            raise InvalidArgumentError(
+                f"limit_mm_per_prompt: unknown modality {key!r}; use {', '.join(MODALITIES)}"
+            )
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise InvalidArgumentError(f"limit_mm_per_prompt[{key!r}] must be an int >= 0, got {count!r}")
     return dict(value)
 
 
-def build_multimodal_processor(registry: Any, model: Any, tokenizer: Any, model_config: Any, config: Any) -> Any:
+def build_multimodal_processor(
+    registry: Any, model: Any, tokenizer: Any, model_config: Any, config: Any
+) -> Any:
     """The processor of a multimodal model (None for text-only models), from the plugin hook."""
     if not getattr(model, "supports_multimodal", False):
         return None
+    if getattr(config, "tensor_parallel_size", 1) != 1:
+        raise InvalidArgumentError(
+            f"{model_config.architecture} takes images and runs with tensor_parallel_size=1 only; "
+            f"got tensor_parallel_size={config.tensor_parallel_size}"
+        )
     factories = registry.multimodal_processors()
     factory = factories.get(model_config.architecture)
     if factory is None:

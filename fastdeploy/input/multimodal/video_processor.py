@@ -68,10 +68,7 @@ def decode_video(data: bytes | str, what: str) -> DecodedVideo:
 
 def sample_indices(total: int, video_fps: float | None, sampling: FrameSampling) -> np.ndarray:
     """Indices of the kept frames, as transformers' video processor picks them."""
-    if sampling.fps is not None and video_fps:
-        wanted = total / video_fps * sampling.fps
-    else:
-        wanted = total
+    wanted = total / video_fps * sampling.fps if sampling.fps is not None and video_fps else total
     kept = min(max(wanted, sampling.min_frames), sampling.max_frames, total)
     return np.arange(0, total, total / kept).astype(np.int64)
 

@@ -72,7 +72,9 @@ class Ernie4_5_VLMoeForConditionalGeneration(Ernie4_5ForCausalLM):
         self.expert_sizes = list(raw["moe_intermediate_size"])
         self.inv_freq = inverse_frequencies(self.rope_theta(), self.head_dim)
         self.rope_axes = text_axes(self.head_dim, raw["mrope_section"])
-        self.vision = VisionEncoder(raw["vision_config"], self.config.hidden_size, self.config.rms_norm_eps, self.backend)
+        self.vision = VisionEncoder(
+            raw["vision_config"], self.config.hidden_size, self.config.rms_norm_eps, self.backend
+        )
         self._step: _StepInputs | None = None
 
     # --- weights -------------------------------------------------------------------------------
@@ -128,7 +130,9 @@ class Ernie4_5_VLMoeForConditionalGeneration(Ernie4_5ForCausalLM):
         return item.embeddings
 
     # --- forward ---------------------------------------------------------------------------------
-    def _step_inputs(self, positions: np.ndarray, spans: list[SequenceSpan] | None) -> tuple[_StepInputs, list]:
+    def _step_inputs(
+        self, positions: np.ndarray, spans: list[SequenceSpan] | None
+    ) -> tuple[_StepInputs, list]:
         tokens = positions.shape[0]
         pos3 = np.repeat(positions[None, :].astype(np.int64), 3, axis=0)
         vision = np.zeros(tokens, dtype=bool)
@@ -147,7 +151,9 @@ class Ernie4_5_VLMoeForConditionalGeneration(Ernie4_5ForCausalLM):
                     lo, hi = max(start, item.offset), min(start + count, item.end)
                     if lo < hi:
                         rows_of_item = np.arange(lo, hi) - start + row
-                        embeddings.append((self.encode(item)[lo - item.offset : hi - item.offset], rows_of_item))
+                        embeddings.append(
+                            (self.encode(item)[lo - item.offset : hi - item.offset], rows_of_item)
+                        )
             row += count
         cos, sin = text_tables(pos3, self.inv_freq, self.rope_axes)
         ops = self.backend

@@ -84,7 +84,10 @@ class VisionEncoder:
 
         def linear(prefix: str) -> _Linear:
             bias = host.get(prefix + ".bias")
-            return _Linear(backend.linear_weight(host[prefix + ".weight"]), None if bias is None else backend.linear_bias(bias))
+            return _Linear(
+                backend.linear_weight(host[prefix + ".weight"]),
+                None if bias is None else backend.linear_bias(bias),
+            )
 
         def norm(prefix: str) -> tuple[Any, Any]:
             return backend.from_numpy(host[prefix + ".weight"]), backend.from_numpy(host[prefix + ".bias"])
@@ -139,7 +142,11 @@ class VisionEncoder:
             attn = ops.encoder_attention(q, k, v, cu_seqlens, self.scale).reshape(rows, self.hidden)
             x = x + ops.linear(attn, block.proj.weight, block.proj.bias)
             normed, _ = ops.layer_norm(x, *block.norm2, self.eps)
-            x = x + ops.linear(ops.quick_gelu(ops.linear(normed, block.fc1.weight, block.fc1.bias)), block.fc2.weight, block.fc2.bias)
+            x = x + ops.linear(
+                ops.quick_gelu(ops.linear(normed, block.fc1.weight, block.fc1.bias)),
+                block.fc2.weight,
+                block.fc2.bias,
+            )
         x, _ = ops.layer_norm(x, *self.final_norm, self.eps)
         return self.resample(x, grid_thw)
 
@@ -163,7 +170,10 @@ class VisionEncoder:
         if t == 1:
             parts = [x] * self.temporal
         else:
-            parts = [ops.gather_rows(x, ops.from_numpy(frames[i :: self.temporal].reshape(-1))) for i in range(self.temporal)]
+            parts = [
+                ops.gather_rows(x, ops.from_numpy(frames[i :: self.temporal].reshape(-1)))
+                for i in range(self.temporal)
+            ]
         x = self._merge_mlp(self.temporal_mlp, parts)
         x = ops.linear(x, self.projection.weight, self.projection.bias)
         out, _ = ops.rms_norm(x, self.after_norm, self.text_eps)

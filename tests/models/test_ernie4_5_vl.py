@@ -1,0 +1,232 @@
+"""ERNIE-4.5-VL (`Ernie4_5_VLMoeForConditionalGeneration`) against transformers, and the engine's
+handling of images: encoder runs, chunked prefill, prefix caching, preemption, bad requests.
+
+The tiny random-weight checkpoint (tests/models/tiny_vl_checkpoint.py) is written by the test in
+the -PT and -Paddle layouts; the references (24 greedy tokens and each step's last-position
+logits for text-only, one-image, two-image and video prompts) come from transformers through
+tools/make_vl_references.py and are committed in tests/fixtures/ernie4_5_vl_references.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("PIL")
+import tiny_checkpoints  # noqa: E402
+import tiny_vl_checkpoint as tiny  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from fastdeploy import LLM, SamplingParams  # noqa: E402
+from fastdeploy.backends.base import BackendOptions, BatchLayout, KVCacheSpec  # noqa: E402
+from fastdeploy.backends.selection import create_backend  # noqa: E402
+from fastdeploy.input.multimodal.options import ProcessorOptions  # noqa: E402
+from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint  # noqa: E402
+from fastdeploy.models.ernie4_5_vl.vision import VisionEncoder  # noqa: E402
+from fastdeploy.plugins.registry import get_registry  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+IMAGES = FIXTURES / "images"
+ATOL = 1e-4
+VIDEO_KWARGS = {"video_min_pixels": 28 * 28 * 4, "video_max_pixels": 28 * 28 * 8}
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    return json.loads((FIXTURES / "ernie4_5_vl_references.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, str]:
+    dirs = {}
+    for layout in ("pt", "paddle"):
+        directory = tmp_path_factory.mktemp(f"ernie-vl-{layout}")
+        tiny.write_checkpoint(directory, layout)
+        tiny_checkpoints.write_ernie_tokenizer(directory)
+        dirs[layout] = str(directory)
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoints) -> LLM:
+    return LLM(model=checkpoints["pt"], max_model_len=256, mm_processor_kwargs=VIDEO_KWARGS)
+
+
+def media(case: dict) -> dict:
+    data = {}
+    if case.get("images"):
+        data["image"] = [Image.open(IMAGES / name) for name in case["images"]]
+    if case.get("video"):
+        spec = case["video"]
+        photo = np.asarray(Image.open(IMAGES / spec["source"]).convert("RGB"))
+        width, height = spec["size"]
+        step = spec["step"]
+        data["video"] = [
+            [photo[10 : 10 + height, i * step : i * step + width] for i in range(spec["frames"])]
+        ]
+    return data
+
+
+def prompt_of(case: dict) -> dict:
+    prompt = {"prompt_token_ids": case["prompt_token_ids"]}
+    if media(case):
+        prompt["multimodal_data"] = media(case)
+    return prompt
+
+
+def test_fixture_weights_are_the_ones_the_test_rebuilds(reference):
+    assert reference["config"] == tiny.CONFIG
+    assert reference["weights_sha256"] == tiny_checkpoints.weights_checksum(tiny.pt_tensors())
+    assert {case["name"] for case in reference["cases"]} == {"text", "one_image", "two_images", "video"}
+
+
+def teacher_forced_logits(model_dir: str, case: dict) -> tuple[list[int], np.ndarray]:
+    """Our expanded prompt and the logits of every position of prompt + outputs, in one pass."""
+    registry = get_registry()
+    checkpoint = inspect_checkpoint(model_dir, registry)
+    backend = create_backend("cpu", BackendOptions(threads=1), registry)
+    model = build_model(checkpoint, backend, 512, registry)
+    factory = registry.multimodal_processors()[checkpoint.config.architecture]
+    processor = factory(None, checkpoint.config, ProcessorOptions(mm_processor_kwargs=VIDEO_KWARGS))
+    data = media(case)
+    prompt = processor.process(case["prompt_token_ids"], data.get("image", []), data.get("video", []))
+    ids = prompt.token_ids + case["output_token_ids"][:-1]
+    config = checkpoint.config
+    block_size, count = 16, len(ids)
+    blocks = -(-count // block_size)
+    spec = KVCacheSpec(
+        config.num_hidden_layers, blocks, block_size, config.num_key_value_heads, config.head_dim
+    )
+    positions = np.arange(count, dtype=np.int64)
+    layout = BatchLayout(
+        input_ids=np.asarray(ids, dtype=np.int64),
+        positions=positions,
+        slot_mapping=positions,
+        query_lens=np.asarray([count]),
+        context_lens=np.asarray([count]),
+        block_tables=np.arange(blocks, dtype=np.int64)[None, :],
+        logits_indices=positions,
+        block_size=block_size,
+    )
+    hidden = model.forward(
+        backend.from_numpy(layout.input_ids),
+        backend.from_numpy(positions),
+        backend.prepare_batch(layout),
+        backend.allocate_kv_cache(spec),
+        extra_inputs=[(prompt, 0, count)],
+    )
+    return prompt.token_ids, backend.to_numpy(model.compute_logits(hidden))
+
+
+@pytest.mark.parametrize("layout", ["pt", "paddle"])
+@pytest.mark.parametrize("name", ["text", "one_image", "two_images", "video"])
+def test_logits_match_transformers(name, layout, checkpoints, reference):
+    case = next(case for case in reference["cases"] if case["name"] == name)
+    expanded, logits = teacher_forced_logits(checkpoints[layout], case)
+    assert expanded == case["expanded_token_ids"]
+    steps = logits[len(expanded) - 1 :]
+    np.testing.assert_allclose(steps, np.asarray(case["step_logits"]), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["pt", "paddle"])
+def test_llm_generates_the_reference_greedy_tokens(layout, checkpoints, reference):
+    llm = LLM(model=checkpoints[layout], max_model_len=256, mm_processor_kwargs=VIDEO_KWARGS)
+    cases = reference["cases"]
+    outputs = llm.generate([prompt_of(case) for case in cases], GREEDY, use_tqdm=False)
+    for output, case in zip(outputs, cases, strict=True):
+        assert output.error_code == 200, output.error_msg
+        assert output.prompt_token_ids == case["expanded_token_ids"]
+        assert output.outputs.token_ids == case["output_token_ids"], case["name"]
+    assert outputs[1].num_input_image_tokens == 24 and outputs[3].num_input_video_tokens == 18
+
+
+def count_encodes(monkeypatch) -> list[tuple]:
+    calls: list[tuple] = []
+    original = VisionEncoder.encode
+
+    def counting(self, patches, grid_thw):
+        calls.append(grid_thw)
+        return original(self, patches, grid_thw)
+
+    monkeypatch.setattr(VisionEncoder, "encode", counting)
+    return calls
+
+
+def test_chunked_prefill_encodes_each_image_once_and_places_it_right(checkpoints, reference, monkeypatch):
+    """A 16-token budget splits both images of the two-image prompt across several passes."""
+    case = next(case for case in reference["cases"] if case["name"] == "two_images")
+    calls = count_encodes(monkeypatch)
+    llm = LLM(model=checkpoints["pt"], max_model_len=256, max_num_batched_tokens=16)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=2)
+    output = llm.generate(prompt_of(case), params, use_tqdm=False)[0]
+    assert [sample.token_ids for sample in output.outputs] == [case["output_token_ids"]] * 2
+    assert sorted(calls) == [(1, 6, 18), (1, 14, 6)]  # once per image, for both samples
+
+
+def test_prefix_cache_keys_include_the_image(checkpoints, reference):
+    """Two prompts that differ only in the image have equal token ids but must not share blocks."""
+    case = next(case for case in reference["cases"] if case["name"] == "one_image")
+    flipped = np.asarray(Image.open(IMAGES / "chelsea_180x120.png"))[::-1]
+    other = dict(prompt_of(case), multimodal_data={"image": [flipped]})
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=0)
+    llm = LLM(model=checkpoints["pt"], max_model_len=256, block_size=16, enable_prefix_caching=True)
+    first = llm.generate(prompt_of(case), params, use_tqdm=False)[0]
+    same = llm.generate(prompt_of(case), params, use_tqdm=False)[0]
+    different = llm.generate(other, params, use_tqdm=False)[0]
+    uncached = LLM(model=checkpoints["pt"], max_model_len=256).generate(other, params, use_tqdm=False)[0]
+    assert same.num_cached_tokens == 16 and same.outputs.token_ids == first.outputs.token_ids
+    assert different.num_cached_tokens == 0  # the first block holds image tokens
+    logprob = [next(iter(step.values())) for step in different.outputs.logprobs]
+    assert logprob == pytest.approx(
+        [next(iter(step.values())) for step in uncached.outputs.logprobs], abs=1e-5
+    )
+    assert logprob != pytest.approx([next(iter(step.values())) for step in first.outputs.logprobs], abs=1e-3)
+
+
+def test_preemption_recomputes_multimodal_sequences(checkpoints, reference):
+    """Four video/image prompts in a KV cache too small for all of them at once."""
+    cases = [case for case in reference["cases"] if case["name"] != "text"]
+    llm = LLM(
+        model=checkpoints["pt"],
+        max_model_len=96,
+        block_size=16,
+        num_gpu_blocks_override=7,
+        mm_processor_kwargs=VIDEO_KWARGS,
+    )
+    outputs = llm.generate([prompt_of(case) for case in cases], GREEDY, use_tqdm=False)
+    assert llm.llm_engine.scheduler.num_preemptions > 0
+    for output, case in zip(outputs, cases, strict=True):
+        assert output.outputs.token_ids == case["output_token_ids"], case["name"]
+
+
+def test_a_bad_image_fails_alone(llm, reference):
+    case = next(case for case in reference["cases"] if case["name"] == "one_image")
+    bad = dict(prompt_of(case), multimodal_data={"image": [b"definitely not a png"]})
+    too_many = dict(
+        prompt_of(case), multimodal_data={"image": [Image.open(IMAGES / "camera_64x64_gray.png")] * 2}
+    )
+    outputs = llm.generate([bad, prompt_of(case), too_many], GREEDY, use_tqdm=False)
+    assert outputs[0].error_code == 400 and "image 0" in outputs[0].error_msg
+    assert outputs[2].error_code == 400 and "placeholder" in outputs[2].error_msg
+    assert outputs[1].error_code == 200 and outputs[1].outputs.token_ids == case["output_token_ids"]
+
+
+def test_limit_mm_per_prompt_is_enforced_per_request(checkpoints, reference):
+    case = next(case for case in reference["cases"] if case["name"] == "two_images")
+    llm = LLM(model=checkpoints["pt"], max_model_len=256, limit_mm_per_prompt={"image": 1})
+    output = llm.generate(prompt_of(case), GREEDY, use_tqdm=False)[0]
+    assert output.error_code == 400 and "limit_mm_per_prompt" in output.error_msg
+
+
+def test_text_only_models_refuse_images(tmp_path):
+    tiny_checkpoints.write_checkpoint(tmp_path, "ernie4_5", "pt")
+    tiny_checkpoints.write_ernie_tokenizer(tmp_path)
+    llm = LLM(model=str(tmp_path), max_model_len=64)
+    output = llm.generate(
+        {"prompt_token_ids": [1, 5, 7], "multimodal_data": {"image": [b"x"]}}, use_tqdm=False
+    )[0]
+    assert output.error_code == 400 and "text only" in output.error_msg

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 
@@ -68,6 +69,29 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         default=None,
         help="read tool calls of chat requests with tools: hermes, qwen3, ernie-x1 or a plugin's",
     )
+    parser.add_argument(
+        "--limit-mm-per-prompt",
+        type=_json_object,
+        default=None,
+        help='most images/videos per request, JSON, e.g. \'{"image": 4, "video": 1}\' (multimodal models)',
+    )
+    parser.add_argument(
+        "--mm-processor-kwargs",
+        type=_json_object,
+        default=None,
+        help="multimodal processor defaults, JSON, e.g. '{\"image_max_pixels\": 802816}'",
+    )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """A flag value that must be a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -96,4 +120,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "guided_decoding_backend": args.guided_decoding_backend,
         "guided_decoding_disable_any_whitespace": args.guided_decoding_disable_any_whitespace,
         "tool_call_parser": args.tool_call_parser,
+        "limit_mm_per_prompt": args.limit_mm_per_prompt,
+        "mm_processor_kwargs": args.mm_processor_kwargs,
     }

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.request import OK, RequestOutput
@@ -101,6 +102,7 @@ class _Add:
     arrival_time: float
     thinking_enabled: bool
     stream: _Stream
+    multimodal: Any = None
 
 
 @dataclass
@@ -206,6 +208,7 @@ class AsyncLLMEngine:
         prompt: str | None = None,
         thinking_enabled: bool = True,
         arrival_time: float | None = None,
+        multimodal: Any = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's cumulative output after each step that adds tokens, the last one finished.
 
@@ -223,6 +226,7 @@ class AsyncLLMEngine:
             time.time() if arrival_time is None else arrival_time,
             thinking_enabled,
             stream,
+            multimodal,
         )
         self._in_flight += 1
         finished = False
@@ -342,6 +346,7 @@ class AsyncLLMEngine:
                 arrival_time=command.arrival_time,
                 stream=True,
                 thinking_enabled=command.thinking_enabled,
+                multimodal=command.multimodal,
             )
         except Exception as exc:  # the engine validates; the caller gets the reason
             self._deliver(command.stream, exc)

@@ -87,6 +87,8 @@ class LLM:
         tool_call_parser: str | None = None,
         limit_mm_per_prompt: dict[str, int] | None = None,
         mm_processor_kwargs: dict[str, Any] | None = None,
+        allowed_local_media_path: str | None = None,
+        allow_media_url_fetch: bool = True,
         **kwargs: Any,
     ) -> None:
         from fastdeploy import envs
@@ -132,6 +134,11 @@ class LLM:
             tool_call_parser=tool_call_parser,
             limit_mm_per_prompt=limit_mm_per_prompt,
             mm_processor_kwargs=mm_processor_kwargs,
+            # None: any local file (offline use); "": none; a directory: files under it
+            allowed_local_media_path=True
+            if allowed_local_media_path is None
+            else (allowed_local_media_path or False),
+            allow_media_url_fetch=allow_media_url_fetch,
         )
         self._request_ids = itertools.count()
         self._is_master = is_master_host(config)
@@ -224,7 +231,7 @@ class LLM:
         template_kwargs: dict[str, Any],
     ) -> PromptItem:
         try:
-            images, videos = extract_media(conversation)
+            media = extract_media(conversation)
             item = render_conversation(
                 self.llm_engine.tokenizer,
                 conversation,
@@ -234,9 +241,9 @@ class LLM:
             )
         except InvalidArgumentError as exc:
             return PromptItem(error=f"conversation {index}: {exc}")
-        if images or videos:
+        if media:
             # re-encoded by the multimodal processor, which knows the placeholder tokens
-            item.images, item.videos, item.token_ids = images, videos, None
+            item.media, item.token_ids = media, None
         return item
 
     @staticmethod
@@ -296,8 +303,7 @@ class LLM:
             engine.mm_processor,
             engine.model_config.architecture,
             prompt_token_ids(engine.tokenizer, item, engine.mm_processor),
-            item.images,
-            item.videos,
+            item.media,
             item.mm_processor_kwargs,
         )
 

@@ -10,6 +10,7 @@ template. Media are returned in conversation order, which is the order of their 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastdeploy.errors import InvalidArgumentError
@@ -28,12 +29,28 @@ def _url_of(part: dict[str, Any], kind: str, what: str) -> Any:
     return value
 
 
-def extract_media(conversation: Any) -> tuple[list[Any], list[Any]]:
-    """(images, videos) of a chat conversation's content parts, in order."""
-    images: list[Any] = []
-    videos: list[Any] = []
+@dataclass
+class Media:
+    """The images and videos of one request, in prompt order, with the names errors use."""
+
+    images: list[Any] = field(default_factory=list)
+    videos: list[Any] = field(default_factory=list)
+    #: {"image": ["message 0 content part 1", ...], "video": [...]}
+    labels: dict[str, list[str]] = field(default_factory=lambda: {"image": [], "video": []})
+
+    def __bool__(self) -> bool:
+        return bool(self.images or self.videos)
+
+    def add(self, modality: str, value: Any, label: str) -> None:
+        (self.images if modality == "image" else self.videos).append(value)
+        self.labels[modality].append(label)
+
+
+def extract_media(conversation: Any) -> Media:
+    """The images and videos of a chat conversation's content parts, in order."""
+    media = Media()
     if not isinstance(conversation, list):
-        return images, videos
+        return media
     for m, message in enumerate(conversation):
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list):
@@ -44,17 +61,16 @@ def extract_media(conversation: Any) -> tuple[list[Any], list[Any]]:
                 raise InvalidArgumentError(f"{what} must be a dict with a 'type', got {type(part).__name__}")
             kind = part.get("type")
             if kind in _URL_PARTS:
-                target = images if _URL_PARTS[kind] == "image" else videos
-                target.append(_url_of(part, kind, what))
+                media.add(_URL_PARTS[kind], _url_of(part, kind, what), what)
             elif kind in _DATA_PARTS:
                 if kind not in part:
                     raise InvalidArgumentError(f"{what}: an {kind!r} part needs its data under {kind!r}")
-                (images if kind == "image" else videos).append(part[kind])
+                media.add(kind, part[kind], what)
             elif kind != "text":
                 raise InvalidArgumentError(
                     f"{what} has unknown type {kind!r}; use text, image_url, video_url, image or video"
                 )
-    return images, videos
+    return media
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -63,8 +79,8 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def multimodal_data(value: Any, where: str) -> tuple[list[Any], list[Any]]:
-    """(images, videos) of a `multimodal_data` dict ({"image": [...], "video": [...]})."""
+def multimodal_data(value: Any, where: str) -> Media:
+    """The images and videos of a `multimodal_data` dict ({"image": [...], "video": [...]})."""
     if not isinstance(value, dict):
         raise InvalidArgumentError(f"{where}: multimodal_data must be a dict with 'image' and/or 'video'")
     unknown = sorted(set(value) - {"image", "video"})
@@ -72,19 +88,21 @@ def multimodal_data(value: Any, where: str) -> tuple[list[Any], list[Any]]:
         raise InvalidArgumentError(
             f"{where}: multimodal_data has unknown key(s) {unknown}; use 'image', 'video'"
         )
-    return _as_list(value.get("image")), _as_list(value.get("video"))
+    media = Media()
+    for modality in ("image", "video"):
+        for index, item in enumerate(_as_list(value.get(modality))):
+            media.add(modality, item, f"{where}: multimodal_data {modality} {index}")
+    return media
 
 
 def process_media(
     processor: Any,
     architecture: str,
     token_ids: list[int],
-    images: list[Any],
-    videos: list[Any],
+    media: Media,
     mm_processor_kwargs: dict[str, Any] | None = None,
-    policy: Any = None,
 ) -> MultiModalPrompt:
     """The processor's `MultiModalPrompt` for a prompt with media; refuses text-only models."""
     if processor is None:
         raise InvalidArgumentError(f"{architecture} takes text only; this request has images or videos")
-    return processor.process(token_ids, images, videos, mm_processor_kwargs, policy)
+    return processor.process(token_ids, media.images, media.videos, mm_processor_kwargs, labels=media.labels)

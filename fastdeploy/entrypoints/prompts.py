@@ -6,7 +6,7 @@ top-level value of the wrong type is raised immediately.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fastdeploy.errors import InvalidArgumentError
@@ -21,15 +21,14 @@ class PromptItem:
     error: str | None = None
     #: False when a chat request turned thinking off (for the reasoning parser)
     thinking_enabled: bool = True
-    #: images and videos, in the order of their placeholders in the prompt (multimodal models)
-    images: list[Any] = field(default_factory=list)
-    videos: list[Any] = field(default_factory=list)
+    #: images and videos (`entrypoints.multimodal.Media`), in the order of their placeholders
+    media: Any = None
     #: per-request multimodal processor settings (pixel bounds, frame sampling)
     mm_processor_kwargs: dict[str, Any] | None = None
 
     @property
     def has_media(self) -> bool:
-        return bool(self.images or self.videos)
+        return bool(self.media)
 
 
 def _is_token_ids(value: Any) -> bool:
@@ -62,7 +61,7 @@ def _dict_item(value: dict[str, Any], index: int) -> PromptItem:
         from fastdeploy.entrypoints.multimodal import multimodal_data
 
         try:
-            item.images, item.videos = multimodal_data(data, f"prompt {index}")
+            item.media = multimodal_data(data, f"prompt {index}")
         except InvalidArgumentError as exc:
             item.error = str(exc)
         kwargs = value.get("mm_processor_kwargs")

@@ -82,12 +82,13 @@ ERNIE_4_5_VL_CHAT_TEMPLATE = """\
 {%- endmacro -%}
 {{- "<|begin_of_sentence|>" -}}
 {%- for message in messages -%}
+    {%- set content = message["content"] -%}
     {%- if message["role"] == "system" -%}
-        {{- render(message["content"]) + "\\n" -}}
+        {{- render(content) + "\\n" -}}
     {%- elif message["role"] == "user" -%}
-        {{- "User: " + render(message["content"]) + "\\n" -}}
+        {{- "User: " + render(content) + "\\n" -}}
     {%- elif message["role"] == "assistant" -%}
-        {{- "Assistant: " + render(message["content"] or "") + "<|end_of_sentence|>" -}}
+        {{- "Assistant: " + render(content or "") + "<|end_of_sentence|>" -}}
     {%- else -%}
         {{- raise_exception("ERNIE-4.5-VL chat messages must be system, user or assistant; got " + message["role"]) -}}
     {%- endif -%}

@@ -260,3 +260,42 @@ def write_checkpoint(
         raise ValueError(f"layout must be 'pt' or 'paddle', got {layout!r}")
     (directory / "config.json").write_text(json.dumps(on_disk, indent=1), encoding="utf-8")
     return tensors
+
+
+#: ERNIE-4.5-VL's vision tokens, added after the tiny tokenizer's ERNIE tokens (ids 32010-32015)
+VL_ADDED_TOKENS = [
+    "<|IMAGE_START|>",
+    "<|IMAGE_END|>",
+    "<|IMAGE_PLACEHOLDER|>",
+    "<|VIDEO_START|>",
+    "<|VIDEO_END|>",
+    "<|VIDEO_PLACEHOLDER|>",
+]
+#: a config whose vocabulary covers the tokenizer, for chat tests (other weights than CONFIG's)
+CHAT_CONFIG = {
+    **CONFIG,
+    "text_config": {**CONFIG["text_config"], "vocab_size": 32016},
+    "image_start_token_id": 32010,
+    "image_end_token_id": 32011,
+    "image_token_id": 32012,
+    "video_start_token_id": 32013,
+    "video_end_token_id": 32014,
+    "video_token_id": 32015,
+}
+
+
+def write_vl_tokenizer(directory: str | os.PathLike[str], chat_template: str | None = None) -> None:
+    """The tiny ERNIE tokenizer plus the vision tokens (and a chat template, if given)."""
+    from tiny_checkpoints import FIRST_ADDED_ID, write_ernie_tokenizer
+
+    write_ernie_tokenizer(directory, chat_template)
+    path = Path(directory) / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    first = FIRST_ADDED_ID + len(config["added_tokens_decoder"])
+    for offset, text in enumerate(VL_ADDED_TOKENS):
+        config["added_tokens_decoder"][str(first + offset)] = {
+            "content": text,
+            "special": True,
+            "normalized": False,
+        }
+    path.write_text(json.dumps(config, indent=1), encoding="utf-8")

@@ -33,6 +33,9 @@ logger = get_logger(__name__)
 
 def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kwargs = engine_kwargs(args)
+    # chat requests come from the network: local media only under the named directory
+    kwargs["allowed_local_media_path"] = getattr(args, "allowed_local_media_path", None) or ""
+    kwargs["allow_media_url_fetch"] = not getattr(args, "disable_media_url_fetch", False)
     if "dtype" not in kwargs and getattr(args, "dtype", None) not in (None, "auto"):
         kwargs["dtype"] = args.dtype
     return kwargs

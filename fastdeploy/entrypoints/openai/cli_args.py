@@ -127,6 +127,17 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+    media = parser.add_argument_group("multimodal requests")
+    media.add_argument(
+        "--allowed-local-media-path",
+        default=None,
+        help="directory under which chat requests may name local image/video files (default: none)",
+    )
+    media.add_argument(
+        "--disable-media-url-fetch",
+        action="store_true",
+        help="refuse http(s) image/video URLs in chat requests (data: URLs still work)",
+    )
     compat = parser.add_argument_group("accepted for vLLM / FastDeploy compatibility")
     if not _has_flag(parser, "--dtype"):
         compat.add_argument(

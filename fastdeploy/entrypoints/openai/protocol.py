@@ -83,6 +83,8 @@ class ChatCompletionRequest(SamplingRequest):
     """`POST /v1/chat/completions`."""
 
     messages: list[Any] = Field(default_factory=list)
+    #: per-request multimodal processor settings (pixel bounds, frame sampling)
+    mm_processor_kwargs: dict[str, Any] | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None

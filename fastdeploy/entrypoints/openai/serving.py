@@ -65,6 +65,8 @@ class PreparedPrompt:
     #: the prompt's text (decoded from the ids if it came as ids), for `echo`
     text: str
     thinking_enabled: bool = True
+    #: processed images and videos (`MultiModalPrompt`) of a chat request with media parts
+    multimodal: Any = None
 
 
 class ServingContext:
@@ -205,6 +207,7 @@ class ServingContext:
             params,
             prompt=prompt.text,
             thinking_enabled=prompt.thinking_enabled,
+            multimodal=prompt.multimodal,
         )
 
     async def final_outputs(

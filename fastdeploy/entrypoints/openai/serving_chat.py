@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.chat_utils import render_conversation, with_tools
+from fastdeploy.entrypoints.multimodal import extract_media, process_media
 from fastdeploy.entrypoints.openai.chat_tools import (
     StreamedToolCalls,
     chat_message,
@@ -52,6 +53,7 @@ def prepare_conversation(
     if not request.messages:
         raise invalid_request("messages must be a non-empty list of messages", param="messages")
     try:
+        media = extract_media(request.messages)
         item = render_conversation(
             ctx.tokenizer,
             template_messages(request.messages),
@@ -59,11 +61,19 @@ def prepare_conversation(
             add_generation_prompt=request.add_generation_prompt,
             template_kwargs=with_tools(request.chat_template_kwargs, plan.tools),
         )
+        multimodal = None
+        if media:
+            engine = ctx.engine.engine
+            processor = engine.mm_processor
+            token_ids = processor.encode_text(item.text or "") if processor is not None else []
+            multimodal = process_media(
+                processor, engine.model_config.architecture, token_ids, media, request.mm_processor_kwargs
+            )
     except InvalidArgumentError as exc:
         raise invalid_request(str(exc), param="messages") from exc
-    token_ids = item.token_ids or []
+    token_ids = multimodal.token_ids if multimodal is not None else item.token_ids or []
     ctx.check_prompt(token_ids, "messages")
-    return PreparedPrompt(token_ids, item.text or "", item.thinking_enabled)
+    return PreparedPrompt(token_ids, item.text or "", item.thinking_enabled, multimodal)
 
 
 async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:

@@ -170,8 +170,13 @@ class Ernie4_5_VLProcessor:
         videos: Sequence[Any] = (),
         mm_processor_kwargs: Mapping[str, Any] | None = None,
         policy: MediaPolicy | None = None,
+        labels: Mapping[str, Sequence[str]] | None = None,
     ) -> MultiModalPrompt:
-        """Expand the placeholders of `token_ids` for `images` and `videos` (in prompt order)."""
+        """Expand the placeholders of `token_ids` for `images` and `videos` (in prompt order).
+
+        `labels` name each item in error messages (e.g. "message 0 content part 1"); by default
+        "image N" / "video N".
+        """
         self.check_limits({"image": len(images), "video": len(videos)})
         settings = self.settings.updated(mm_processor_kwargs)
         policy = policy or self.policy
@@ -183,9 +188,19 @@ class Ernie4_5_VLProcessor:
                     f"the prompt has {found[modality]} {modality} placeholder(s) but {given} {modality}(s) "
                     "were given"
                 )
+        names = labels or {}
+
+        def label(modality: str, index: int) -> str:
+            given = names.get(modality) or []
+            return given[index] if index < len(given) else f"{modality} {index}"
+
         encoded = {
-            "image": [self._image(value, f"image {i}", settings, policy) for i, value in enumerate(images)],
-            "video": [self._video(value, f"video {i}", settings, policy) for i, value in enumerate(videos)],
+            "image": [
+                self._image(value, label("image", i), settings, policy) for i, value in enumerate(images)
+            ],
+            "video": [
+                self._video(value, label("video", i), settings, policy) for i, value in enumerate(videos)
+            ],
         }
         return self._expand(list(token_ids), runs, encoded)
 

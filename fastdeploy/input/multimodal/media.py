@@ -20,6 +20,7 @@ import io
 import os
 import urllib.parse
 import urllib.request
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,7 +109,9 @@ def resolve_url(url: str, what: str, policy: MediaPolicy) -> bytes | str:
 def _open_encoded(data: bytes | str, what: str, policy: MediaPolicy) -> Any:
     Image = require_pillow()
     try:
-        image = Image.open(io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data)
+        with warnings.catch_warnings():  # oversized images are refused just below
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data)
     except Image.DecompressionBombError as exc:
         raise MediaError(f"{what}: the image is too large (decompression bomb): {exc}") from exc
     except (OSError, ValueError, SyntaxError) as exc:

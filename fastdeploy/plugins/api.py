@@ -24,6 +24,10 @@ from fastdeploy.errors import (
     UnsupportedModelError,
     WeightLoadError,
 )
+from fastdeploy.input.multimodal.errors import MediaError
+from fastdeploy.input.multimodal.inputs import MultiModalItem, MultiModalPrompt
+from fastdeploy.input.multimodal.media import MediaPolicy, load_image, load_video
+from fastdeploy.input.multimodal.options import ProcessorOptions
 from fastdeploy.input.tokenizer import Tokenizer, TokenizerLoader, require_text
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
@@ -67,6 +71,14 @@ __all__ = [
     "Tokenizer",
     "TokenizerLoader",
     "require_text",
+    # multimodal processors (hook fastdeploy_multimodal_processors)
+    "MediaError",
+    "MediaPolicy",
+    "MultiModalItem",
+    "MultiModalPrompt",
+    "ProcessorOptions",
+    "load_image",
+    "load_video",
     # parsers
     "ReasoningParser",
     "ReasoningSplit",

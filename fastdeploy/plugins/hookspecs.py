@@ -91,12 +91,12 @@ def fastdeploy_multimodal_processors() -> dict[str, Any]:
     Called by: the engine, when it loads a model whose class sets `supports_multimodal = True`
     (e.g. "Ernie4_5_VLMoeForConditionalGeneration").
     Returns: {architecture name: factory}; `factory(tokenizer, model_config, options)` builds the
-    processor once per engine, where `options` is a `fastdeploy.input.multimodal.registry.
-    ProcessorOptions` (`limit_mm_per_prompt`, `mm_processor_kwargs`, the `MediaPolicy`). The
-    processor's `process(token_ids, images, videos, mm_processor_kwargs, policy)` turns one
-    request's prompt (placeholders not yet expanded) and media into a
-    `fastdeploy.input.multimodal.inputs.MultiModalPrompt`, raising `MediaError` (an
-    `InvalidArgumentError`) naming the bad part. The model receives that object per sequence as
+    processor once per engine, where `options` is a `fastdeploy.plugins.api.ProcessorOptions`
+    (`limit_mm_per_prompt`, `mm_processor_kwargs`, the `MediaPolicy`). The processor's
+    `process(token_ids, images, videos, mm_processor_kwargs, labels=...)` turns one request's
+    prompt (placeholders not yet expanded) and media into a `MultiModalPrompt`, raising
+    `MediaError` (an `InvalidArgumentError`) naming the bad part (`labels` gives each item's name,
+    e.g. "message 0 content part 1"). The model receives that object per sequence as
     its extra inputs (see docs/plugins.md, "A vision-language model").
     """
 

@@ -3,7 +3,7 @@
 The text model is ERNIE-4.5's decoder (q/k rows permuted to rotate-half order at load, as for the
 text models) with three differences, checked against transformers by tests/models:
 
-- 3-D rotary positions (`model_executor/mrope.py`): the processor gives each prompt token a
+- 3-D rotary positions (`rotary.py`): the processor gives each prompt token a
   (time, height, width) position; generated tokens continue at `next_position` on all axes.
 - Layers listed as "sparse" in `mlp_layer_types` (all but the first, in the released models) are
   MoE layers with two expert sets: tokens of images and videos (their placeholders and start/end
@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.input.multimodal.inputs import MultiModalItem, MultiModalPrompt
-from fastdeploy.model_executor.mrope import inverse_frequencies, text_axes, text_tables
 from fastdeploy.models.ernie4_5 import Ernie4_5ForCausalLM, MoEWeights
+from fastdeploy.models.ernie4_5_vl.rotary import inverse_frequencies, text_axes, text_tables
 from fastdeploy.models.ernie4_5_vl.vision import VisionEncoder
 from fastdeploy.models.llama import DenseMLPWeights, LlamaLayerWeights
+from fastdeploy.plugins.api import MultiModalItem, MultiModalPrompt
 
 #: one scheduled sequence of a forward pass: its multimodal prompt (None: text only), the index
 #: of its first scheduled token, and how many tokens are scheduled

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastdeploy.input.ernie_templates import ERNIE_4_5_VL_CHAT_TEMPLATE
 from fastdeploy.input.multimodal.ernie4_5_vl import build_processor
 from fastdeploy.models.ernie4_5_vl.model import Ernie4_5_VLMoeForConditionalGeneration
-from fastdeploy.plugins.hookspecs import hookimpl
+from fastdeploy.plugins.api import hookimpl
 
 ARCHITECTURES = ("Ernie4_5_VLMoeForConditionalGeneration", "Ernie4_5_VL_MoeForConditionalGeneration")
 

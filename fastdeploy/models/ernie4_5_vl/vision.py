@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.backends.base import Backend
-from fastdeploy.model_executor.mrope import vision_tables
+from fastdeploy.models.ernie4_5_vl.rotary import vision_tables
+from fastdeploy.plugins.api import Backend
 
 VISION = "model.vision_model."
 RESAMPLER = "model.resampler_model."

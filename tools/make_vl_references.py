@@ -63,6 +63,13 @@ IMAGE_BOUNDS = {"default": None, "small": (28 * 28 * 4, 28 * 28 * 20), "large": 
 #: video bounds of the model cases: the 56x84 frames are kept as they are
 VIDEO_BOUNDS = (28 * 28 * 4, 28 * 28 * 8)
 
+#: clips of the pixel fixture: frames at their target size, and frames the processor resizes
+#: (70x100 -> 56x112: rows shrink, columns grow)
+PIXEL_VIDEOS = {
+    "kept": {"source": "astronaut_211x130.jpg", "frames": 6, "size": [84, 56], "step": 9},
+    "resized": {"source": "astronaut_211x130.jpg", "frames": 5, "size": [100, 70], "step": 20},
+}
+
 CASES: list[dict[str, Any]] = [
     {"name": "text", "prompt_token_ids": [1, 17, 42, 99, 5, 63, 120, 11, 23]},
     {
@@ -108,13 +115,13 @@ def pixel_fixture() -> dict[str, np.ndarray]:
             out = Ernie4_5_VLMoeImageProcessorPil(**kwargs)(images=[image], return_tensors="np")
             arrays[f"{path.name}/{label}/pixel_values"] = out["pixel_values"].astype(np.float32)
             arrays[f"{path.name}/{label}/grid_thw"] = out["image_grid_thw"].astype(np.int64)
-    video = next(case["video"] for case in CASES if "video" in case)
-    processor = Ernie4_5_VLMoeVideoProcessor(
-        size={"shortest_edge": 28 * 28 * 4, "longest_edge": 28 * 28 * 30}, draw_on_frames=False
-    )
-    out = processor(videos=[np.stack(video_frames(video))], return_tensors="np", do_sample_frames=False)
-    arrays["video/pixel_values"] = out["pixel_values_videos"].astype(np.float32)
-    arrays["video/grid_thw"] = out["video_grid_thw"].astype(np.int64)
+    for label, spec in PIXEL_VIDEOS.items():
+        processor = Ernie4_5_VLMoeVideoProcessor(
+            size={"shortest_edge": 28 * 28 * 4, "longest_edge": 28 * 28 * 30}, draw_on_frames=False
+        )
+        out = processor(videos=[np.stack(video_frames(spec))], return_tensors="np", do_sample_frames=False)
+        arrays[f"video/{label}/pixel_values"] = out["pixel_values_videos"].astype(np.float32)
+        arrays[f"video/{label}/grid_thw"] = out["video_grid_thw"].astype(np.int64)
     return arrays
 
 

@@ -48,6 +48,7 @@ def photo_names() -> list[str]:
 
 def test_the_fixture_covers_every_photograph(pixels):
     names = {key.split("/")[0] for key in pixels if not key.startswith("video/")}
+    assert {key.split("/")[1] for key in pixels if key.startswith("video/")} == set(CLIPS)
     assert names == set(photo_names()) and len(names) >= 5
     sizes = {Image.open(IMAGES / name).size for name in names}
     assert len(sizes) == len(names)  # several sizes and aspect ratios
@@ -89,17 +90,24 @@ def test_smart_resize_keeps_multiples_of_28_within_bounds():
         smart_resize(10, 2001, 28, 56 * 56, 10**7)
 
 
-def video_frames() -> list[np.ndarray]:
+#: the clips of the fixture (tools/make_vl_references.py): frames cut from a photograph, kept at
+#: their size (84x56) or resized by the processor (100x70 -> 112x56)
+CLIPS = {"kept": (6, 84, 56, 9), "resized": (5, 100, 70, 20)}
+
+
+def video_frames(label: str = "kept") -> list[np.ndarray]:
+    count, width, height, step = CLIPS[label]
     photo = np.asarray(Image.open(IMAGES / "astronaut_211x130.jpg").convert("RGB"))
-    return [photo[10:66, i * 9 : i * 9 + 84] for i in range(6)]
+    return [photo[10 : 10 + height, i * step : i * step + width] for i in range(count)]
 
 
-def test_video_pixel_values_equal_transformers(pixels):
-    video, options = load_video(video_frames(), "video 0", MediaPolicy())
+@pytest.mark.parametrize("label", sorted(CLIPS))
+def test_video_pixel_values_equal_transformers(label, pixels):
+    video, options = load_video(video_frames(label), "video 0", MediaPolicy())
     settings = PatchSettings(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 30)
     patches, grid = preprocess_video(video, settings, FrameSampling())
-    assert [list(grid)] == pixels["video/grid_thw"].tolist()
-    np.testing.assert_allclose(patches, pixels["video/pixel_values"], atol=1e-6, rtol=0)
+    assert [list(grid)] == pixels[f"video/{label}/grid_thw"].tolist()
+    np.testing.assert_allclose(patches, pixels[f"video/{label}/pixel_values"], atol=1e-6, rtol=0)
 
 
 def test_frame_sampling_follows_fps_and_max_frames():

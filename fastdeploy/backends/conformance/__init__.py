@@ -101,6 +101,24 @@ def check_activations(backend: Backend) -> None:
     _close("silu_and_mul", backend.to_numpy(backend.silu_and_mul(backend.from_numpy(x))), ref.silu_and_mul(x))
 
 
+def check_vision_ops(backend: Backend) -> None:
+    """The ops vision encoders use: exact and quick GELU, segment attention, merge_rows."""
+    rng = np.random.default_rng(7)
+    x = np.linspace(-9, 9, 48, dtype=np.float32).reshape(2, 24)
+    _close("gelu", backend.to_numpy(backend.gelu(backend.from_numpy(x))), ref.gelu_erf(x))
+    _close("quick_gelu", backend.to_numpy(backend.quick_gelu(backend.from_numpy(x))), ref.quick_gelu(x))
+    q, k, v = (_random(rng, 11, 2, 8) for _ in range(3))
+    bounds = [0, 4, 11]
+    out = backend.encoder_attention(*(backend.from_numpy(t) for t in (q, k, v)), np.asarray(bounds), 0.35)
+    _close("encoder_attention", backend.to_numpy(out), ref.segment_attention(q, k, v, bounds, 0.35))
+    a, b = _random(rng, 3, 5), _random(rng, 2, 5)
+    rows_a, rows_b = np.array([4, 0, 2]), np.array([1, 3])
+    merged = backend.merge_rows([(backend.from_numpy(a), rows_a), (backend.from_numpy(b), rows_b)], 5)
+    expected = np.empty((5, 5))
+    expected[rows_a], expected[rows_b] = a, b
+    _close("merge_rows", backend.to_numpy(merged), expected)
+
+
 def check_rotary(backend: Backend) -> None:
     rng = np.random.default_rng(14)
     positions = np.array([0, 7, 3, 12], dtype=np.int64)
@@ -261,6 +279,7 @@ OP_CHECKS: dict[str, Callable[[Backend], str | None]] = {
     "layer_norm": check_layer_norm,
     "activations": check_activations,
     "rotary": check_rotary,
+    "vision_ops": check_vision_ops,
     "paged_attention": check_paged_attention,
     "kv_cache_layers": check_kv_cache_layers_are_independent,
     "sampling": check_sampling,

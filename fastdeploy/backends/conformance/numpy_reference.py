@@ -6,6 +6,7 @@ checks compare backends against these, never against another backend.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,32 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def gelu_erf(x: np.ndarray) -> np.ndarray:
+    """x * Phi(x) with the exact error function."""
+    erf = np.vectorize(math.erf)
+    x = x.astype(np.float64)
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def quick_gelu(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / (1.0 + np.exp(-1.702 * x))
+
+
+def segment_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, bounds: list[int], scale: float
+) -> np.ndarray:
+    """Bidirectional attention inside each segment bounds[i]:bounds[i+1], one head at a time."""
+    out = np.zeros(q.shape, dtype=np.float64)
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        for h in range(q.shape[1]):
+            for t in range(start, end):
+                scores = k[start:end, h].astype(np.float64) @ q[t, h] * scale
+                weights = np.exp(scores - scores.max())
+                out[t, h] = (weights / weights.sum()) @ v[start:end, h]
+    return out
 
 
 def silu_and_mul(x: np.ndarray) -> np.ndarray:

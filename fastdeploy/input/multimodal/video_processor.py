@@ -3,12 +3,11 @@
 Frame sampling follows transformers' `Ernie4_5_VLMoeVideoProcessor`: with `fps` the clip keeps
 `total / video_fps * fps` frames, else all of them, clamped to [min_frames, max_frames] and to
 the frames the video has, taken at indices `int(i * total / kept)`; an odd count repeats the
-last frame, because the resampler merges frames in pairs. Frames are resized like images (the
-video pixel bounds, Pillow's bicubic filter) and patchified frame by frame, so a video of T
-frames has grid (T, h, w) and T/2 * h/2 * w/2 placeholder tokens.
-
-transformers resizes video frames with torch's uint8 bicubic kernel, which rounds differently
-from Pillow's in about 0.5% of pixels (by 1/255); see docs/multimodal.md.
+last frame, because the resampler merges frames in pairs. Frames are resized to
+`smart_resize`'s size for the video pixel bounds with the antialiased bicubic filter rounded as
+torch's uint8 kernel rounds it (`resample.py`; transformers resizes frames with torchvision), and
+patchified frame by frame, so a video of T frames has grid (T, h, w) and T/2 * h/2 * w/2
+placeholder tokens.
 """
 
 from __future__ import annotations
@@ -19,14 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastdeploy.input.multimodal.errors import MediaError, require_av, require_pillow
+from fastdeploy.input.multimodal.errors import MediaError, require_av
 from fastdeploy.input.multimodal.image_processor import (
     PatchSettings,
     normalized_chw,
     patchify,
-    resize_rgb,
     smart_resize,
 )
+from fastdeploy.input.multimodal.resample import resize_uint8
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,6 @@ def preprocess_video(
     video: DecodedVideo, settings: PatchSettings, sampling: FrameSampling
 ) -> tuple[np.ndarray, tuple[int, int, int]]:
     """(patches [T*h*w, 588] float32, grid (T, h, w)) of a decoded video."""
-    Image = require_pillow()
     frames = video.frames[sample_indices(len(video.frames), video.fps, sampling)]
     if len(frames) % 2:
         frames = np.concatenate([frames, frames[-1:]])
@@ -85,8 +83,7 @@ def preprocess_video(
     new_height, new_width = smart_resize(
         height, width, settings.factor, settings.min_pixels, settings.max_pixels
     )
-    pixels = np.stack(
-        [normalized_chw(resize_rgb(Image.fromarray(frame), new_height, new_width)) for frame in frames]
-    )
+    resized = resize_uint8(frames, new_height, new_width)
+    pixels = np.stack([normalized_chw(frame.transpose(2, 0, 1)) for frame in resized])
     grid = (len(frames), new_height // settings.patch_size, new_width // settings.patch_size)
     return patchify(pixels, settings), grid

@@ -21,7 +21,7 @@ import tiny_vl_checkpoint as tiny  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from fastdeploy import LLM, SamplingParams  # noqa: E402
-from fastdeploy.backends.base import BackendOptions, BatchLayout, KVCacheSpec  # noqa: E402
+from fastdeploy.backends.base import BackendOptions  # noqa: E402
 from fastdeploy.backends.selection import create_backend  # noqa: E402
 from fastdeploy.input.multimodal.options import ProcessorOptions  # noqa: E402
 from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint  # noqa: E402
@@ -95,31 +95,8 @@ def teacher_forced_logits(model_dir: str, case: dict) -> tuple[list[int], np.nda
     data = media(case)
     prompt = processor.process(case["prompt_token_ids"], data.get("image", []), data.get("video", []))
     ids = prompt.token_ids + case["output_token_ids"][:-1]
-    config = checkpoint.config
-    block_size, count = 16, len(ids)
-    blocks = -(-count // block_size)
-    spec = KVCacheSpec(
-        config.num_hidden_layers, blocks, block_size, config.num_key_value_heads, config.head_dim
-    )
-    positions = np.arange(count, dtype=np.int64)
-    layout = BatchLayout(
-        input_ids=np.asarray(ids, dtype=np.int64),
-        positions=positions,
-        slot_mapping=positions,
-        query_lens=np.asarray([count]),
-        context_lens=np.asarray([count]),
-        block_tables=np.arange(blocks, dtype=np.int64)[None, :],
-        logits_indices=positions,
-        block_size=block_size,
-    )
-    hidden = model.forward(
-        backend.from_numpy(layout.input_ids),
-        backend.from_numpy(positions),
-        backend.prepare_batch(layout),
-        backend.allocate_kv_cache(spec),
-        extra_inputs=[(prompt, 0, count)],
-    )
-    return prompt.token_ids, backend.to_numpy(model.compute_logits(hidden))
+    logits = tiny_checkpoints.prefill_logits(model, backend, ids, extra_inputs=[(prompt, 0, len(ids))])
+    return prompt.token_ids, logits
 
 
 @pytest.mark.parametrize("layout", ["pt", "paddle"])

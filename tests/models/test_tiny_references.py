@@ -15,7 +15,7 @@ import pytest
 import tiny_checkpoints as tiny
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.backends.base import BackendOptions, BatchLayout, KVCacheSpec
+from fastdeploy.backends.base import BackendOptions
 from fastdeploy.backends.selection import create_backend
 from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint
 from fastdeploy.plugins.registry import get_registry
@@ -64,30 +64,7 @@ def teacher_forced_logits(model_dir: str, token_ids: list[int]) -> np.ndarray:
     checkpoint = inspect_checkpoint(model_dir, registry)
     backend = create_backend("cpu", BackendOptions(threads=1), registry)
     model = build_model(checkpoint, backend, tiny.MAX_POSITIONS, registry)
-    config = checkpoint.config
-    block_size, count = 16, len(token_ids)
-    blocks = -(-count // block_size)
-    spec = KVCacheSpec(
-        config.num_hidden_layers, blocks, block_size, config.num_key_value_heads, config.head_dim
-    )
-    positions = np.arange(count, dtype=np.int64)
-    layout = BatchLayout(
-        input_ids=np.asarray(token_ids, dtype=np.int64),
-        positions=positions,
-        slot_mapping=positions,
-        query_lens=np.asarray([count]),
-        context_lens=np.asarray([count]),
-        block_tables=np.arange(blocks, dtype=np.int64)[None, :],
-        logits_indices=positions,
-        block_size=block_size,
-    )
-    hidden = model.forward(
-        backend.from_numpy(layout.input_ids),
-        backend.from_numpy(positions),
-        backend.prepare_batch(layout),
-        backend.allocate_kv_cache(spec),
-    )
-    return backend.to_numpy(model.compute_logits(hidden))
+    return tiny.prefill_logits(model, backend, token_ids)
 
 
 def test_fixture_weights_are_the_ones_the_test_rebuilds(references):

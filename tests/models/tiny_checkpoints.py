@@ -389,3 +389,35 @@ def write_ernie_tokenizer(
         config["chat_template"] = chat_template
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     (directory / "special_tokens_map.json").write_text(json.dumps(ERNIE_SPECIAL_TOKENS), encoding="utf-8")
+
+
+def prefill_logits(model: Any, backend: Any, token_ids: list[int], **forward_kwargs: Any) -> np.ndarray:
+    """Logits of every position of `token_ids` from one prefill pass of a built model, with a
+    fresh paged KV cache (blocks of 16); `forward_kwargs` go to `model.forward` (extra inputs)."""
+    from fastdeploy.backends.base import BatchLayout, KVCacheSpec
+
+    config = model.config
+    block_size, count = 16, len(token_ids)
+    blocks = -(-count // block_size)
+    spec = KVCacheSpec(
+        config.num_hidden_layers, blocks, block_size, config.num_key_value_heads, config.head_dim
+    )
+    positions = np.arange(count, dtype=np.int64)
+    layout = BatchLayout(
+        input_ids=np.asarray(token_ids, dtype=np.int64),
+        positions=positions,
+        slot_mapping=positions,
+        query_lens=np.asarray([count]),
+        context_lens=np.asarray([count]),
+        block_tables=np.arange(blocks, dtype=np.int64)[None, :],
+        logits_indices=positions,
+        block_size=block_size,
+    )
+    hidden = model.forward(
+        backend.from_numpy(layout.input_ids),
+        backend.from_numpy(positions),
+        backend.prepare_batch(layout),
+        backend.allocate_kv_cache(spec),
+        **forward_kwargs,
+    )
+    return backend.to_numpy(model.compute_logits(hidden))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from fastdeploy.errors import InvalidArgumentError
 
 
@@ -12,23 +14,21 @@ class MediaError(InvalidArgumentError):
     """
 
 
-def require_pillow() -> object:
-    """The PIL.Image module, or a MediaError saying how to install it."""
+def _optional(module: str, what: str, package: str) -> object:
+    """`module` imported, or a MediaError saying how to install the `vision` extra."""
     try:
-        from PIL import Image
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        return importlib.import_module(module)
+    except ImportError as exc:
         raise MediaError(
-            "images need Pillow, which is not installed: pip install 'fastdeploy[vision]' (or pillow)"
+            f"{what} need {package}, which is not installed: pip install 'fastdeploy[vision]' (or {package})"
         ) from exc
-    return Image
+
+
+def require_pillow() -> object:
+    """The PIL.Image module (images), or a MediaError saying how to install Pillow."""
+    return _optional("PIL.Image", "images", "pillow")
 
 
 def require_av() -> object:
-    """The PyAV module, or a MediaError saying how to install it."""
-    try:
-        import av
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise MediaError(
-            "videos need PyAV, which is not installed: pip install 'fastdeploy[vision]' (or av)"
-        ) from exc
-    return av
+    """The PyAV module (videos), or a MediaError saying how to install it."""
+    return _optional("av", "videos", "av")

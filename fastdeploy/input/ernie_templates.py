@@ -43,9 +43,8 @@ ERNIE_4_5_CHAT_TEMPLATE = (
 """
 )
 
-ERNIE_THINKING_CHAT_TEMPLATE = (
-    _TURNS
-    + """\
+#: the generation prompt of the thinking templates: thinking on unless enable_thinking=False
+_THINKING_PROMPT = """\
 {%- if add_generation_prompt -%}
     {%- if enable_thinking is defined and not enable_thinking -%}
         {{- "Assistant: <think>\\n\\n</think>\\n\\n" -}}
@@ -54,14 +53,16 @@ ERNIE_THINKING_CHAT_TEMPLATE = (
     {%- endif -%}
 {%- endif -%}
 """
-)
+
+ERNIE_THINKING_CHAT_TEMPLATE = _TURNS + _THINKING_PROMPT
 
 #: ERNIE-4.5-VL: the same turns, with content parts. An image part becomes
 #: `Picture N:<|IMAGE_START|><|image@placeholder|><|IMAGE_END|>` and a video part
 #: `Video N:<|VIDEO_START|><|video@placeholder|><|VIDEO_END|>` (numbered across the conversation),
 #: as FastDeploy's processor expects; text parts are written as they are. Thinking is on unless
 #: `enable_thinking=False` (the generation prompt then carries an empty, closed block).
-ERNIE_4_5_VL_CHAT_TEMPLATE = """\
+ERNIE_4_5_VL_CHAT_TEMPLATE = (
+    """\
 {%- set counts = namespace(image=0, video=0) -%}
 {%- macro render(content) -%}
     {%- if content is string -%}
@@ -93,11 +94,6 @@ ERNIE_4_5_VL_CHAT_TEMPLATE = """\
         {{- raise_exception("ERNIE-4.5-VL chat messages must be system, user or assistant; got " + message["role"]) -}}
     {%- endif -%}
 {%- endfor -%}
-{%- if add_generation_prompt -%}
-    {%- if enable_thinking is defined and not enable_thinking -%}
-        {{- "Assistant: <think>\\n\\n</think>\\n\\n" -}}
-    {%- else -%}
-        {{- "Assistant: <think>\\n" -}}
-    {%- endif -%}
-{%- endif -%}
 """
+    + _THINKING_PROMPT
+)

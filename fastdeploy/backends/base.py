@@ -331,6 +331,7 @@ class Backend(ABC):
         host = np.array(self.to_numpy(logits), dtype=np.float32)
         apply_token_bitmask_numpy(host, bitmask, rows)
         return self.from_numpy(host)
+
     # --- vision encoders (concrete defaults on the host; backends override them for speed) -------
     def encoder_attention(self, q: Any, k: Any, v: Any, cu_seqlens: np.ndarray, scale: float) -> Any:
         """Bidirectional attention within segments: q/k/v [tokens, heads, head_dim] -> same shape.

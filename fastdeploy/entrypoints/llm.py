@@ -21,8 +21,8 @@ from fastdeploy.engine.engine import LLMEngine, error_output
 from fastdeploy.engine.request import INVALID_REQUEST, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.chat_utils import prompt_token_ids, render_conversation, with_tools
-from fastdeploy.entrypoints.offline_tools import constrain_offline, fill_tool_calls, plan_offline
 from fastdeploy.entrypoints.multimodal import extract_media, process_media
+from fastdeploy.entrypoints.offline_tools import constrain_offline, fill_tool_calls, plan_offline
 from fastdeploy.entrypoints.prompts import PromptItem, normalize_prompts
 from fastdeploy.errors import FastDeployError, InvalidArgumentError
 from fastdeploy.logger import get_logger

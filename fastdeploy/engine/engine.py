@@ -281,9 +281,7 @@ class LLMEngine:
             raise InvalidArgumentError(f"request_id {request_id!r} is already in use")
         if multimodal is not None:
             if self.mm_processor is None:
-                raise InvalidArgumentError(
-                    f"{self.model_config.architecture} takes text only, not images or videos"
-                )
+                raise InvalidArgumentError(self.media_refusal())
             prompt_token_ids = multimodal.token_ids
         self.validate_prompt(prompt_token_ids)
         grammar = self.guided.compile(params.guided_decoding) if params.guided_decoding else None
@@ -327,6 +325,16 @@ class LLMEngine:
             request.seqs.append(seq)
             self.scheduler.add(seq)
         self.requests[request_id] = request
+
+    def media_refusal(self) -> str:
+        """Why this engine refuses images and videos: the processor lives with an in-process model."""
+        architecture = self.model_config.architecture
+        if self.executor is not None:
+            return (
+                f"{architecture} runs in rank processes here (distributed_executor_backend='mp'); "
+                "images and videos need the model in the engine process"
+            )
+        return f"{architecture} takes text only, not images or videos"
 
     def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
         """Token sequences of each bad word, alone and after a space (how it appears mid-text)."""

@@ -300,8 +300,7 @@ class LLM:
             return None
         engine = self.llm_engine
         return process_media(
-            engine.mm_processor,
-            engine.model_config.architecture,
+            engine,
             prompt_token_ids(engine.tokenizer, item, engine.mm_processor),
             item.media,
             item.mm_processor_kwargs,

@@ -96,13 +96,15 @@ def multimodal_data(value: Any, where: str) -> Media:
 
 
 def process_media(
-    processor: Any,
-    architecture: str,
+    engine: Any,
     token_ids: list[int],
     media: Media,
     mm_processor_kwargs: dict[str, Any] | None = None,
 ) -> MultiModalPrompt:
-    """The processor's `MultiModalPrompt` for a prompt with media; refuses text-only models."""
-    if processor is None:
-        raise InvalidArgumentError(f"{architecture} takes text only; this request has images or videos")
-    return processor.process(token_ids, media.images, media.videos, mm_processor_kwargs, labels=media.labels)
+    """The `MultiModalPrompt` of the engine's processor for a prompt with media; refuses (with the
+    engine's reason) where it has none: a text-only model, or one running in rank processes."""
+    if engine.mm_processor is None:
+        raise InvalidArgumentError(engine.media_refusal())
+    return engine.mm_processor.process(
+        token_ids, media.images, media.videos, mm_processor_kwargs, labels=media.labels
+    )

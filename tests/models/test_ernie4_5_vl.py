@@ -23,6 +23,7 @@ from PIL import Image  # noqa: E402
 from fastdeploy import LLM, SamplingParams  # noqa: E402
 from fastdeploy.backends.base import BackendOptions  # noqa: E402
 from fastdeploy.backends.selection import create_backend  # noqa: E402
+from fastdeploy.errors import InvalidArgumentError  # noqa: E402
 from fastdeploy.input.multimodal.options import ProcessorOptions  # noqa: E402
 from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint  # noqa: E402
 from fastdeploy.models.ernie4_5_vl.vision import VisionEncoder  # noqa: E402
@@ -207,3 +208,22 @@ def test_text_only_models_refuse_images(tmp_path):
         {"prompt_token_ids": [1, 5, 7], "multimodal_data": {"image": [b"x"]}}, use_tqdm=False
     )[0]
     assert output.error_code == 400 and "text only" in output.error_msg
+
+
+@pytest.mark.parametrize("sizes", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}])
+def test_tensor_and_pipeline_parallelism_are_refused_naming_the_architecture(checkpoints, sizes):
+    with pytest.raises(InvalidArgumentError) as error:
+        LLM(model=checkpoints["pt"], max_model_len=256, **sizes)
+    message = str(error.value)
+    assert "Ernie4_5_VLMoeForConditionalGeneration does not support tensor or pipeline parallelism" in message
+
+
+def test_a_model_in_rank_processes_refuses_images_saying_why(checkpoints, reference):
+    case = next(case for case in reference["cases"] if case["name"] == "one_image")
+    llm = LLM(model=checkpoints["pt"], max_model_len=256, distributed_executor_backend="mp")
+    try:
+        output = llm.generate(prompt_of(case), GREEDY, use_tqdm=False)[0]
+    finally:
+        llm.shutdown()
+    assert output.error_code == 400
+    assert "runs in rank processes here" in output.error_msg and "engine process" in output.error_msg

@@ -66,9 +66,7 @@ def prepare_conversation(
             engine = ctx.engine.engine
             processor = engine.mm_processor
             token_ids = processor.encode_text(item.text or "") if processor is not None else []
-            multimodal = process_media(
-                processor, engine.model_config.architecture, token_ids, media, request.mm_processor_kwargs
-            )
+            multimodal = process_media(engine, token_ids, media, request.mm_processor_kwargs)
     except InvalidArgumentError as exc:
         raise invalid_request(str(exc), param="messages") from exc
     token_ids = multimodal.token_ids if multimodal is not None else item.token_ids or []

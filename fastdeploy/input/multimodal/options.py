@@ -44,11 +44,6 @@ def build_multimodal_processor(
     """The processor of a multimodal model (None for text-only models), from the plugin hook."""
     if not getattr(model, "supports_multimodal", False):
         return None
-    if getattr(config, "tensor_parallel_size", 1) != 1:
-        raise InvalidArgumentError(
-            f"{model_config.architecture} takes images and runs with tensor_parallel_size=1 only; "
-            f"got tensor_parallel_size={config.tensor_parallel_size}"
-        )
     factories = registry.multimodal_processors()
     factory = factories.get(model_config.architecture)
     if factory is None:

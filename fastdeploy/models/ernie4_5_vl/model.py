@@ -60,6 +60,9 @@ class Ernie4_5_VLMoeForConditionalGeneration(Ernie4_5ForCausalLM):
 
     #: the engine builds a multimodal processor for this model and passes `extra_inputs=` spans
     supports_multimodal = True
+    #: its own layer loop (vision experts, 3-D rotary) is not split over ranks: TP/PP > 1 is
+    #: refused at start-up naming this architecture, rather than inherited from the text model
+    supports_parallel = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

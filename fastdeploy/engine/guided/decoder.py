@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from fastdeploy.backends.base import apply_token_bitmask_numpy
 from fastdeploy.engine.guided.backend import (
     GrammarBackend,
     GrammarMatcher,
@@ -194,6 +195,8 @@ class GuidedDecoder:
         """Mask the rows of `logits` [len(seqs), vocab] whose sequences are constrained.
 
         Returns the logits (the backend may return a new array); unconstrained rows are untouched.
+        `device_backend` is None when the model runs in rank processes: `logits` are then host
+        arrays, masked here in place.
         """
         if not self._states:
             return logits
@@ -208,7 +211,11 @@ class GuidedDecoder:
             return logits
         self._fill([state for state in states if state.mask_for != state.consumed])
         bitmask = np.stack([state.mask for state in states])
-        return device_backend.apply_token_bitmask(logits, bitmask, np.asarray(rows, dtype=np.int64))
+        rows_array = np.asarray(rows, dtype=np.int64)
+        if device_backend is None:  # rank processes sent host logits
+            apply_token_bitmask_numpy(logits, bitmask, rows_array)
+            return logits
+        return device_backend.apply_token_bitmask(logits, bitmask, rows_array)
 
     def advance(self, seqs: list[Sequence]) -> None:
         """After a step appended tokens: forget finished sequences and start preparing the next

@@ -80,5 +80,6 @@ def _byte_level_bytes(piece: str) -> bytes:
 
 
 def token_table(tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int]) -> TokenTable:
-    """The table for `tokenizer`, for a model whose logits have `vocab_size` columns."""
-    return TokenTable(tokenizer, vocab_size, list(eos_token_ids))
+    """The table for `tokenizer`, for a model whose logits have `vocab_size` columns (EOS ids past
+    them, which the model can never produce, are left out)."""
+    return TokenTable(tokenizer, vocab_size, [token for token in eos_token_ids if token < vocab_size])

@@ -251,24 +251,28 @@ def check_sampling(backend: Backend) -> str | None:
 
 
 def check_token_bitmask(backend: Backend) -> None:
-    """Guided decoding's mask: forbidden tokens of the listed rows become -inf, nothing else moves."""
+    """Guided decoding's mask: forbidden tokens of the listed rows become -inf, nothing else moves.
+
+    Three calls: two of five rows, the same two listed in the other order, and every row in order
+    (backends may take a shortcut there)."""
     rng = np.random.default_rng(18)
     rows, vocab = 5, 70  # 70 tokens: three int32 words, the last one partly used
     logits = _random(rng, rows, vocab)
-    allowed = {1: [0, 31, 32, 69], 3: [5, 40, 63, 64]}
-    bitmask = np.zeros((2, 3), dtype=np.uint32)
-    for i, tokens in enumerate(allowed.values()):
-        for token in tokens:
-            bitmask[i, token // 32] |= np.uint32(1 << (token % 32))
-    expected = logits.astype(np.float64)
-    for row, tokens in allowed.items():
-        keep = expected[row, tokens].copy()
-        expected[row] = -np.inf
-        expected[row, tokens] = keep
-    out = backend.apply_token_bitmask(
-        backend.from_numpy(logits), bitmask.view(np.int32), np.array(list(allowed), dtype=np.int64)
-    )
-    _close("apply_token_bitmask", backend.to_numpy(out), expected, rtol=0, atol=0)
+    allowed = {0: [2], 1: [0, 31, 32, 69], 2: list(range(64)), 3: [5, 40, 63, 64], 4: list(range(vocab))}
+    for listed in ([1, 3], [3, 1], [0, 1, 2, 3, 4]):
+        bitmask = np.zeros((len(listed), 3), dtype=np.uint32)
+        for i, row in enumerate(listed):
+            for token in allowed[row]:
+                bitmask[i, token // 32] |= np.uint32(1 << (token % 32))
+        expected = logits.astype(np.float64)
+        for row in listed:
+            keep = expected[row, allowed[row]].copy()
+            expected[row] = -np.inf
+            expected[row, allowed[row]] = keep
+        out = backend.apply_token_bitmask(
+            backend.from_numpy(logits), bitmask.view(np.int32), np.array(listed, dtype=np.int64)
+        )
+        _close(f"apply_token_bitmask (rows {listed})", backend.to_numpy(out), expected, rtol=0, atol=0)
 
 
 #: op-level checks, each `check(backend) -> None | skip reason`

@@ -36,6 +36,7 @@ from fastdeploy.backends.cuda.runtimes import (
     paddle_runtime,
     torch_runtime,
 )
+from fastdeploy.backends.cuda.token_bitmask import TokenBitmask
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
 
@@ -84,6 +85,7 @@ class TensorBackend(Backend):
         self.memory = self.rt.memory()
         self.num_kv_heads = 0
         self.num_sms = self.rt.multiprocessor_count() if self.on_gpu else 4
+        self.token_bitmask = TokenBitmask(self.rt)
 
     def _runtime_choice(self) -> tuple[str, str]:
         if self.runtime_name is not None:
@@ -408,6 +410,11 @@ class TensorBackend(Backend):
             config,
         )
         return self.rt.sum_rows(down.reshape([tokens, top_k, hidden]), 1)
+
+    # --- guided decoding -----------------------------------------------------------------------
+    def apply_token_bitmask(self, logits: Any, bitmask: np.ndarray, rows: np.ndarray) -> Any:
+        """Unpacks the bitmask on the device (`token_bitmask`): only the packed bits cross over."""
+        return self.token_bitmask.apply(logits, bitmask, rows)
 
     # --- sampling -----------------------------------------------------------------------------
     def sample_top_k_top_p(

@@ -19,7 +19,13 @@ from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.guided.decoder import GuidedDecoder
 from fastdeploy.engine.kv_cache_planner import plan_kv_cache
 from fastdeploy.engine.output_processor import banned_bad_word_tokens, completion_output, process_token
-from fastdeploy.engine.request import INTERNAL_ERROR, CompletionOutput, RequestMetrics, RequestOutput
+from fastdeploy.engine.request import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    CompletionOutput,
+    RequestMetrics,
+    RequestOutput,
+)
 from fastdeploy.engine.sampler import BannedTokens, sample
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.scheduler import ScheduledBatch, Scheduler
@@ -369,18 +375,27 @@ class LLMEngine:
     def _bans(self, seqs: list[Sequence], sampling: list[int]) -> list[BannedTokens]:
         bans = []
         for row, index in enumerate(sampling):
-            seq = seqs[index]
-            banned: list[int] = []
-            if seq.params.min_tokens and seq.num_output_tokens < seq.params.min_tokens:
-                if not seq.params.ignore_eos and not self.guided.grammar_complete(seq):
-                    banned.extend(self.eos_token_ids)
-                banned.extend(seq.params.stop_token_ids)
-            request = self.requests[seq.request_id]
-            if request.bad_words_ids:
-                banned.extend(banned_bad_word_tokens(seq, request.bad_words_ids))
-            if banned:
-                bans.append(BannedTokens(row, banned))
+            reasons = self._ban_reasons(seqs[index])
+            if reasons:
+                bans.append(BannedTokens(row, [token for ids in reasons.values() for token in ids], reasons))
         return bans
+
+    def _ban_reasons(self, seq: Sequence) -> dict[str, list[int]]:
+        """The tokens `seq` may not take next, under the setting (as users write it) that bans them."""
+        params = seq.params
+        reasons: dict[str, list[int]] = {}
+        if params.min_tokens and seq.num_output_tokens < params.min_tokens:
+            if not params.ignore_eos and not self.guided.grammar_complete(seq):
+                reasons[f"min_tokens={params.min_tokens} (no EOS before that)"] = sorted(self.eos_token_ids)
+            if params.stop_token_ids:
+                before = f"before min_tokens={params.min_tokens}"
+                reasons[f"stop_token_ids {params.stop_token_ids} ({before})"] = params.stop_token_ids
+        bad_words_ids = self.requests[seq.request_id].bad_words_ids
+        if bad_words_ids:
+            words = banned_bad_word_tokens(seq, bad_words_ids)
+            if words:
+                reasons[f"bad_words {params.bad_words}"] = words
+        return reasons
 
     def _sample(self, logits: Any, seqs: list[Sequence], bans: list[BannedTokens]) -> list[int]:
         """One token per sampling sequence: on the device when the backend samples there and every
@@ -421,7 +436,11 @@ class LLMEngine:
             logits, sampling, forward_seconds = forward()
             sampled = [batch.seqs[i] for i in sampling]
             logits = self.guided.apply(self.backend, logits, sampled)
-            tokens = self._sample(logits, sampled, self._bans(batch.seqs, sampling)) if sampled else []
+            bans = self._bans(batch.seqs, sampling)
+            # rows whose bans leave nothing their grammar allows: sampled without the bans, then failed
+            conflicts = self.guided.conflicts(bans)
+            bans = [ban for ban in bans if ban.row not in conflicts]
+            tokens = self._sample(logits, sampled, bans) if sampled else []
         except WorkerFailedError:
             raise  # the rank processes are gone: no later step could run either
         except Exception as exc:  # a failed pass must not hang or lose the requests in it
@@ -432,9 +451,12 @@ class LLMEngine:
             seq.forward_time += forward_seconds
             self.block_manager.register_full_blocks(seq)
         now = time.time()
+        failed = {sampled[row].request_id: why for row, why in conflicts.items()}
         touched: dict[str, EngineRequest] = {}
         finishing: set[str] = set()
         for seq, token in zip(sampled, tokens, strict=True):
+            if seq.request_id in failed:
+                continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
             token = self._forced_reasoning_end(seq, token)
@@ -444,8 +466,12 @@ class LLMEngine:
                 self.scheduler.finish(seq)
                 finishing.add(seq.request_id)
             touched[seq.request_id] = self.requests[seq.request_id]
+        outputs = [
+            output
+            for request_id, why in sorted(failed.items())
+            if (output := self._fail_request(request_id, INVALID_REQUEST, why)) is not None
+        ]
         self.guided.advance(sampled)
-        outputs = []
         for request in touched.values():
             if request.request_id in finishing and request.finished:
                 del self.requests[request.request_id]
@@ -457,14 +483,19 @@ class LLMEngine:
         return outputs
 
     def _fail_requests(self, request_ids: set[str], exc: Exception) -> list[RequestOutput]:
-        outputs = []
-        for request_id in sorted(request_ids):
-            output = self.abort_request(request_id)
-            if output is not None:
-                output.error_code = INTERNAL_ERROR
-                output.error_msg = f"internal error during generation: {type(exc).__name__}: {exc}"
-                outputs.append(output)
-        return outputs
+        message = f"internal error during generation: {type(exc).__name__}: {exc}"
+        outputs = [
+            self._fail_request(request_id, INTERNAL_ERROR, message) for request_id in sorted(request_ids)
+        ]
+        return [output for output in outputs if output is not None]
+
+    def _fail_request(self, request_id: str, code: int, message: str) -> RequestOutput | None:
+        """Abort one request and return its final output carrying the error (None if unknown)."""
+        output = self.abort_request(request_id)
+        if output is not None:
+            output.error_code = code
+            output.error_msg = message
+        return output
 
     def _forced_reasoning_end(self, seq: Sequence, token: int) -> int:
         """Past `reasoning_max_tokens` of thinking, replace samples with the end-of-thinking tokens."""

@@ -7,7 +7,7 @@ request draws the same tokens whatever shares its batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,6 +24,8 @@ class BannedTokens:
 
     row: int
     token_ids: list[int]
+    #: the setting behind each ban, as a user would recognise it ("bad_words ['x']") -> its tokens
+    reasons: dict[str, list[int]] = field(default_factory=dict)
 
 
 def apply_penalties(logits: np.ndarray, seq: Sequence) -> None:

@@ -36,8 +36,10 @@ from fastdeploy.engine.guided.backend import (
     bitmask_words,
     grammar_backend_class,
 )
+from fastdeploy.engine.guided.conflicts import conflict
 from fastdeploy.engine.guided.params import GuidedDecodingError, GuidedDecodingParams
 from fastdeploy.engine.guided.token_table import token_table
+from fastdeploy.engine.sampler import BannedTokens
 from fastdeploy.engine.sequence import Sequence
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.logger import get_logger
@@ -135,6 +137,8 @@ class GuidedDecoder:
         self._states: dict[int, _State] = {}
         self._worker: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
+        #: row -> state of the rows the last `apply` masked
+        self._masked: dict[int, _State] = {}
 
     # --- compiling --------------------------------------------------------------------------
     @property
@@ -198,6 +202,7 @@ class GuidedDecoder:
         `device_backend` is None when the model runs in rank processes: `logits` are then host
         arrays, masked here in place.
         """
+        self._masked = {}
         if not self._states:
             return logits
         self._wait()
@@ -210,12 +215,29 @@ class GuidedDecoder:
         if not states:
             return logits
         self._fill([state for state in states if state.mask_for != state.consumed])
+        self._masked = dict(zip(rows, states, strict=True))
         bitmask = np.stack([state.mask for state in states])
         rows_array = np.asarray(rows, dtype=np.int64)
         if device_backend is None:  # rank processes sent host logits
             apply_token_bitmask_numpy(logits, bitmask, rows_array)
             return logits
         return device_backend.apply_token_bitmask(logits, bitmask, rows_array)
+
+    def conflicts(self, bans: list[BannedTokens]) -> dict[int, str]:
+        """Rows of the last `apply` whose bans leave none of the tokens their grammar allows,
+        each with the message its request fails with (see `conflicts.py`)."""
+        found = {}
+        for ban in bans:
+            state = self._masked.get(ban.row)
+            if state is None:
+                continue
+            why = conflict(state.mask, self.vocab_size, ban, len(state.seq.output_token_ids), self._spell)
+            if why is not None:
+                found[ban.row] = why
+        return found
+
+    def _spell(self, token: int) -> str:
+        return repr(self.tokenizer.decode([token], skip_special_tokens=False))
 
     def advance(self, seqs: list[Sequence]) -> None:
         """After a step appended tokens: forget finished sequences and start preparing the next

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import jsonschema
+import openai
 import pytest
 from openai_server_helpers import http_post
+
+from fastdeploy import SamplingParams
 
 MODEL = "SmolLM2-135M-Instruct"
 CITY = {
@@ -126,3 +130,48 @@ def test_invalid_constraints_are_400_naming_the_field(server, stream, fields, pa
     assert status == 400, response
     error = response["error"]
     assert error["param"] == param and fragment in error["message"], error
+
+
+def test_conflicting_bans_fail_that_request_alone(client, llm):
+    """bad_words banning every digit the regex allows: 400 (and an error event when streamed)
+    naming bad_words; streams running beside it in the same steps finish with their own tokens."""
+    asks = [
+        [{"role": "user", "content": f"Write one sentence about {topic}."}] for topic in ("rain", "bread")
+    ]
+    expected = [
+        output.outputs.text
+        for output in llm.chat(asks, SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
+    ]
+    conflicting = {
+        "max_tokens": 8,
+        "temperature": 0.8,
+        "extra_body": {"guided_regex": "x[0-9]", "bad_words": list("0123456789")},
+    }
+    texts: dict[int, str] = {}
+    started = threading.Barrier(3)  # the conflicting requests go out once both streams are running
+
+    def stream(index: int) -> None:
+        chunks = client.chat.completions.create(
+            model=MODEL, messages=asks[index], temperature=0, max_tokens=32, stream=True
+        )
+        parts = []
+        for chunk in chunks:
+            if not parts:
+                started.wait(timeout=120)
+            parts.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+        texts[index] = "".join(parts)
+
+    threads = [threading.Thread(target=stream, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    started.wait(timeout=120)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=ASK, **conflicting)
+    with pytest.raises(openai.APIError) as event:
+        for _ in client.chat.completions.create(model=MODEL, messages=ASK, stream=True, **conflicting):
+            pass
+    for thread in threads:
+        thread.join()
+    assert "bad_words" in refused.value.message and "no token can be generated" in refused.value.message
+    assert "bad_words" in event.value.message
+    assert [texts[0], texts[1]] == expected

@@ -4,23 +4,34 @@ Reads one user message per line from stdin; a line starting with `/` is a comman
 them; `//text` sends `/text` as a message). It drives the engine's stream mode directly, so no
 server is needed; prompts are rendered by the same code as `LLM.chat` and the server, so a
 greedy reply here equals theirs. A reply cut by `--max-tokens` or the context length is followed
-by a `[truncated: ...]` line saying which limit it hit.
+by a `[truncated: ...]` line saying which limit it hit. With `--tools FILE` the model may call
+those functions: each call is printed as `[tool call ID] NAME(ARGUMENTS)` after the reply, and
+`/tool RESULT` answers the oldest unanswered call (once all are answered the model goes on).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fastdeploy.cli.engine_args import add_engine_arguments, engine_kwargs
 from fastdeploy.cli.sampling_args import add_sampling_arguments, sampling_params_from
+from fastdeploy.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from fastdeploy.tool_calling.request import ToolPlan
+
+_AUTO_HINT = "pass --tool-call-parser NAME (hermes, qwen3, ernie-x1) or a --tool-choice that forces a call"
 
 HELP = """Commands:
   /help    show this help
   /clear   forget the conversation (the --system message stays)
   /exit    quit (also /quit, or Ctrl+D)
+  /tool R  answer the oldest tool call still waiting for its result with R (with --tools)
 Any other line is sent as your message; start it with // to send a message beginning with /.
 """
 
@@ -45,33 +56,89 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also print the reasoning part (with --reasoning-parser)",
     )
+    parser.add_argument(
+        "--tools",
+        default=None,
+        metavar="FILE",
+        help="JSON file holding a list of OpenAI function tools the model may call",
+    )
+    parser.add_argument(
+        "--tool-choice",
+        default=None,
+        metavar="CHOICE",
+        help="auto, none, required or a function name to force (default: auto with "
+        "--tool-call-parser, else none)",
+    )
     parser.set_defaults(func=run)
+
+
+def read_tools(path: str) -> list[Any]:
+    """The `--tools` file's list (checked later, with the request rules of `tools`)."""
+    try:
+        tools = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidArgumentError(f"--tools: cannot read {path}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"--tools: {path} is not JSON: {exc}") from exc
+    return tools
+
+
+def tool_choice(value: str | None) -> str | dict[str, Any] | None:
+    """`--tool-choice` as the request field: a mode, or a function name as a named choice."""
+    if value is None or value in ("auto", "none", "required"):
+        return value
+    return {"type": "function", "function": {"name": value}}
 
 
 class ChatSession:
     """One conversation against an `LLMEngine`, streaming each reply to `out`."""
 
     def __init__(
-        self, engine: Any, params: Any, template_kwargs: dict[str, Any], show_reasoning: bool
+        self,
+        engine: Any,
+        params: Any,
+        template_kwargs: dict[str, Any],
+        show_reasoning: bool,
+        tools: ToolPlan | None = None,
     ) -> None:
+        from fastdeploy.entrypoints.chat_utils import with_tools
+        from fastdeploy.entrypoints.offline_tools import constrain_offline
+
         self.engine = engine
-        self.params = params
-        self.template_kwargs = template_kwargs
+        self.tools = tools
+        self.params = params if tools is None else constrain_offline(params, tools)[0]
+        self.template_kwargs = template_kwargs if tools is None else with_tools(template_kwargs, tools.tools)
         self.show_reasoning = show_reasoning
-        self.history: list[dict[str, str]] = []
+        self.history: list[dict[str, Any]] = []
+        #: ids of the last reply's tool calls that have no `/tool` result yet
+        self.unanswered: list[str] = []
         self._ids = itertools.count()
 
     def reply(self, user_text: str, out: Any) -> str | None:
         """Stream the answer to `user_text`; returns it, or None if the request was refused."""
+        return self._answer([*self.history, {"role": "user", "content": user_text}], out)
+
+    def tool_result(self, content: str, out: Any) -> str | None:
+        """Answer the oldest unanswered tool call with `content`; once none is left, the model's
+        reply is streamed and returned (None until then, or if the request was refused)."""
+        if not self.unanswered:
+            sys.stderr.write("error: /tool answers a tool call, and no call is waiting for its result\n")
+            return None
+        call_id = self.unanswered.pop(0)
+        self.history = [*self.history, {"role": "tool", "tool_call_id": call_id, "content": content}]
+        if self.unanswered:
+            return None
+        return self._answer(self.history, out)
+
+    def _answer(self, conversation: list[dict[str, Any]], out: Any) -> str | None:
         from fastdeploy.entrypoints.chat_utils import render_conversation
         from fastdeploy.entrypoints.streaming import DeltaTracker
-        from fastdeploy.errors import InvalidArgumentError
+        from fastdeploy.tool_calling.request import template_messages
 
-        conversation = [*self.history, {"role": "user", "content": user_text}]
         request_id = f"chat-{next(self._ids)}"
         try:
             prompt = render_conversation(
-                self.engine.tokenizer, conversation, template_kwargs=self.template_kwargs
+                self.engine.tokenizer, template_messages(conversation), template_kwargs=self.template_kwargs
             )
             self.engine.add_request(
                 request_id,
@@ -114,9 +181,22 @@ class ChatSession:
         out.write("\n")
         if finish_reason == "length":
             out.write(self._truncation_note(generated) + "\n")
+        self.history = [*conversation, self._assistant_message(answer, out)]
         out.flush()
-        self.history = [*conversation, {"role": "assistant", "content": answer}]
         return answer
+
+    def _assistant_message(self, answer: str, out: Any) -> dict[str, Any]:
+        """The reply as the conversation keeps it; its tool calls (if any) are printed to `out`."""
+        from fastdeploy.tool_calling.request import finish_answer
+
+        if self.tools is None:
+            return {"role": "assistant", "content": answer}
+        content, calls = finish_answer(self.tools, answer, None)
+        for call in calls or []:
+            function = call["function"]
+            out.write(f"[tool call {call['id']}] {function['name']}({function['arguments']})\n")
+        self.unanswered = [call["id"] for call in calls or []]
+        return {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
 
     def _truncation_note(self, generated: int) -> str:
         """Which limit cut the reply: the reply's own (--max-tokens) or the context's."""
@@ -129,6 +209,7 @@ class ChatSession:
 
     def clear(self, system: str | None) -> None:
         self.history = [{"role": "system", "content": system}] if system else []
+        self.unanswered = []
 
 
 def handle_line(session: ChatSession, line: str, system: str | None, out: Any) -> bool:
@@ -150,6 +231,8 @@ def handle_line(session: ChatSession, line: str, system: str | None, out: Any) -
         out.write("(conversation cleared" + ("; the system message stays)\n" if system else ")\n"))
     elif command == "/help":
         out.write(HELP)
+    elif command == "/tool":
+        session.tool_result(text.removeprefix(text.split()[0]).strip(), out)
     else:
         out.write(f"unknown command {command}; /help lists the commands\n")
     out.flush()
@@ -158,11 +241,16 @@ def handle_line(session: ChatSession, line: str, system: str | None, out: Any) -
 
 def run(args: argparse.Namespace) -> int:
     from fastdeploy import LLM
+    from fastdeploy.tool_calling.request import plan_for_engine
 
     params = sampling_params_from(args)  # before the model loads: a bad flag fails at once
+    tools = read_tools(args.tools) if args.tools is not None else None
     llm = LLM(**engine_kwargs(args))
+    plan = None
+    if tools is not None or args.tool_choice is not None:
+        plan = plan_for_engine(llm.llm_engine, tools, tool_choice(args.tool_choice), _AUTO_HINT)
     template_kwargs = {} if args.enable_thinking is None else {"enable_thinking": args.enable_thinking}
-    session = ChatSession(llm.llm_engine, params, template_kwargs, args.show_reasoning)
+    session = ChatSession(llm.llm_engine, params, template_kwargs, args.show_reasoning, plan)
     session.clear(args.system)
     interactive = sys.stdin.isatty()
     if interactive:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
+
+import jsonschema
 
 from fastdeploy import SamplingParams
-from fastdeploy.cli.chat import HELP, ChatSession, handle_line
+from fastdeploy.cli import main
+from fastdeploy.cli.chat import HELP, ChatSession, handle_line, read_tools, tool_choice
+from fastdeploy.input.chat_template import load_chat_template
+from fastdeploy.tool_calling.request import plan_for_engine
 
 SYSTEM = "You are a concise geography assistant."
+TOOLS_TEMPLATE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tools_chat_template.jinja"
 
 
 def greedy_output(llm, conversation, max_tokens):
@@ -149,3 +157,77 @@ def test_commands_are_not_sent_to_the_model():
     assert session.messages == ["/etc is a directory", "hello"]
     assert not handle_line(session, "/exit", None, Recorder())
     assert not handle_line(session, "/quit", None, Recorder())
+
+
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Local time in a time zone",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "minLength": 1, "maxLength": 30}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_chat_session_calls_a_tool_and_takes_its_result(llm, monkeypatch):
+    """A forced call is printed and kept in the conversation; `/tool` answers it. Both turns send
+    the prompt `LLM.chat` renders for the same messages and tools (a template that shows tools,
+    calls and results), and get the same call."""
+    engine = llm.llm_engine
+    monkeypatch.setattr(engine.tokenizer, "chat_template", load_chat_template(str(TOOLS_TEMPLATE)))
+    prompts = []
+    add_request = engine.add_request
+
+    def recording_add_request(*args, **kwargs):
+        prompts.append(kwargs["prompt"])
+        return add_request(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "add_request", recording_add_request)
+    choice = tool_choice("get_time")
+    greedy = SamplingParams(temperature=0, max_tokens=32)
+    session = ChatSession(engine, greedy, {}, False, plan_for_engine(engine, [TIME_TOOL], choice, ""))
+    out = Recorder()
+    question = [{"role": "user", "content": "What time is it in Tokyo?"}]
+    session.reply(question[0]["content"], out)
+    (call,) = session.history[-1]["tool_calls"]
+    monkeypatch.setattr(engine, "add_request", add_request)
+    (first,) = llm.chat(question, greedy, use_tqdm=False, tools=[TIME_TOOL], tool_choice=choice)
+    assert prompts == [first.prompt] and '"name": "get_time"' in first.prompt
+    assert call["function"] == first.outputs.tool_calls[0]["function"]
+    jsonschema.validate(json.loads(call["function"]["arguments"]), TIME_TOOL["function"]["parameters"])
+    printed = "".join(out.writes)
+    assert printed.endswith(f"\n[tool call {call['id']}] get_time({call['function']['arguments']})\n")
+    assert session.unanswered == [call["id"]]
+
+    monkeypatch.setattr(engine, "add_request", recording_add_request)
+    assert handle_line(session, "/tool 09:15", None, out)
+    assert session.history[-2] == {"role": "tool", "tool_call_id": call["id"], "content": "09:15"}
+    monkeypatch.setattr(engine, "add_request", add_request)
+    (second,) = llm.chat(session.history[:-1], greedy, use_tqdm=False, tools=[TIME_TOOL], tool_choice=choice)
+    assert prompts[1] == second.prompt and "09:15" in second.prompt
+    assert session.history[-1]["tool_calls"][0]["function"] == second.outputs.tool_calls[0]["function"]
+
+
+def test_tool_result_without_a_waiting_call_is_refused(llm, capsys):
+    session = ChatSession(llm.llm_engine, SamplingParams(max_tokens=4), {}, show_reasoning=False)
+    assert session.tool_result("09:15", Recorder()) is None
+    assert "no call is waiting" in capsys.readouterr().err
+    assert session.history == []
+
+
+def test_tools_flags(tmp_path, capsys):
+    assert tool_choice("get_time") == {"type": "function", "function": {"name": "get_time"}}
+    assert tool_choice("required") == "required" and tool_choice(None) is None
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps([TIME_TOOL]))
+    assert read_tools(str(path)) == [TIME_TOOL]
+    path.write_text("[{")
+    assert main(["chat", "--tools", str(path)]) == 2
+    assert f"error: --tools: {path} is not JSON" in capsys.readouterr().err
+    assert main(["chat", "--tools", str(tmp_path / "missing.json")]) == 2
+    assert "--tools: cannot read" in capsys.readouterr().err

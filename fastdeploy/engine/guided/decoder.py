@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.backends.base import apply_token_bitmask_numpy
 from fastdeploy.engine.guided.backend import (
     GrammarBackend,
     GrammarMatcher,
@@ -199,8 +198,6 @@ class GuidedDecoder:
         """Mask the rows of `logits` [len(seqs), vocab] whose sequences are constrained.
 
         Returns the logits (the backend may return a new array); unconstrained rows are untouched.
-        `device_backend` is None when the model runs in rank processes: `logits` are then host
-        arrays, masked here in place.
         """
         self._masked = {}
         if not self._states:
@@ -217,11 +214,7 @@ class GuidedDecoder:
         self._fill([state for state in states if state.mask_for != state.consumed])
         self._masked = dict(zip(rows, states, strict=True))
         bitmask = np.stack([state.mask for state in states])
-        rows_array = np.asarray(rows, dtype=np.int64)
-        if device_backend is None:  # rank processes sent host logits
-            apply_token_bitmask_numpy(logits, bitmask, rows_array)
-            return logits
-        return device_backend.apply_token_bitmask(logits, bitmask, rows_array)
+        return device_backend.apply_token_bitmask(logits, bitmask, np.asarray(rows, dtype=np.int64))
 
     def conflicts(self, bans: list[BannedTokens]) -> dict[int, str]:
         """Rows of the last `apply` whose bans leave none of the tokens their grammar allows,

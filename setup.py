@@ -18,6 +18,7 @@ native_kernels = Extension(
             "threadpool",
             "gemm",
             "attention",
+            "encoder_attention",
             "elementwise",
             "row_kernels_avx2",
             "row_kernels_avx512",

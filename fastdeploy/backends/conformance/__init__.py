@@ -107,10 +107,11 @@ def check_vision_ops(backend: Backend) -> None:
     x = np.linspace(-9, 9, 48, dtype=np.float32).reshape(2, 24)
     _close("gelu", backend.to_numpy(backend.gelu(backend.from_numpy(x))), ref.gelu_erf(x))
     _close("quick_gelu", backend.to_numpy(backend.quick_gelu(backend.from_numpy(x))), ref.quick_gelu(x))
-    q, k, v = (_random(rng, 11, 2, 8) for _ in range(3))
-    bounds = [0, 4, 11]
-    out = backend.encoder_attention(*(backend.from_numpy(t) for t in (q, k, v)), np.asarray(bounds), 0.35)
-    _close("encoder_attention", backend.to_numpy(out), ref.segment_attention(q, k, v, bounds, 0.35))
+    # short segments and tiny heads; then head_dim 64 over segments longer than a kernel's tiles
+    for shape, bounds in (((11, 2, 8), [0, 4, 11]), ((150, 2, 64), [0, 70, 71, 150])):
+        q, k, v = (_random(rng, *shape) for _ in range(3))
+        out = backend.encoder_attention(*(backend.from_numpy(t) for t in (q, k, v)), np.asarray(bounds), 0.35)
+        _close("encoder_attention", backend.to_numpy(out), ref.segment_attention(q, k, v, bounds, 0.35))
     a, b = _random(rng, 3, 5), _random(rng, 2, 5)
     rows_a, rows_b = np.array([4, 0, 2]), np.array([1, 3])
     merged = backend.merge_rows([(backend.from_numpy(a), rows_a), (backend.from_numpy(b), rows_b)], 5)

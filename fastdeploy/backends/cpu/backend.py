@@ -232,6 +232,13 @@ class CpuBackend(Backend):
             return native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads)
         return paged_attention(q, k, v, kv_cache, batch, scale)
 
+    def encoder_attention(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray, scale: float
+    ) -> np.ndarray:
+        if self.native_isa:
+            return native.encoder_attention(q, k, v, cu_seqlens, scale, self.native_isa, self.threads)
+        return super().encoder_attention(q, k, v, cu_seqlens, scale)
+
     def gather_rows(self, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
         return x[indices]
 

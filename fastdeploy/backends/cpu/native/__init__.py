@@ -169,6 +169,29 @@ def attention(
     return out
 
 
+def encoder_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray, scale: float, isa: str, threads: int
+) -> np.ndarray:
+    """`Backend.encoder_attention`: tokens `cu_seqlens[i]:cu_seqlens[i+1]` attend to each other only."""
+    q = np.ascontiguousarray(q, np.float32)
+    tokens, heads, head_dim = q.shape
+    out = np.empty_like(q)
+    _native.encoder_attention(
+        q,
+        np.ascontiguousarray(k, np.float32),
+        np.ascontiguousarray(v, np.float32),
+        out,
+        np.ascontiguousarray(cu_seqlens, np.int64),
+        tokens,
+        heads,
+        head_dim,
+        scale,
+        isa,
+        threads,
+    )
+    return out
+
+
 def rms_norm(
     x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None, isa: str, threads: int
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -17,6 +17,8 @@ static PyObject *native_spin_us(PyObject *self, PyObject *noargs) { return PyFlo
 static PyMethodDef methods[] = {
     {"best_isa", native_best_isa, METH_NOARGS, "The widest instruction set this CPU runs: avx512, avx2 or none."},
     {"attention", native_attention, METH_VARARGS, "Paged causal attention over block tables (see attention.c)."},
+    {"encoder_attention", native_encoder_attention, METH_VARARGS,
+     "Bidirectional attention within segments, no cache (see encoder_attention.c)."},
     {"rms_norm", native_rms_norm, METH_VARARGS, "RMSNorm of x (+ residual), row by row."},
     {"rotary", native_rotary, METH_VARARGS, "Rotate-half rotary embedding of [tokens, heads, head_dim]."},
     {"silu_and_mul", native_silu_and_mul, METH_VARARGS, "silu(gate) * up of [gate | up] rows."},

@@ -5,6 +5,7 @@
  * row_kernels.h       attention and element-wise kernels, compiled per instruction set by
  *                     row_kernels_avx2.c and row_kernels_avx512.c
  * attention.c         paged causal attention over block tables (entry point)
+ * encoder_attention.c bidirectional attention within segments, no cache (vision encoders' entry point)
  * elementwise.c       RMSNorm (+ residual), SiLU-and-mul, rotary embedding (entry points)
  * isa.c               which instruction sets this CPU runs
  * threadpool.c        the parallel loops every kernel runs on (why not OpenMP: see there)
@@ -78,6 +79,13 @@ struct attn_item {
         Py_ssize_t block_size, Py_ssize_t heads, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale,       \
         float *q_scaled, float *scores, Py_ssize_t stride
 
+/* Bidirectional attention of `tokens` query rows of one head over one segment's `count` keys, laid out
+ * by encoder_attention.c: keys_t [head_dim][padded], values [padded][head_dim]; q/out rows `row_stride`
+ * floats apart; scratch holds 2 * HEADS_AT_ONCE * head_dim + HEADS_AT_ONCE * padded floats. */
+#define ENCODER_ARGS                                                                                          \
+    const float *q, float *out, Py_ssize_t tokens, Py_ssize_t row_stride, const float *keys_t,                \
+        const float *values, Py_ssize_t padded, Py_ssize_t count, Py_ssize_t head_dim, float scale, float *scratch
+
 /* The attention and element-wise kernels of one instruction set (row_kernels.h). */
 struct row_kernels {
     void (*attend_d64)(ATTEND_ARGS);
@@ -88,6 +96,8 @@ struct row_kernels {
     void (*silu_mul_row)(const float *x, float *out, Py_ssize_t half);
     void (*rotary_row)(const float *x, float *out, const float *cos_row, const float *sin_row, Py_ssize_t heads,
                        Py_ssize_t head_dim, Py_ssize_t half);
+    void (*encoder_attend_d64)(ENCODER_ARGS);
+    void (*encoder_attend_any)(ENCODER_ARGS);
 };
 extern const struct row_kernels row_kernels_avx2, row_kernels_avx512;
 /* The kernels for an instruction set named by Python, or NULL with a ValueError set. */
@@ -97,6 +107,7 @@ const struct row_kernels *native_row_kernels(const char *isa_name);
 PyObject *native_best_isa(PyObject *self, PyObject *noargs);
 PyObject *native_gemm(PyObject *self, PyObject *args);
 PyObject *native_attention(PyObject *self, PyObject *args);
+PyObject *native_encoder_attention(PyObject *self, PyObject *args);
 PyObject *native_rms_norm(PyObject *self, PyObject *args);
 PyObject *native_silu_and_mul(PyObject *self, PyObject *args);
 PyObject *native_rotary(PyObject *self, PyObject *args);

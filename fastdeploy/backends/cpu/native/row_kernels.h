@@ -183,6 +183,47 @@ static void attend_item_d64(ATTEND_ARGS) { (void)head_dim; ATTEND_PASS(64); }
 static void attend_item_d128(ATTEND_ARGS) { (void)head_dim; ATTEND_PASS(128); }
 static void attend_item_any(ATTEND_ARGS) { ATTEND_PASS(head_dim); }
 
+/* ENCODER_ARGS (native.h): a vision encoder's attention, no cache, no mask. Up to KERNEL_HEADS query
+ * rows of the head take the place of the paged kernels' query heads, so each key and value row
+ * load serves them all; the segment is read as one block of `padded` positions. */
+static inline __attribute__((always_inline)) void
+encoder_attend(const float *q, float *out, Py_ssize_t tokens, Py_ssize_t row_stride, const float *keys_t,
+               const float *values, Py_ssize_t padded, Py_ssize_t count, const Py_ssize_t head_dim, float scale,
+               float *scratch)
+{
+    float *q_scaled = scratch, *rows_out = scratch + HEADS_AT_ONCE * head_dim;
+    float *scores = rows_out + HEADS_AT_ONCE * head_dim;
+    const int64_t table = 0; /* the segment is one "block" of `padded` positions */
+    for (Py_ssize_t t0 = 0; t0 < tokens; t0 += KERNEL_HEADS) {
+        const int n = tokens - t0 < KERNEL_HEADS ? (int)(tokens - t0) : KERNEL_HEADS;
+        for (int r = 0; r < n; r++)
+            for (Py_ssize_t d = 0; d < head_dim; d++) q_scaled[r * head_dim + d] = q[(t0 + r) * row_stride + d] * scale;
+#define ENCODER_ROWS(rows)                                                                                   \
+    score_block(q_scaled, rows, keys_t, padded, count, head_dim, scores, padded);                            \
+    softmax_rows(scores, rows, padded, count);                                                               \
+    weighted_values(scores, rows, padded, count, values, &table, padded, 1, 0, head_dim, rows_out)
+        switch (n) {
+        case 1: ENCODER_ROWS(1); break;
+#if KERNEL_HEADS >= 2
+        case 2: ENCODER_ROWS(2); break;
+#endif
+#if KERNEL_HEADS >= 3
+        case 3: ENCODER_ROWS(3); break;
+#endif
+#if KERNEL_HEADS >= 4
+        case 4: ENCODER_ROWS(4); break;
+#endif
+        }
+#undef ENCODER_ROWS
+        for (int r = 0; r < n; r++)
+            memcpy(out + (t0 + r) * row_stride, rows_out + r * head_dim, (size_t)head_dim * sizeof(float));
+    }
+}
+
+#define ENCODER_PASS(dim) encoder_attend(q, out, tokens, row_stride, keys_t, values, padded, count, dim, scale, scratch)
+static void encoder_attend_d64(ENCODER_ARGS) { (void)head_dim; ENCODER_PASS(64); }
+static void encoder_attend_any(ENCODER_ARGS) { ENCODER_PASS(head_dim); }
+
 /* RMSNorm of one row of (x + residual); the sum goes to `sum_out` when a residual is given. */
 static void rms_norm_row(const float *x, const float *residual, const float *weight, float *out,
                                 float *sum_out, Py_ssize_t cols, float eps)
@@ -230,4 +271,5 @@ static void rotary_row(const float *x, float *out, const float *cos_row, const f
 
 const struct row_kernels ROW_KERNELS = {
     attend_item_d64, attend_item_d128, attend_item_any, rms_norm_row, silu_mul_row, rotary_row,
+    encoder_attend_d64, encoder_attend_any,
 };

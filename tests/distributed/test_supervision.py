@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -91,17 +92,20 @@ def test_a_host_that_never_starts_fails_with_the_address_and_time_out(tiny_model
     """Two hosts on the loopback, the second never started: the first gives up after the time-out."""
     monkeypatch.setenv("FD_NODE_RANK", "0")
     monkeypatch.setenv("FD_DIST_INIT_TIMEOUT", "3")
+    with socket.socket() as probe:  # a port nothing else holds (another suite may run beside)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     started = time.monotonic()
     with pytest.raises(WorkerFailedError) as error:
         LLM(
             model=tiny_model_dirs["llama"],
             tensor_parallel_size=2,
             ips="127.0.0.1,127.0.0.1",
-            engine_worker_queue_port=29711,
+            engine_worker_queue_port=port,
         )
     assert time.monotonic() - started < 30
     message = str(error.value)
-    assert "did not connect to the engine at 127.0.0.1:29711 within 3 s" in message
+    assert f"did not connect to the engine at 127.0.0.1:{port} within 3 s" in message
     assert "start fastdeploy with the same ips there" in message
 
 

@@ -38,12 +38,6 @@ def gpu_missing() -> str | None:
     return None
 
 
-def device_shared_memory() -> int | None:
-    from fastdeploy.backends.cuda.launch import device_shared_memory as shared_memory
-
-    return shared_memory()
-
-
 def _bench(fn) -> float:
     import triton.testing
 
@@ -71,6 +65,7 @@ def bench_prefill(torch) -> dict:
     from fastdeploy.backends.base import BatchLayout
     from fastdeploy.backends.cuda import triton_attention as attention
     from fastdeploy.backends.cuda.attention_metadata import build_host_metadata
+    from fastdeploy.backends.cuda.launch import device_shared_memory
 
     seqs, ctx, heads, kv_heads, head_dim, block = 8, 2048, 32, 8, 128, 64
     dev = "cuda"
@@ -235,6 +230,7 @@ def bench_sampling(torch) -> dict:
 def bench_moe(torch, tokens: int) -> dict:
     from fastdeploy.backends.cuda import triton_kernels
     from fastdeploy.backends.cuda import triton_moe as moe
+    from fastdeploy.backends.cuda.launch import device_shared_memory
 
     experts, top_k, hidden, width = 64, 6, 2560, 1536
     dev = "cuda"

@@ -34,7 +34,11 @@ def select_backend_class(device: str, registry: PluginRegistry) -> type[Backend]
 
 def create_backend(device: str, options: BackendOptions, registry: PluginRegistry) -> Backend:
     """Build the backend for `device`; dtype "auto" becomes the backend's default dtype."""
-    backend_class = select_backend_class(device, registry)
+    return build_backend_of(select_backend_class(device, registry), options)
+
+
+def build_backend_of(backend_class: type[Backend], options: BackendOptions) -> Backend:
+    """Build an already selected backend class; dtype "auto" becomes its default dtype."""
     if options.dtype == "auto":
         options = dataclasses.replace(options, dtype=backend_class.resolve_default_dtype())
     backend = backend_class(options)

@@ -64,7 +64,7 @@ class Worker:
 
     def __init__(self, spec: protocol.WorkerSpec, conn: Connection) -> None:
         from fastdeploy.backends.base import BackendOptions
-        from fastdeploy.backends.selection import create_backend, select_backend_class
+        from fastdeploy.backends.selection import build_backend_of, select_backend_class
         from fastdeploy.distributed.model_parallel import ModelParallel
         from fastdeploy.distributed.rendezvous import rendezvous_from_environment
         from fastdeploy.distributed.selection import communicator_class, create_communicator
@@ -83,9 +83,7 @@ class Worker:
         # each rank has a device of its own
         sharing = int(os.environ.get("PADDLE_LOCAL_SIZE", "1")) if backend_class.device_count() is None else 1
         threads = config.cpu_threads or max(1, BackendOptions().thread_count() // sharing)
-        self.backend = create_backend(
-            config.device, BackendOptions(threads=threads, dtype=config.dtype), registry
-        )
+        self.backend = build_backend_of(backend_class, BackendOptions(threads=threads, dtype=config.dtype))
         self.parallel = ModelParallel(spec.layout, self.rank)
         communicator = communicator_class(backend_class, registry) if spec.layout.distributed else None
         # the shard loads while the communicator's runtime imports

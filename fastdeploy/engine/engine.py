@@ -11,7 +11,7 @@ import numpy as np
 
 from fastdeploy.backends.base import BackendOptions
 from fastdeploy.backends.cpu.backend import CpuBackend
-from fastdeploy.backends.selection import create_backend, select_backend_class
+from fastdeploy.backends.selection import build_backend_of, select_backend_class
 from fastdeploy.config import EngineConfig
 from fastdeploy.distributed.pipeline import MicroBatchPipeline
 from fastdeploy.distributed.startup import start_executor
@@ -123,19 +123,20 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         registry = get_registry()
+        backend_class = select_backend_class(config.device, registry)
         if config.runs_in_rank_processes:
             # the ranks send the logits to the host: the engine samples them with the cpu ops
             self.backend = CpuBackend(BackendOptions(threads=1))
         else:
-            self.backend = create_backend(
-                config.device, BackendOptions(threads=config.cpu_threads, dtype=config.dtype), registry
+            self.backend = build_backend_of(
+                backend_class, BackendOptions(threads=config.cpu_threads, dtype=config.dtype)
             )
         model_path = resolve_model(config.model)
         checkpoint = inspect_checkpoint(model_path, registry)
         self.model_config = checkpoint.config
         self.max_model_len = self._resolve_max_model_len()
         self.max_num_batched_tokens = config.max_num_batched_tokens or max(
-            self.max_model_len, select_backend_class(config.device, registry).default_max_num_batched_tokens
+            self.max_model_len, backend_class.default_max_num_batched_tokens
         )
         # rank processes start loading now, while this process reads the tokenizer
         self.executor = (

@@ -17,6 +17,7 @@ pytest.importorskip("triton", reason="the kernels are Triton kernels (the test e
 from fastdeploy.backends.base import BatchLayout  # noqa: E402
 from fastdeploy.backends.cuda import triton_attention as attention  # noqa: E402
 from fastdeploy.backends.cuda.attention_metadata import build_host_metadata  # noqa: E402
+from fastdeploy.backends.cuda.launch import LARGE_SHARED_MEMORY  # noqa: E402
 
 #: (cached positions before this step, query tokens this step) per sequence
 SEQUENCES = [(69, 1), (0, 1), (0, 70), (63, 65), (130, 1)]
@@ -78,7 +79,7 @@ def test_prefill_and_decode_kernels_match_float64_attention(
     heads, kv_heads, head_dim, num_splits, hopper_tiles, monkeypatch
 ):
     if hopper_tiles:  # the 128-key tiles 16-bit models take on Hopper, here over float32 data
-        options = attention.prefill_launch_options(False, head_dim, attention.LARGE_SHARED_MEMORY)
+        options = attention.prefill_launch_options(False, head_dim, LARGE_SHARED_MEMORY)
         assert options["BLOCK_N"] == 128
         monkeypatch.setattr(attention, "prefill_launch_options", lambda *_: options)
     layout, q, key_cache, value_cache, expected = _step(heads, kv_heads, head_dim)

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="Triton's interpreter needs torch (the test extra installs it)")
 pytest.importorskip("triton", reason="the kernels are Triton kernels (the test extra installs triton)")
 from fastdeploy.backends.cuda import triton_moe as moe  # noqa: E402
-from fastdeploy.backends.cuda.triton_attention import LARGE_SHARED_MEMORY  # noqa: E402
+from fastdeploy.backends.cuda.launch import LARGE_SHARED_MEMORY  # noqa: E402
 
 TOKENS, EXPERTS, TOP_K, HIDDEN, WIDTH = 37, 8, 3, 32, 24
 

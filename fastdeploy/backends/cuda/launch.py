@@ -54,6 +54,11 @@ def choose_kernels(on_gpu: bool, requested: str | None = None) -> str:
     return choice
 
 
+#: shared memory per program from which the prefill and MoE kernels take larger tiles (Hopper's
+#: 227 KiB; an A100's 163 KiB does not fit them)
+LARGE_SHARED_MEMORY = 200_000
+
+
 def device_shared_memory() -> int | None:
     """Shared memory one program may use on the current GPU (bytes), from Triton's driver; None
     where it cannot say (the interpreter): the kernels then take tiles that fit every GPU."""

@@ -27,6 +27,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from fastdeploy.backends.cuda.launch import LARGE_SHARED_MEMORY
+
 LOG2E = 1.4426950408889634
 
 #: key/value tile of both kernels
@@ -44,11 +46,6 @@ def prefill_block_m(is_float32: bool) -> int:
 
 def _is_float32(tensor: Any) -> bool:
     return str(tensor.dtype).endswith("float32")
-
-
-#: shared memory per program from which the prefill and MoE kernels take larger tiles (Hopper's
-#: 227 KiB; an A100's 163 KiB does not fit them)
-LARGE_SHARED_MEMORY = 200_000
 
 
 def prefill_launch_options(

@@ -24,6 +24,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from fastdeploy.backends.cuda.launch import LARGE_SHARED_MEMORY
+
 
 @triton.jit
 def _route_kernel(
@@ -243,8 +245,6 @@ def gemm_config(
     tiles take twice the shared memory, so they pipeline one stage less. Large batches with
     Hopper's shared memory (`shared_memory` bytes per program) take 256-wide tiles in four
     stages: 1.77 ms against 2.10 ms on an H100 for 4096 tokens of ERNIE-4.5-21B-A3B's experts."""
-    from fastdeploy.backends.cuda.triton_attention import LARGE_SHARED_MEMORY
-
     per_expert = entries / max(num_experts, 1)
     stages = 2 if is_float32 else 3
     if per_expert <= 16:

@@ -35,7 +35,21 @@ class DistributedInitError(FastDeployError, RuntimeError):
     """Ranks of a multi-process model cannot start or reach each other; the message says which and where."""
 
 
-class WorkerFailedError(FastDeployError, RuntimeError):
+class KVCacheAllocationError(FastDeployError, MemoryError):
+    """The device backend could not allocate the KV cache the engine planned; says how much."""
+
+
+class EngineDeadError(FastDeployError, RuntimeError):
+    """The engine cannot run any request any more (its device failed); every request in flight fails.
+
+    The engine raises it when a forward pass fails for every request and a one-token probe pass
+    fails too. A device backend may raise it from any op to say so at once (a lost device, a
+    sticky accelerator error), skipping the per-request retries. The server answers /health with
+    503 and exits with status 1.
+    """
+
+
+class WorkerFailedError(EngineDeadError):
     """A rank process of a multi-process model failed or died; the engine cannot go on.
 
     The message names the rank, how it ended and the last lines of its log.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import tempfile
@@ -34,3 +35,14 @@ def llm():
     from fastdeploy import LLM
 
     return LLM(max_model_len=1024, max_num_seqs=32)
+
+
+@pytest.fixture(scope="session")
+def fault_plugin_dir(tmp_path_factory) -> str:
+    """The test-only fault-injection plugin (tests/fault_injection) installed as a distribution in a
+    directory of its own: put it on sys.path / PYTHONPATH to make its entry point visible."""
+    path = os.path.join(os.path.dirname(__file__), "fault_injection", "distribution.py")
+    spec = importlib.util.spec_from_file_location("fault_plugin_distribution", path)
+    distribution = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(distribution)
+    return distribution.install(str(tmp_path_factory.mktemp("fault-plugin")))

@@ -388,6 +388,17 @@ class Backend(ABC):
         eagerly. Called once after the KV cache is allocated, unless `enforce_eager`."""
         return None
 
+    def nonfinite_rows(self, logits: Any) -> np.ndarray:
+        """Host bool [rows]: rows of device logits [rows, vocab] that cannot be sampled from.
+
+        A row is broken when it holds a NaN or +inf, or only -inf (a -inf entry alone is a
+        masked token, which is fine); that is, when the row's maximum is not finite (NumPy's max
+        propagates NaN). The engine checks every pass's logits and fails only the requests whose
+        rows are broken. The default copies the logits to the host; accelerators that sample on
+        the device should override it with an on-device max (one value per row crosses).
+        """
+        return ~np.isfinite(self.to_numpy(logits).max(axis=-1))
+
     def sample_top_k_top_p(
         self,
         logits: Any,

@@ -96,6 +96,10 @@ class ReplicaRouter:
         return all(replica.is_running for replica in self.replicas)
 
     @property
+    def fatal_error(self) -> BaseException | None:
+        return next((r.fatal_error for r in self.replicas if r.fatal_error is not None), None)
+
+    @property
     def is_accepting(self) -> bool:
         return all(replica.is_accepting for replica in self.replicas)
 

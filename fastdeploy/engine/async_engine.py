@@ -26,7 +26,7 @@ from typing import Any
 from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.request import OK, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.errors import FastDeployError, WorkerFailedError
+from fastdeploy.errors import EngineDeadError, FastDeployError
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -45,11 +45,20 @@ class EngineStoppedError(FastDeployError, RuntimeError):
 
 
 class GenerationError(FastDeployError, RuntimeError):
-    """The engine failed a request while generating it (`code` is its error_code)."""
+    """The engine failed a request while generating it.
 
-    def __init__(self, message: str, code: int) -> None:
+    `code` is its error_code (an HTTP status); `kind` says what failed: a `fault_isolation`
+    kind such as "forward_error" or "nonfinite_logits", `ENGINE_DEAD`, or "internal_error".
+    """
+
+    def __init__(self, message: str, code: int, kind: str = "internal_error") -> None:
         super().__init__(message)
         self.code = code
+        self.kind = kind
+
+
+#: `GenerationError.kind` of every request in flight when the engine stops for good
+ENGINE_DEAD = "engine_dead"
 
 
 @dataclass
@@ -185,6 +194,11 @@ class AsyncLLMEngine:
         self._fatal_callbacks.append(callback)
 
     @property
+    def fatal_error(self) -> BaseException | None:
+        """What stopped the engine for good (its device or a rank died, or a bug); None while it works."""
+        return self._fatal
+
+    @property
     def is_running(self) -> bool:
         return self._started and self._thread.is_alive() and not self._stopping
 
@@ -284,26 +298,29 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         try:
             self._loop()
-        except Exception as exc:  # a bug here must not leave every client waiting forever
-            logger.exception("engine thread crashed; failing every request in flight")
+        except Exception as exc:  # a dead device or a bug here must not leave every client waiting
+            logger.exception("engine stopped for good; failing every request in flight")
             with self._cond:
                 self._stopping = self._stopped = True
                 pending, self._inbox = self._inbox, []
             self._fatal = exc
-            if isinstance(exc, WorkerFailedError):  # the model is gone: unavailable, not a bug
-                error = GenerationError(f"the engine is unavailable: {exc}", 503)
+            if isinstance(exc, EngineDeadError):  # the device or a rank is gone: unavailable, not a bug
+                error = GenerationError(f"the engine is unavailable: {exc}", 503, ENGINE_DEAD)
             else:
                 error = GenerationError(
-                    f"internal error: the engine stopped ({type(exc).__name__}: {exc})", 500
+                    f"internal error: the engine stopped ({type(exc).__name__}: {exc})", 500, ENGINE_DEAD
                 )
+            for callback in self._fatal_callbacks:  # first, so /health says so before clients hear
+                try:
+                    callback(exc)
+                except Exception:
+                    logger.exception("fatal callback %r failed", callback)
             for command in [*self._taken, *pending]:
                 if isinstance(command, _Add):
                     self._deliver(command.stream, error)
             for progress in self._progress.values():
                 self._deliver(progress.stream, error)
             self._progress.clear()
-            for callback in self._fatal_callbacks:
-                callback(exc)
 
     def _loop(self) -> None:
         engine = self.engine
@@ -365,7 +382,7 @@ class AsyncLLMEngine:
     def _step(self, stats: StepStats) -> None:
         try:
             outputs = self.engine.step()
-        except WorkerFailedError:
+        except EngineDeadError:
             raise  # fatal: the thread stops and fails every request (see _run)
         except Exception as exc:  # never let one bad step kill the thread every client waits on
             logger.exception("engine step failed; failing every request in flight")
@@ -376,6 +393,7 @@ class AsyncLLMEngine:
             return
         now = time.time()
         stats.requests_in_step = len(outputs)
+        kinds = {fault.request_id: fault.kind for fault in self.engine.fault_isolation.faults_in_step}
         for output in outputs:
             progress = self._progress.get(output.request_id)
             if progress is None:
@@ -384,7 +402,13 @@ class AsyncLLMEngine:
             if output.finished:
                 del self._progress[output.request_id]
                 stats.finished.append(output)
-            self._deliver(progress.stream, output)
+            if output.error_code != OK:
+                kind = kinds.get(output.request_id, "internal_error")
+                self._deliver(
+                    progress.stream, GenerationError(output.error_msg or kind, output.error_code, kind)
+                )
+            else:
+                self._deliver(progress.stream, output)
 
     @staticmethod
     def _account(progress: _Progress, output: RequestOutput, now: float, stats: StepStats) -> None:

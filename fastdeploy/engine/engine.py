@@ -9,19 +9,32 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.backends.base import BackendOptions
+from fastdeploy.backends.base import BackendOptions, KVCacheSpec
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.selection import build_backend_of, select_backend_class
 from fastdeploy.config import EngineConfig
 from fastdeploy.distributed.pipeline import MicroBatchPipeline
 from fastdeploy.distributed.startup import start_executor
 from fastdeploy.engine.block_manager import BlockManager
+from fastdeploy.engine.fault_isolation import (
+    GUIDED_DECODING_CONFLICT,
+    OUTPUT_PROCESSING,
+    FaultIsolation,
+    PassResult,
+    ProbePass,
+    RequestFault,
+    SampledPass,
+    check_logits,
+    describe,
+    without_requests,
+)
 from fastdeploy.engine.guided.decoder import GuidedDecoder
 from fastdeploy.engine.kv_cache_planner import plan_kv_cache
 from fastdeploy.engine.output_processor import banned_bad_word_tokens, completion_output, process_token
 from fastdeploy.engine.request import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
+    OK,
     CompletionOutput,
     RequestMetrics,
     RequestOutput,
@@ -30,7 +43,7 @@ from fastdeploy.engine.sampler import BannedTokens, sample
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.scheduler import ScheduledBatch, Scheduler
 from fastdeploy.engine.sequence import Sequence
-from fastdeploy.errors import InvalidArgumentError, WorkerFailedError
+from fastdeploy.errors import InvalidArgumentError, KVCacheAllocationError
 from fastdeploy.input.detokenizer import IncrementalDetokenizer
 from fastdeploy.input.multimodal.options import build_multimodal_processor
 from fastdeploy.input.tokenizer import Tokenizer
@@ -199,6 +212,7 @@ class LLMEngine:
             self.model = None
             num_blocks = self.executor.wait_ready()
             self.runner = self.executor
+            self.fault_isolation = FaultIsolation(probe=None)  # a dead rank raises WorkerFailedError
             if config.pipeline_parallel_size > 1:
                 self.pipeline = MicroBatchPipeline(self.executor, config.pipeline_parallel_size)
             self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -216,13 +230,30 @@ class LLMEngine:
             self.max_num_batched_tokens,
         )
         self.block_manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching)
-        kv_caches = self.backend.allocate_kv_cache(spec)
+        kv_caches = self._allocate_kv_cache(spec)
         graphs = None
         if not config.enforce_eager:
             graphs = self.backend.decode_graphs(
                 self.model, kv_caches, spec.block_size, config.max_num_seqs, self.max_model_len
             )
         self.runner = ModelRunner(self.model, self.backend, kv_caches, spec.block_size, graphs)
+        self.fault_isolation = FaultIsolation(ProbePass(self.backend, spec, self._probe_forward))
+
+    def _allocate_kv_cache(self, spec: KVCacheSpec) -> list[Any]:
+        try:
+            return self.backend.allocate_kv_cache(spec)
+        except Exception as exc:
+            size = spec.num_blocks * spec.bytes_per_block()
+            raise KVCacheAllocationError(
+                f"the {self.backend.name} backend could not allocate the KV cache ({spec.num_blocks} blocks, "
+                f"{size / 2**20:.0f} MiB): {describe(exc)}; lower kv_cache_memory, gpu_memory_utilization "
+                "or num_gpu_blocks_override"
+            ) from exc
+
+    def _probe_forward(self, kv_caches: list[Any], batch: ScheduledBatch) -> Any:
+        """Logits of `batch` run on `kv_caches` (the fault isolation's device probe; no graphs)."""
+        runner = ModelRunner(self.model, self.backend, kv_caches, self.block_manager.block_size)
+        return runner.execute(batch)[0]
 
     def check_health(self) -> None:
         """Raise WorkerFailedError if a rank process has died (cheap; the server calls it when idle)."""
@@ -358,6 +389,11 @@ class LLMEngine:
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
+        self._finish_all(request)
+        return self._output_or_fault(request)
+
+    def _finish_all(self, request: EngineRequest) -> None:
+        """Stop every unfinished sample of `request` ("abort"), free its KV blocks and encoder outputs."""
         if request.multimodal is not None:
             request.multimodal.release_encoder_outputs()
         for seq in request.seqs:
@@ -366,7 +402,6 @@ class LLMEngine:
                 seq.finish_reason = "abort"
                 seq.finish_time = time.time()
                 self.scheduler.finish(seq)
-        return self.request_output(request)
 
     def has_unfinished_requests(self) -> bool:
         """Whether `step()` has work: requests to run, or pipeline steps still to collect."""
@@ -421,42 +456,44 @@ class LLMEngine:
         return sample(backend.to_numpy(logits), seqs, bans)
 
     def step(self) -> list[RequestOutput]:
-        """Run one forward pass; return the outputs of requests that finished during it."""
+        """Run one forward pass; return the outputs of requests that finished during it.
+
+        A fault fails only the requests it touches (see `fault_isolation`): their outputs, with
+        `error_code` 500, come back with the others.
+        """
+        self.fault_isolation.begin_step()
         if self.pipeline is not None:
             return self.pipeline.step(self)
         batch = self.scheduler.schedule()
+        failed = self._fail(self.fault_isolation.allocation_faults(batch))
+        batch = without_requests(batch, {output.request_id for output in failed})
         if not batch.seqs:
-            return []
-        return self.complete_batch(batch, lambda: self.runner.execute(batch))
+            return failed
+        return failed + self.complete_batch(batch, lambda: self.runner.execute(batch), self.runner.execute)
 
     def complete_batch(
-        self, batch: ScheduledBatch, forward: Callable[[], tuple[Any, list[int], float]]
+        self,
+        batch: ScheduledBatch,
+        forward: Callable[[], tuple[Any, list[int], float]],
+        forward_part: Callable[[ScheduledBatch], tuple[Any, list[int], float]] | None = None,
     ) -> list[RequestOutput]:
-        """Run `forward` (batch's pass: logits, sampling indices, seconds), sample, advance the batch."""
-        try:
-            logits, sampling, forward_seconds = forward()
-            sampled = [batch.seqs[i] for i in sampling]
-            logits = self.guided.apply(self.backend, logits, sampled)
-            bans = self._bans(batch.seqs, sampling)
-            # rows whose bans leave nothing their grammar allows: sampled without the bans, then failed
-            conflicts = self.guided.conflicts(bans)
-            bans = [ban for ban in bans if ban.row not in conflicts]
-            tokens = self._sample(logits, sampled, bans) if sampled else []
-        except WorkerFailedError:
-            raise  # the rank processes are gone: no later step could run either
-        except Exception as exc:  # a failed pass must not hang or lose the requests in it
-            logger.exception("forward pass failed; failing the requests of this batch")
-            return self._fail_requests({seq.request_id for seq in batch.seqs}, exc)
+        """Run `forward` (batch's pass: logits, sampling indices, seconds), sample, advance the batch.
+
+        `forward_part` runs any part of the batch; with it, a failed pass is run again one
+        sequence at a time so that only the failing requests fail.
+        """
+        result = self._isolated_pass(batch, forward, forward_part)
+        outputs = self._fail(result.faults)
+        batch, sampled, tokens = result.batch, result.sampled, result.tokens
         for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += count
-            seq.forward_time += forward_seconds
+            seq.forward_time += result.forward_seconds
             self.block_manager.register_full_blocks(seq)
         now = time.time()
-        failed = {sampled[row].request_id: why for row, why in conflicts.items()}
         touched: dict[str, EngineRequest] = {}
         finishing: set[str] = set()
         for seq, token in zip(sampled, tokens, strict=True):
-            if seq.request_id in failed:
+            if seq.request_id in result.refused:
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
@@ -467,35 +504,89 @@ class LLMEngine:
                 self.scheduler.finish(seq)
                 finishing.add(seq.request_id)
             touched[seq.request_id] = self.requests[seq.request_id]
-        outputs = [
-            output
-            for request_id, why in sorted(failed.items())
-            if (output := self._fail_request(request_id, INVALID_REQUEST, why)) is not None
-        ]
+        outputs += self._refuse(result.refused)
         self.guided.advance(sampled)
         for request in touched.values():
-            if request.request_id in finishing and request.finished:
+            finished = request.request_id in finishing and request.finished
+            if not (finished or request.stream):
+                continue
+            output = self._output_or_fault(request)
+            if finished or output.error_code != OK:
                 del self.requests[request.request_id]
                 if request.multimodal is not None:
                     request.multimodal.release_encoder_outputs()
-            elif not request.stream:
-                continue
-            outputs.append(self.request_output(request))
+            outputs.append(output)
         return outputs
 
-    def _fail_requests(self, request_ids: set[str], exc: Exception) -> list[RequestOutput]:
-        message = f"internal error during generation: {type(exc).__name__}: {exc}"
-        outputs = [
-            self._fail_request(request_id, INTERNAL_ERROR, message) for request_id in sorted(request_ids)
-        ]
-        return [output for output in outputs if output is not None]
+    # --- fault isolation (fastdeploy/engine/fault_isolation.py) -------------------------------
+    def _isolated_pass(
+        self,
+        batch: ScheduledBatch,
+        forward: Callable[[], tuple[Any, list[int], float]],
+        forward_part: Callable[[ScheduledBatch], tuple[Any, list[int], float]] | None,
+    ) -> PassResult:
+        return self.fault_isolation.run_pass(
+            batch,
+            lambda: self._sampled(batch, forward()),
+            None if forward_part is None else (lambda part: self._sampled(part, forward_part(part))),
+        )
 
-    def _fail_request(self, request_id: str, code: int, message: str) -> RequestOutput | None:
-        """Abort one request and return its final output carrying the error (None if unknown)."""
-        output = self.abort_request(request_id)
-        if output is not None:
-            output.error_code = code
-            output.error_msg = message
+    def _sampled(self, batch: ScheduledBatch, forward_result: tuple[Any, list[int], float]) -> SampledPass:
+        """(sequences that sample, their tokens, seconds, requests refused) of a pass; raises on
+        broken logits."""
+        logits, sampling, forward_seconds = forward_result
+        sampled = [batch.seqs[i] for i in sampling]
+        if not sampled:
+            return [], [], forward_seconds, {}
+        check_logits(self.backend, logits)  # the model's own logits, before any guided-decoding mask
+        logits = self.guided.apply(self.backend, logits, sampled)
+        bans = self._bans(batch.seqs, sampling)
+        # rows whose bans leave nothing their grammar allows: sampled without the bans, then refused
+        conflicts = self.guided.conflicts(bans)
+        bans = [ban for ban in bans if ban.row not in conflicts]
+        refused = {sampled[row].request_id: why for row, why in conflicts.items()}
+        return sampled, self._sample(logits, sampled, bans), forward_seconds, refused
+
+    def _fail(self, faults: list[RequestFault]) -> list[RequestOutput]:
+        """End each faulted request (KV blocks freed) with an error output naming the fault."""
+        outputs = []
+        for fault in faults:
+            request = self.requests.pop(fault.request_id, None)
+            if request is not None:
+                self._finish_all(request)
+                outputs.append(self._error_output(request, fault))
+        return outputs
+
+    def _refuse(self, refused: dict[str, str]) -> list[RequestOutput]:
+        """End each refused request (request id -> why) with error_code 400 and its tokens so far."""
+        outputs = []
+        for request_id, why in sorted(refused.items()):
+            self.fault_isolation.record(request_id, GUIDED_DECODING_CONFLICT, why)
+            output = self.abort_request(request_id)
+            if output is not None:
+                output.error_code = INVALID_REQUEST
+                output.error_msg = why
+                outputs.append(output)
+        return outputs
+
+    def _output_or_fault(self, request: EngineRequest) -> RequestOutput:
+        """`request_output`, or, when a plugin fails while building it (a reasoning parser that
+        raises), an error output for this request alone, whose samples are then stopped."""
+        try:
+            return self.request_output(request)
+        except Exception as exc:
+            fault = self.fault_isolation.record(
+                request.request_id, OUTPUT_PROCESSING, f"building the output failed: {describe(exc)}"
+            )
+            self._finish_all(request)
+            return self._error_output(request, fault)
+
+    @staticmethod
+    def _error_output(request: EngineRequest, fault: RequestFault) -> RequestOutput:
+        output = error_output(
+            request.request_id, request.prompt, fault.message, request.arrival_time, INTERNAL_ERROR
+        )
+        output.prompt_token_ids = request.prompt_token_ids
         return output
 
     def _forced_reasoning_end(self, seq: Sequence, token: int) -> int:

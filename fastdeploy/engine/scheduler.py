@@ -27,6 +27,8 @@ class ScheduledBatch:
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
+    #: sequences whose KV blocks could not be allocated, with the error (their requests fail)
+    failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
 
     def add(self, seq: Sequence, num_tokens: int) -> None:
         self.seqs.append(seq)
@@ -92,9 +94,8 @@ class Scheduler:
                     preempted = True
                     if victim is seq:
                         break
-                if seq.status is not SequenceStatus.RUNNING:
+                if seq.status is not SequenceStatus.RUNNING or not self._allocate(seq, num_new, batch):
                     continue
-                self.block_manager.allocate(seq, num_new)
             batch.add(seq, num_new)
             budget -= num_new
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
@@ -108,7 +109,8 @@ class Scheduler:
             if seq.first_scheduled_time is None:
                 seq.num_cached_tokens = cached
             self.waiting.popleft()
-            self.block_manager.allocate(seq, num_new)
+            if not self._allocate(seq, num_new, batch):
+                continue
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.time()
@@ -116,6 +118,15 @@ class Scheduler:
             batch.add(seq, num_new)
             budget -= num_new
         return batch
+
+    def _allocate(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> bool:
+        """Allocate `seq`'s blocks; a failure is put on `batch.failed` (its request alone fails)."""
+        try:
+            self.block_manager.allocate(seq, num_new)
+        except Exception as exc:
+            batch.failed.append((seq, exc))
+            return False
+        return True
 
     def finish(self, seq: Sequence) -> None:
         """Release a sequence that finished or was aborted, wherever it is."""

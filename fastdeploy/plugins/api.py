@@ -19,6 +19,7 @@ from fastdeploy.distributed.model_parallel import ModelParallel
 from fastdeploy.distributed.sharding import take_columns, take_head_rows, take_rows
 from fastdeploy.errors import (
     DistributedInitError,
+    EngineDeadError,
     InvalidArgumentError,
     PluginError,
     UnsupportedModelError,
@@ -91,6 +92,7 @@ __all__ = [
     "tool_call",
     # errors and logging
     "DistributedInitError",
+    "EngineDeadError",
     "InvalidArgumentError",
     "PluginError",
     "UnsupportedModelError",

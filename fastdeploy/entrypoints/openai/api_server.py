@@ -114,7 +114,9 @@ def run_server(args: argparse.Namespace) -> int:
         log_level=args.uvicorn_log_level,
         timeout_graceful_shutdown=args.shutdown_timeout,
         lifespan="on",
-        http=DeadlineH11Protocol.with_timeouts(args.header_timeout, args.body_timeout),
+        http=DeadlineH11Protocol.with_timeouts(
+            args.header_timeout, args.body_timeout, ctx.metrics.count_error
+        ),
     )
     server = GracefulServer(config, on_drain=ctx.engine.stop_accepting, on_deadline=ctx.engine.abort_all)
     died: list[BaseException] = []

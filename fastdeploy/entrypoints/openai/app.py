@@ -20,9 +20,9 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp
 
 from fastdeploy import __version__
-from fastdeploy.entrypoints.openai.errors import OpenAIError
+from fastdeploy.entrypoints.openai.errors import OpenAIError, redact_paths
 from fastdeploy.entrypoints.openai.http_guard import DEFAULT_MAX_REQUEST_BYTES, RequestGuard
-from fastdeploy.entrypoints.openai.metrics import CONTENT_TYPE
+from fastdeploy.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from fastdeploy.entrypoints.openai.serving import ServingContext, as_openai_error
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
@@ -30,8 +30,13 @@ from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
 
+#: `code` of the errors Starlette raises itself (unknown route, wrong method)
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
-def error_response(error: OpenAIError) -> JSONResponse:
+
+def error_response(error: OpenAIError, metrics: ServerMetrics) -> JSONResponse:
+    """`error` as its JSON response, counted in the metrics by kind."""
+    metrics.count_error(error.kind)
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
@@ -53,12 +58,13 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
 
     @app.exception_handler(OpenAIError)
     async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
-        return error_response(exc)
+        return error_response(exc, ctx.metrics)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error = OpenAIError(exc.status_code, str(exc.detail), headers=exc.headers)
-        return error_response(error)
+        code = _HTTP_CODES.get(exc.status_code)
+        error = OpenAIError(exc.status_code, str(exc.detail), code=code, headers=exc.headers)
+        return error_response(error, ctx.metrics)
 
     async def check_api_key(request: Request) -> None:
         if ctx.api_key is None:
@@ -79,6 +85,9 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
 
     @app.get("/health")
     async def health() -> Response:
+        if ctx.engine.fatal_error is not None:
+            reason = redact_paths(str(ctx.engine.fatal_error))
+            return JSONResponse({"status": "dead", "reason": reason}, status_code=503)
         if not ctx.engine.is_running or not ctx.engine.is_accepting:
             return JSONResponse({"status": "stopping"}, status_code=503)
         return JSONResponse({"status": "ok"})
@@ -115,7 +124,7 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
     async def chat_completions(request: Request) -> Response:
         return await _serve(create_chat_completion, ctx, request)
 
-    return RequestGuard(app, max_request_bytes)
+    return RequestGuard(app, max_request_bytes, on_refusal=ctx.metrics.count_error)
 
 
 async def _serve(
@@ -130,4 +139,4 @@ async def _serve(
         error = as_openai_error(exc)
         if error.status >= 500:
             logger.warning("request to %s failed: %s", request.url.path, error.message)
-        return error_response(error)
+        return error_response(error, ctx.metrics)

@@ -45,6 +45,11 @@ class OpenAIError(Exception):
         #: extra response headers (`Retry-After` on 503)
         self.headers = headers or {}
 
+    @property
+    def kind(self) -> str:
+        """What the server's metrics count this error as: its `code`, else its `type`."""
+        return self.code if isinstance(self.code, str) else self.type
+
     def body(self) -> dict[str, Any]:
         message = redact_paths(self.message)
         return {"error": {"message": message, "type": self.type, "param": self.param, "code": self.code}}

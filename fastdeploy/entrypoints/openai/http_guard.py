@@ -14,6 +14,7 @@ Both answers are OpenAI-style error bodies, like every other error of the server
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -64,9 +65,13 @@ async def send_error(send: Send, error: OpenAIError) -> None:
 class RequestGuard:
     """Checks body size and content type before the wrapped app sees the request."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, on_refusal: Callable[[str], None] | None = None
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        #: called with the kind of every refusal (the server's error metrics)
+        self.on_refusal = on_refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -74,14 +79,16 @@ class RequestGuard:
             return
         headers = Headers(scope=scope)
         declared = headers.get("content-length")
+        error = None
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await send_error(send, request_too_large(self.max_body_bytes))
-            return
-        if scope["method"] == "POST" and scope["path"].startswith(_API_PREFIX):
+            error = request_too_large(self.max_body_bytes)
+        elif scope["method"] == "POST" and scope["path"].startswith(_API_PREFIX):
             error = json_content_type_error(headers.get("content-type"))
-            if error is not None:
-                await send_error(send, error)
-                return
+        if error is not None:
+            if self.on_refusal is not None:
+                self.on_refusal(error.kind)
+            await send_error(send, error)
+            return
         await self.app(scope, self._counting(receive), send)
 
     def _counting(self, receive: Receive) -> Receive:

@@ -17,6 +17,7 @@ Everything else is uvicorn's own code; only the arming and disarming of the time
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -44,10 +45,17 @@ class DeadlineH11Protocol(H11Protocol):
 
     header_timeout: float = 60.0
     body_timeout: float = 60.0
+    #: called with "request_timeout" or "body_timeout" when a connection is dropped (metrics)
+    on_timeout: Callable[[str], None] = staticmethod(lambda kind: None)
 
     @classmethod
-    def with_timeouts(cls, header_timeout: float, body_timeout: float) -> type[DeadlineH11Protocol]:
-        return type(cls.__name__, (cls,), {"header_timeout": header_timeout, "body_timeout": body_timeout})
+    def with_timeouts(
+        cls, header_timeout: float, body_timeout: float, on_timeout: Callable[[str], None] | None = None
+    ) -> type[DeadlineH11Protocol]:
+        settings: dict[str, object] = {"header_timeout": header_timeout, "body_timeout": body_timeout}
+        if on_timeout is not None:
+            settings["on_timeout"] = staticmethod(on_timeout)
+        return type(cls.__name__, (cls,), settings)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._read_deadline: asyncio.TimerHandle | None = None
@@ -100,6 +108,7 @@ class DeadlineH11Protocol(H11Protocol):
         if self.conn.our_state in (h11.IDLE, h11.DONE):  # nothing of ours is on the wire mid-response
             self.transport.write(REQUEST_TIMEOUT_RESPONSE)
         self.transport.close()
+        self.on_timeout("request_timeout")
 
     def _body_timed_out(self) -> None:
         self._read_deadline = None
@@ -108,5 +117,5 @@ class DeadlineH11Protocol(H11Protocol):
         logger.info(
             "closing connection from %s: request body stalled for %.0f s", self.client, self.body_timeout
         )
-        self.transport.close()
-        # the handler waiting in receive() learns of it through uvicorn's own connection_lost
+        self.transport.close()  # the handler waiting in receive() sees a disconnect
+        self.on_timeout("body_timeout")

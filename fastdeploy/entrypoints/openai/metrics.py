@@ -101,8 +101,19 @@ class ServerMetrics:
             registry=r,
         )
 
+        self.request_errors = Counter(
+            "fastdeploy:request_errors",
+            "Requests answered with an error (HTTP status >= 400 or an error event in a stream), by "
+            "kind: the error's code, e.g. forward_error, nonfinite_logits, server_overloaded",
+            ["kind"],
+            registry=r,
+        )
+
     def count_request(self) -> None:
         self.requests_number.inc()
+
+    def count_error(self, kind: str) -> None:
+        self.request_errors.labels(kind=kind).inc()
 
     def observe_step(self, stats: StepStats) -> None:
         """Update from one pass of the engine thread (called on that thread)."""

@@ -266,7 +266,7 @@ def as_openai_error(exc: BaseException) -> OpenAIError:
     if isinstance(exc, InvalidArgumentError):
         return invalid_request(str(exc))
     if isinstance(exc, GenerationError):
-        return OpenAIError(exc.code if exc.code >= 400 else 500, str(exc), code="generation_failed")
+        return OpenAIError(exc.code if exc.code >= 400 else 500, str(exc), code=exc.kind)
     logger.error("unexpected error while serving a request", exc_info=exc)
     return OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
 
@@ -317,12 +317,15 @@ async def unless_disconnected(work: Awaitable[T], request: Request) -> T:
     raise ClientDisconnected()
 
 
-async def sse_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
+async def sse_stream(events: AsyncIterator[str], metrics: ServerMetrics) -> AsyncIterator[str]:
     """`events`, then `[DONE]`; a failure mid-stream becomes an error event (the status is sent)."""
     try:
         async with aclosing(events) as iterator:
             async for event in iterator:
                 yield event
     except Exception as exc:
-        yield sse(as_openai_error(exc).body())
+        error = as_openai_error(exc)
+        metrics.count_error(error.kind)
+        logger.warning("stream failed: %s", error.message)
+        yield sse(error.body())
     yield SSE_DONE

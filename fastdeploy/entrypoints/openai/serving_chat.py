@@ -91,7 +91,7 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
     if request.stream:
         ctx.admit(1)
         events = _events(ctx, request, prompt, params, plan, request_id, model, created)
-        return StreamingResponse(sse_stream(events), media_type="text/event-stream")
+        return StreamingResponse(sse_stream(events, ctx.metrics), media_type="text/event-stream")
     try:
         (output,) = await unless_disconnected(ctx.final_outputs(request_id, [prompt], params), raw)
     except ClientDisconnected:

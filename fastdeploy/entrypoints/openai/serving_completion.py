@@ -74,7 +74,7 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     if request.stream:
         ctx.admit(len(prompts))
         events = _events(ctx, request, prompts, params, request_id, model, created)
-        return StreamingResponse(sse_stream(events), media_type="text/event-stream")
+        return StreamingResponse(sse_stream(events, ctx.metrics), media_type="text/event-stream")
     try:
         outputs = await unless_disconnected(ctx.final_outputs(request_id, prompts, params), raw)
     except ClientDisconnected:

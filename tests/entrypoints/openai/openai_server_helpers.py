@@ -58,18 +58,20 @@ def http_post(url: str, payload: object, headers: dict[str, str] | None = None) 
         return exc.code, json.loads(exc.read())
 
 
-def metric(text: str, name: str) -> float:
-    """The value of an unlabelled sample `name` in Prometheus text."""
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of sample `name` with exactly these `labels` in Prometheus text."""
+    selector = "{" + ",".join(f'{key}="{value}"' for key, value in labels.items()) + "}" if labels else ""
     for line in text.splitlines():
-        if line.startswith(name + " "):
+        if line.startswith(name + selector + " "):
             return float(line.split()[-1])
-    raise AssertionError(f"metric {name} not found")
+    raise AssertionError(f"metric {name}{selector} not found")
 
 
 class ServerProcess:
     """`python -m <module> ... --port P` in its own process group, ready once /health answers."""
 
-    def __init__(self, command: list[str], port: int) -> None:
+    def __init__(self, command: list[str], port: int, env: dict[str, str] | None = None) -> None:
+        """`env`: variables added to this process's environment for the server."""
         self.port = port
         self.url = f"http://{HOST}:{port}"
         log_fd, self.log_path = tempfile.mkstemp(prefix="fastdeploy-server-", suffix=".log")
@@ -78,6 +80,7 @@ class ServerProcess:
             stdout=log_fd,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
         os.close(log_fd)
         try:

@@ -10,6 +10,7 @@ from contextlib import aclosing
 from types import SimpleNamespace
 
 import pytest
+from scripted_engine import ScriptedEngine
 
 from fastdeploy.engine.async_engine import (
     AsyncLLMEngine,
@@ -17,72 +18,9 @@ from fastdeploy.engine.async_engine import (
     EngineStoppedError,
     GenerationError,
 )
-from fastdeploy.engine.request import CompletionOutput, RequestMetrics, RequestOutput
+from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.errors import InvalidArgumentError
-
-
-class ScriptedEngine:
-    """Adds one token per step to every request; `gate` (when set) must be open for a step to run."""
-
-    def __init__(self, max_num_seqs: int = 4) -> None:
-        self.config = SimpleNamespace(max_num_seqs=max_num_seqs)
-        self.requests: dict[str, dict] = {}
-        self.block_manager = SimpleNamespace(
-            usage=lambda: len(self.requests) / 8, num_free_blocks=8, num_blocks=8
-        )
-        self.gate: threading.Event | None = None
-        self.fail_next_step = False
-        self.aborted: list[str] = []
-
-    @property
-    def scheduler(self):
-        return SimpleNamespace(running=[SimpleNamespace(request_id=r) for r in self.requests])
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
-
-    def add_request(self, request_id, prompt_token_ids, params, **_):
-        if prompt_token_ids == [-1]:
-            raise InvalidArgumentError("prompt token ids must be in [0, 100)")
-        self.requests[request_id] = {"prompt": prompt_token_ids, "tokens": [], "max": params.max_tokens}
-
-    def _output(self, request_id, finish_reason=None):
-        state = self.requests[request_id]
-        sample = CompletionOutput(
-            0, 0, list(state["tokens"]), "x" * len(state["tokens"]), finish_reason=finish_reason
-        )
-        return RequestOutput(
-            request_id,
-            None,
-            state["prompt"],
-            sample,
-            finish_reason is not None,
-            RequestMetrics(arrival_time=0.0),
-        )
-
-    def abort_request(self, request_id):
-        if request_id not in self.requests:
-            return None
-        self.aborted.append(request_id)
-        output = self._output(request_id, "abort")
-        del self.requests[request_id]
-        return output
-
-    def step(self):
-        if self.gate is not None:
-            assert self.gate.wait(30), "test never opened the gate"
-        if self.fail_next_step:
-            self.fail_next_step = False
-            raise RuntimeError("simulated step failure")
-        outputs = []
-        for request_id, state in list(self.requests.items()):
-            state["tokens"].append(len(state["tokens"]))
-            done = len(state["tokens"]) >= state["max"]
-            outputs.append(self._output(request_id, "length" if done else None))
-            if done:
-                del self.requests[request_id]
-        return outputs
+from fastdeploy.errors import EngineDeadError, InvalidArgumentError
 
 
 async def collect(
@@ -181,15 +119,73 @@ class BrokenBookkeeping(ScriptedEngine):
         raise ZeroDivisionError("simulated bug")
 
 
-def test_a_crashing_engine_thread_fails_requests_instead_of_hanging():
-    engine = AsyncLLMEngine(BrokenBookkeeping())
+class DeadDevice(ScriptedEngine):
+    def step(self):
+        raise EngineDeadError("the probe pass failed too")
+
+
+@pytest.mark.parametrize(
+    ("stand_in", "message", "status", "cause"),
+    [
+        (BrokenBookkeeping, "engine stopped", 500, ZeroDivisionError),  # a bug in the thread
+        (DeadDevice, "probe pass failed too", 503, EngineDeadError),  # the device is gone
+    ],
+)
+def test_a_dying_engine_fails_requests_and_calls_the_fatal_callbacks(stand_in, message, status, cause):
+    engine = AsyncLLMEngine(stand_in())
+    reasons = []
+    engine.on_fatal(reasons.append)
     engine.start()
-    with pytest.raises(GenerationError, match="engine stopped"):
+    with pytest.raises(GenerationError, match=message) as info:
         asyncio.run(collect(engine, "x"))
+    assert (info.value.code, info.value.kind) == (status, "engine_dead")
     assert not engine.is_running
-    with pytest.raises(EngineStoppedError):
+    assert reasons == [engine.fatal_error] and isinstance(reasons[0], cause)
+    with pytest.raises(EngineStoppedError, match="unavailable"):
         asyncio.run(collect(engine, "y"))
     engine.shutdown()
+
+
+def test_fault_kinds_reach_the_caller():
+    fake = ScriptedEngine()
+    engine = AsyncLLMEngine(fake)
+    original_step = fake.step
+
+    def step_with_a_fault():
+        outputs = original_step()
+        for output in outputs:
+            output.error_code, output.error_msg = 500, "the model produced NaN or infinite logits"
+        fake.fault_isolation.faults_in_step = [SimpleNamespace(request_id="nan", kind="nonfinite_logits")]
+        return outputs
+
+    fake.step = step_with_a_fault
+    engine.start()
+    try:
+        with pytest.raises(GenerationError, match="NaN") as info:
+            asyncio.run(collect(engine, "nan"))
+    finally:
+        engine.shutdown()
+    assert (info.value.code, info.value.kind) == (500, "nonfinite_logits")
+
+
+def test_drain_refuses_new_requests_and_abort_all_ends_streams_with_abort(scripted):
+    fake, engine = scripted
+    fake.gate = threading.Event()
+
+    async def scenario():
+        running = asyncio.create_task(collect(engine, "running", max_tokens=100))
+        await asyncio.sleep(0)
+        engine.stop_accepting()
+        assert not engine.is_accepting
+        with pytest.raises(EngineStoppedError, match="shutting down"):
+            await collect(engine, "late")
+        engine.abort_all()
+        fake.gate.set()
+        return await running
+
+    output = asyncio.run(scenario())
+    assert output.finished and output.outputs.finish_reason == "abort"
+    assert fake.aborted == ["running"]
 
 
 def test_observers_get_token_counts_and_latencies():

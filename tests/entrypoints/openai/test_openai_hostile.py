@@ -15,6 +15,7 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
 from openai_server_helpers import HOST, ServerProcess, free_port, http_get, metric, wait_until
 
@@ -200,7 +201,7 @@ def test_sigterm_past_the_deadline_ends_every_response_properly(hostile):
     long = {"model": MODEL, "max_tokens": 900, "ignore_eos": True, "temperature": 0}
     chat = {**long, "messages": [{"role": "user", "content": "Count to a thousand."}], "stream": True}
     outcomes: dict[str, object] = {}
-    started = threading.Barrier(4, timeout=120)
+    started = threading.Barrier(5, timeout=120)
 
     def stream(name: str, path: str, payload: dict) -> None:
         with httpx.stream("POST", hostile.url + path, json=payload, timeout=120) as response:
@@ -209,6 +210,17 @@ def test_sigterm_past_the_deadline_ends_every_response_properly(hostile):
             started.wait()
             events += [line for line in lines if line.startswith("data: ")]
         outcomes[name] = [event[6:] for event in events]
+
+    def sdk_stream() -> None:
+        """What a user of the openai SDK sees: the stream ends without an exception."""
+        client = openai.OpenAI(base_url=hostile.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        fields = {key: value for key, value in chat.items() if key != "ignore_eos"}
+        chunks = client.chat.completions.create(**fields, extra_body={"ignore_eos": True})
+        iterator = iter(chunks)
+        received = [next(iterator)]
+        started.wait()
+        received += list(iterator)
+        outcomes["sdk"] = [chunk.choices[0].finish_reason for chunk in received if chunk.choices]
 
     def plain() -> None:
         started.wait()
@@ -222,12 +234,13 @@ def test_sigterm_past_the_deadline_ends_every_response_properly(hostile):
             target=stream,
             args=("completion", "/v1/completions", {**long, "prompt": "1, 2, 3,", "stream": True}),
         ),
+        threading.Thread(target=sdk_stream),
         threading.Thread(target=plain),
     ]
     for thread in threads:
         thread.start()
     started.wait()
-    wait_until(lambda: metric(hostile.metrics(), "fastdeploy:num_requests_running") == 3, 60, "3 running")
+    wait_until(lambda: metric(hostile.metrics(), "fastdeploy:num_requests_running") == 4, 60, "4 running")
     hostile.process.send_signal(signal.SIGTERM)
     for thread in threads:
         thread.join(120)
@@ -239,6 +252,7 @@ def test_sigterm_past_the_deadline_ends_every_response_properly(hostile):
             json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1] if json.loads(e)["choices"]
         ]
         assert finishes[-1] == "abort" and all(f is None for f in finishes[:-1])
+    assert outcomes["sdk"][-1] == "abort" and all(f is None for f in outcomes["sdk"][:-1])
     response = outcomes["plain"]
     assert response.status_code == 503 and response.headers["Retry-After"].isdigit()
     assert response.json()["error"]["code"] == "server_shutting_down"

@@ -210,3 +210,54 @@ def test_error_bodies_never_show_server_directories(message, shown):
     from fastdeploy.entrypoints.openai.errors import OpenAIError
 
     assert OpenAIError(500, message).body()["error"]["message"] == shown
+
+
+def raw(fields: str, path: str = "/v1/completions") -> tuple[str, bytes]:
+    """A request body written by hand (JSON a serializer would never produce)."""
+    payload = chat() if path.endswith("chat/completions") else completion(prompt="hi")
+    base = json.dumps(payload)[1:-1]
+    return path, ("{" + base + (", " + fields if fields else "") + "}").encode()
+
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@pytest.mark.parametrize(
+    ("request_", "param", "fragment"),
+    [
+        (raw('"max_tokens": NaN'), "max_tokens", "finite"),
+        (raw('"temperature": Infinity'), "temperature", "finite"),
+        (raw('"max_tokens": 1e400'), "max_tokens", "finite"),
+        (raw('"max_tokens": 99999999999999999999999999'), "max_tokens", "at most 1023 tokens"),
+        (raw('"seed": 99999999999999999999999'), "seed", "[0, 2**63)"),
+        (raw('"n": 100000'), "n", "less than or equal to 128"),
+        (raw('"prompt": [[1, 2], [99999999]]'), "prompt", "token ids must be in"),
+        (raw('"prompt": {"a": 1}'), "prompt", "without 'prompt'"),
+        (raw('"stop": 5'), "stop", "valid string"),
+        (raw('"stream_options": {"include_usage": "x"}, "stream": true'), "stream_options", "boolean"),
+        (raw('"prompt": "\\ud800"'), None, "not valid JSON"),
+        (("/v1/completions", b'{"prompt": "\xff\xfe"}'), None, "not valid JSON"),
+        (("/v1/completions", b"[" * 100_000 + b"]" * 100_000), None, "not valid JSON"),
+        (("/v1/completions", b"null"), None, "JSON object"),
+        (("/v1/completions", b'"a string"'), None, "JSON object"),
+        (raw('"model": 5'), "model", "valid string"),
+        (raw('"messages": null', CHAT_PATH), "messages", "valid array"),
+        (raw('"messages": [{}]', CHAT_PATH), "messages", "role"),
+        (raw('"messages": [{"role": "user", "content": 5}]', CHAT_PATH), "messages", "got int"),
+        (raw('"chat_template": "{{ raise_exception(\'no\') }}"', CHAT_PATH), "messages", "no"),
+        (raw('"chat_template": "{% for x in range(10**9) %}a{% endfor %}"', CHAT_PATH), "messages", "range"),
+        (raw('"chat_template": "{{ \'\'.__class__.__mro__ }}"', CHAT_PATH), "messages", "unsafe"),
+        (raw('"chat_template": "{% if %}"', CHAT_PATH), "messages", "not valid Jinja"),
+        (raw('"chat_template_kwargs": 5', CHAT_PATH), "chat_template_kwargs", "object"),
+        (raw('"tools": 5', CHAT_PATH), "tools", "list of function tools"),
+    ],
+)
+def test_hostile_bodies_are_400_naming_the_field(server, request_, param, fragment):
+    """The hostile traffic script's malformed requests: each is a 400 in OpenAI's shape, none a 5xx
+    or a hang (n=100000 once queued a hundred thousand sequences), and the server stays healthy."""
+    path, body = request_
+    response = httpx.post(
+        server.url + path, content=body, headers={"Content-Type": "application/json"}, timeout=60
+    )
+    assert_error(response.status_code, response.json(), 400, param, fragment)
+    assert http_get(server.url + "/health")[0] == 200

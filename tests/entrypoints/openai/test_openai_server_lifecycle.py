@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -66,6 +67,67 @@ def test_api_key_is_required_on_v1_routes(guarded):
         bad_client.models.list()
     assert http_get(guarded.url + "/health")[0] == 200
     assert http_get(guarded.url + "/metrics")[0] == 200
+
+
+def raw_request(
+    server: ServerProcess, method: str, path: str, headers: list[bytes], body: bytes = b""
+) -> bytes:
+    """Send exactly these bytes (no client library normalises them) and read the whole answer."""
+    lines = [f"{method} {path} HTTP/1.1".encode(), b"Host: x", b"Connection: close", *headers]
+    if body:
+        lines += [b"Content-Type: application/json", b"Content-Length: %d" % len(body)]
+    with socket.create_connection((HOST, server.port), timeout=60) as sock:
+        sock.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+AUTH_VARIANTS = [
+    [],
+    [b"Authorization: Bearer wrong"],
+    [b"Authorization: Bearer"],
+    [b"Authorization: Bearer "],
+    [b"Authorization: Basic " + base64.b64encode(KEY.encode())],
+    [b"Authorization: Basic " + base64.b64encode(b"user:" + KEY.encode())],
+    [f"Authorization: Bearer {KEY}x".encode()],
+    [f"Authorization: Bearer {KEY[:-1]}".encode()],
+    [f"Authorization: Bearer {KEY.upper()}".encode()],
+    [f"Authorization: {KEY}".encode()],
+    [f"Authorization: Token {KEY}".encode()],
+    [f"Authorization: Bearer\t{KEY}".encode()],
+    [f'Authorization: Bearer "{KEY}"'.encode()],
+    [f"Authorization: Bearer {KEY},Bearer {KEY}".encode()],
+    [b"Authorization: Bearer wrong", f"Authorization: Bearer {KEY}".encode()],
+    [b"Authorization: Bearer t\xe9st-secret"],
+    [b"Authorization: Bearer " + b"a" * 8000],
+    [f"X-API-Key: {KEY}".encode()],
+    [f"Api-Key: {KEY}".encode()],
+    [f"Proxy-Authorization: Bearer {KEY}".encode()],
+    [f"Cookie: api_key={KEY}".encode()],
+    [f"Authorization: Bearer {KEY}\x00".encode()],
+]
+
+
+@pytest.mark.parametrize("headers", AUTH_VARIANTS, ids=range(len(AUTH_VARIANTS)))
+@pytest.mark.parametrize("route", ["POST /v1/completions", "GET /v1/models", "GET /v1/models?api_key=KEY"])
+def test_every_wrong_credential_is_refused(guarded, headers, route):
+    """The hostile script's auth variants: none gets through, none is echoed back."""
+    method, path = route.replace("KEY", KEY).split()
+    body = (
+        json.dumps({"model": "my-model", "prompt": "hi", "max_tokens": 1}).encode()
+        if method == "POST"
+        else b""
+    )
+    answer = raw_request(guarded, method, path, headers, body)
+    status = answer.split(b"\r\n", 1)[0]
+    # a NUL byte is not even valid HTTP (400 before the app); everything else is the app's 401
+    assert status == (
+        b"HTTP/1.1 400 Bad Request" if b"\x00" in b"".join(headers) else b"HTTP/1.1 401 Unauthorized"
+    )
+    response_body = answer.split(b"\r\n\r\n", 1)[1]
+    assert KEY.encode() not in response_body and KEY.upper().encode() not in response_body
 
 
 def test_served_model_names(guarded):

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 from scripted_engine import ScriptedEngine
 
+from fastdeploy.distributed.replicas import ReplicaRouter
 from fastdeploy.engine.async_engine import (
     AsyncLLMEngine,
     EngineOverloadedError,
@@ -186,6 +187,40 @@ def test_drain_refuses_new_requests_and_abort_all_ends_streams_with_abort(script
     output = asyncio.run(scenario())
     assert output.finished and output.outputs.finish_reason == "abort"
     assert fake.aborted == ["running"]
+
+
+def test_the_data_parallel_router_drains_every_replica():
+    """The server drains a `--data-parallel-size` router like one engine: each replica refuses new
+    requests, and the deadline's abort_all ends the streams on every replica with "abort"."""
+    fakes = [ScriptedEngine(), ScriptedEngine()]
+    replicas = [AsyncLLMEngine(fake) for fake in fakes]
+    router = ReplicaRouter(replicas, prefix_aware=False)
+    for fake in fakes:
+        fake.gate = threading.Event()
+    router.start()
+
+    async def scenario():
+        first = asyncio.create_task(collect(router, "first", max_tokens=100))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(collect(router, "second", max_tokens=100))
+        await asyncio.sleep(0)
+        assert [replica.num_in_flight for replica in replicas] == [1, 1]
+        router.stop_accepting()
+        assert not router.is_accepting and all(not replica.is_accepting for replica in replicas)
+        with pytest.raises(EngineStoppedError, match="shutting down"):
+            await collect(router, "late")
+        router.abort_all()
+        for fake in fakes:
+            fake.gate.set()
+        return await first, await second
+
+    try:
+        outputs = asyncio.run(scenario())
+    finally:
+        router.shutdown()
+    assert [output.outputs.finish_reason for output in outputs] == ["abort", "abort"]
+    assert sorted(fake.aborted[0] for fake in fakes) == ["first", "second"]
+    assert router.fatal_error is None
 
 
 def test_observers_get_token_counts_and_latencies():

@@ -13,10 +13,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-#: most samples one request may ask for (`n`), as OpenAI's API allows: a hostile n=100000 would
-#: otherwise queue a hundred thousand sequences behind one request
-MAX_N = 128
-
 
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -42,7 +38,7 @@ class SamplingRequest(OpenAIBaseModel):
     repetition_penalty: float | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    n: int = Field(1, le=MAX_N)
+    n: int = 1
     seed: int | None = None
     ignore_eos: bool = False
     min_tokens: int = 0

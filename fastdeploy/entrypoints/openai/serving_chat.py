@@ -27,6 +27,7 @@ from fastdeploy.entrypoints.openai.errors import invalid_request
 from fastdeploy.entrypoints.openai.logprobs import chat_logprobs
 from fastdeploy.entrypoints.openai.params import chat_sampling_params, reject_unsupported
 from fastdeploy.entrypoints.openai.protocol import ChatCompletionRequest
+from fastdeploy.entrypoints.openai.request_limits import check_request_limits
 from fastdeploy.entrypoints.openai.serving import (
     ClientDisconnected,
     PreparedPrompt,
@@ -78,6 +79,7 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
     request = parse_body(ChatCompletionRequest, await raw.body())
     model = ctx.model_name(request.model)
     reject_unsupported(request)
+    check_request_limits(request)
     plan = plan_chat_tools(ctx.engine.engine, request)
     params = chat_sampling_params(request)
     ctx.admit(1)  # a full queue refuses before any CPU is spent on the prompt

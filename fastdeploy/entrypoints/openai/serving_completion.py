@@ -16,6 +16,7 @@ from fastdeploy.entrypoints.openai.errors import invalid_request
 from fastdeploy.entrypoints.openai.logprobs import completion_logprobs
 from fastdeploy.entrypoints.openai.params import completion_sampling_params, reject_unsupported
 from fastdeploy.entrypoints.openai.protocol import CompletionRequest
+from fastdeploy.entrypoints.openai.request_limits import check_request_limits
 from fastdeploy.entrypoints.openai.serving import (
     ClientDisconnected,
     PreparedPrompt,
@@ -62,6 +63,7 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     request = parse_body(CompletionRequest, await raw.body())
     model = ctx.model_name(request.model)
     reject_unsupported(request)
+    check_request_limits(request)
     params = completion_sampling_params(request)
     ctx.admit(1)  # a full queue refuses before any CPU is spent on the prompt
     await check_request_guided_decoding(ctx.engine.engine, request, params)

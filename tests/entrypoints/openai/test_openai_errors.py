@@ -230,7 +230,11 @@ CHAT_PATH = "/v1/chat/completions"
         (raw('"max_tokens": 1e400'), "max_tokens", "finite"),
         (raw('"max_tokens": 99999999999999999999999999'), "max_tokens", "at most 1023 tokens"),
         (raw('"seed": 99999999999999999999999'), "seed", "[0, 2**63)"),
-        (raw('"n": 100000'), "n", "less than or equal to 128"),
+        (raw('"n": 100000'), "n", "at most 128 samples"),
+        (raw(f'"stop": {json.dumps([f"s{i}" for i in range(17)])}'), "stop", "17 stop strings are too many"),
+        (raw(f'"stop": "{"x" * 257}"'), "stop", "257 characters is too long: at most 256"),
+        (raw(f'"stop_token_ids": {list(range(257))}'), "stop_token_ids", "at most 256"),
+        (raw(f'"bad_words": {json.dumps(["w"] * 129)}', CHAT_PATH), "bad_words", "at most 128"),
         (raw('"prompt": [[1, 2], [99999999]]'), "prompt", "token ids must be in"),
         (raw('"prompt": {"a": 1}'), "prompt", "without 'prompt'"),
         (raw('"stop": 5'), "stop", "valid string"),
@@ -261,3 +265,19 @@ def test_hostile_bodies_are_400_naming_the_field(server, request_, param, fragme
     )
     assert_error(response.status_code, response.json(), 400, param, fragment)
     assert http_get(server.url + "/health")[0] == 200
+
+
+def test_lists_at_their_bounds_are_served(server):
+    """Stop strings, stop token ids and bad words are bounded (their cost is paid on every token of
+    the engine thread), but requests at the bounds are served."""
+    status, body = http_post(
+        server.url + "/v1/completions",
+        completion(
+            n=2,
+            stop=[f"{i:03d}" + "z" * 253 for i in range(16)],
+            stop_token_ids=list(range(40000, 40256)),
+            bad_words=[f"zq{i}" for i in range(128)],
+        ),
+    )
+    assert status == 200, body
+    assert len(body["choices"]) == 2

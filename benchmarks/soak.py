@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import signal
 import socket
@@ -55,6 +56,14 @@ class Sample:
     scenario: str
     outcome: str
     seconds: float
+
+
+@dataclass
+class RssMark:
+    """The server's resident set size `at` seconds into the traffic."""
+
+    at: float
+    rss_bytes: int
 
 
 @dataclass
@@ -204,12 +213,22 @@ async def soak(url: str, pid: int, options: argparse.Namespace) -> dict[str, Any
         await wait_idle(client)
         start = await snapshot(client, pid)
         samples: list[Sample] = []
+        marks: list[RssMark] = []
         began = time.monotonic()
         until = began + options.duration
+        watcher = asyncio.create_task(watch_rss(marks, pid, began, options.window))
         await asyncio.gather(*(client_loop(samples, client, seed + i, until) for i in range(concurrency)))
+        watcher.cancel()
         await wait_idle(client)
         end = await snapshot(client, pid)
-    return summarise(samples, began, start, end, options.window)
+    return summarise(samples, began, start, end, options.window, options.duration, marks)
+
+
+async def watch_rss(marks: list[RssMark], pid: int, began: float, window: float) -> None:
+    """Record the server's RSS at the end of every window (shows whether growth levels off)."""
+    while True:
+        await asyncio.sleep(window - (time.monotonic() - began) % window)
+        marks.append(RssMark(time.monotonic() - began, rss_bytes(pid)))
 
 
 def is_expected(scenario: str, outcome: str) -> bool:
@@ -222,17 +241,32 @@ def is_expected(scenario: str, outcome: str) -> bool:
 
 
 def summarise(
-    samples: list[Sample], began: float, start: Snapshot, end: Snapshot, window: float
+    samples: list[Sample],
+    began: float,
+    start: Snapshot,
+    end: Snapshot,
+    window: float,
+    duration: float,
+    marks: list[RssMark] | None = None,
 ) -> dict[str, Any]:
+    """Outcomes, drift, and per window the latency of the requests that *started* in it (so the
+    last requests, which end after the traffic stops, count in the last window) and the RSS at
+    its end."""
     outcomes = Counter(f"{s.scenario}:{s.outcome}" for s in samples)
     unexpected = {k: v for k, v in outcomes.items() if not is_expected(*k.split(":", 1))}
-    last = max((s.end for s in samples), default=began)
+    rss_at_end = {round(mark.at / window) - 1: mark.rss_bytes / 2**20 for mark in marks or []}
     windows = []
-    for index in range(max(1, -(-int(last - began) // int(window)))):
-        low, high = began + index * window, began + (index + 1) * window
-        ok = [s.seconds for s in samples if low <= s.end < high and s.outcome == "ok"]
+    for index in range(max(1, math.ceil(duration / window))):
+        low, high = index * window, (index + 1) * window
+        ok = [s.seconds for s in samples if low <= s.end - s.seconds - began < high and s.outcome == "ok"]
         windows.append(
-            {"window": index, "requests": len(ok), "p50_s": percentile(ok, 50), "p99_s": percentile(ok, 99)}
+            {
+                "window": index,
+                "requests": len(ok),
+                "p50_s": percentile(ok, 50),
+                "p99_s": percentile(ok, 99),
+                "rss_end_mib": rss_at_end.get(index),
+            }
         )
     return {
         "requests": len(samples),
@@ -261,10 +295,12 @@ def format_report(summary: dict[str, Any], window: float) -> str:
         f"KV usage: start {summary['kv_usage_start']:.3f}, end {summary['kv_usage_end']:.3f} "
         f"({summary['kv_free_blocks_end']:.0f} of {summary['kv_total_blocks']:.0f} blocks free; goal: back to idle)"
     )
-    lines.append(f"latency of successful requests per {window:.0f} s window:")
+    lines.append(f"latency of successful requests per {window:.0f} s window (by start time):")
     for row in summary["windows"]:
+        rss = f"  RSS at its end {row['rss_end_mib']:.1f} MiB" if row.get("rss_end_mib") is not None else ""
         lines.append(
-            f"  window {row['window']}: {row['requests']:6d} ok  p50 {row['p50_s']:.3f} s  p99 {row['p99_s']:.3f} s"
+            f"  window {row['window']}: {row['requests']:6d} ok  p50 {row['p50_s']:.3f} s  "
+            f"p99 {row['p99_s']:.3f} s{rss}"
         )
     first, last = summary["windows"][0], summary["windows"][-1]
     if first["requests"] and last["requests"]:

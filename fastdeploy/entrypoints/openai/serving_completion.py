@@ -31,13 +31,14 @@ from fastdeploy.entrypoints.openai.serving import (
     usage,
 )
 from fastdeploy.entrypoints.openai.structured_outputs import check_request_guided_decoding
-from fastdeploy.entrypoints.prompts import normalize_prompts
+from fastdeploy.entrypoints.prompts import PromptItem, normalize_prompts
 from fastdeploy.entrypoints.streaming import DeltaTracker
 from fastdeploy.errors import InvalidArgumentError
 
 
-def prepare_prompts(ctx: ServingContext, prompt: Any) -> list[PreparedPrompt]:
-    """The request's prompts as token ids, through the same normaliser `LLM.generate` uses."""
+def request_prompts(prompt: Any) -> list[PromptItem]:
+    """The request's prompts, through the same normaliser `LLM.generate` uses (no tokenizing yet:
+    their number is checked against the queue first)."""
     if prompt is None:
         raise invalid_request("prompt is required", param="prompt")
     try:
@@ -46,10 +47,16 @@ def prepare_prompts(ctx: ServingContext, prompt: Any) -> list[PreparedPrompt]:
         raise invalid_request(str(exc), param="prompt") from exc
     if not items:
         raise invalid_request("prompt must not be an empty list", param="prompt")
-    prepared = []
     for item in items:
         if item.error is not None:
             raise invalid_request(item.error, param="prompt")
+    return items
+
+
+def prepare_prompts(ctx: ServingContext, items: list[PromptItem]) -> list[PreparedPrompt]:
+    """`items` as token ids, each checked against the context length."""
+    prepared = []
+    for item in items:
         token_ids = prompt_token_ids(ctx.tokenizer, item)
         ctx.check_prompt(token_ids, "prompt")
         text = (
@@ -65,16 +72,18 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     reject_unsupported(request)
     check_request_limits(request)
     params = completion_sampling_params(request)
-    ctx.admit(1)  # a full queue refuses before any CPU is spent on the prompt
+    items = request_prompts(request.prompt)
+    # a full queue refuses every prompt of the request before any CPU is spent on them
+    ctx.admit(len(items))
     await check_request_guided_decoding(ctx.engine.engine, request, params)
-    prompts = await ctx.offload(prepare_prompts, ctx, request.prompt)
+    prompts = await ctx.offload(prepare_prompts, ctx, items)
     if "max_tokens" in request.model_fields_set:  # the default (16) is cut to what fits
         for prompt in prompts:
             ctx.check_max_tokens(len(prompt.token_ids), params.max_tokens, "max_tokens", "prompt")
     request_id = new_id("cmpl")
     created = int(time.time())
+    ctx.admit(len(prompts))  # again: the queue may have filled while they were tokenized
     if request.stream:
-        ctx.admit(len(prompts))
         events = _events(ctx, request, prompts, params, request_id, model, created)
         return StreamingResponse(sse_stream(events, ctx.metrics), media_type="text/event-stream")
     try:

@@ -492,21 +492,30 @@ class LLMEngine:
         now = time.time()
         touched: dict[str, EngineRequest] = {}
         finishing: set[str] = set()
+        broken: list[RequestFault] = []
         for seq, token in zip(sampled, tokens, strict=True):
             if seq.request_id in result.refused:
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            token = self._forced_reasoning_end(seq, token)
-            process_token(seq, token, self.eos_token_ids, self.max_model_len)
+            try:
+                process_token(
+                    seq, self._forced_reasoning_end(seq, token), self.eos_token_ids, self.max_model_len
+                )
+            except Exception as exc:  # e.g. a tokenizer plugin that cannot decode: this request alone fails
+                message = f"processing a sampled token failed: {describe(exc)}"
+                broken.append(self.fault_isolation.record(seq.request_id, OUTPUT_PROCESSING, message))
+                continue
             if seq.finish_reason is not None:
                 seq.finish_time = now
                 self.scheduler.finish(seq)
                 finishing.add(seq.request_id)
             touched[seq.request_id] = self.requests[seq.request_id]
-        outputs += self._refuse(result.refused)
+        outputs += self._refuse(result.refused) + self._fail(broken)
         self.guided.advance(sampled)
         for request in touched.values():
+            if request.request_id not in self.requests:  # failed above (another of its samples)
+                continue
             finished = request.request_id in finishing and request.finished
             if not (finished or request.stream):
                 continue

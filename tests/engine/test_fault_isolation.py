@@ -161,3 +161,26 @@ def test_kv_cache_that_cannot_be_allocated_is_a_clear_startup_error(fault_env):
     with pytest.raises(KVCacheAllocationError, match="could not allocate the KV cache"):
         LLM(device="faulty", **ENGINE)
     fault_env.delenv("FD_FAULT_KV_ALLOCATION")
+
+
+def test_a_token_that_cannot_be_processed_fails_only_its_request(faulty, expected, llm, monkeypatch):
+    """The detokenizer (a tokenizer plugin's decode) raising for one sequence's token fails that
+    request alone; before, the whole step failed and took every request in flight with it."""
+    from fastdeploy.engine import engine as engine_module
+
+    marker = victim(llm, 23)
+    process = engine_module.process_token
+
+    def failing_process(seq, token, *args):
+        if seq.prompt_token_ids == marker and seq.num_output_tokens == 2:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected fault: cannot decode")
+        process(seq, token, *args)
+
+    monkeypatch.setattr(engine_module, "process_token", failing_process)
+    bystanders, (failed,) = run_mixed(faulty, [marker])
+    assert [o.outputs.token_ids for o in bystanders] == expected
+    assert failed.error_code == 500 and "processing a sampled token failed" in failed.error_msg
+    assert "UnicodeDecodeError" in failed.error_msg
+    monkeypatch.undo()
+    blocks = faulty.llm_engine.block_manager
+    assert blocks.num_free_blocks == blocks.num_blocks

@@ -120,18 +120,36 @@ def test_partial_suffix_length():
     assert partial_suffix_length("", ["ab"]) == 0
 
 
-def test_a_failing_forward_pass_fails_its_requests_and_the_engine_recovers(llm, monkeypatch):
-    engine = llm.llm_engine
+def break_passes(engine, monkeypatch, failing: set[int]) -> None:
+    """Make the runner's passes numbered in `failing` (from 1) raise a simulated device fault."""
     real_execute = engine.runner.execute
     calls = {"count": 0}
 
-    def broken_once(batch):
+    def execute(batch):
         calls["count"] += 1
-        if calls["count"] == 2:
+        if calls["count"] in failing:
             raise RuntimeError("simulated device fault")
         return real_execute(batch)
 
-    monkeypatch.setattr(engine.runner, "execute", broken_once)
+    monkeypatch.setattr(engine.runner, "execute", execute)
+
+
+def test_a_pass_that_fails_once_is_run_again_and_loses_nothing(llm, monkeypatch):
+    """A transient fault: the batch's pass raises, each sequence's own pass then works; both
+    requests go on with the tokens they get without the fault (fault isolation's retry)."""
+    params = SamplingParams(temperature=0, max_tokens=5)
+    expected = [o.outputs.token_ids for o in llm.generate([PROMPT, "Hello"], params, use_tqdm=False)]
+    break_passes(llm.llm_engine, monkeypatch, {2})
+    outputs = llm.generate([PROMPT, "Hello"], params, use_tqdm=False)
+    assert [o.error_code for o in outputs] == [200, 200]
+    assert [o.outputs.token_ids for o in outputs] == expected
+
+
+def test_a_failing_forward_pass_fails_its_requests_and_the_engine_recovers(llm, monkeypatch):
+    engine = llm.llm_engine
+    # the batch's pass and both sequences' passes alone fail (the device probe, which does not
+    # go through the runner, works: the device is fine, so only these requests fail)
+    break_passes(engine, monkeypatch, {2, 3, 4})
     outputs = llm.generate([PROMPT, "Hello"], SamplingParams(temperature=0, max_tokens=5), use_tqdm=False)
     assert [o.error_code for o in outputs] == [500, 500]
     assert all("simulated device fault" in o.error_msg and o.finished for o in outputs)

@@ -174,4 +174,5 @@ def test_conflicting_bans_fail_that_request_alone(client, llm):
         thread.join()
     assert "bad_words" in refused.value.message and "no token can be generated" in refused.value.message
     assert "bad_words" in event.value.message
+    assert refused.value.code == event.value.code == "guided_decoding_conflict"
     assert [texts[0], texts[1]] == expected

@@ -1,170 +1,268 @@
-"""Throughput of fastdeploy against transformers on the embedded SmolLM2 model, in one run.
+"""fastdeploy against llama.cpp and transformers on the embedded SmolLM2 model, interleaved in one run.
 
-Measures, greedy decoding with EOS ignored so every run generates the same number of tokens:
-  * batch:   16 prompts x 128 new tokens (output tokens/s over the whole call)
-  * prefill: one 512-token prompt, 1 new token (prompt tokens/s, best of 3 runs)
-  * decode:  one stream, 128 new tokens (tokens/s after the first)
-transformers (float32, the same GGUF weights dequantised) runs in the same process when it is
-installed (`pip install torch==2.13.0 transformers gguf accelerate`); the script prints a table and
-the ratio fastdeploy / transformers for each figure.
+Workloads (greedy, end-of-sequence ignored, so every engine generates the same number of tokens):
+  * prefill: one 512-token prompt and one new token (prompt tok/s)
+  * decode:  one stream, 128 new tokens (tok/s after the first token)
+  * batch:   16 prompts x 128 new tokens (output tok/s over the whole call; llama-cpp-python's
+             `Llama` has no batched generation, so llama.cpp runs the prompts one after another)
+Each engine runs in its own process (bench_worker.py), loaded once; the runs are interleaved
+(repeat -> workload -> engine), so all engines see the same minutes of machine load, and the table
+gives the median and min/max of `--repeats` runs and the ratio of medians against each peer.
 
-`--checkpoint safetensors` first writes the GGUF out as a float32 Hugging Face directory and has
-both engines load that: fastdeploy then reads float32 weights too, so the comparison shows what
-the engine does apart from reading the GGUF's 4-bit blocks.
+Then, unless skipped:
+  * contention: one CPU hog process beside the engines, decode and batch, for fastdeploy's default
+    and for FD_CPU_THREADS=1 and =2 (the default must reach 0.9x the better of the two), and the peers;
+  * start-up: `python -c "from fastdeploy import LLM; LLM().generate('hi')"` (one new token) from
+    process start to the first token, and the same for the peers.
 
-    python benchmarks/throughput.py [--skip-peer] [--checkpoint gguf|safetensors] [--batch 16] [--new-tokens 128]
+Peers run in the interpreters given (they need not have fastdeploy); a peer whose package does not
+import there is skipped with the reason:
+  --llama-cpp-python PY      an interpreter with llama-cpp-python (e.g. 0.3.36, built from source)
+  --transformers-python PY   an interpreter with torch==2.13.0 transformers gguf accelerate
+`--background-load N` runs everything beside N CPU hogs of its own (killed at the end, and each
+stops by itself after `--hog-seconds`). `--variant LABEL:KEY=VALUE,...` adds a fastdeploy row with
+those `LLM(...)` arguments (e.g. `wint4:quantization=wint4` with `--checkpoint safetensors`).
 
-`--device cuda` runs the GPU comparison instead (benchmarks/throughput_cuda.py).
+    python benchmarks/throughput.py [--peers llama.cpp,transformers] [--repeats 3]
+        [--checkpoint gguf|safetensors] [--background-load N] [--skip-contention] [--skip-startup]
+
+`--device cuda` runs the GPU comparison instead (benchmarks/throughput_cuda.py; its peer is
+transformers, skipped when `--peers` leaves it out).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 
-from fastdeploy.model_resolver import embedded_model_path
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_worker.py")
+PROMPT_TEXT = (
+    "The history of printing begins with woodblocks and movable type, spreads through Europe with "
+    "Gutenberg's press, and reshapes science, religion and politics as books become cheap."
+)
+GOALS = {  # fastdeploy / llama.cpp on a 2-core AVX2 machine (issue 12)
+    "prefill": 2.0,
+    "decode": 1.3,
+    "batch": 3.0,
+}
+CONTENTION_GOAL = 0.9
+STARTUP_GOAL_SECONDS = 1.5
 
-PROMPT_WORDS = [
-    "The",
-    "history",
-    "of",
-    "printing",
-    "begins",
-    "with",
-    "woodblocks",
-    "and",
-    "movable",
-    "type,",
-    "spreads",
-    "through",
-    "Europe",
-    "with",
-    "Gutenberg's",
-    "press,",
-    "and",
-    "reshapes",
-    "science,",
-    "religion",
-    "and",
-    "politics",
-    "as",
-    "books",
-    "become",
-    "cheap.",
-]
+STARTUP_SNIPPETS = {
+    "fastdeploy": (
+        "from fastdeploy import LLM, SamplingParams\n"
+        "LLM().generate('hi', SamplingParams(max_tokens=1), use_tqdm=False)\n"
+    ),
+    "llama.cpp": (
+        "import os\nfrom llama_cpp import Llama\n"
+        "Llama(model_path=os.environ['BENCH_MODEL'], verbose=False)('hi', max_tokens=1)\n"
+    ),
+    "transformers": (
+        "import os\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "folder, name = os.path.split(os.environ['BENCH_MODEL'])\n"
+        "tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)\n"
+        "model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)\n"
+        "model.generate(**tok('hi', return_tensors='pt'), max_new_tokens=1)\n"
+    ),
+}
+PEER_MODULES = {"llama.cpp": "llama_cpp", "transformers": "transformers"}
+#: workers log warnings only, unless the caller's environment says otherwise
+QUIET_WORKERS = {"FD_LOG_LEVEL": "WARNING", "TRANSFORMERS_VERBOSITY": "error"}
 
 
-#: the 512-token prefill is well under a second: each engine's best of this many runs is reported
-PREFILL_REPEATS = 3
+@dataclass
+class Engine:
+    """One row: an engine in a worker process, with its interpreter, threads and options."""
+
+    label: str
+    kind: str
+    python: str
+    threads: int | None = None
+    options: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+    def start(self, model: str) -> None:
+        command = [self.python, WORKER, self.kind, "--model", model]
+        if self.threads:
+            command += ["--threads", str(self.threads)]
+        command += [f"--option={key}={json.dumps(value)}" for key, value in self.options.items()]
+        self.process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**QUIET_WORKERS, **os.environ, **self.env},
+        )
+        self._read()
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.label}: worker exited (code {self.process.wait()})")
+        return json.loads(line)
+
+    def run(self, request: dict) -> dict:
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+            self.process.wait(timeout=60)
+            self.process = None
+
+
+class Hogs:
+    """N processes that each keep one CPU busy, for at most `seconds` even if nobody stops them."""
+
+    def __init__(self, count: int, seconds: float) -> None:
+        code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+        self.processes = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
+        self.processes = []
 
 
 def make_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
-    """`count` distinct prompts of exactly `length` tokens."""
+    """`count` distinct prompts of exactly `length` token ids."""
     prompts = []
+    words = PROMPT_TEXT.split()
     for i in range(count):
-        words = PROMPT_WORDS[i % len(PROMPT_WORDS) :] + PROMPT_WORDS
-        ids = tokenizer.encode(f"Document {i}: " + " ".join(words * (1 + length // len(words))))
-        prompts.append(ids[:length])
+        text = f"Document {i}: " + " ".join((words[i % len(words) :] + words) * (1 + length // len(words)))
+        prompts.append(tokenizer.encode(text, add_special_tokens=False)[:length])
     return prompts
 
 
-def bench_fastdeploy(args) -> dict[str, float]:
-    from fastdeploy import LLM, SamplingParams
-
-    llm = LLM(model=args.model, max_model_len=2048, max_num_seqs=max(args.batch, 16))
-    tok = llm.get_tokenizer()
-    batch_prompts = make_prompts(tok, args.batch, args.prompt_len)
-    new = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
-    llm.generate(batch_prompts[:2], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
-
-    start = time.perf_counter()
-    outputs = llm.generate(batch_prompts, new, use_tqdm=False)
-    batch_seconds = time.perf_counter() - start
-    generated = sum(len(o.outputs.token_ids) for o in outputs)
-
-    long_prompt = make_prompts(tok, 1, 512)
-
-    def prefill() -> float:
-        start = time.perf_counter()
-        llm.generate(long_prompt, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-        return time.perf_counter() - start
-
-    prefill_seconds = min(prefill() for _ in range(PREFILL_REPEATS))
-
-    (single,) = llm.generate(batch_prompts[:1], new, use_tqdm=False)
-    decode_seconds = single.metrics.model_execute_time - single.metrics.first_token_time
+def requests(args: argparse.Namespace, tokenizer) -> dict[str, dict]:
+    batch = make_prompts(tokenizer, args.batch, args.prompt_len)
     return {
-        "batch": generated / batch_seconds,
-        "prefill": 512 / prefill_seconds,
-        "decode": (len(single.outputs.token_ids) - 1) / decode_seconds,
+        "prefill": {"op": "prefill", "prompt": make_prompts(tokenizer, 1, 512)[0]},
+        "decode": {"op": "decode", "prompt": batch[0], "tokens": args.new_tokens},
+        "batch": {"op": "batch", "prompts": batch, "tokens": args.new_tokens},
     }
 
 
-def bench_transformers(args) -> dict[str, float]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def rate(workload: str, request: dict, result: dict) -> float:
+    """Tokens per second of one run."""
+    if workload == "prefill":
+        return len(request["prompt"]) / result["seconds"]
+    return result["tokens"] / result["seconds"]
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    if args.model.endswith(".gguf"):
-        folder, name = os.path.split(args.model)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    tokenizer.pad_token_id = tokenizer.eos_token_id
-    tokenizer.padding_side = "left"
 
-    def generate(prompts: list[list[int]], new_tokens: int) -> tuple[float, int]:
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=False,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
+def peer_reason(python: str, kind: str) -> str | None:
+    """Why a peer cannot run with this interpreter (None: it can)."""
+    probe = subprocess.run(
+        [python, "-c", f"import {PEER_MODULES[kind]}"], capture_output=True, text=True, check=False
+    )
+    if probe.returncode == 0:
+        return None
+    lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
+    return f"`import {PEER_MODULES[kind]}` failed with {python}: {lines[-1]}"
+
+
+def measure(engines: list[Engine], work: dict[str, dict], workloads: list[str], repeats: int) -> dict:
+    """{workload: {label: [tok/s per repeat]}}, interleaved repeat -> workload -> engine."""
+    rates: dict[str, dict[str, list[float]]] = {w: {e.label: [] for e in engines} for w in workloads}
+    for repeat in range(repeats):
+        for workload in workloads:
+            for engine in engines:
+                result = engine.run(work[workload])
+                rates[workload][engine.label].append(rate(workload, work[workload], result))
+        print(f"  repeat {repeat + 1}/{repeats} done", file=sys.stderr, flush=True)
+    return rates
+
+
+def startup_seconds(python: str, kind: str, model: str) -> float:
+    """Seconds from starting the interpreter to the first generated token."""
+    code = STARTUP_SNIPPETS[kind] + "import time\nprint(time.time())\n"
+    start = time.time()
+    done = subprocess.run(
+        [python, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "BENCH_MODEL": model},
+        cwd=tempfile.gettempdir(),
+    )
+    return float(done.stdout.strip().splitlines()[-1]) - start
+
+
+def summary(values: list[float]) -> str:
+    return f"{statistics.median(values):9.1f} ({min(values):7.1f}-{max(values):7.1f})"
+
+
+LABELS = {
+    "prefill": "512-token prefill (prompt tok/s)",
+    "decode": "single stream, {n} new tokens (tok/s)",
+    "batch": "{b} prompts x {n} new tokens (output tok/s)",
+}
+
+
+def print_table(title: str, rates: dict, peers: list[str], args: argparse.Namespace) -> None:
+    print(f"\n{title}: median (min-max) of {args.repeats} runs, ratio = fastdeploy median / peer median")
+    for workload, by_engine in rates.items():
+        print(f"\n  {LABELS[workload].format(n=args.new_tokens, b=args.batch)}")
+        for label, values in by_engine.items():
+            ratios = "".join(
+                f"   {statistics.median(values) / statistics.median(by_engine[peer]):5.2f}x {peer}"
+                for peer in peers
+                if peer in by_engine and peer != label and label not in peers
             )
-        return time.perf_counter() - start, (out.shape[1] - width) * len(prompts)
+            print(f"    {label:<28} {summary(values)}{ratios}")
 
-    class _Tok:
-        def encode(self, text):
-            return tokenizer.encode(text, add_special_tokens=False)
 
-    batch_prompts = make_prompts(_Tok(), args.batch, args.prompt_len)
-    generate(batch_prompts[:2], 4)  # warm-up
-    seconds, generated = generate(batch_prompts, args.new_tokens)
-    batch = generated / seconds
-    long_prompt = make_prompts(_Tok(), 1, 512)
-    prefill_seconds = min(generate(long_prompt, 1)[0] for _ in range(PREFILL_REPEATS))
-    first_seconds, _ = generate(batch_prompts[:1], 1)
-    all_seconds, produced = generate(batch_prompts[:1], args.new_tokens)
-    return {
-        "batch": batch,
-        "prefill": 512 / prefill_seconds,
-        "decode": (produced - 1) / (all_seconds - first_seconds),
-    }
+def print_goals(rates: dict, contention: dict | None, startup: dict | None) -> None:
+    print("\nGoals (issue 12, on a 2-core AVX2 machine):")
+    for workload, goal in GOALS.items():
+        if "llama.cpp" in rates.get(workload, {}):
+            ours = statistics.median(rates[workload]["fastdeploy"])
+            ratio = ours / statistics.median(rates[workload]["llama.cpp"])
+            verdict = "met" if ratio >= goal else "NOT met"
+            print(f"  {workload:<8} fastdeploy / llama.cpp = {ratio:5.2f}x (goal >= {goal}x): {verdict}")
+    for workload, by_engine in (contention or {}).items():
+        best = max(statistics.median(by_engine[k]) for k in ("FD_CPU_THREADS=1", "FD_CPU_THREADS=2"))
+        ratio = statistics.median(by_engine["fastdeploy"]) / best
+        verdict = "met" if ratio >= CONTENTION_GOAL else "NOT met"
+        print(
+            f"  1 hog, {workload:<6} default / best of 1 and 2 threads = {ratio:4.2f}x "
+            f"(goal >= {CONTENTION_GOAL}x): {verdict}"
+        )
+    if startup and "fastdeploy" in startup:
+        seconds = statistics.median(startup["fastdeploy"])
+        verdict = "met" if seconds <= STARTUP_GOAL_SECONDS else "NOT met"
+        print(f"  start-up to the first token {seconds:.2f} s (goal <= {STARTUP_GOAL_SECONDS} s): {verdict}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--peers", default="llama.cpp,transformers", help="comma list, or '' for none")
+    parser.add_argument("--llama-cpp-python", default=sys.executable, metavar="PY")
+    parser.add_argument("--transformers-python", default=sys.executable, metavar="PY")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workloads", default="prefill,decode,batch")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--skip-peer", action="store_true", help="measure fastdeploy only")
     parser.add_argument(
         "--checkpoint",
         choices=("gguf", "safetensors"),
         default="gguf",
-        help="load the embedded SmolLM2 GGUF, or a float32 safetensors directory written from it",
+        help="fastdeploy and transformers load the embedded GGUF, or a float32 Hugging Face "
+        "directory written from it (llama.cpp always reads the GGUF)",
     )
     parser.add_argument(
         "--device",
@@ -173,42 +271,129 @@ def main() -> None:
         help="cuda: random-weight SmolLM2- and Llama-1B-shaped models on the GPU (benchmarks/throughput_cuda.py)",
     )
     parser.add_argument("--shapes", default="smollm2,1b", help="--device cuda: model shapes to run")
-    parser.add_argument("--json", help="--device cuda: also write the figures to this file")
+    parser.add_argument(
+        "--variant", action="append", default=[], help="LABEL:KEY=VALUE,... an extra fastdeploy row"
+    )
+    parser.add_argument(
+        "--background-load", type=int, default=0, metavar="N", help="CPU hogs for the whole run"
+    )
+    parser.add_argument("--hog-seconds", type=float, default=3600, help="each hog stops by itself after this")
+    parser.add_argument("--skip-contention", action="store_true")
+    parser.add_argument("--skip-startup", action="store_true")
+    parser.add_argument(
+        "--json", metavar="PATH", help="also write every figure to this file (with --device cuda too)"
+    )
     args = parser.parse_args()
     if args.device == "cuda":
         import throughput_cuda
 
+        args.skip_peer = "transformers" not in args.peers.split(",")
         throughput_cuda.main(args)
         return
-    args.model = embedded_model_path()
+
+    from fastdeploy.input.gguf_tokenizer import GGUFTokenizerLoader
+    from fastdeploy.model_resolver import embedded_model_path
+
+    gguf = embedded_model_path()
     with tempfile.TemporaryDirectory(prefix="smollm2-float32-") as directory:
+        model = gguf
         if args.checkpoint == "safetensors":
             from fastdeploy.model_executor.gguf_export import export_hf_directory
 
-            export_hf_directory(args.model, directory)
-            args.model = directory
-        run(args)
+            export_hf_directory(gguf, directory)
+            model = directory
+        run(args, gguf, model, GGUFTokenizerLoader().load(gguf))
 
 
-def run(args: argparse.Namespace) -> None:
-    """Both engines on `args.model`, then the table."""
-    ours = bench_fastdeploy(args)
-    peer = None
-    if not args.skip_peer:
+def peer_engines(args: argparse.Namespace) -> list[Engine]:
+    pythons = {"llama.cpp": args.llama_cpp_python, "transformers": args.transformers_python}
+    peers = []
+    for kind in filter(None, args.peers.split(",")):
+        if kind not in pythons:
+            sys.exit(f"--peers: unknown peer {kind!r} (known: {', '.join(pythons)})")
+        reason = peer_reason(pythons[kind], kind)
+        if reason:
+            print(f"{kind} skipped: {reason}")
+        else:
+            peers.append(Engine(kind, kind, pythons[kind]))
+    return peers
+
+
+def parse_variant(text: str) -> Engine:
+    label, _, settings = text.partition(":")
+    options = {}
+    for item in filter(None, settings.split(",")):
+        key, _, value = item.partition("=")
         try:
-            peer = bench_transformers(args)
-        except ImportError as exc:
-            print(f"transformers peer skipped: {exc}")
-    labels = {
-        "batch": f"{args.batch} prompts x {args.new_tokens} new tokens (output tok/s)",
-        "prefill": "512-token prefill (prompt tok/s)",
-        "decode": f"single-stream decode, {args.new_tokens} tokens (tok/s)",
-    }
-    print(f"{'benchmark':<52} {'fastdeploy':>11} {'transformers':>13} {'ratio':>7}")
-    for key, label in labels.items():
-        theirs = f"{peer[key]:13.1f}" if peer else f"{'-':>13}"
-        ratio = f"{ours[key] / peer[key]:6.2f}x" if peer else f"{'-':>7}"
-        print(f"{label:<52} {ours[key]:11.1f} {theirs} {ratio}")
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return Engine(f"fastdeploy {label}", "fastdeploy", sys.executable, options=options)
+
+
+def run(args: argparse.Namespace, gguf: str, model: str, tokenizer) -> None:
+    peers = peer_engines(args)
+    ours = [Engine("fastdeploy", "fastdeploy", sys.executable), *map(parse_variant, args.variant)]
+    work = requests(args, tokenizer)
+    workloads = [w for w in args.workloads.split(",") if w]
+    hogs = Hogs(args.background_load, args.hog_seconds) if args.background_load else None
+    results: dict = {"background_load": args.background_load}
+    engines = ours + peers
+    try:
+        for engine in engines:
+            engine.start(gguf if engine.kind == "llama.cpp" else model)
+        for engine in engines:  # warm-up
+            engine.run({"op": "batch", "prompts": work["batch"]["prompts"][:2], "tokens": 4})
+        load = f", beside {args.background_load} CPU hogs" if args.background_load else ""
+        results["rates"] = measure(engines, work, workloads, args.repeats)
+        print_table(
+            f"Throughput ({os.cpu_count()} CPUs{load})", results["rates"], [p.label for p in peers], args
+        )
+        if not args.skip_contention:
+            results["contention"] = contention(args, engines, peers, work, workloads, gguf, model)
+        if not args.skip_startup:
+            results["startup"] = startup(args, peers, gguf)
+    finally:
+        for engine in engines:
+            engine.stop()
+        if hogs:
+            hogs.stop()
+    print_goals(results["rates"], results.get("contention"), results.get("startup"))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
+
+
+def contention(args, engines, peers, work, workloads, gguf, model) -> dict:
+    """decode and batch beside one extra CPU hog: fastdeploy's default, 1 and 2 threads, the peers."""
+    threaded = [Engine(f"FD_CPU_THREADS={n}", "fastdeploy", sys.executable, threads=n) for n in (1, 2)]
+    for engine in threaded:
+        engine.start(model)
+    rows = [engines[0], *threaded, *peers]
+    hog = Hogs(1, args.hog_seconds)
+    try:
+        rates = measure(rows, work, [w for w in ("decode", "batch") if w in workloads], args.repeats)
+    finally:
+        hog.stop()
+        for engine in threaded:
+            engine.stop()
+    print_table("With one more CPU hog beside the engine", rates, [p.label for p in peers], args)
+    return rates
+
+
+def startup(args, peers, gguf) -> dict:
+    """Seconds to the first token of a fresh process, interleaved."""
+    kinds = {"fastdeploy": sys.executable, **{p.label: p.python for p in peers}}
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for _ in range(args.repeats):
+        for kind, python in kinds.items():
+            times[kind].append(startup_seconds(python, kind, gguf))
+    print(
+        f"\nStart-up: process start to the first token of the embedded model, seconds, median (min-max) of {args.repeats}"
+    )
+    for kind, values in times.items():
+        print(f"    {kind:<28} {statistics.median(values):9.2f} ({min(values):5.2f}-{max(values):5.2f})")
+    return times
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ import there is skipped with the reason:
   --transformers-python PY   an interpreter with torch==2.13.0 transformers gguf accelerate
 `--background-load N` runs everything beside N CPU hogs of its own (killed at the end, and each
 stops by itself after `--hog-seconds`). `--variant LABEL:KEY=VALUE,...` adds a fastdeploy row with
-those `LLM(...)` arguments (e.g. `wint4:quantization=wint4` with `--checkpoint safetensors`).
+those `LLM(...)` arguments; the key `checkpoint=gguf|safetensors` picks that row's weights, e.g.
+`--variant wint4:checkpoint=safetensors,quantization=wint4` runs the float32 directory quantised
+at load beside the default row on the GGUF.
 
     python benchmarks/throughput.py [--peers llama.cpp,transformers] [--repeats 3]
         [--checkpoint gguf|safetensors] [--background-load N] [--skip-contention] [--skip-startup]
@@ -85,12 +87,15 @@ class Engine:
     kind: str
     python: str
     threads: int | None = None
+    #: "gguf" or "safetensors" (None: --checkpoint); llama.cpp always reads the GGUF
+    checkpoint: str | None = None
     options: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
     process: subprocess.Popen | None = None
 
-    def start(self, model: str) -> None:
-        command = [self.python, WORKER, self.kind, "--model", model]
+    def start(self, models: dict[str, str], default: str) -> None:
+        checkpoint = "gguf" if self.kind == "llama.cpp" else self.checkpoint or default
+        command = [self.python, WORKER, self.kind, "--model", models[checkpoint]]
         if self.threads:
             command += ["--threads", str(self.threads)]
         command += [f"--option={key}={json.dumps(value)}" for key, value in self.options.items()]
@@ -295,14 +300,14 @@ def main() -> None:
     from fastdeploy.model_resolver import embedded_model_path
 
     gguf = embedded_model_path()
+    variants = [parse_variant(text) for text in args.variant]
     with tempfile.TemporaryDirectory(prefix="smollm2-float32-") as directory:
-        model = gguf
-        if args.checkpoint == "safetensors":
+        models = {"gguf": gguf, "safetensors": directory}
+        if "safetensors" in {args.checkpoint, *(v.checkpoint for v in variants)}:
             from fastdeploy.model_executor.gguf_export import export_hf_directory
 
             export_hf_directory(gguf, directory)
-            model = directory
-        run(args, gguf, model, GGUFTokenizerLoader().load(gguf))
+        run(args, models, variants, GGUFTokenizerLoader().load(gguf))
 
 
 def peer_engines(args: argparse.Namespace) -> list[Engine]:
@@ -328,12 +333,15 @@ def parse_variant(text: str) -> Engine:
             options[key] = json.loads(value)
         except json.JSONDecodeError:
             options[key] = value
-    return Engine(f"fastdeploy {label}", "fastdeploy", sys.executable, options=options)
+    checkpoint = options.pop("checkpoint", None)
+    if checkpoint not in (None, "gguf", "safetensors"):
+        sys.exit(f"--variant {text!r}: checkpoint must be gguf or safetensors")
+    return Engine(f"fastdeploy {label}", "fastdeploy", sys.executable, checkpoint=checkpoint, options=options)
 
 
-def run(args: argparse.Namespace, gguf: str, model: str, tokenizer) -> None:
+def run(args: argparse.Namespace, models: dict[str, str], variants: list[Engine], tokenizer) -> None:
     peers = peer_engines(args)
-    ours = [Engine("fastdeploy", "fastdeploy", sys.executable), *map(parse_variant, args.variant)]
+    ours = [Engine("fastdeploy", "fastdeploy", sys.executable), *variants]
     work = requests(args, tokenizer)
     workloads = [w for w in args.workloads.split(",") if w]
     hogs = Hogs(args.background_load, args.hog_seconds) if args.background_load else None
@@ -341,7 +349,7 @@ def run(args: argparse.Namespace, gguf: str, model: str, tokenizer) -> None:
     engines = ours + peers
     try:
         for engine in engines:
-            engine.start(gguf if engine.kind == "llama.cpp" else model)
+            engine.start(models, args.checkpoint)
         for engine in engines:  # warm-up
             engine.run({"op": "batch", "prompts": work["batch"]["prompts"][:2], "tokens": 4})
         load = f", beside {args.background_load} CPU hogs" if args.background_load else ""
@@ -350,9 +358,9 @@ def run(args: argparse.Namespace, gguf: str, model: str, tokenizer) -> None:
             f"Throughput ({os.cpu_count()} CPUs{load})", results["rates"], [p.label for p in peers], args
         )
         if not args.skip_contention:
-            results["contention"] = contention(args, engines, peers, work, workloads, gguf, model)
+            results["contention"] = contention(args, engines, peers, work, workloads, models)
         if not args.skip_startup:
-            results["startup"] = startup(args, peers, gguf)
+            results["startup"] = startup(args, peers, models["gguf"])
     finally:
         for engine in engines:
             engine.stop()
@@ -364,11 +372,11 @@ def run(args: argparse.Namespace, gguf: str, model: str, tokenizer) -> None:
             json.dump(results, handle, indent=1)
 
 
-def contention(args, engines, peers, work, workloads, gguf, model) -> dict:
+def contention(args, engines, peers, work, workloads, models) -> dict:
     """decode and batch beside one extra CPU hog: fastdeploy's default, 1 and 2 threads, the peers."""
     threaded = [Engine(f"FD_CPU_THREADS={n}", "fastdeploy", sys.executable, threads=n) for n in (1, 2)]
     for engine in threaded:
-        engine.start(model)
+        engine.start(models, args.checkpoint)
     rows = [engines[0], *threaded, *peers]
     hog = Hogs(1, args.hog_seconds)
     try:

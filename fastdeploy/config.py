@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.model_executor.quantization import check_quantization_name
 
 
 @dataclass
@@ -155,6 +156,8 @@ class EngineConfig:
     allowed_local_media_path: bool | str = True
     #: whether chat requests may name http(s) media URLs
     allow_media_url_fetch: bool = True
+    #: weight-only quantisation of a float checkpoint at load: "wint8", "wint4" or None
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -184,6 +187,7 @@ class EngineConfig:
             raise InvalidArgumentError(
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
             )
+        check_quantization_name(self.quantization)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise InvalidArgumentError(f"seed must be a non-negative int, got {self.seed!r}")
 

@@ -149,6 +149,15 @@ class Backend(ABC):
         """One line for logs: the device and its settings."""
         return self.name
 
+    def supported_quantizations(self) -> tuple[str, ...]:
+        """The `LLM(quantization=...)` values this backend runs (default: none).
+
+        A quantised checkpoint reaches `linear_weight` as `GGMLTensor` parts (GGML Q8_0 / Q4_1
+        blocks; `np.asarray` dequantises them); a backend lists a quantisation here when it keeps
+        those blocks and multiplies by them directly. See fastdeploy/model_executor/quantization.py.
+        """
+        return ()
+
     # --- memory ---------------------------------------------------------------------------
     @abstractmethod
     def free_memory_bytes(self) -> int:

@@ -81,6 +81,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         default=None,
         help="multimodal processor defaults, JSON, e.g. '{\"image_max_pixels\": 802816}'",
     )
+    parser.add_argument(
+        "--quantization", default=None, help="weight-only quantisation of a float checkpoint: wint8 or wint4"
+    )
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -122,4 +125,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "tool_call_parser": args.tool_call_parser,
         "limit_mm_per_prompt": args.limit_mm_per_prompt,
         "mm_processor_kwargs": args.mm_processor_kwargs,
+        "quantization": args.quantization,
     }

@@ -69,7 +69,11 @@ class Worker:
         from fastdeploy.distributed.rendezvous import rendezvous_from_environment
         from fastdeploy.distributed.selection import communicator_class, create_communicator
         from fastdeploy.engine.kv_cache_planner import plan_kv_cache
-        from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint
+        from fastdeploy.model_executor.model_loader import (
+            build_model,
+            check_backend_quantization,
+            inspect_checkpoint,
+        )
         from fastdeploy.plugins.registry import get_registry
 
         self.spec = spec
@@ -84,12 +88,15 @@ class Worker:
         sharing = int(os.environ.get("PADDLE_LOCAL_SIZE", "1")) if backend_class.device_count() is None else 1
         threads = config.cpu_threads or max(1, BackendOptions().thread_count() // sharing)
         self.backend = build_backend_of(backend_class, BackendOptions(threads=threads, dtype=config.dtype))
+        check_backend_quantization(config.quantization, self.backend)
         self.parallel = ModelParallel(spec.layout, self.rank)
         communicator = communicator_class(backend_class, registry) if spec.layout.distributed else None
         # the shard loads while the communicator's runtime imports
         importing = _Background(communicator.preload) if communicator is not None else None
         checkpoint = inspect_checkpoint(spec.model_path, registry)
-        self.model = build_model(checkpoint, self.backend, spec.max_model_len, registry, self.parallel)
+        self.model = build_model(
+            checkpoint, self.backend, spec.max_model_len, registry, self.parallel, config.quantization
+        )
         if communicator is not None:
             importing.result()
             self.parallel.connect(create_communicator(self.backend, rendezvous, registry))

@@ -48,7 +48,12 @@ from fastdeploy.input.detokenizer import IncrementalDetokenizer
 from fastdeploy.input.multimodal.options import build_multimodal_processor
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.logger import get_logger
-from fastdeploy.model_executor.model_loader import CheckpointInfo, build_model, inspect_checkpoint
+from fastdeploy.model_executor.model_loader import (
+    CheckpointInfo,
+    build_model,
+    check_backend_quantization,
+    inspect_checkpoint,
+)
 from fastdeploy.model_executor.model_runner import ModelRunner
 from fastdeploy.model_resolver import resolve_model
 from fastdeploy.plugins.registry import PluginRegistry, first_that_can_load, get_registry
@@ -144,6 +149,7 @@ class LLMEngine:
             self.backend = build_backend_of(
                 backend_class, BackendOptions(threads=config.cpu_threads, dtype=config.dtype)
             )
+            check_backend_quantization(config.quantization, self.backend)
         model_path = resolve_model(config.model)
         checkpoint = inspect_checkpoint(model_path, registry)
         self.model_config = checkpoint.config
@@ -217,7 +223,9 @@ class LLMEngine:
                 self.pipeline = MicroBatchPipeline(self.executor, config.pipeline_parallel_size)
             self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
             return
-        self.model = build_model(checkpoint, self.backend, self.max_model_len, registry)
+        self.model = build_model(
+            checkpoint, self.backend, self.max_model_len, registry, quantization=config.quantization
+        )
         self.mm_processor = build_multimodal_processor(
             registry, self.model, self.tokenizer, self.model_config, config
         )
@@ -229,6 +237,7 @@ class LLMEngine:
             self.model,
             self.max_num_batched_tokens,
         )
+        self.kv_cache_spec = spec
         self.block_manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching)
         kv_caches = self._allocate_kv_cache(spec)
         graphs = None

@@ -89,6 +89,7 @@ class LLM:
         mm_processor_kwargs: dict[str, Any] | None = None,
         allowed_local_media_path: str | None = None,
         allow_media_url_fetch: bool = True,
+        quantization: str | None = None,
         **kwargs: Any,
     ) -> None:
         from fastdeploy import envs
@@ -139,6 +140,7 @@ class LLM:
             if allowed_local_media_path is None
             else (allowed_local_media_path or False),
             allow_media_url_fetch=allow_media_url_fetch,
+            quantization=quantization,
         )
         self._request_ids = itertools.count()
         self._is_master = is_master_host(config)

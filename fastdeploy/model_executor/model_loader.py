@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from fastdeploy.backends.base import Backend
 from fastdeploy.config import ModelConfig
 from fastdeploy.distributed.model_parallel import ModelParallel
-from fastdeploy.errors import UnsupportedModelError
+from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
+from fastdeploy.model_executor.quantization import quantize_tensors
 from fastdeploy.models.base import CausalLM
 from fastdeploy.plugins.registry import PluginRegistry, first_that_can_load
 
@@ -32,6 +33,16 @@ def inspect_checkpoint(model_path: str, registry: PluginRegistry) -> CheckpointI
     return CheckpointInfo(model_path, loader, config)
 
 
+def check_backend_quantization(quantization: str | None, backend: Backend) -> None:
+    """Refuse a quantisation the backend does not run, naming what it does run."""
+    supported = backend.supported_quantizations()
+    if quantization is not None and quantization not in supported:
+        runs = ", ".join(supported) or "no weight quantisation"
+        raise InvalidArgumentError(
+            f"quantization={quantization!r} cannot run on this backend ({backend.describe()}); it runs: {runs}"
+        )
+
+
 def model_class(checkpoint: CheckpointInfo, registry: PluginRegistry) -> type[CausalLM]:
     """The registered class of the checkpoint's architecture."""
     architectures = registry.model_architectures()
@@ -50,8 +61,10 @@ def build_model(
     max_positions: int,
     registry: PluginRegistry,
     parallel: ModelParallel | None = None,
+    quantization: str | None = None,
 ) -> CausalLM:
-    """Instantiate the registered architecture and load its weights (this rank's shard) onto the backend."""
+    """Instantiate the registered architecture and load its weights (this rank's shard) onto the
+    backend, quantising a float checkpoint's linear layers first when `quantization` is given."""
     cls = model_class(checkpoint, registry)
     name = checkpoint.config.architecture
     start = time.perf_counter()
@@ -59,7 +72,12 @@ def build_model(
         model = cls(checkpoint.config, backend, max_positions, parallel=parallel)
     else:
         model = cls(checkpoint.config, backend, max_positions)
-    model.load_weights(checkpoint.loader.load_tensors(checkpoint.path))
+    tensors = checkpoint.loader.load_tensors(checkpoint.path)
+    if quantization is not None:
+        tensors = quantize_tensors(
+            tensors, quantization, checkpoint.config.tie_word_embeddings, checkpoint.path
+        )
+    model.load_weights(tensors)
     logger.info(
         "loaded %s from %s with the %s loader in %.1f s",
         name,

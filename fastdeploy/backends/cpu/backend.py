@@ -111,6 +111,10 @@ class CpuBackend(Backend):
         )
         return f"cpu (numpy {np.__version__}, {self.threads} threads, float32, {kernels})"
 
+    def supported_quantizations(self) -> tuple[str, ...]:
+        # the native kernels multiply by Q8_0 / Q4_1 blocks; the numpy path would only dequantise them
+        return ("wint8", "wint4") if self.native_isa else ()
+
     def free_memory_bytes(self) -> int:
         return _available_host_memory()
 

@@ -1,0 +1,176 @@
+"""Weight-only quantisation of float checkpoints at load: FastDeploy's `quantization="wint8" | "wint4"`.
+
+The linear layers' float weights become GGML blocks as they stream from the loader: Q8_0 (32 int8
+with one float16 scale) for `wint8`, Q4_1 (32 4-bit values with a float16 scale and minimum) for
+`wint4`, with the output head in Q8_0 either way (llama.cpp's choice too: the head is the most
+sensitive matrix, and at 8 bits it still reads 3.8x less than float32). The result is the
+`GGMLTensor` the GGUF loader produces, so a backend that keeps GGUF blocks (the cpu backend's
+native kernels) runs a quantised safetensors checkpoint exactly as it runs a GGUF: same kernels,
+same speed.
+
+Q8_0 blocks come from the `gguf` package's reference quantiser (llama.cpp's `quantize_row_q8_0_ref`).
+Q4_1 blocks are fitted here: the reference takes the block's minimum and (maximum - minimum) / 15,
+which wastes levels on outliers; `fit_q4_1` then refits scale and minimum by least squares to the
+levels chosen, twice, and keeps whichever of the two fits has the smaller error, block by block
+(measured on SmolLM2 with its weights moved off the 4-bit grid: perplexity +30% over float32 with
+the reference quantiser, +23% fitted; see benchmarks/accuracy.py).
+
+Which tensors: the 2-D weights of linear layers, recognised by transformers' naming (`*_proj.weight`:
+attention and MLP projections, experts included, and `lm_head.weight`, or the embedding when the
+head is tied to it); their input size must be a multiple of 32 (the block), else they stay float.
+Norms, biases, routers (`mlp.gate.weight`) and an untied embedding stay float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.logger import get_logger
+from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+
+logger = get_logger(__name__)
+
+BLOCK = 32
+_FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class WeightQuantization:
+    """A `quantization=` choice: the GGML block type of the layers and of the output head."""
+
+    name: str
+    layer_type: str
+    head_type: str
+
+
+QUANTIZATIONS = {
+    "wint8": WeightQuantization("wint8", "Q8_0", "Q8_0"),
+    "wint4": WeightQuantization("wint4", "Q4_1", "Q8_0"),
+}
+
+
+def check_quantization_name(value: Any) -> None:
+    """Raise InvalidArgumentError unless `value` is None or a known quantisation."""
+    if value is not None and value not in QUANTIZATIONS:
+        raise InvalidArgumentError(
+            f"quantization must be one of {', '.join(QUANTIZATIONS)} (or None for the checkpoint's own "
+            f"weights); got {value!r}"
+        )
+
+
+def _is_head(name: str, tied: bool) -> bool:
+    return name == "lm_head.weight" or (tied and name == "model.embed_tokens.weight")
+
+
+def _is_linear(name: str) -> bool:
+    return name.endswith("_proj.weight")
+
+
+def _levels(blocks: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:
+    """The nearest of the 16 levels minimum + scale * q for each weight."""
+    inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
+    return np.clip(np.rint((blocks - minimum) * inverse), 0, 15)
+
+
+def _rounded(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).astype(np.float32)
+
+
+def fit_q4_1(blocks: np.ndarray, refinements: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(scale [n, 1], minimum [n, 1], levels [n, 32] uint8) for float32 blocks [n, 32]: the reference
+    min/max fit or its least-squares refinement, whichever is closer (scale and minimum rounded to
+    float16, as stored)."""
+    low, high = blocks.min(axis=1, keepdims=True), blocks.max(axis=1, keepdims=True)
+    scale, minimum = (high - low) / 15, low
+    candidates = [(_rounded(scale), _rounded(minimum))]
+    count = blocks.shape[1]
+    total = blocks.sum(axis=1, keepdims=True)
+    for _ in range(refinements):
+        levels = _levels(blocks, scale, minimum)
+        level_sum = levels.sum(axis=1, keepdims=True)
+        level_squares = np.einsum("ij,ij->i", levels, levels)[:, None]
+        cross = np.einsum("ij,ij->i", levels, blocks)[:, None]
+        det = count * level_squares - level_sum * level_sum
+        solvable = det > 0  # else every weight got the same level: keep the fit
+        safe = np.where(solvable, det, 1)
+        scale = np.where(solvable, (count * cross - level_sum * total) / safe, scale)
+        minimum = np.where(solvable, (total - scale * level_sum) / count, minimum)
+    candidates.append((_rounded(scale), _rounded(minimum)))
+    best_error = None
+    for scale, minimum in candidates:
+        levels = _levels(blocks, scale, minimum)
+        error = np.square(blocks - (scale * levels + minimum)).sum(axis=1, keepdims=True)
+        if best_error is None:
+            best_error, best = error, (scale, minimum, levels)
+        else:
+            better = error < best_error
+            best_error = np.where(better, error, best_error)
+            best = tuple(
+                np.where(better, new, old) for new, old in zip((scale, minimum, levels), best, strict=True)
+            )
+    scale, minimum, levels = best
+    return scale, minimum, levels.astype(np.uint8)
+
+
+def quantize_q4_1(matrix: np.ndarray) -> np.ndarray:
+    """GGUF Q4_1 rows ([out, in / 32 * 20] uint8) of a float32 [out, in] matrix, fitted by `fit_q4_1`."""
+    rows, cols = matrix.shape
+    blocks = matrix.reshape(-1, BLOCK)
+    out = np.empty((blocks.shape[0], 20), np.uint8)
+    step = 1 << 16  # blocks per pass, to bound the temporaries
+    for start in range(0, blocks.shape[0], step):
+        scale, minimum, levels = fit_q4_1(blocks[start : start + step])
+        part = out[start : start + step]
+        part[:, 0:2] = scale.astype(np.float16).view(np.uint8)
+        part[:, 2:4] = minimum.astype(np.float16).view(np.uint8)
+        part[:, 4:] = levels[:, :16] | (levels[:, 16:] << 4)  # byte i: level i | level i + 16 << 4
+    return out.reshape(rows, cols // BLOCK * 20)
+
+
+def quantize_matrix(matrix: np.ndarray, type_name: str) -> GGMLTensor:
+    """GGML blocks of an [out, in] float matrix (in a multiple of 32)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    qtype = GGMLQuantizationType[type_name]
+    values = np.ascontiguousarray(matrix, dtype=np.float32)
+    rows = quantize_q4_1(values) if qtype == GGMLQuantizationType.Q4_1 else quantize(values, qtype)
+    return GGMLTensor(int(qtype), rows, values.shape)
+
+
+def quantize_tensors(
+    tensors: Iterable[tuple[str, Any]], quantization: str, tie_word_embeddings: bool, source: str
+) -> Iterator[tuple[str, Any]]:
+    """The loader's (name, tensor) stream with linear-layer weights turned into GGML blocks."""
+    method = QUANTIZATIONS[quantization]
+    kept_float: list[str] = []
+    for name, tensor in tensors:
+        head = _is_head(name, tie_word_embeddings)
+        if not (head or _is_linear(name)) or len(tensor.shape) != 2:
+            yield name, tensor
+            continue
+        if isinstance(tensor, GGMLTensor) or np.dtype(tensor.dtype).name not in _FLOAT_DTYPES:
+            kind = tensor.type_name if isinstance(tensor, GGMLTensor) else np.dtype(tensor.dtype).name
+            raise InvalidArgumentError(
+                f"quantization={quantization!r} needs a float32, float16 or bfloat16 checkpoint, but "
+                f"{name} of {source} is {kind}; load it without quantization= (its own weights are "
+                "used as they are)"
+            )
+        if tensor.shape[1] % BLOCK:
+            kept_float.append(name)
+            yield name, tensor
+            continue
+        yield name, quantize_matrix(np.asarray(tensor), method.head_type if head else method.layer_type)
+    if kept_float:
+        logger.info(
+            "quantization=%s: %d matrices kept in float (input size not a multiple of %d): %s",
+            quantization,
+            len(kept_float),
+            BLOCK,
+            ", ".join(kept_float[:4]),
+        )

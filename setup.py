@@ -17,6 +17,7 @@ native_kernels = Extension(
             "isa",
             "threadpool",
             "gemm",
+            "packing",
             "attention",
             "encoder_attention",
             "elementwise",

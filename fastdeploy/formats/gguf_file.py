@@ -18,6 +18,7 @@ section, which starts at the next multiple of `general.alignment` (default 32).
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
@@ -194,8 +195,18 @@ def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
-    """Metadata and tensor table of a GGUF file (tensor data is read later, on demand)."""
+    """Metadata and tensor table of a GGUF file (tensor data is read later, on demand).
+
+    An engine start reads the file three times (config, tokenizer, weights): the parsed header is
+    kept for a file whose path, size and modification time are unchanged. Treat it as read-only.
+    """
     path = os.fspath(path)
+    status = os.stat(path)
+    return _read_cached(path, status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_cached(path: str, size: int, mtime_ns: int) -> GGUFFile:
     with open(path, "rb") as handle:
         if os.fstat(handle.fileno()).st_size < 24:
             raise UnsupportedModelError(f"{path} is too small to be a GGUF file")

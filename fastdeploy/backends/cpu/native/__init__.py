@@ -1,21 +1,21 @@
 """The cpu backend's native kernels: products on GGUF-quantised weights kept in their blocks,
 paged attention and the element-wise ops of a decoder layer.
 
-`pack` turns the parts of a linear weight into a `PackedWeight` (Q4_1/Q8_0 blocks kept as they
-are, anything else as float32 panels); `matmul` multiplies float32 activations by it. Every kernel takes the instruction set to run (`isa`), so the backend
+`pack` turns the parts of a linear weight into a `PackedWeight` (Q4_1/Q8_0 blocks repacked into
+column panels by packing.c, anything else as float32 panels); `matmul` multiplies float32
+activations by it. Every kernel takes the instruction set to run (`isa`), so the backend
 runs what `FD_CPU_KERNELS` names and tests exercise the AVX2 code on an AVX-512 machine. Where the extension was not built, `unavailable_reason`
 says why and the backend keeps its numpy path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from fastdeploy.backends.base import BatchLayout
-from fastdeploy.backends.cpu.native.packing import pack_f32, pack_q4_1, pack_q8_0
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
 
 try:
@@ -26,13 +26,12 @@ except ImportError as error:  # not compiled: no C compiler at install time, or 
 else:
     _IMPORT_ERROR = None
 
-#: GGML type name -> (kernel kind, packer) for the block types multiplied without dequantising
-_FORMATS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
-    "Q4_1": ("KIND_Q4_1", pack_q4_1),
-    "Q8_0": ("KIND_Q8_0", pack_q8_0),
-}
+#: GGML type name -> (kernel kind, bytes of one packed block: 16 columns x 32 k, see gemm.c) for the
+#: block types multiplied without dequantising
+_FORMATS: dict[str, tuple[str, int]] = {"Q4_1": ("KIND_Q4_1", 320), "Q8_0": ("KIND_Q8_0", 544)}
 SUPPORTED_TYPES = tuple(_FORMATS)
 _KINDS = {"F32": "KIND_F32", **{name: kind for name, (kind, _) in _FORMATS.items()}}
+PANEL = 16
 ISAS = ("avx512", "avx2")
 
 
@@ -75,10 +74,24 @@ def pack(parts: Sequence[GGMLTensor | np.ndarray]) -> PackedWeight:
     type_names = {part.type_name if isinstance(part, GGMLTensor) else None for part in parts}
     type_name = type_names.pop() if len(type_names) == 1 else None
     if type_name in _FORMATS:
-        rows = np.concatenate([part.rows for part in parts], axis=0)
-        return PackedWeight(type_name, _FORMATS[type_name][1](rows), rows.shape[0], in_features.pop())
+        kind, block_bytes = _FORMATS[type_name]
+        rows = np.ascontiguousarray(np.concatenate([part.rows for part in parts], axis=0), np.uint8)
+        out_features, depth = rows.shape[0], in_features.pop()
+        packed = np.empty(-(-out_features // PANEL) * (depth // 32) * block_bytes, np.uint8)
+        _native.pack_blocks(getattr(_native, kind), rows, packed, out_features, depth)
+        return PackedWeight(type_name, packed, out_features, depth)
     matrix = np.concatenate([np.asarray(part, dtype=np.float32) for part in parts], axis=0)
-    return PackedWeight("F32", pack_f32(matrix), matrix.shape[0], in_features.pop())
+    return PackedWeight("F32", _pack_f32(matrix), matrix.shape[0], in_features.pop())
+
+
+def _pack_f32(matrix: np.ndarray) -> np.ndarray:
+    """Panel pairs [pairs, in, 32] float32 of an [out, in] float matrix (out padded with zero rows):
+    already the kernels' float buffer layout (gemm.c)."""
+    out, depth = matrix.shape
+    pairs = -(-out // (2 * PANEL))
+    padded = np.zeros((pairs * 2 * PANEL, depth), np.float32)
+    padded[:out] = matrix
+    return np.ascontiguousarray(padded.reshape(pairs, 2 * PANEL, depth).transpose(0, 2, 1))
 
 
 def set_spin_us(microseconds: float) -> None:

@@ -7,7 +7,8 @@
  * (d*q+m and d*q are exact products rounded once), then multiplied in float32 with float32
  * activations, so results equal a float32 matmul on the dequantised weights up to summation order.
  *
- * Weights are repacked at load time (see packing.py) into panels of 16 output columns:
+ * Weights are repacked at load time (packing.c; float32 in native/__init__.py) into panels of 16
+ * output columns:
  *   Q4_1 panel block (320 bytes, 32 k x 16 columns):
  *     d[16] fp16, m[16] fp16, then 16 rows j of 16 bytes: byte n = q[2j][n] | q[2j+1][n] << 4
  *   Q8_0 panel block (544 bytes): d[16] fp16, then 32 rows k of 16 int8 q[k][n]

@@ -25,6 +25,8 @@ static PyMethodDef methods[] = {
     {"set_spin_us", native_set_spin_us, METH_VARARGS,
      "set_spin_us(us): how long the kernels' idle threads spin before they sleep."},
     {"spin_us", native_spin_us, METH_NOARGS, "How long the kernels' idle threads spin before they sleep, in us."},
+    {"pack_blocks", native_pack_blocks, METH_VARARGS,
+     "pack_blocks(kind, rows, out, out_features, in_features): GGUF rows into gemm's column panels."},
     {"gemm", native_gemm, METH_VARARGS,
      "gemm(kind, x, packed, out, rows, cols, depth, isa, threads): out = x @ dequant(packed).T"},
     {NULL, NULL, 0, NULL},

@@ -2,6 +2,7 @@
  * Shared declarations of the cpu backend's native kernels (the `_native` extension module).
  *
  * gemm.c              matrix products on GGUF Q4_1/Q8_0 blocks (dequantised in registers) and float32 panels
+ * packing.c           GGUF Q4_1/Q8_0 rows repacked into gemm.c's column panels
  * row_kernels.h       attention and element-wise kernels, compiled per instruction set by
  *                     row_kernels_avx2.c and row_kernels_avx512.c
  * attention.c         paged causal attention over block tables (entry point)
@@ -106,6 +107,7 @@ const struct row_kernels *native_row_kernels(const char *isa_name);
 
 PyObject *native_best_isa(PyObject *self, PyObject *noargs);
 PyObject *native_gemm(PyObject *self, PyObject *args);
+PyObject *native_pack_blocks(PyObject *self, PyObject *args);
 PyObject *native_attention(PyObject *self, PyObject *args);
 PyObject *native_encoder_attention(PyObject *self, PyObject *args);
 PyObject *native_rms_norm(PyObject *self, PyObject *args);

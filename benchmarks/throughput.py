@@ -140,21 +140,29 @@ class Hogs:
         self.processes = []
 
 
-def make_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
-    """`count` distinct prompts of exactly `length` token ids."""
+def make_prompts(tokenizer, count: int, length: int, first: int = 0) -> list[list[int]]:
+    """`count` distinct prompts of exactly `length` token ids (documents `first`, `first + 1`, ...:
+    they differ from the third token on, so no two share a KV block)."""
     prompts = []
     words = PROMPT_TEXT.split()
-    for i in range(count):
+    for i in range(first, first + count):
         text = f"Document {i}: " + " ".join((words[i % len(words) :] + words) * (1 + length // len(words)))
         prompts.append(tokenizer.encode(text, add_special_tokens=False)[:length])
     return prompts
 
 
-def requests(args: argparse.Namespace, tokenizer) -> dict[str, dict]:
-    batch = make_prompts(tokenizer, args.batch, args.prompt_len)
+def requests(args: argparse.Namespace, tokenizer, repeat: int) -> dict[str, dict]:
+    """The workloads of one repeat: prompts new to every engine (prefix caching is on by default,
+    and a repeated prompt would be served from the cache)."""
+    first = 1000 * (repeat + 1)
+    batch = make_prompts(tokenizer, args.batch, args.prompt_len, first)
     return {
-        "prefill": {"op": "prefill", "prompt": make_prompts(tokenizer, 1, 512)[0]},
-        "decode": {"op": "decode", "prompt": batch[0], "tokens": args.new_tokens},
+        "prefill": {"op": "prefill", "prompt": make_prompts(tokenizer, 1, 512, first + args.batch)[0]},
+        "decode": {
+            "op": "decode",
+            "prompt": make_prompts(tokenizer, 1, args.prompt_len, first + 999)[0],
+            "tokens": args.new_tokens,
+        },
         "batch": {"op": "batch", "prompts": batch, "tokens": args.new_tokens},
     }
 
@@ -177,14 +185,16 @@ def peer_reason(python: str, kind: str) -> str | None:
     return f"`import {PEER_MODULES[kind]}` failed with {python}: {lines[-1]}"
 
 
-def measure(engines: list[Engine], work: dict[str, dict], workloads: list[str], repeats: int) -> dict:
-    """{workload: {label: [tok/s per repeat]}}, interleaved repeat -> workload -> engine."""
+def measure(engines: list[Engine], work, workloads: list[str], repeats: int, offset: int = 0) -> dict:
+    """{workload: {label: [tok/s per repeat]}}, interleaved repeat -> workload -> engine; `work(r)`
+    gives repeat r's requests."""
     rates: dict[str, dict[str, list[float]]] = {w: {e.label: [] for e in engines} for w in workloads}
     for repeat in range(repeats):
+        requests_now = work(offset + repeat)
         for workload in workloads:
             for engine in engines:
-                result = engine.run(work[workload])
-                rates[workload][engine.label].append(rate(workload, work[workload], result))
+                result = engine.run(requests_now[workload])
+                rates[workload][engine.label].append(rate(workload, requests_now[workload], result))
         print(f"  repeat {repeat + 1}/{repeats} done", file=sys.stderr, flush=True)
     return rates
 
@@ -295,6 +305,7 @@ def main() -> None:
         args.skip_peer = "transformers" not in args.peers.split(",")
         throughput_cuda.main(args)
         return
+    os.environ.setdefault("FD_LOG_LEVEL", "WARNING")  # this process's and the workers' logs
 
     from fastdeploy.input.gguf_tokenizer import GGUFTokenizerLoader
     from fastdeploy.model_resolver import embedded_model_path
@@ -342,7 +353,10 @@ def parse_variant(text: str) -> Engine:
 def run(args: argparse.Namespace, models: dict[str, str], variants: list[Engine], tokenizer) -> None:
     peers = peer_engines(args)
     ours = [Engine("fastdeploy", "fastdeploy", sys.executable), *variants]
-    work = requests(args, tokenizer)
+
+    def work(repeat: int) -> dict[str, dict]:
+        return requests(args, tokenizer, repeat)
+
     workloads = [w for w in args.workloads.split(",") if w]
     hogs = Hogs(args.background_load, args.hog_seconds) if args.background_load else None
     results: dict = {"background_load": args.background_load}
@@ -351,7 +365,7 @@ def run(args: argparse.Namespace, models: dict[str, str], variants: list[Engine]
         for engine in engines:
             engine.start(models, args.checkpoint)
         for engine in engines:  # warm-up
-            engine.run({"op": "batch", "prompts": work["batch"]["prompts"][:2], "tokens": 4})
+            engine.run({"op": "batch", "prompts": make_prompts(tokenizer, 2, args.prompt_len), "tokens": 4})
         load = f", beside {args.background_load} CPU hogs" if args.background_load else ""
         results["rates"] = measure(engines, work, workloads, args.repeats)
         print_table(
@@ -380,7 +394,8 @@ def contention(args, engines, peers, work, workloads, models) -> dict:
     rows = [engines[0], *threaded, *peers]
     hog = Hogs(1, args.hog_seconds)
     try:
-        rates = measure(rows, work, [w for w in ("decode", "batch") if w in workloads], args.repeats)
+        contended = [w for w in ("decode", "batch") if w in workloads]
+        rates = measure(rows, work, contended, args.repeats, offset=args.repeats)
     finally:
         hog.stop()
         for engine in threaded:

@@ -122,8 +122,9 @@ class EngineConfig:
     chat_template: str | None = None
     reasoning_parser: str | None = None
     tensor_parallel_size: int = 1
-    #: reuse the KV blocks of prompt prefixes computed before (shared system prompts, chat turns)
-    enable_prefix_caching: bool = False
+    #: reuse the KV blocks of prompt prefixes computed before (shared system prompts, chat turns);
+    #: on by default, as in vLLM v1: without shared prefixes it costs nothing measurable
+    enable_prefix_caching: bool = True
     #: pipeline stages the decoder layers are split into (ranks = tensor x pipeline parallel size)
     pipeline_parallel_size: int = 1
     #: engine replicas behind one server endpoint (the server's --data-parallel-size)

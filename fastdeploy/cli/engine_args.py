@@ -82,6 +82,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         help="multimodal processor defaults, JSON, e.g. '{\"image_max_pixels\": 802816}'",
     )
     parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV cache of shared prompt prefixes (default on; --no-enable-prefix-caching turns it off)",
+    )
+    parser.add_argument(
         "--quantization", default=None, help="weight-only quantisation of a float checkpoint: wint8 or wint4"
     )
 
@@ -126,4 +132,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "limit_mm_per_prompt": args.limit_mm_per_prompt,
         "mm_processor_kwargs": args.mm_processor_kwargs,
         "quantization": args.quantization,
+        "enable_prefix_caching": args.enable_prefix_caching,
     }

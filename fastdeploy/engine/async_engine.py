@@ -20,10 +20,11 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastdeploy.engine.engine import LLMEngine
+from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 from fastdeploy.engine.request import OK, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.errors import EngineDeadError, FastDeployError
@@ -79,6 +80,8 @@ class StepStats:
     #: seconds since the previous token, one entry per later token
     inter_token_latencies: list[float] = field(default_factory=list)
     finished: list[RequestOutput] = field(default_factory=list)
+    #: prefix-cache totals since the engine started
+    prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
 
 StepObserver = Callable[[StepStats], None]
@@ -453,6 +456,7 @@ class AsyncLLMEngine:
         current = self._stats()
         stats.num_running, stats.num_waiting = current.num_running, current.num_waiting
         stats.kv_cache_usage, stats.num_free_blocks = current.kv_cache_usage, current.num_free_blocks
+        stats.prefix_cache = replace(self.engine.scheduler.prefix_cache_stats)
         for observer in self._observers:
             try:
                 observer(stats)

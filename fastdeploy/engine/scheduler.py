@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from fastdeploy.engine.block_manager import BlockManager
+from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 from fastdeploy.engine.sequence import Sequence, SequenceStatus
 from fastdeploy.logger import get_logger
 
@@ -47,6 +48,7 @@ class Scheduler:
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         self.block_manager = block_manager
+        self.prefix_cache_stats = PrefixCacheStats()
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -108,6 +110,8 @@ class Scheduler:
                 break
             if seq.first_scheduled_time is None:
                 seq.num_cached_tokens = cached
+                if self.block_manager.enable_prefix_caching:
+                    self.prefix_cache_stats.record(seq.num_tokens, cached)
             self.waiting.popleft()
             if not self._allocate(seq, num_new, batch):
                 continue

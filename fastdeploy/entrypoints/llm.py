@@ -74,7 +74,7 @@ class LLM:
         cpu_threads: int | None = None,
         chat_template: str | None = None,
         reasoning_parser: str | None = None,
-        enable_prefix_caching: bool = False,
+        enable_prefix_caching: bool = True,
         pipeline_parallel_size: int = 1,
         data_parallel_size: int = 1,
         ips: str | list[str] | None = None,

@@ -84,7 +84,7 @@ def test_cached_prefix_gives_identical_outputs_and_reports_cached_tokens(llm):
     ]
     params = SamplingParams(temperature=0, max_tokens=12)
     expected = [o.outputs.token_ids for o in llm.chat(chats, params, use_tqdm=False)]
-    cached_llm = LLM(max_model_len=1024, block_size=16, enable_prefix_caching=True)
+    cached_llm = LLM(max_model_len=1024, block_size=16)  # prefix caching is on by default
     first = cached_llm.chat(chats[0], params, use_tqdm=False)[0]
     second = cached_llm.chat(chats[1], params, use_tqdm=False)[0]
     assert first.num_cached_tokens == 0
@@ -99,3 +99,29 @@ def test_cached_prefix_gives_identical_outputs_and_reports_cached_tokens(llm):
     repeat = cached_llm.chat(chats[0], params, use_tqdm=False)[0]
     assert repeat.outputs.token_ids == expected[0]
     assert repeat.num_cached_tokens == (len(first.prompt_token_ids) - 1) // 16 * 16
+    stats = cached_llm.llm_engine.scheduler.prefix_cache_stats
+    prompts = [first, second, repeat]
+    assert stats.queried_tokens == sum(len(o.prompt_token_ids) for o in prompts)
+    assert stats.hit_tokens == second.num_cached_tokens + repeat.num_cached_tokens
+    assert (stats.queried_requests, stats.hit_requests) == (3, 2)
+    assert stats.hit_token_rate == stats.hit_tokens / stats.queried_tokens
+    assert stats.hit_request_rate == 2 / 3
+
+
+def test_prefix_cache_totals_reach_the_metrics():
+    """The server's gauges and counter from the engine thread's step totals (hand-computed)."""
+    from fastdeploy.engine.async_engine import StepStats
+    from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
+    from fastdeploy.entrypoints.openai.metrics import ServerMetrics
+
+    metrics = ServerMetrics()
+    stats = PrefixCacheStats()
+    for prompt, cached in [(100, 0), (120, 64), (90, 80)]:
+        stats.record(prompt, cached)
+    step = StepStats(0, 0, 0.0, 10, 10, prefix_cache=stats)
+    metrics.observe_step(step)
+    metrics.observe_step(step)  # the same totals again: nothing more is counted
+    text = metrics.render().decode()
+    assert "fastdeploy:hit_token_rate 0.4645161290322581" in text  # 144 / 310
+    assert "fastdeploy:hit_req_rate 0.6666666666666666" in text
+    assert "fastdeploy:prefix_cache_token_num_total 144.0" in text

@@ -175,10 +175,12 @@ def test_bfloat16_and_float16_checkpoints_quantise():
         np.testing.assert_array_equal(np.asarray(blocks), gguf_round_trip(matrix.astype(np.float32), "Q8_0"))
 
 
-def test_cli_flag_reaches_the_engine_arguments():
+def test_cli_flags_reach_the_engine_arguments():
     import argparse
 
     parser = argparse.ArgumentParser()
     add_engine_arguments(parser)
     assert engine_kwargs(parser.parse_args(["--quantization", "wint4"]))["quantization"] == "wint4"
-    assert engine_kwargs(parser.parse_args([]))["quantization"] is None
+    defaults = engine_kwargs(parser.parse_args([]))
+    assert defaults["quantization"] is None and defaults["enable_prefix_caching"] is True
+    assert engine_kwargs(parser.parse_args(["--no-enable-prefix-caching"]))["enable_prefix_caching"] is False

@@ -94,6 +94,20 @@ class ServerMetrics:
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
+        self.hit_token_rate = Gauge(
+            "fastdeploy:hit_token_rate",
+            "Share of prompt tokens served from the prefix cache since start (0..1)",
+            registry=r,
+        )
+        self.hit_req_rate = Gauge(
+            "fastdeploy:hit_req_rate",
+            "Share of requests that found cached prefix blocks since start (0..1)",
+            registry=r,
+        )
+        self.prefix_cache_tokens = Counter(
+            "fastdeploy:prefix_cache_token_num", "Prompt tokens served from the prefix cache", registry=r
+        )
+        self._prefix_hit_tokens = 0
         self.requests_per_step = Histogram(
             "fastdeploy:requests_per_step",
             "Requests that received a token in one engine step (the decode batch size)",
@@ -122,6 +136,12 @@ class ServerMetrics:
         self.cache_usage.set(stats.kv_cache_usage)
         self.free_blocks.set(stats.num_free_blocks)
         self.total_blocks.set(stats.num_total_blocks)
+        prefix = stats.prefix_cache
+        self.hit_token_rate.set(prefix.hit_token_rate)
+        self.hit_req_rate.set(prefix.hit_request_rate)
+        if prefix.hit_tokens > self._prefix_hit_tokens:
+            self.prefix_cache_tokens.inc(prefix.hit_tokens - self._prefix_hit_tokens)
+            self._prefix_hit_tokens = prefix.hit_tokens
         if stats.requests_in_step:
             self.requests_per_step.observe(stats.requests_in_step)
         if stats.prompt_tokens:

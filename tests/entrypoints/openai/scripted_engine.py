@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
+from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 from fastdeploy.engine.request import CompletionOutput, RequestMetrics, RequestOutput
 from fastdeploy.errors import InvalidArgumentError
 
@@ -27,7 +28,10 @@ class ScriptedEngine:
 
     @property
     def scheduler(self):
-        return SimpleNamespace(running=[SimpleNamespace(request_id=r) for r in self.requests])
+        return SimpleNamespace(
+            running=[SimpleNamespace(request_id=r) for r in self.requests],
+            prefix_cache_stats=PrefixCacheStats(),
+        )
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

@@ -17,6 +17,7 @@ native_kernels = Extension(
             "isa",
             "threadpool",
             "gemm",
+            "gemm_int8",
             "packing",
             "attention",
             "encoder_attention",

@@ -21,9 +21,11 @@ import there is skipped with the reason:
   --transformers-python PY   an interpreter with torch==2.13.0 transformers gguf accelerate
 `--background-load N` runs everything beside N CPU hogs of its own (killed at the end, and each
 stops by itself after `--hog-seconds`). `--variant LABEL:KEY=VALUE,...` adds a fastdeploy row with
-those `LLM(...)` arguments; the key `checkpoint=gguf|safetensors` picks that row's weights, e.g.
+those `LLM(...)` arguments; the key `checkpoint=gguf|safetensors` picks that row's weights and
+keys starting with FD_ are environment variables of that row's process, e.g.
 `--variant wint4:checkpoint=safetensors,quantization=wint4` runs the float32 directory quantised
-at load beside the default row on the GGUF.
+at load beside the default row on the GGUF, `--variant int8:FD_CPU_ACTIVATIONS=int8` the int8
+activations.
 
     python benchmarks/throughput.py [--peers llama.cpp,transformers] [--repeats 3]
         [--checkpoint gguf|safetensors] [--background-load N] [--skip-contention] [--skip-startup]
@@ -347,7 +349,10 @@ def parse_variant(text: str) -> Engine:
     checkpoint = options.pop("checkpoint", None)
     if checkpoint not in (None, "gguf", "safetensors"):
         sys.exit(f"--variant {text!r}: checkpoint must be gguf or safetensors")
-    return Engine(f"fastdeploy {label}", "fastdeploy", sys.executable, checkpoint=checkpoint, options=options)
+    env = {key: str(options.pop(key)) for key in list(options) if key.startswith("FD_")}
+    return Engine(
+        f"fastdeploy {label}", "fastdeploy", sys.executable, checkpoint=checkpoint, options=options, env=env
+    )
 
 
 def run(args: argparse.Namespace, models: dict[str, str], variants: list[Engine], tokenizer) -> None:

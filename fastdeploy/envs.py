@@ -63,6 +63,16 @@ def cpu_spin_us() -> float:
     return spin
 
 
+def cpu_activations() -> str:
+    """What the cpu backend's quantised matmuls multiply activations in (`FD_CPU_ACTIVATIONS`).
+
+    float32 (default): exact, the weights are dequantised in registers. int8: opt-in faster
+    numerics, activations quantised per 32-value block to int8 and multiplied with integer dot
+    products (AVX-512 VNNI or AVX2), as llama.cpp does.
+    """
+    return os.environ.get("FD_CPU_ACTIVATIONS", "float32").strip().lower() or "float32"
+
+
 def cpu_kernels() -> str:
     """Kernels of the cpu backend (`FD_CPU_KERNELS`): auto, avx512, avx2 or numpy.
 

@@ -62,6 +62,28 @@ def _native_isa() -> str | None:
     return native.best_isa() if requested == "auto" else requested
 
 
+def _activations(isa: str | None) -> str:
+    """What `FD_CPU_ACTIVATIONS` asks for, checked against the kernels that will run."""
+    value = envs.cpu_activations()
+    if value not in native.ACTIVATIONS:
+        raise InvalidArgumentError(
+            f"FD_CPU_ACTIVATIONS must be one of {', '.join(native.ACTIVATIONS)}; got {value!r}"
+        )
+    if value == "int8" and isa is None:
+        raise InvalidArgumentError(
+            "FD_CPU_ACTIVATIONS=int8 needs the cpu backend's native kernels, which do not run here "
+            f"({native.unavailable_reason() or 'FD_CPU_KERNELS=numpy'})"
+        )
+    return value
+
+
+def _activations_note(isa: str, activations: str) -> str:
+    if activations == "float32":
+        return "float32 activations (exact)"
+    instructions = "AVX-512 VNNI" if isa == "avx512" and native.has_vnni() else "AVX2 maddubs"
+    return f"int8 activations ({instructions}; FD_CPU_ACTIVATIONS)"
+
+
 def _waiting_policy() -> str:
     """How the kernels' idle threads wait, for logs and `fastdeploy env`."""
     spin = envs.cpu_spin_us()
@@ -86,6 +108,7 @@ class CpuBackend(Backend):
         self.threads = options.thread_count()
         self.dtype = np.float32
         self.native_isa = _native_isa()
+        self.activations = _activations(self.native_isa)
         # With the native kernels every op of a forward pass runs on their threads and BLAS is not
         # used; a BLAS pool would only spin beside them (measured: 170 -> 26 tok/s).
         _set_blas_threads(1 if self.native_isa else self.threads)
@@ -98,14 +121,14 @@ class CpuBackend(Backend):
             isa = _native_isa()
             if isa is None:
                 return f"numpy kernels ({native.unavailable_reason() or 'FD_CPU_KERNELS=numpy'})"
-            return f"native kernels, {isa}; {_waiting_policy()}"
+            return f"native kernels, {isa}; {_activations_note(isa, _activations(isa))}; {_waiting_policy()}"
         except InvalidArgumentError as exc:
             return str(exc)
 
     def describe(self) -> str:
         kernels = (
             f"native kernels ({self.native_isa}; {'/'.join(native.SUPPORTED_TYPES)} weights kept in blocks; "
-            f"{_waiting_policy()})"
+            f"{_activations_note(self.native_isa, self.activations)}; {_waiting_policy()})"
             if self.native_isa
             else "numpy"
         )
@@ -136,7 +159,7 @@ class CpuBackend(Backend):
 
     def linear_weight(self, *parts: np.ndarray | GGMLTensor) -> np.ndarray | native.PackedWeight:
         if self.native_isa:
-            return native.pack(parts)
+            return native.pack(parts, self.activations)
         stacked = np.concatenate([np.asarray(part, dtype=self.dtype) for part in parts], axis=0)
         # [in, out] contiguous: x @ W runs as a plain (non-transposed) sgemm.
         return np.ascontiguousarray(stacked.T)

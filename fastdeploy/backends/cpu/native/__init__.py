@@ -30,9 +30,10 @@ else:
 #: block types multiplied without dequantising
 _FORMATS: dict[str, tuple[str, int]] = {"Q4_1": ("KIND_Q4_1", 320), "Q8_0": ("KIND_Q8_0", 544)}
 SUPPORTED_TYPES = tuple(_FORMATS)
-_KINDS = {"F32": "KIND_F32", **{name: kind for name, (kind, _) in _FORMATS.items()}}
 PANEL = 16
 ISAS = ("avx512", "avx2")
+#: what the activations are multiplied in: float32 (exact) or int8 (gemm_int8.c, opt-in)
+ACTIVATIONS = ("float32", "int8")
 
 
 def unavailable_reason() -> str | None:
@@ -44,6 +45,11 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def has_vnni() -> bool:
+    """Whether the int8-activation kernels use AVX-512 VNNI here (else AVX2's maddubs)."""
+    return _native is not None and _native.has_vnni()
+
+
 def best_isa() -> str:
     """The widest instruction set the kernels use on this CPU (avx512, avx2 or none)."""
     return _native.best_isa() if _native is not None else "none"
@@ -52,19 +58,28 @@ def best_isa() -> str:
 @dataclass(frozen=True)
 class PackedWeight:
     """A [out_features, in_features] weight in the kernels' panel layout; `type_name` is the GGML
-    block type kept (Q4_1, Q8_0) or F32."""
+    block type kept (Q4_1, Q8_0) or F32; `activations` what the kernel quantises x to (block
+    weights only: float weights are always multiplied in float32)."""
 
     type_name: str
     packed: np.ndarray
     out_features: int
     in_features: int
+    activations: str = "float32"
+
+    @property
+    def kind(self) -> int:
+        """The extension's weight kind (native.h `enum weight_kind`)."""
+        suffix = "_I8" if self.activations == "int8" else ""
+        return getattr(_native, f"KIND_{self.type_name}{suffix}")
 
 
-def pack(parts: Sequence[GGMLTensor | np.ndarray]) -> PackedWeight:
+def pack(parts: Sequence[GGMLTensor | np.ndarray], activations: str = "float32") -> PackedWeight:
     """One packed weight from [out, in] parts stacked along `out` (a fused qkv or gate/up projection).
 
-    Parts that share a block type with a kernel stay in their blocks; anything else (float
-    checkpoints, other GGUF types, mixed types) is packed as float32.
+    Parts that share a block type with a kernel stay in their blocks, in the layout of the
+    `activations` kernels; anything else (float checkpoints, other GGUF types, mixed types) is
+    packed as float32.
     """
     in_features = {part.shape[1] for part in parts}
     if not parts or len(in_features) != 1 or any(len(part.shape) != 2 for part in parts):
@@ -74,12 +89,13 @@ def pack(parts: Sequence[GGMLTensor | np.ndarray]) -> PackedWeight:
     type_names = {part.type_name if isinstance(part, GGMLTensor) else None for part in parts}
     type_name = type_names.pop() if len(type_names) == 1 else None
     if type_name in _FORMATS:
-        kind, block_bytes = _FORMATS[type_name]
+        block_bytes = _FORMATS[type_name][1]
         rows = np.ascontiguousarray(np.concatenate([part.rows for part in parts], axis=0), np.uint8)
         out_features, depth = rows.shape[0], in_features.pop()
         packed = np.empty(-(-out_features // PANEL) * (depth // 32) * block_bytes, np.uint8)
-        _native.pack_blocks(getattr(_native, kind), rows, packed, out_features, depth)
-        return PackedWeight(type_name, packed, out_features, depth)
+        weight = PackedWeight(type_name, packed, out_features, depth, activations)
+        _native.pack_blocks(weight.kind, rows, packed, out_features, depth)
+        return weight
     matrix = np.concatenate([np.asarray(part, dtype=np.float32) for part in parts], axis=0)
     return PackedWeight("F32", _pack_f32(matrix), matrix.shape[0], in_features.pop())
 
@@ -103,9 +119,8 @@ def matmul(x: np.ndarray, weight: PackedWeight, isa: str, threads: int) -> np.nd
     """x [tokens, in_features] float32 times the weight's transpose: [tokens, out_features] float32."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty((x.shape[0], weight.out_features), np.float32)
-    kind = getattr(_native, _KINDS[weight.type_name])
     _native.gemm(
-        kind, x, weight.packed, out, x.shape[0], weight.out_features, weight.in_features, isa, threads
+        weight.kind, x, weight.packed, out, x.shape[0], weight.out_features, weight.in_features, isa, threads
     )
     return out
 

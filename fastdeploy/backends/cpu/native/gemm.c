@@ -31,21 +31,12 @@
 #define Q4_1_PANEL_BLOCK_BYTES (PANEL * 2 * 2 + PANEL * QBLOCK / 2)
 #define Q8_0_PANEL_BLOCK_BYTES (PANEL * 2 + PANEL * QBLOCK)
 
-/* Arguments of one product out[m, n] = sum_k x[m, k] * w[n, k]. */
-struct gemm_args {
-    const float *x;
-    const uint8_t *packed;
-    float *out;
-    Py_ssize_t rows, cols, depth;
-    int kind;
-};
-
 /* Each instruction set has: dequantisation of one k row of a panel block (16 columns), a tile
  * kernel multiplying up to ROWS activation rows by one panel straight from its blocks (few rows:
  * every weight is used by few rows, so it is dequantised where it is used), and a tile kernel over
  * a panel dequantised once into a float buffer (many rows: the buffer is reused by every row
  * tile). Both produce the same float32 weights and sum over k in the same order. */
-#define BLOCK_BYTES(kind) ((kind) == KIND_Q4_1 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES)
+#define BLOCK_BYTES(kind) ((kind) == KIND_Q4_1 || (kind) == KIND_Q4_1_I8 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES)
 
 /* ---------------------------------------------------------------- AVX-512 */
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -396,7 +387,7 @@ PyObject *native_gemm(PyObject *self, PyObject *args)
     const int isa = native_isa_checked(isa_str);
     if (isa < 0) {
         /* native_isa_checked set the error */
-    } else if (kind != KIND_Q4_1 && kind != KIND_Q8_0 && kind != KIND_F32) {
+    } else if (kind < KIND_Q4_1 || kind > KIND_Q8_0_I8) {
         PyErr_Format(PyExc_ValueError, "unknown weight kind %d", kind);
     } else if (rows < 0 || cols <= 0 || depth <= 0 || (kind != KIND_F32 && depth % QBLOCK != 0)) {
         PyErr_Format(PyExc_ValueError,
@@ -409,10 +400,14 @@ PyObject *native_gemm(PyObject *self, PyObject *args)
                      depth);
     } else {
         struct gemm_job job = {{x.buf, packed.buf, out.buf, rows, cols, depth, kind}, (cols + PANEL - 1) / PANEL, isa};
+        int failed = 0;
         Py_BEGIN_ALLOW_THREADS
-        if (rows > 0) fd_parallel_for((job.panels + 1) / 2, threads, gemm_task, &job);
+        if (rows > 0 && (kind == KIND_Q4_1_I8 || kind == KIND_Q8_0_I8))
+            failed = gemm_int8(&job.a, isa, threads);
+        else if (rows > 0)
+            fd_parallel_for((job.panels + 1) / 2, threads, gemm_task, &job);
         Py_END_ALLOW_THREADS
-        result = Py_NewRef(Py_None);
+        result = failed ? PyErr_NoMemory() : Py_NewRef(Py_None);
     }
     PyBuffer_Release(&x);
     PyBuffer_Release(&packed);

@@ -14,7 +14,10 @@ static PyObject *native_set_spin_us(PyObject *self, PyObject *args)
 
 static PyObject *native_spin_us(PyObject *self, PyObject *noargs) { return PyFloat_FromDouble(fd_spin_ns() / 1000.0); }
 
+static PyObject *native_has_vnni(PyObject *self, PyObject *noargs) { return PyBool_FromLong(native_cpu_has_vnni()); }
+
 static PyMethodDef methods[] = {
+    {"has_vnni", native_has_vnni, METH_NOARGS, "Whether the int8 kernels use AVX-512 VNNI on this CPU."},
     {"best_isa", native_best_isa, METH_NOARGS, "The widest instruction set this CPU runs: avx512, avx2 or none."},
     {"attention", native_attention, METH_VARARGS, "Paged causal attention over block tables (see attention.c)."},
     {"encoder_attention", native_encoder_attention, METH_VARARGS,
@@ -39,7 +42,9 @@ PyMODINIT_FUNC PyInit__native(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "KIND_Q4_1", KIND_Q4_1) < 0 || PyModule_AddIntConstant(m, "KIND_Q8_0", KIND_Q8_0) < 0 ||
-        PyModule_AddIntConstant(m, "KIND_F32", KIND_F32) < 0 || PyModule_AddIntConstant(m, "PANEL", PANEL) < 0) {
+        PyModule_AddIntConstant(m, "KIND_F32", KIND_F32) < 0 || PyModule_AddIntConstant(m, "PANEL", PANEL) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_Q4_1_I8", KIND_Q4_1_I8) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_Q8_0_I8", KIND_Q8_0_I8) < 0) {
         Py_DECREF(m);
         return NULL;
     }

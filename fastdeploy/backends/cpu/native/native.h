@@ -3,6 +3,7 @@
  *
  * gemm.c              matrix products on GGUF Q4_1/Q8_0 blocks (dequantised in registers) and float32 panels
  * packing.c           GGUF Q4_1/Q8_0 rows repacked into gemm.c's column panels
+ * gemm_int8.c         the same blocks times int8-quantised activations (FD_CPU_ACTIVATIONS=int8)
  * row_kernels.h       attention and element-wise kernels, compiled per instruction set by
  *                     row_kernels_avx2.c and row_kernels_avx512.c
  * attention.c         paged causal attention over block tables (entry point)
@@ -55,7 +56,9 @@ long fd_spin_ns(void);
  * freed when it exits); NULL when out of memory. */
 void *fd_thread_scratch(size_t bytes);
 
-enum weight_kind { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_F32 = 2 };
+/* Weight layouts (gemm.c, packing.c): GGUF blocks for float activations, the same blocks for int8
+ * activations (gemm_int8.c), float32 panels. */
+enum weight_kind { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_F32 = 2, KIND_Q4_1_I8 = 3, KIND_Q8_0_I8 = 4 };
 enum isa { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
 /* The widest instruction set this CPU runs; the name of one; a name's value, or -1 with a Python
@@ -104,6 +107,20 @@ extern const struct row_kernels row_kernels_avx2, row_kernels_avx512;
 /* The kernels for an instruction set named by Python, or NULL with a ValueError set. */
 const struct row_kernels *native_row_kernels(const char *isa_name);
 #define PANEL 16 /* output columns per weight panel */
+
+/* Arguments of one product out[m, n] = sum_k x[m, k] * w[n, k] (gemm.c, gemm_int8.c). */
+struct gemm_args {
+    const float *x;
+    const uint8_t *packed;
+    float *out;
+    Py_ssize_t rows, cols, depth;
+    int kind;
+};
+/* gemm_int8.c: the product for the KIND_*_I8 layouts, activations quantised to int8 (with the
+ * caller's threads; the GIL released); -1 when out of memory. */
+int gemm_int8(const struct gemm_args *a, int isa, int threads);
+/* Whether the int8 kernels use AVX-512 VNNI here (else AVX2's maddubs). */
+int native_cpu_has_vnni(void);
 
 PyObject *native_best_isa(PyObject *self, PyObject *noargs);
 PyObject *native_gemm(PyObject *self, PyObject *args);

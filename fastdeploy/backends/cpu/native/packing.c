@@ -8,6 +8,13 @@
  * together and the quants are stored k-major, one 16-byte row per k (Q8_0) or per pair of k's
  * (Q4_1: k = 2j in the low nibbles, 2j + 1 in the high ones). Rows past `out` are zero blocks.
  *
+ * The int8-activation kernels (gemm_int8.c) read the same blocks in layouts made for integer dot
+ * products, where a 64-byte vector holds 4 consecutive k's of each of the 16 columns (byte 4n + i =
+ * column n, k0 + i), the order `vpdpbusd` / `vpmaddubsw` sum in:
+ *   KIND_Q8_0_I8 block: d[16] fp16, then 8 groups g of 64 bytes: q[4g + i][n] + 128 (unsigned)
+ *   KIND_Q4_1_I8 block: d[16] fp16, m[16] fp16, then 4 chunks c of 64 bytes whose low nibbles are
+ *                       k = 8c + i and high nibbles k = 8c + 4 + i
+ *
  * Why C: this runs once per weight at every start, and the numpy version's reshapes, nibble
  * splits and concatenations took ~0.3 s of CPU for SmolLM2 (of a 1.5 s start-up budget).
  */
@@ -19,6 +26,9 @@
 #define Q4_1_BLOCK_BYTES 20
 #define Q8_0_BLOCK_BYTES 34
 
+/* quant k (0..31) of a GGUF Q4_1 block's 16 bytes: byte i holds quants i and i + 16 */
+static inline uint8_t q4_1_quant(const uint8_t *qs, int k) { return k < 16 ? qs[k] & 0x0F : qs[k - 16] >> 4; }
+
 static void pack_q4_1_block(uint8_t *dst, const uint8_t *const src[PANEL])
 {
     memset(dst, 0, PANEL * 4 + PANEL * QBLOCK / 2);
@@ -27,11 +37,38 @@ static void pack_q4_1_block(uint8_t *dst, const uint8_t *const src[PANEL])
         memcpy(dst + 2 * n, src[n], 2);                 /* d */
         memcpy(dst + 2 * PANEL + 2 * n, src[n] + 2, 2); /* m */
         const uint8_t *qs = src[n] + 4;
-        for (int j = 0; j < QBLOCK / 2; j++) {
-            const int k0 = 2 * j, k1 = 2 * j + 1;
-            const uint8_t q0 = k0 < 16 ? qs[k0] & 0x0F : qs[k0 - 16] >> 4;
-            const uint8_t q1 = k1 < 16 ? qs[k1] & 0x0F : qs[k1 - 16] >> 4;
-            dst[4 * PANEL + PANEL * j + n] = (uint8_t)(q0 | q1 << 4);
+        for (int j = 0; j < QBLOCK / 2; j++)
+            dst[4 * PANEL + PANEL * j + n] = (uint8_t)(q4_1_quant(qs, 2 * j) | q4_1_quant(qs, 2 * j + 1) << 4);
+    }
+}
+
+static void pack_q4_1_i8_block(uint8_t *dst, const uint8_t *const src[PANEL])
+{
+    memset(dst, 0, PANEL * 4 + PANEL * QBLOCK / 2);
+    for (int n = 0; n < PANEL; n++) {
+        if (src[n] == NULL) continue;
+        memcpy(dst + 2 * n, src[n], 2);
+        memcpy(dst + 2 * PANEL + 2 * n, src[n] + 2, 2);
+        const uint8_t *qs = src[n] + 4;
+        for (int c = 0; c < 4; c++)
+            for (int i = 0; i < 4; i++)
+                dst[4 * PANEL + 64 * c + 4 * n + i] =
+                    (uint8_t)(q4_1_quant(qs, 8 * c + i) | q4_1_quant(qs, 8 * c + 4 + i) << 4);
+    }
+}
+
+static void pack_q8_0_i8_block(uint8_t *dst, const uint8_t *const src[PANEL])
+{
+    memset(dst, 0, PANEL * 2);
+    memset(dst + PANEL * 2, 128, PANEL * QBLOCK); /* a zero weight, biased */
+    for (int n = 0; n < PANEL; n++) {
+        if (src[n] == NULL) continue;
+        memcpy(dst + 2 * n, src[n], 2);
+        for (int k = 0; k < QBLOCK; k++) {
+            /* -128 (never written by llama.cpp's quantiser) becomes -127, so that AVX2's sign trick
+             * (gemm_int8.c) cannot overflow */
+            const int8_t w = (int8_t)src[n][2 + k];
+            dst[2 * PANEL + 64 * (k / 4) + 4 * n + k % 4] = (uint8_t)((w < -127 ? -127 : w) + 128);
         }
     }
 }
@@ -55,9 +92,13 @@ PyObject *native_pack_blocks(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "iy*w*nn", &kind, &rows, &out, &out_features, &in_features)) return NULL;
     PyObject *result = NULL;
     const Py_ssize_t blocks = in_features / QBLOCK, panels = (out_features + PANEL - 1) / PANEL;
-    const Py_ssize_t src_bytes = kind == KIND_Q4_1 ? Q4_1_BLOCK_BYTES : Q8_0_BLOCK_BYTES;
-    const Py_ssize_t dst_bytes = kind == KIND_Q4_1 ? PANEL * 4 + PANEL * QBLOCK / 2 : PANEL * 2 + PANEL * QBLOCK;
-    if (kind != KIND_Q4_1 && kind != KIND_Q8_0) {
+    const int q4_1 = kind == KIND_Q4_1 || kind == KIND_Q4_1_I8;
+    const Py_ssize_t src_bytes = q4_1 ? Q4_1_BLOCK_BYTES : Q8_0_BLOCK_BYTES;
+    const Py_ssize_t dst_bytes = q4_1 ? PANEL * 4 + PANEL * QBLOCK / 2 : PANEL * 2 + PANEL * QBLOCK;
+    void (*pack_block)(uint8_t *, const uint8_t *const[PANEL]) =
+        kind == KIND_Q4_1 ? pack_q4_1_block : kind == KIND_Q8_0 ? pack_q8_0_block
+        : kind == KIND_Q4_1_I8 ? pack_q4_1_i8_block : kind == KIND_Q8_0_I8 ? pack_q8_0_i8_block : NULL;
+    if (pack_block == NULL) {
         PyErr_Format(PyExc_ValueError, "pack_blocks: unknown block kind %d", kind);
     } else if (out_features <= 0 || in_features <= 0 || in_features % QBLOCK != 0 ||
                rows.len != out_features * blocks * src_bytes || out.len != panels * blocks * dst_bytes) {
@@ -73,11 +114,7 @@ PyObject *native_pack_blocks(PyObject *self, PyObject *args)
                     const Py_ssize_t row = p * PANEL + n;
                     column_blocks[n] = row < out_features ? src + (row * blocks + b) * src_bytes : NULL;
                 }
-                uint8_t *block = dst + (p * blocks + b) * dst_bytes;
-                if (kind == KIND_Q4_1)
-                    pack_q4_1_block(block, column_blocks);
-                else
-                    pack_q8_0_block(block, column_blocks);
+                pack_block(dst + (p * blocks + b) * dst_bytes, column_blocks);
             }
         Py_END_ALLOW_THREADS
         result = Py_NewRef(Py_None);

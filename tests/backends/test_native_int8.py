@@ -1,0 +1,121 @@
+"""int8 activations (FD_CPU_ACTIVATIONS=int8) against a numpy reference of the same numerics.
+
+The reference quantises each 32-value block of an activation row as the kernels promise
+(scale = max|x| / 127, q = round(x * 127 / max|x|) to nearest even, clipped to +-127), takes exact
+integer dot products with the GGUF quants (read from the file's bytes, not from our packing) and
+combines them in float64. Both instruction sets must give the same bits: AVX-512 (VNNI where the
+CPU has it) and AVX2.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from fastdeploy import LLM, SamplingParams
+from fastdeploy.backends.base import BackendOptions
+from fastdeploy.backends.cpu import native
+from fastdeploy.backends.cpu.backend import CpuBackend
+from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+
+pytestmark = pytest.mark.skipif(
+    native.unavailable_reason() is not None, reason=f"native kernels: {native.unavailable_reason()}"
+)
+ISAS = [
+    pytest.param(
+        isa, marks=pytest.mark.skipif(native.best_isa() != "avx512" and isa == "avx512", reason="no AVX-512")
+    )
+    for isa in native.ISAS
+]
+
+
+def int8_reference(x: np.ndarray, rows: np.ndarray, type_name: str, out_features: int) -> np.ndarray:
+    """x [tokens, in] times GGUF rows [out, in/32 * block bytes] with int8-quantised activations."""
+    blocks_x = x.reshape(x.shape[0], -1, 32)
+    peak = np.abs(blocks_x).max(axis=-1, keepdims=True)
+    inverse = np.divide(np.float32(127), peak, out=np.zeros_like(peak), where=peak > 0)
+    q = np.clip(np.rint(blocks_x * inverse), -127, 127).astype(np.int64)
+    scale = (peak[..., 0] / np.float32(127)).astype(np.float64)  # [tokens, blocks]
+    size = 20 if type_name == "Q4_1" else 34
+    blocks_w = rows.reshape(out_features, -1, size)
+    d = blocks_w[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)  # [out, blocks]
+    if type_name == "Q4_1":
+        m = blocks_w[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+        nibbles = blocks_w[..., 4:]
+        w = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.int64)
+        dot = np.einsum("tbk,obk->tob", q, w)
+        per_block = d[None] * dot + m[None] * q.sum(axis=-1)[:, None, :]
+    else:
+        w = np.maximum(blocks_w[..., 2:].view(np.int8).astype(np.int64), -127)
+        per_block = d[None] * np.einsum("tbk,obk->tob", q, w)
+    return (scale[:, None, :] * per_block).sum(axis=-1)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("tokens", [1, 3, 8, 9, 17, 40])
+def test_int8_kernels_match_the_reference_and_each_other(type_name, tokens):
+    rng = np.random.default_rng(tokens)
+    weights = rng.standard_normal((72, 256)).astype(np.float32)  # 4.5 panels: a partial one
+    qtype = GGMLQuantizationType[type_name]
+    rows = quantize(weights, qtype)
+    x = rng.standard_normal((tokens, 256)).astype(np.float32)
+    x[:, 7] *= 50  # an outlier channel, as residual streams have
+    x[0, 32:64] = 0.0  # an all-zero block: scale 0
+    packed = native.pack([GGMLTensor(int(qtype), rows, weights.shape)], activations="int8")
+    expected = int8_reference(x, rows, type_name, 72)
+    outputs = [native.matmul(x, packed, isa, threads=2) for isa in native.ISAS if runs_here(isa)]
+    for out in outputs:
+        np.testing.assert_allclose(out, expected, rtol=2e-6, atol=2e-6 * np.abs(expected).max())
+        np.testing.assert_array_equal(out, outputs[0])
+    exact = x.astype(np.float64) @ dequantize(rows, qtype).reshape(weights.shape).T
+    error = np.abs(outputs[0] - exact).max() / np.abs(exact).max()
+    assert 1e-4 < error < 5e-2  # int8 activations are approximate, not broken
+
+
+def runs_here(isa: str) -> bool:
+    return native.ISAS.index(isa) >= native.ISAS.index(native.best_isa())
+
+
+def test_float_weights_stay_float32_under_int8_activations():
+    weight = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)
+    packed = native.pack([weight], activations="int8")
+    assert packed.type_name == "F32"
+    np.testing.assert_array_equal(
+        native.matmul(np.eye(64, dtype=np.float32), packed, native.best_isa(), 1), weight.T
+    )
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_engine_runs_int8_activations_end_to_end(monkeypatch, isa):
+    """SmolLM2 with int8 activations: logprobs of a continuation near float32's, on each kernel set."""
+    monkeypatch.setenv("FD_CPU_KERNELS", isa)
+    prompt = "The capital of France is Paris. The capital of Germany is"
+    params = SamplingParams(temperature=0, max_tokens=3, logprobs=1)
+    results = {}
+    for activations in ("float32", "int8"):
+        monkeypatch.setenv("FD_CPU_ACTIVATIONS", activations)
+        llm = LLM(max_model_len=256, max_num_seqs=2)
+        assert f"{activations} activations" in llm.llm_engine.backend.describe()
+        (output,) = llm.generate(prompt, params, use_tqdm=False)
+        results[activations] = output.outputs
+    assert results["int8"].text == results["float32"].text == " Berlin. The"
+    first_int8, first_float = results["int8"].logprobs[0], results["float32"].logprobs[0]
+    token = results["float32"].token_ids[0]
+    assert abs(first_int8[token] - first_float[token]) < 0.1
+
+
+def test_unknown_or_unrunnable_activations_are_refused(monkeypatch):
+    monkeypatch.setenv("FD_CPU_ACTIVATIONS", "int4")
+    with pytest.raises(
+        InvalidArgumentError, match="FD_CPU_ACTIVATIONS must be one of float32, int8; got 'int4'"
+    ):
+        CpuBackend(BackendOptions(threads=1))
+    monkeypatch.setenv("FD_CPU_ACTIVATIONS", "int8")
+    monkeypatch.setenv("FD_CPU_KERNELS", "numpy")
+    with pytest.raises(
+        InvalidArgumentError, match="FD_CPU_ACTIVATIONS=int8 needs the cpu backend's native kernels"
+    ):
+        CpuBackend(BackendOptions(threads=1))

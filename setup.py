@@ -26,7 +26,9 @@ native_kernels = Extension(
             "row_kernels_avx512",
         )
     ],
-    depends=[f"fastdeploy/backends/cpu/native/{name}.h" for name in ("native", "row_kernels")],
+    depends=[
+        f"fastdeploy/backends/cpu/native/{name}.h" for name in ("native", "row_kernels", "attention_kernels")
+    ],
     # -fno-trapping-math: nothing here reads floating-point exception flags, and without it GCC will
     # not turn the float selects of the AVX2 kernels (exp's clamp) into vector blends. Results are
     # unchanged: it only drops the assumption that a comparison may trap.

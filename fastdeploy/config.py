@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastdeploy.backends.base import KV_CACHE_DTYPES
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.model_executor.quantization import check_quantization_name
 
@@ -159,6 +160,8 @@ class EngineConfig:
     allow_media_url_fetch: bool = True
     #: weight-only quantisation of a float checkpoint at load: "wint8", "wint4" or None
     quantization: str | None = None
+    #: KV-cache element type: "auto" (the compute dtype), "float32", "float16", "bfloat16", "int8"
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in (
@@ -189,6 +192,10 @@ class EngineConfig:
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
             )
         check_quantization_name(self.quantization)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidArgumentError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise InvalidArgumentError(f"seed must be a non-negative int, got {self.seed!r}")
 

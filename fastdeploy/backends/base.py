@@ -37,6 +37,12 @@ class BackendOptions:
             return os.cpu_count() or 1
 
 
+#: bytes of one cached element, for `KVCacheSpec.dtype` names numpy may not know (bfloat16)
+KV_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+#: `kv_cache_dtype` values: "auto" caches in the compute dtype (`LLM(dtype=...)`)
+KV_CACHE_DTYPES = ("auto", *KV_ITEM_BYTES)
+
+
 @dataclass(frozen=True)
 class KVCacheSpec:
     """Shape of the paged KV cache: `num_blocks` blocks of `block_size` token slots per layer."""
@@ -49,9 +55,11 @@ class KVCacheSpec:
     dtype: str = "float32"
 
     def bytes_per_block(self) -> int:
-        """Bytes one block takes across all layers, keys and values."""
-        itemsize = 2 if self.dtype == "bfloat16" else np.dtype(self.dtype).itemsize
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * itemsize
+        """Bytes one block takes across all layers, keys and values (int8: with a float32 scale per
+        position and kv head)."""
+        itemsize = KV_ITEM_BYTES.get(self.dtype) or np.dtype(self.dtype).itemsize
+        per_position = self.head_dim * itemsize + (4 if self.dtype == "int8" else 0)
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * per_position
 
 
 @dataclass
@@ -148,6 +156,14 @@ class Backend(ABC):
     def describe(self) -> str:
         """One line for logs: the device and its settings."""
         return self.name
+
+    def supported_kv_cache_dtypes(self) -> tuple[str, ...]:
+        """The KV-cache element types `kv_cache_dtype` may name here (default: the compute dtype only).
+
+        `allocate_kv_cache` then gets `KVCacheSpec.dtype` set to one of them, and `attention` must
+        write and read the cache in it.
+        """
+        return (self.options.dtype,)
 
     def supported_quantizations(self) -> tuple[str, ...]:
         """The `LLM(quantization=...)` values this backend runs (default: none).

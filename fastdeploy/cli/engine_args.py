@@ -88,6 +88,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         help="reuse the KV cache of shared prompt prefixes (default on; --no-enable-prefix-caching turns it off)",
     )
     parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="KV-cache element type: auto (the compute dtype), float32, float16, bfloat16 or int8",
+    )
+    parser.add_argument(
         "--quantization", default=None, help="weight-only quantisation of a float checkpoint: wint8 or wint4"
     )
 
@@ -132,5 +137,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "limit_mm_per_prompt": args.limit_mm_per_prompt,
         "mm_processor_kwargs": args.mm_processor_kwargs,
         "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "enable_prefix_caching": args.enable_prefix_caching,
     }

@@ -71,6 +71,7 @@ class Worker:
         from fastdeploy.engine.kv_cache_planner import plan_kv_cache
         from fastdeploy.model_executor.model_loader import (
             build_model,
+            check_backend_kv_cache_dtype,
             check_backend_quantization,
             inspect_checkpoint,
         )
@@ -89,6 +90,7 @@ class Worker:
         threads = config.cpu_threads or max(1, BackendOptions().thread_count() // sharing)
         self.backend = build_backend_of(backend_class, BackendOptions(threads=threads, dtype=config.dtype))
         check_backend_quantization(config.quantization, self.backend)
+        check_backend_kv_cache_dtype(config, self.backend)
         self.parallel = ModelParallel(spec.layout, self.rank)
         communicator = communicator_class(backend_class, registry) if spec.layout.distributed else None
         # the shard loads while the communicator's runtime imports

@@ -51,6 +51,7 @@ from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.model_loader import (
     CheckpointInfo,
     build_model,
+    check_backend_kv_cache_dtype,
     check_backend_quantization,
     inspect_checkpoint,
 )
@@ -150,6 +151,7 @@ class LLMEngine:
                 backend_class, BackendOptions(threads=config.cpu_threads, dtype=config.dtype)
             )
             check_backend_quantization(config.quantization, self.backend)
+            check_backend_kv_cache_dtype(config, self.backend)
         model_path = resolve_model(config.model)
         checkpoint = inspect_checkpoint(model_path, registry)
         self.model_config = checkpoint.config

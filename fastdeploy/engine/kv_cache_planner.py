@@ -43,7 +43,8 @@ def plan_kv_cache(
         block_size=config.block_size,
         num_kv_heads=model_config.num_key_value_heads,
         head_dim=model_config.head_dim,
-        dtype=backend.options.dtype,
+        # "auto" caches in the compute dtype, which the backend has resolved by now
+        dtype=backend.options.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype,
     )
     per_block = spec.bytes_per_block()
     free = backend.free_memory_bytes()

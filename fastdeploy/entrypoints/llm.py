@@ -90,6 +90,7 @@ class LLM:
         allowed_local_media_path: str | None = None,
         allow_media_url_fetch: bool = True,
         quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
         **kwargs: Any,
     ) -> None:
         from fastdeploy import envs
@@ -141,6 +142,7 @@ class LLM:
             else (allowed_local_media_path or False),
             allow_media_url_fetch=allow_media_url_fetch,
             quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
         )
         self._request_ids = itertools.count()
         self._is_master = is_master_host(config)

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from fastdeploy.backends.base import Backend
-from fastdeploy.config import ModelConfig
+from fastdeploy.config import EngineConfig, ModelConfig
 from fastdeploy.distributed.model_parallel import ModelParallel
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.logger import get_logger
@@ -40,6 +40,16 @@ def check_backend_quantization(quantization: str | None, backend: Backend) -> No
         runs = ", ".join(supported) or "no weight quantisation"
         raise InvalidArgumentError(
             f"quantization={quantization!r} cannot run on this backend ({backend.describe()}); it runs: {runs}"
+        )
+
+
+def check_backend_kv_cache_dtype(config: EngineConfig, backend: Backend) -> None:
+    """Refuse a `kv_cache_dtype` the backend cannot cache in, naming what it can."""
+    supported = backend.supported_kv_cache_dtypes()
+    if config.kv_cache_dtype != "auto" and config.kv_cache_dtype not in supported:
+        raise InvalidArgumentError(
+            f"kv_cache_dtype={config.kv_cache_dtype!r} cannot run on this backend ({backend.describe()}); "
+            f"it caches in: auto, {', '.join(supported)}"
         )
 
 

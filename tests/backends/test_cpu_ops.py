@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from kv_reference import KV_DTYPES, cached_values
 
 from fastdeploy.backends.base import BackendOptions, BatchLayout, KVCacheSpec
 from fastdeploy.backends.cpu.backend import CpuBackend
@@ -33,10 +34,13 @@ def reference_attention(q, keys, values, scale):
     return out
 
 
-def test_paged_attention_matches_dense_causal_attention(backend):
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_paged_attention_matches_dense_causal_attention(backend, kv_dtype):
     rng = np.random.default_rng(0)
     heads, kv_heads, dim, block = 4, 2, 8, 4
-    spec = KVCacheSpec(num_layers=1, num_blocks=16, block_size=block, num_kv_heads=kv_heads, head_dim=dim)
+    spec = KVCacheSpec(
+        num_layers=1, num_blocks=16, block_size=block, num_kv_heads=kv_heads, head_dim=dim, dtype=kv_dtype
+    )
     (cache,) = backend.allocate_kv_cache(spec)
     # sequence A: 6 tokens then a chunk of 5; sequence B: 9 tokens then one decode token
     tables = {"a": [7, 2, 11, 0], "b": [5, 9, 3, 14]}
@@ -77,8 +81,9 @@ def test_paged_attention_matches_dense_causal_attention(backend):
     second = [("b", 9, 10), ("a", 6, 11)]  # a decode and a continued prefill in one pass
     q2 = rng.standard_normal((6, heads, dim)).astype(np.float32)
     out = backend.attention(q2, *kv(second), cache, backend.prepare_batch(layout(second)), 0.3)
-    expected_b = reference_attention(q2[:1], *history["b"], 0.3)
-    expected_a = reference_attention(q2[1:], *history["a"], 0.3)
+    cached = {name: tuple(cached_values(x, kv_dtype) for x in pair) for name, pair in history.items()}
+    expected_b = reference_attention(q2[:1], *cached["b"], 0.3)
+    expected_a = reference_attention(q2[1:], *cached["a"], 0.3)
     np.testing.assert_allclose(out[:1], expected_b, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(out[1:], expected_a, rtol=1e-4, atol=1e-5)
 

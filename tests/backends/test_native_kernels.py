@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from kv_reference import KV_DTYPES, cached_values
 
 from fastdeploy.backends.base import BackendOptions, BatchLayout
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
+from fastdeploy.backends.cpu.kv_cache import allocate_native
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
 from fastdeploy.model_executor.rope import interleaved_to_half_rows
@@ -205,18 +207,20 @@ def backend_for_isa(request, monkeypatch):
 
 
 @requires_native
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize(
     ("block_size", "head_dim", "heads", "kv_heads"),
     [(64, 64, 9, 3), (128, 128, 4, 4), (16, 96, 8, 2), (4, 8, 4, 2)],
 )
-def test_attention_over_scattered_blocks(backend_for_isa, block_size, head_dim, heads, kv_heads):
-    """A long prefill in two chunks (more than one query tile and score chunk), then decodes."""
+def test_attention_over_scattered_blocks(backend_for_isa, block_size, head_dim, heads, kv_heads, kv_dtype):
+    """A long prefill in two chunks (more than one query tile and score chunk), then decodes; the
+    reference attends over the values the cache's element type holds (see `cached_values`)."""
     rng = np.random.default_rng(block_size + head_dim)
     backend = backend_for_isa
     context = 150
     blocks = -(-(context + 2) // block_size)
     table = rng.permutation(blocks + 5)[:blocks]
-    cache = native.allocate_kv_cache(blocks + 5, block_size, kv_heads, head_dim, np.float32)
+    cache = allocate_native(blocks + 5, block_size, kv_heads, head_dim, kv_dtype)
     keys = rng.standard_normal((context + 2, kv_heads, head_dim)).astype(np.float32)
     values = rng.standard_normal((context + 2, kv_heads, head_dim)).astype(np.float32)
     queries = rng.standard_normal((context + 2, heads, head_dim)).astype(np.float32)
@@ -241,14 +245,19 @@ def test_attention_over_scattered_blocks(backend_for_isa, block_size, head_dim, 
             backend.prepare_batch(layout),
             scale,
         )
-        expected = reference_attention(queries[start:end], keys[:end], values[:end], scale)
+        expected = reference_attention(
+            queries[start:end],
+            cached_values(keys[:end], kv_dtype),
+            cached_values(values[:end], kv_dtype),
+            scale,
+        )
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
 
 
 @requires_native
 def test_attention_rejects_a_block_table_outside_the_cache():
     backend = CpuBackend(BackendOptions(threads=1))
-    cache = native.allocate_kv_cache(2, 4, 1, 8, np.float32)
+    cache = allocate_native(2, 4, 1, 8, "float32")
     layout = BatchLayout(
         input_ids=np.zeros(1, np.int64),
         positions=np.array([0]),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastdeploy.backends.base import BatchLayout
+from fastdeploy.backends.cpu.kv_cache import LayerKVCache, gather_numpy, store_numpy
 
 _PREFILL_QUERY_TILE = 256
 _NEG_INF = np.float32(-np.inf)
@@ -84,29 +85,29 @@ def paged_attention(
     q: np.ndarray,
     k: np.ndarray,
     v: np.ndarray,
-    kv_cache: tuple[np.ndarray, np.ndarray],
+    kv_cache: LayerKVCache,
     meta: CpuAttentionMetadata,
     scale: float,
 ) -> np.ndarray:
-    """See `Backend.attention`. Caches are [slots, kv_heads, head_dim] arrays."""
-    key_cache, value_cache = kv_cache
-    key_cache[meta.slot_mapping] = k
-    value_cache[meta.slot_mapping] = v
+    """See `Backend.attention`. Caches are [slots, kv_heads, head_dim] arrays (kv_cache.py)."""
+    store_numpy(kv_cache, meta.slot_mapping, k, v)
     num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = key_cache.shape[1]
+    num_kv_heads = kv_cache.keys.shape[1]
     group = num_heads // num_kv_heads
     out = np.empty_like(q)
     if meta.decode_rows.size:
         queries = q[meta.decode_rows].reshape(-1, num_kv_heads, group, head_dim) * np.float32(scale)
-        keys = key_cache[meta.decode_slots].transpose(0, 2, 3, 1)  # [d, kvh, hd, ctx]
+        keys, values = gather_numpy(kv_cache, meta.decode_slots)
+        keys = keys.transpose(0, 2, 3, 1)  # [d, kvh, hd, ctx]
         scores = np.matmul(queries, keys)  # [d, kvh, group, ctx]
         scores += meta.decode_mask
         _softmax_inplace(scores)
-        values = value_cache[meta.decode_slots].transpose(0, 2, 1, 3)  # [d, kvh, ctx, hd]
+        values = values.transpose(0, 2, 1, 3)  # [d, kvh, ctx, hd]
         out[meta.decode_rows] = np.matmul(scores, values).reshape(-1, num_heads, head_dim)
     for piece in meta.prefills:
-        keys = np.ascontiguousarray(key_cache[piece.slots].transpose(1, 2, 0))  # [kvh, hd, ctx]
-        values = np.ascontiguousarray(value_cache[piece.slots].transpose(1, 0, 2))  # [kvh, ctx, hd]
+        keys, values = gather_numpy(kv_cache, piece.slots)
+        keys = np.ascontiguousarray(keys.transpose(1, 2, 0))  # [kvh, hd, ctx]
+        values = np.ascontiguousarray(values.transpose(1, 0, 2))  # [kvh, ctx, hd]
         first_position = piece.context_len - (piece.token_end - piece.token_start)
         for tile_start in range(piece.token_start, piece.token_end, _PREFILL_QUERY_TILE):
             tile_end = min(tile_start + _PREFILL_QUERY_TILE, piece.token_end)

@@ -17,6 +17,7 @@ from fastdeploy.backends.base import (
 )
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.attention import CpuAttentionMetadata, build_metadata, paged_attention
+from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache, allocate_native, allocate_numpy
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
@@ -141,13 +142,15 @@ class CpuBackend(Backend):
     def free_memory_bytes(self) -> int:
         return _available_host_memory()
 
-    def allocate_kv_cache(self, spec: KVCacheSpec) -> list[tuple[np.ndarray, np.ndarray]]:
+    def supported_kv_cache_dtypes(self) -> tuple[str, ...]:
+        return tuple(KV_TYPES)
+
+    def allocate_kv_cache(self, spec: KVCacheSpec) -> list[LayerKVCache]:
         if self.native_isa:
             layer = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim, spec.dtype)
-            return [native.allocate_kv_cache(*layer) for _ in range(spec.num_layers)]
-        slots = spec.num_blocks * spec.block_size
-        shape = (slots, spec.num_kv_heads, spec.head_dim)
-        return [(np.zeros(shape, spec.dtype), np.zeros(shape, spec.dtype)) for _ in range(spec.num_layers)]
+            return [allocate_native(*layer) for _ in range(spec.num_layers)]
+        layer = (spec.num_blocks * spec.block_size, spec.num_kv_heads, spec.head_dim, spec.dtype)
+        return [allocate_numpy(*layer) for _ in range(spec.num_layers)]
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         if np.issubdtype(array.dtype, np.floating):
@@ -251,7 +254,7 @@ class CpuBackend(Backend):
         q: np.ndarray,
         k: np.ndarray,
         v: np.ndarray,
-        kv_cache: tuple[np.ndarray, np.ndarray],
+        kv_cache: LayerKVCache,
         batch: CpuAttentionMetadata,
         scale: float,
     ) -> np.ndarray:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastdeploy.backends.base import BatchLayout
+from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
 
 try:
@@ -148,28 +149,18 @@ def attention_batch(layout: BatchLayout) -> AttentionBatch:
     )
 
 
-def allocate_kv_cache(
-    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: np.dtype
-) -> tuple[np.ndarray, np.ndarray]:
-    """One layer's (keys, values), each kv head's block contiguous; keys transposed so positions
-    are the fast axis of the score computation."""
-    keys = np.zeros((num_blocks, num_kv_heads, head_dim, block_size), dtype)
-    values = np.zeros((num_blocks, num_kv_heads, block_size, head_dim), dtype)
-    return keys, values
-
-
 def attention(
     q: np.ndarray,
     k: np.ndarray,
     v: np.ndarray,
-    kv_cache: tuple[np.ndarray, np.ndarray],
+    kv_cache: LayerKVCache,
     batch: AttentionBatch,
     scale: float,
     isa: str,
     threads: int,
 ) -> np.ndarray:
-    """`Backend.attention` on caches from `allocate_kv_cache`: writes k/v, then attends causally."""
-    key_cache, value_cache = kv_cache
+    """`Backend.attention` on a cache from `kv_cache.allocate_native`: writes k/v, then attends causally."""
+    key_cache, value_cache = kv_cache.keys, kv_cache.values
     q = np.ascontiguousarray(q, np.float32)
     tokens, heads, head_dim = q.shape
     out = np.empty_like(q)
@@ -180,6 +171,8 @@ def attention(
         batch.slot_mapping,
         key_cache,
         value_cache,
+        kv_cache.key_scales,
+        kv_cache.value_scales,
         out,
         batch.query_starts,
         batch.context_lens,
@@ -191,6 +184,7 @@ def attention(
         batch.block_size,
         batch.block_tables.shape[1],
         scale,
+        KV_TYPES[kv_cache.kv_dtype],
         isa,
         threads,
     )

@@ -1,9 +1,12 @@
 /*
- * Paged causal attention: the Python entry point. It writes the step's keys and values, splits the
- * work into items and runs them on the instruction set's row kernels (row_kernels.h).
+ * Paged causal attention: the Python entry point. It writes the step's keys and values into the
+ * cache in its element type (float32, float16, bfloat16, or int8 with a scale per position and kv
+ * head), splits the work into items and runs them on the instruction set's row kernels
+ * (row_kernels.h, attention_kernels.h).
  */
 #include "native.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -14,12 +17,63 @@ struct attention_job {
     void (*kernel)(ATTEND_ARGS);
     const struct attn_item *items;
     const float *q, *k, *v;
-    float *out, *key_cache, *value_cache;
+    float *out, *key_scales, *value_scales;
+    char *key_cache, *value_cache;
+    int kv_type;
     const int64_t *slot_of, *query_starts, *context_lens, *block_tables;
     Py_ssize_t tokens, width, block_size, heads, kv_heads, head_dim, longest;
     float scale;
     _Atomic int out_of_memory;
 };
+
+static const Py_ssize_t KV_BYTES[KV_TYPES] = {4, 2, 2, 1};
+
+/* float32 -> float16, rounded to nearest even (GCC's _Float16 conversion). */
+static uint16_t to_f16(float x)
+{
+    const _Float16 h = (_Float16)x;
+    uint16_t bits;
+    memcpy(&bits, &h, sizeof(bits));
+    return bits;
+}
+
+/* float32 -> bfloat16, rounded to nearest even; NaN stays a (quiet) NaN. */
+static uint16_t to_bf16(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof(bits));
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x0040u);
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* Writes one kv head's vector `x` into the cache at element `index`, `stride` elements apart (keys are
+ * transposed: stride block_size; values: 1); int8 also writes its scale (max|x| / 127). */
+static void store_vector(const struct attention_job *job, char *cache, float *scales, Py_ssize_t index,
+                         Py_ssize_t stride, Py_ssize_t scale_index, const float *x)
+{
+    const Py_ssize_t n = job->head_dim;
+    switch (job->kv_type) {
+    case KV_F32:
+        for (Py_ssize_t d = 0; d < n; d++) ((float *)cache)[index + d * stride] = x[d];
+        break;
+    case KV_F16:
+        for (Py_ssize_t d = 0; d < n; d++) ((uint16_t *)cache)[index + d * stride] = to_f16(x[d]);
+        break;
+    case KV_BF16:
+        for (Py_ssize_t d = 0; d < n; d++) ((uint16_t *)cache)[index + d * stride] = to_bf16(x[d]);
+        break;
+    default: {
+        float peak = 0.0f;
+        for (Py_ssize_t d = 0; d < n; d++) peak = fmaxf(peak, fabsf(x[d]));
+        const float inverse = peak > 0.0f ? 127.0f / peak : 0.0f;
+        for (Py_ssize_t d = 0; d < n; d++) {
+            const float q = nearbyintf(x[d] * inverse);
+            ((int8_t *)cache)[index + d * stride] = (int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
+        }
+        scales[scale_index] = peak / 127.0f;
+    }
+    }
+}
 
 /* Rows index * KV_WRITES_PER_TASK.. of the step's keys and values into their cache slots. */
 static void write_kv_task(void *ctx, Py_ssize_t index, int slot)
@@ -31,11 +85,11 @@ static void write_kv_task(void *ctx, Py_ssize_t index, int slot)
     for (Py_ssize_t w = index * KV_WRITES_PER_TASK; w < end; w++) {
         const Py_ssize_t t = w / kv_heads, h = w % kv_heads;
         const Py_ssize_t block = job->slot_of[t] / block_size, offset = job->slot_of[t] % block_size;
-        const float *key = job->k + w * head_dim, *value = job->v + w * head_dim;
-        float *keys_t = job->key_cache + (block * kv_heads + h) * head_dim * block_size + offset;
-        for (Py_ssize_t d = 0; d < head_dim; d++) keys_t[d * block_size] = key[d];
-        memcpy(job->value_cache + ((block * kv_heads + h) * block_size + offset) * head_dim, value,
-               (size_t)head_dim * sizeof(float));
+        const Py_ssize_t position = (block * kv_heads + h) * block_size + offset;
+        store_vector(job, job->key_cache, job->key_scales, (block * kv_heads + h) * head_dim * block_size + offset,
+                     block_size, position, job->k + w * head_dim);
+        store_vector(job, job->value_cache, job->value_scales, position * head_dim, 1, position,
+                     job->v + w * head_dim);
     }
     (void)slot;
 }
@@ -48,28 +102,32 @@ static void attend_task(void *ctx, Py_ssize_t index, int slot)
         job->out_of_memory = 1;
         return;
     }
-    job->kernel(&job->items[index], job->q, job->out, job->key_cache, job->value_cache, job->query_starts,
+    job->kernel(&job->items[index], job->q, job->out, job->key_cache, job->value_cache, job->key_scales,
+                job->value_scales, job->query_starts,
                 job->context_lens, job->block_tables, job->width, job->block_size, job->heads, job->kv_heads,
                 job->head_dim, job->scale, scratch, scratch + HEADS_AT_ONCE * job->head_dim, job->longest);
     (void)slot;
 }
 
-/* attention(q, k, v, slot_mapping, key_cache, value_cache, out, query_starts, context_lens,
- *           block_tables, tokens, heads, kv_heads, head_dim, block_size, table_width, scale, isa, threads)
+/* attention(q, k, v, slot_mapping, key_cache, value_cache, key_scales, value_scales, out, query_starts,
+ *           context_lens, block_tables, tokens, heads, kv_heads, head_dim, block_size, table_width, scale,
+ *           kv_type, isa, threads)
  * First writes each token's k/v [tokens, kv_heads, head_dim] to its cache slot, then attends.
  * q/out [tokens, heads, head_dim]; key_cache [blocks, kv_heads, head_dim, block_size]; value_cache
- * [blocks, kv_heads, block_size, head_dim] (one kv head's block is contiguous); sequence s owns token rows
- * query_starts[s]..query_starts[s+1], the last of its context_lens[s] positions (causal). */
+ * [blocks, kv_heads, block_size, head_dim] (one kv head's block is contiguous), of element type
+ * kv_type (enum kv_type); for int8, key/value_scales [blocks, kv_heads, block_size] float32 (else
+ * empty); sequence s owns token rows query_starts[s]..query_starts[s+1], the last of its
+ * context_lens[s] positions (causal). */
 PyObject *native_attention(PyObject *self, PyObject *args)
 {
-    Py_buffer q, k, v, slot_mapping, kc, vc, out, starts, lens, tables;
+    Py_buffer q, k, v, slot_mapping, kc, vc, ks, vs, out, starts, lens, tables;
     Py_ssize_t tokens, heads, kv_heads, head_dim, block_size, width;
     double scale;
     const char *isa_str;
-    int threads;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*y*y*y*nnnnnndsi", &q, &k, &v, &slot_mapping, &kc, &vc, &out, &starts,
-                          &lens, &tables, &tokens, &heads, &kv_heads, &head_dim, &block_size, &width, &scale,
-                          &isa_str, &threads))
+    int kv_type, threads;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*w*w*y*y*y*nnnnnndisi", &q, &k, &v, &slot_mapping, &kc, &vc, &ks, &vs,
+                          &out, &starts, &lens, &tables, &tokens, &heads, &kv_heads, &head_dim, &block_size, &width,
+                          &scale, &kv_type, &isa_str, &threads))
         return NULL;
     PyObject *result = NULL;
     struct attn_item *items = NULL;
@@ -77,17 +135,23 @@ PyObject *native_attention(PyObject *self, PyObject *args)
     if (kernels == NULL) goto done;
     const Py_ssize_t seqs = lens.len / (Py_ssize_t)sizeof(int64_t);
     const Py_ssize_t row = heads * head_dim * (Py_ssize_t)sizeof(float);
+    if (kv_type < 0 || kv_type >= KV_TYPES) {
+        PyErr_Format(PyExc_ValueError, "attention: unknown KV-cache type %d", kv_type);
+        goto done;
+    }
+    const Py_ssize_t element = KV_BYTES[kv_type];
+    const Py_ssize_t slots = kv_heads > 0 && head_dim > 0 ? kc.len / (kv_heads * head_dim * element) : 0;
+    const Py_ssize_t scale_bytes = kv_type == KV_I8 ? slots * kv_heads * (Py_ssize_t)sizeof(float) : 0;
     if (kv_heads <= 0 || heads % kv_heads != 0 || head_dim <= 0 || block_size <= 0 || q.len != tokens * row ||
         out.len != q.len || starts.len != (seqs + 1) * (Py_ssize_t)sizeof(int64_t) ||
         tables.len != seqs * width * (Py_ssize_t)sizeof(int64_t) || kc.len != vc.len ||
-        kc.len % (kv_heads * head_dim * (Py_ssize_t)sizeof(float)) != 0 ||
+        kc.len % (kv_heads * head_dim * element) != 0 || ks.len != scale_bytes || vs.len != scale_bytes ||
         k.len != tokens * kv_heads * head_dim * (Py_ssize_t)sizeof(float) || v.len != k.len ||
         slot_mapping.len != tokens * (Py_ssize_t)sizeof(int64_t)) {
         PyErr_SetString(PyExc_ValueError, "attention: buffer sizes do not match the given shapes");
         goto done;
     }
     const int64_t *query_starts = starts.buf, *context_lens = lens.buf, *block_tables = tables.buf;
-    const Py_ssize_t slots = kc.len / (kv_heads * head_dim * (Py_ssize_t)sizeof(float));
     Py_ssize_t longest = 1, count = 0;
     for (Py_ssize_t s = 0; s < seqs; s++) {
         const int64_t queries = query_starts[s + 1] - query_starts[s];
@@ -122,9 +186,11 @@ PyObject *native_attention(PyObject *self, PyObject *args)
                 items[n++] = (struct attn_item){s, h, t0, left < ATTN_TILE ? left : ATTN_TILE};
             }
     struct attention_job job = {
-        .kernel = head_dim == 64 ? kernels->attend_d64 : head_dim == 128 ? kernels->attend_d128 : kernels->attend_any,
+        .kernel = kernels->attend[kv_type][head_dim == 64 ? 0 : head_dim == 128 ? 1 : 2],
         .items = items, .q = q.buf, .k = k.buf, .v = v.buf, .out = out.buf, .key_cache = kc.buf,
-        .value_cache = vc.buf, .slot_of = slot_mapping.buf, .query_starts = query_starts,
+        .value_cache = vc.buf, .key_scales = kv_type == KV_I8 ? ks.buf : NULL,
+        .value_scales = kv_type == KV_I8 ? vs.buf : NULL, .kv_type = kv_type,
+        .slot_of = slot_mapping.buf, .query_starts = query_starts,
         .context_lens = context_lens, .block_tables = block_tables, .width = width, .block_size = block_size,
         .tokens = tokens, .heads = heads, .kv_heads = kv_heads, .head_dim = head_dim, .longest = longest,
         .scale = (float)scale,
@@ -148,6 +214,8 @@ done:
     PyBuffer_Release(&slot_mapping);
     PyBuffer_Release(&kc);
     PyBuffer_Release(&vc);
+    PyBuffer_Release(&ks);
+    PyBuffer_Release(&vs);
     PyBuffer_Release(&out);
     PyBuffer_Release(&starts);
     PyBuffer_Release(&lens);

@@ -77,11 +77,15 @@ struct attn_item {
     Py_ssize_t seq, kv_head, token0, tokens;
 };
 
-#define ATTEND_ARGS                                                                                             \
-    const struct attn_item *item, const float *q, float *out, const float *key_cache, const float *value_cache, \
-        const int64_t *query_starts, const int64_t *context_lens, const int64_t *block_tables, Py_ssize_t width,  \
-        Py_ssize_t block_size, Py_ssize_t heads, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale,       \
-        float *q_scaled, float *scores, Py_ssize_t stride
+/* KV-cache element types (`kv_cache_dtype`): int8 comes with a float scale per position and kv head. */
+enum kv_type { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2, KV_I8 = 3, KV_TYPES = 4 };
+
+#define ATTEND_ARGS                                                                                               \
+    const struct attn_item *item, const float *q, float *out, const void *key_cache, const void *value_cache,     \
+        const float *key_scales, const float *value_scales, const int64_t *query_starts,                          \
+        const int64_t *context_lens, const int64_t *block_tables, Py_ssize_t width, Py_ssize_t block_size,        \
+        Py_ssize_t heads, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float *q_scaled, float *scores, \
+        Py_ssize_t stride
 
 /* Bidirectional attention of `tokens` query rows of one head over one segment's `count` keys, laid out
  * by encoder_attention.c: keys_t [head_dim][padded], values [padded][head_dim]; q/out rows `row_stride`
@@ -92,9 +96,8 @@ struct attn_item {
 
 /* The attention and element-wise kernels of one instruction set (row_kernels.h). */
 struct row_kernels {
-    void (*attend_d64)(ATTEND_ARGS);
-    void (*attend_d128)(ATTEND_ARGS);
-    void (*attend_any)(ATTEND_ARGS);
+    /* [kv type][head_dim 64, head_dim 128, any head_dim] */
+    void (*attend[KV_TYPES][3])(ATTEND_ARGS);
     void (*rms_norm_row)(const float *x, const float *residual, const float *weight, float *out, float *sum_out,
                          Py_ssize_t cols, float eps);
     void (*silu_mul_row)(const float *x, float *out, Py_ssize_t half);

@@ -1,0 +1,105 @@
+"""The cpu backend's KV cache in each `kv_cache_dtype`: float32 (exact), float16, bfloat16, int8.
+
+Narrower elements halve or quarter what attention reads per step (memory-bound on long contexts)
+at the cost of rounding every cached key and value: float16 and bfloat16 round to nearest even;
+int8 stores each kv head's vector of a position as round(x * 127 / max|x|) with one float32 scale
+(max|x| / 127) per position and kv head.
+
+A layer's cache is a `LayerKVCache`. The native kernels keep keys transposed per block
+([blocks, kv_heads, head_dim, block_size]) and values [blocks, kv_heads, block_size, head_dim], with
+scales [blocks, kv_heads, block_size]; the numpy path keeps both [slots, kv_heads, head_dim] with
+scales [slots, kv_heads]. bfloat16 is raw uint16 bits for the native kernels and `ml_dtypes`'
+bfloat16 for numpy.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+#: kv_cache_dtype -> the native kernels' enum kv_type (native.h)
+KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3}
+_EMPTY = np.zeros(0, np.float32)
+
+
+class LayerKVCache(NamedTuple):
+    keys: np.ndarray
+    values: np.ndarray
+    #: int8 only: the float32 scale of each position's key / value vector (else empty)
+    key_scales: np.ndarray = _EMPTY
+    value_scales: np.ndarray = _EMPTY
+
+    @property
+    def kv_dtype(self) -> str:
+        if self.keys.dtype == np.int8:
+            return "int8"
+        if self.keys.dtype == np.uint16 or self.keys.dtype.name == "bfloat16":
+            return "bfloat16"
+        return self.keys.dtype.name
+
+
+def _storage_dtype(kv_dtype: str, native: bool) -> np.dtype:
+    if kv_dtype == "bfloat16":
+        if native:
+            return np.dtype(np.uint16)
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(kv_dtype)
+
+
+def allocate_native(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, kv_dtype: str
+) -> LayerKVCache:
+    """One layer's cache in the native kernels' layout, zeroed."""
+    dtype = _storage_dtype(kv_dtype, native=True)
+    keys = np.zeros((num_blocks, num_kv_heads, head_dim, block_size), dtype)
+    values = np.zeros((num_blocks, num_kv_heads, block_size, head_dim), dtype)
+    if kv_dtype != "int8":
+        return LayerKVCache(keys, values)
+    scales = (num_blocks, num_kv_heads, block_size)
+    return LayerKVCache(keys, values, np.zeros(scales, np.float32), np.zeros(scales, np.float32))
+
+
+def allocate_numpy(num_slots: int, num_kv_heads: int, head_dim: int, kv_dtype: str) -> LayerKVCache:
+    """One layer's cache for the numpy attention, zeroed."""
+    dtype = _storage_dtype(kv_dtype, native=False)
+    shape = (num_slots, num_kv_heads, head_dim)
+    if kv_dtype != "int8":
+        return LayerKVCache(np.zeros(shape, dtype), np.zeros(shape, dtype))
+    scales = (num_slots, num_kv_heads)
+    return LayerKVCache(
+        np.zeros(shape, dtype),
+        np.zeros(shape, dtype),
+        np.zeros(scales, np.float32),
+        np.zeros(scales, np.float32),
+    )
+
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 values, float32 scales) of x [..., head_dim], one scale per vector of the last axis."""
+    peak = np.abs(x).max(axis=-1, keepdims=True)
+    inverse = np.divide(np.float32(127), peak, out=np.zeros_like(peak), where=peak > 0)
+    values = np.clip(np.rint(x * inverse), -127, 127).astype(np.int8)
+    return values, (peak[..., 0] / np.float32(127)).astype(np.float32)
+
+
+def store_numpy(cache: LayerKVCache, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    """Write this step's keys and values [tokens, kv_heads, head_dim] into their slots."""
+    if cache.keys.dtype == np.int8:
+        cache.keys[slots], cache.key_scales[slots] = quantize_int8(k)
+        cache.values[slots], cache.value_scales[slots] = quantize_int8(v)
+        return
+    cache.keys[slots] = k.astype(cache.keys.dtype)
+    cache.values[slots] = v.astype(cache.values.dtype)
+
+
+def gather_numpy(cache: LayerKVCache, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 keys and values of `slots` (any index shape), [..., kv_heads, head_dim]."""
+    keys = cache.keys[slots].astype(np.float32)
+    values = cache.values[slots].astype(np.float32)
+    if cache.keys.dtype == np.int8:
+        keys *= cache.key_scales[slots][..., None]
+        values *= cache.value_scales[slots][..., None]
+    return keys, values

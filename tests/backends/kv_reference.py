@@ -1,0 +1,24 @@
+"""What a KV cache of each `kv_cache_dtype` holds, computed independently of the backend's code:
+the reference attention of the kernel tests attends over these values."""
+
+from __future__ import annotations
+
+import numpy as np
+
+KV_DTYPES = ["float32", "float16", "bfloat16", "int8"]
+
+
+def cached_values(x: np.ndarray, kv_dtype: str) -> np.ndarray:
+    """What a KV cache of `kv_dtype` holds for float32 keys/values x [..., head_dim]: float16 and
+    bfloat16 round to nearest even, int8 keeps round(x * 127 / max|x|) and the scale max|x| / 127
+    per vector."""
+    x = x.astype(np.float32)
+    if kv_dtype == "int8":
+        peak = np.abs(x).max(axis=-1, keepdims=True)
+        levels = np.rint(x * (np.float32(127) / peak))
+        return levels.astype(np.float64) * (peak / np.float32(127)).astype(np.float64)
+    if kv_dtype == "bfloat16":
+        import ml_dtypes
+
+        return x.astype(ml_dtypes.bfloat16).astype(np.float64)
+    return x.astype(kv_dtype).astype(np.float64)

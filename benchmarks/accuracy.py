@@ -27,6 +27,7 @@ import tempfile
 from typing import Any
 
 import numpy as np
+from throughput import variant_settings  # benchmarks/ is the script directory
 
 TEXT = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "perplexity_text.txt"
@@ -125,18 +126,6 @@ def jitter_checkpoint(source: str, target: str, seed: int = 0) -> None:
     save_file(tensors, os.path.join(target, "model.safetensors"))
 
 
-def parse_variant(text: str) -> tuple[str, str | None, dict]:
-    label, _, settings = text.partition(":")
-    options: dict[str, Any] = {}
-    for item in filter(None, settings.split(",")):
-        key, _, value = item.partition("=")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return label, options.pop("checkpoint", None), options
-
-
 def evaluate(args: argparse.Namespace, name: str, models: dict[str, str], text: str) -> list[dict]:
     from fastdeploy import LLM
 
@@ -146,7 +135,7 @@ def evaluate(args: argparse.Namespace, name: str, models: dict[str, str], text: 
     rows = [{"checkpoint": name, "variant": "float32", "ppl": perplexity(reference_llm, text), "same": 1.0}]
     rows[0]["prefix"] = float(args.tokens)
     del reference_llm
-    for label, checkpoint, options in map(parse_variant, args.variant or DEFAULT_VARIANTS):
+    for label, checkpoint, options in map(variant_settings, args.variant or DEFAULT_VARIANTS):
         if checkpoint == "gguf" and name != "SmolLM2":
             continue  # the jittered model has no GGUF
         llm = LLM(model=models[checkpoint or "safetensors"], max_model_len=2048, **options)

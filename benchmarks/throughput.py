@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_worker.py")
 PROMPT_TEXT = (
@@ -337,16 +338,21 @@ def peer_engines(args: argparse.Namespace) -> list[Engine]:
     return peers
 
 
-def parse_variant(text: str) -> Engine:
+def variant_settings(text: str) -> tuple[str, str | None, dict[str, Any]]:
+    """`LABEL:KEY=VALUE,...` -> (label, checkpoint or None, the other settings; JSON values decoded)."""
     label, _, settings = text.partition(":")
-    options = {}
+    options: dict[str, Any] = {}
     for item in filter(None, settings.split(",")):
         key, _, value = item.partition("=")
         try:
             options[key] = json.loads(value)
         except json.JSONDecodeError:
             options[key] = value
-    checkpoint = options.pop("checkpoint", None)
+    return label, options.pop("checkpoint", None), options
+
+
+def parse_variant(text: str) -> Engine:
+    label, checkpoint, options = variant_settings(text)
     if checkpoint not in (None, "gguf", "safetensors"):
         sys.exit(f"--variant {text!r}: checkpoint must be gguf or safetensors")
     env = {key: str(options.pop(key)) for key in list(options) if key.startswith("FD_")}

@@ -16,6 +16,7 @@ from typing import Any
 
 from fastdeploy.engine.async_engine import AsyncLLMEngine, StepObserver, StepStats
 from fastdeploy.engine.engine import LLMEngine
+from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 
@@ -63,7 +64,8 @@ class ReplicaRouter:
             replica.abort_all()
 
     def add_observer(self, observer: StepObserver) -> None:
-        """`observer` sees each replica's step with the gauges (queues, KV usage) summed over replicas."""
+        """`observer` sees each replica's step with the gauges (queues, KV usage) and the prefix-cache
+        totals summed over replicas."""
         for index, replica in enumerate(self.replicas):
             replica.add_observer(self._combining(index, observer))
 
@@ -86,6 +88,7 @@ class ReplicaRouter:
                     first_token_latencies=stats.first_token_latencies,
                     inter_token_latencies=stats.inter_token_latencies,
                     finished=stats.finished,
+                    prefix_cache=PrefixCacheStats.summed(latest.prefix_cache for latest in known),
                 )
             )
 

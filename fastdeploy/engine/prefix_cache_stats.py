@@ -7,6 +7,7 @@ admitted again recomputes without counting twice). The server exports the totals
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -18,6 +19,17 @@ class PrefixCacheStats:
     hit_tokens: int = 0
     queried_requests: int = 0
     hit_requests: int = 0
+
+    @classmethod
+    def summed(cls, parts: Iterable[PrefixCacheStats]) -> PrefixCacheStats:
+        """The totals of several engines (data-parallel replicas behind one server)."""
+        total = cls()
+        for part in parts:
+            total.queried_tokens += part.queried_tokens
+            total.hit_tokens += part.hit_tokens
+            total.queried_requests += part.queried_requests
+            total.hit_requests += part.hit_requests
+        return total
 
     def record(self, prompt_tokens: int, cached_tokens: int) -> None:
         self.queried_tokens += prompt_tokens

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from fastdeploy.distributed.replicas import ReplicaRouter
 from fastdeploy.engine.async_engine import StepStats
+from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 
 
 class FakeReplica:
@@ -90,3 +91,21 @@ def test_observers_see_queue_and_cache_gauges_summed_over_replicas():
     )
     assert abs(last.kv_cache_usage - (1 - 200 / 300)) < 1e-12
     assert last.generation_tokens == 5  # counters are per step, not summed twice
+
+
+def test_observers_see_prefix_cache_totals_summed_over_replicas():
+    replicas = [FakeReplica(), FakeReplica()]
+    router = ReplicaRouter(replicas, prefix_aware=True)
+    seen = []
+    router.add_observer(seen.append)
+    replicas[0].observers[0](StepStats(0, 0, 0.0, 10, 10, prefix_cache=PrefixCacheStats(100, 64, 2, 1)))
+    replicas[1].observers[0](StepStats(0, 0, 0.0, 10, 10, prefix_cache=PrefixCacheStats(60, 16, 3, 1)))
+    replicas[0].observers[0](StepStats(0, 0, 0.0, 10, 10, prefix_cache=PrefixCacheStats(140, 96, 3, 2)))
+    totals = seen[-1].prefix_cache  # replica 0's latest totals plus replica 1's
+    assert (totals.queried_tokens, totals.hit_tokens, totals.queried_requests, totals.hit_requests) == (
+        200,
+        112,
+        6,
+        3,
+    )
+    assert totals.hit_token_rate == 112 / 200 and totals.hit_request_rate == 3 / 6

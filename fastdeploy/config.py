@@ -9,6 +9,9 @@ from fastdeploy.backends.base import KV_CACHE_DTYPES
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.model_executor.quantization import check_quantization_name
 
+#: where requests that leave sampling settings unset take them from (see engine/generation_defaults.py)
+GENERATION_CONFIG_MODES = ("auto", "none")
+
 
 @dataclass
 class ModelConfig:
@@ -162,6 +165,9 @@ class EngineConfig:
     quantization: str | None = None
     #: KV-cache element type: "auto" (the compute dtype), "float32", "float16", "bfloat16", "int8"
     kv_cache_dtype: str = "auto"
+    #: "auto": requests that leave sampling settings unset take the checkpoint's
+    #: generation_config.json values; "none": they take SamplingParams' own defaults
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         for name in (
@@ -195,6 +201,11 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InvalidArgumentError(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}"
+            )
+        if self.generation_config not in GENERATION_CONFIG_MODES:
+            raise InvalidArgumentError(
+                f"generation_config must be one of {', '.join(GENERATION_CONFIG_MODES)}; "
+                f"got {self.generation_config!r}"
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise InvalidArgumentError(f"seed must be a non-negative int, got {self.seed!r}")

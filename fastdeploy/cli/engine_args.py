@@ -93,6 +93,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         help="KV-cache element type: auto (the compute dtype), float32, float16, bfloat16 or int8",
     )
     parser.add_argument(
+        "--generation-config",
+        choices=("auto", "none"),
+        default="auto",
+        help="auto: settings a request leaves unset come from the model's generation_config.json "
+        "(temperature, top_p, top_k, min_p, penalties, max_new_tokens); none: SamplingParams' defaults",
+    )
+    parser.add_argument(
         "--quantization", default=None, help="weight-only quantisation of a float checkpoint: wint8 or wint4"
     )
 
@@ -138,5 +145,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "mm_processor_kwargs": args.mm_processor_kwargs,
         "quantization": args.quantization,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "generation_config": args.generation_config,
         "enable_prefix_caching": args.enable_prefix_caching,
     }

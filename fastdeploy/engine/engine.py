@@ -28,6 +28,7 @@ from fastdeploy.engine.fault_isolation import (
     describe,
     without_requests,
 )
+from fastdeploy.engine.generation_defaults import read_generation_defaults
 from fastdeploy.engine.guided.decoder import GuidedDecoder
 from fastdeploy.engine.kv_cache_planner import plan_kv_cache
 from fastdeploy.engine.output_processor import banned_bad_word_tokens, completion_output, process_token
@@ -155,6 +156,8 @@ class LLMEngine:
         model_path = resolve_model(config.model)
         checkpoint = inspect_checkpoint(model_path, registry)
         self.model_config = checkpoint.config
+        #: SamplingParams fields the checkpoint's generation_config.json sets, for unset ones
+        self.generation_defaults = read_generation_defaults(model_path, config.generation_config)
         self.max_model_len = self._resolve_max_model_len()
         self.max_num_batched_tokens = config.max_num_batched_tokens or max(
             self.max_model_len, backend_class.default_max_num_batched_tokens

@@ -91,6 +91,7 @@ class LLM:
         allow_media_url_fetch: bool = True,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
+        generation_config: str = "auto",
         **kwargs: Any,
     ) -> None:
         from fastdeploy import envs
@@ -143,6 +144,7 @@ class LLM:
             allow_media_url_fetch=allow_media_url_fetch,
             quantization=quantization,
             kv_cache_dtype=kv_cache_dtype,
+            generation_config=generation_config,
         )
         self._request_ids = itertools.count()
         self._is_master = is_master_host(config)
@@ -166,6 +168,11 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a call without `sampling_params` samples with: SamplingParams' defaults, overridden
+        by the checkpoint's generation_config.json (unless `generation_config="none"`)."""
+        return SamplingParams(**self.llm_engine.generation_defaults)
 
     # --- public API -------------------------------------------------------------------------
     def generate(
@@ -250,12 +257,11 @@ class LLM:
             item.media, item.token_ids = media, None
         return item
 
-    @staticmethod
     def _params_per_prompt(
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int
+        self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int
     ) -> list[SamplingParams]:
         if sampling_params is None:
-            return [SamplingParams() for _ in range(count)]
+            return [self.get_default_sampling_params() for _ in range(count)]
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * count
         if isinstance(sampling_params, (list, tuple)) and all(

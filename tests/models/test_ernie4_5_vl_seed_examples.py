@@ -4,11 +4,17 @@ The checkpoint is the tiny random-weight VL model, written to the relative path 
 name (`baidu/ERNIE-4.5-VL-28B-A3B-Paddle`, in the -Paddle layout). The image URL cannot be
 reached here: the chat example's URL is replaced by the same picture as a `data:` URL (the only
 edit), and the generate example's `requests.get` is answered from the test fixture.
+
+The chat example passes no sampling parameters, so its reply runs until an end token or the
+context (32768). The real model ends its answer; the random-weight one never does, so the fixture
+checkpoint caps replies in its generation_config.json (`max_new_tokens`), which the engine applies
+to calls without sampling parameters, as vLLM does.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import sys
 import types
 from pathlib import Path
@@ -21,6 +27,8 @@ import tiny_vl_checkpoint as tiny  # noqa: E402
 from fastdeploy.input.ernie_templates import ERNIE_4_5_VL_CHAT_TEMPLATE  # noqa: E402
 
 IMAGE = Path(__file__).resolve().parents[1] / "fixtures" / "images" / "chelsea_180x120.png"
+#: the reply length the fixture's generation_config.json allows (see the module docstring)
+CHAT_REPLY_CAP = 24
 URL = "https://paddlenlp.bj.bcebos.com/datasets/paddlemix/demo_images/example2.jpg"
 
 CHAT_EXAMPLE = """
@@ -107,6 +115,8 @@ def in_model_root(tmp_path, monkeypatch):
     directory = tmp_path / "baidu" / "ERNIE-4.5-VL-28B-A3B-Paddle"
     tiny.write_checkpoint(directory, "paddle", tiny.CHAT_CONFIG)
     tiny.write_vl_tokenizer(directory, ERNIE_4_5_VL_CHAT_TEMPLATE)
+    generation_config = {"max_new_tokens": CHAT_REPLY_CAP}
+    (directory / "generation_config.json").write_text(json.dumps(generation_config), encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     return directory
 
@@ -123,6 +133,7 @@ def test_chat_example(in_model_root):
     (output,) = namespace["outputs"]
     assert output.error_code == 200, output.error_msg
     assert output.num_input_image_tokens == 24
+    assert 0 < len(output.outputs.token_ids) <= CHAT_REPLY_CAP
     assert namespace["reasoning_text"] is None and namespace["generated_text"]  # thinking off
 
 

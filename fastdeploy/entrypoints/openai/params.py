@@ -60,21 +60,29 @@ def reject_unsupported(request: SamplingRequest) -> None:
         raise invalid_request("top_logprobs needs logprobs to be true", param="top_logprobs")
 
 
-def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
-    return _build(request, request.max_tokens, request.logprobs, {}, guided_decoding=guided_decoding(request))
+def completion_sampling_params(request: CompletionRequest, defaults: dict[str, Any]) -> SamplingParams:
+    """`defaults`: the model's settings (generation_config.json) for the fields the request omits."""
+    max_tokens = request.max_tokens
+    if "max_tokens" not in request.model_fields_set:  # OpenAI's default 16 yields to the model's
+        max_tokens = defaults.get("max_tokens", max_tokens)
+    return _build(
+        request, max_tokens, request.logprobs, {}, defaults, guided_decoding=guided_decoding(request)
+    )
 
 
-def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+def chat_sampling_params(request: ChatCompletionRequest, defaults: dict[str, Any]) -> SamplingParams:
+    """`defaults`: the model's settings (generation_config.json) for the fields the request omits."""
     if request.max_completion_tokens is not None:
         max_tokens, max_name = request.max_completion_tokens, "max_completion_tokens"
     else:
-        max_tokens, max_name = request.max_tokens, "max_tokens"
+        max_tokens = request.max_tokens if request.max_tokens is not None else defaults.get("max_tokens")
+        max_name = "max_tokens"
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     renames = {"max_tokens": max_name, "logprobs": "top_logprobs"}
     extra: dict[str, Any] = {"guided_decoding": guided_decoding(request)}
     if request.reasoning_max_tokens is not None:
         extra["reasoning_max_tokens"] = request.reasoning_max_tokens
-    return _build(request, max_tokens, logprobs, renames, **extra)
+    return _build(request, max_tokens, logprobs, renames, defaults, **extra)
 
 
 def _build(
@@ -82,11 +90,13 @@ def _build(
     max_tokens: int | None,
     logprobs: int | None,
     renames: dict[str, str],
+    defaults: dict[str, Any],
     **extra: Any,
 ) -> SamplingParams:
-    kwargs: dict[str, Any] = {
-        name: getattr(request, name) for name in _PASS_THROUGH if getattr(request, name) is not None
-    }
+    kwargs: dict[str, Any] = dict(defaults)
+    kwargs.update(
+        (name, getattr(request, name)) for name in _PASS_THROUGH if getattr(request, name) is not None
+    )
     kwargs.update(max_tokens=max_tokens, logprobs=logprobs, **extra)
     try:
         return SamplingParams(**kwargs)

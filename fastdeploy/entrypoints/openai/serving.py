@@ -86,6 +86,8 @@ class ServingContext:
         self.engine = engine
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len = engine.engine.max_model_len
+        #: the model's sampling settings (generation_config.json) for fields a request omits
+        self.generation_defaults = engine.engine.generation_defaults
         self.served_model_names = list(served_model_names)
         self.metrics = metrics
         self.api_key = api_key

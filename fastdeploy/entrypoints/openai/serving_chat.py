@@ -81,7 +81,7 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
     reject_unsupported(request)
     check_request_limits(request)
     plan = plan_chat_tools(ctx.engine.engine, request)
-    params = chat_sampling_params(request)
+    params = chat_sampling_params(request, ctx.generation_defaults)
     ctx.admit(1)  # a full queue refuses before any CPU is spent on the prompt
     await check_request_guided_decoding(ctx.engine.engine, request, params)
     params = await constrain_for_tools(ctx.engine.engine, request, params, plan)

@@ -71,7 +71,7 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     model = ctx.model_name(request.model)
     reject_unsupported(request)
     check_request_limits(request)
-    params = completion_sampling_params(request)
+    params = completion_sampling_params(request, ctx.generation_defaults)
     items = request_prompts(request.prompt)
     # a full queue refuses every prompt of the request before any CPU is spent on them
     ctx.admit(len(items))

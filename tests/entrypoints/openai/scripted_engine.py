@@ -25,6 +25,7 @@ class ScriptedEngine:
         self.fault_isolation = SimpleNamespace(faults_in_step=[])
         self.tokenizer = None
         self.max_model_len = 64
+        self.generation_defaults: dict = {}
 
     @property
     def scheduler(self):

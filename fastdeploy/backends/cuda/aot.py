@@ -5,8 +5,8 @@ machine without a GPU can prove that every kernel compiles for real hardware (sm
 for each storage dtype, with the specialisations the backend launches. The interpreter tests
 check what the kernels compute; this checks that the GPU compiler accepts them.
 
-Run `python -m fastdeploy.backends.cuda.aot [ARCH ...]` (TRITON_INTERPRET must be unset). It
-compiles float32, bfloat16 and float16 variants of every kernel at the shapes the models here
+Run `python -m fastdeploy.backends.cuda.aot [ARCH ...] [--dtypes float32,bfloat16]` (TRITON_INTERPRET
+must be unset). It compiles float32, bfloat16 and float16 variants (or those `--dtypes` names) of every kernel at the shapes the models here
 use (head_dim 128 and 64, ERNIE-4.5-21B-A3B's MoE, a 152064-token vocabulary), in parallel,
 with the num_warps / num_stages the launchers use, and fails where a kernel needs more shared
 memory than the architecture gives one program (which on a GPU is a launch-time OutOfResources).
@@ -313,7 +313,23 @@ def compile_kernels(
 
 
 def main(argv: list[str]) -> int:
-    for kernel in compile_kernels(tuple(int(a) for a in argv) or (80, 90)):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m fastdeploy.backends.cuda.aot")
+    parser.add_argument(
+        "archs", nargs="*", type=int, default=[80, 90], help="compute capabilities, e.g. 80 90"
+    )
+    parser.add_argument(
+        "--dtypes",
+        type=lambda text: tuple(text.split(",")),
+        default=DTYPES,
+        help=f"storage dtypes, comma-separated (default {','.join(DTYPES)})",
+    )
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.dtypes) - set(DTYPES))
+    if unknown:
+        parser.error(f"--dtypes: unknown {', '.join(unknown)}; choose from {', '.join(DTYPES)}")
+    for kernel in compile_kernels(tuple(args.archs), args.dtypes):
         sys.stdout.write(
             f"sm_{kernel.arch} {kernel.dtype:8} {kernel.name:22} ptx {kernel.ptx_bytes:7d} B, "
             f"cubin {kernel.cubin_bytes:7d} B, shared {kernel.shared_bytes:6d} B\n"

@@ -1,7 +1,8 @@
 """Launches the OpenAI-compatible server: `python -m fastdeploy.entrypoints.openai.api_server --model M`.
 
-`fastdeploy serve M` runs the same code. The model loads before the port opens, so `/health`
-answers only once the server can generate. One process holds the HTTP server (uvicorn, one
+`fastdeploy serve M` runs the same code. The port is bound first (a port in use fails at once,
+not after the model has loaded), then the model loads, then the port accepts connections, so
+`/health` answers only once the server can generate. One process holds the HTTP server (uvicorn, one
 event loop) and the engine thread. On SIGTERM or Ctrl+C the listening socket closes, running
 requests get `--shutdown-timeout` seconds to finish, then are aborted (streams end with
 `finish_reason: "abort"` and `[DONE]`), the engine thread stops, and the process exits with
@@ -11,6 +12,7 @@ status 0 (see `graceful_server`).
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from typing import Any
 
@@ -88,14 +90,35 @@ def check_server_flags(args: argparse.Namespace) -> None:
         )
 
 
+def bind_server_socket(host: str, port: int) -> socket.socket:
+    """The HTTP socket, bound (not yet listening) before the model loads, as vLLM does: a port in
+    use is an error in a second rather than after minutes of loading, and no other process can
+    take the port meanwhile. Connections are refused until uvicorn listens on it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InvalidArgumentError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; free it or choose another --port"
+        ) from exc
+    return sock
+
+
 def run_server(args: argparse.Namespace) -> int:
     """Serve until SIGTERM / Ctrl+C; returns the exit status (1 when the engine died)."""
+    sock = None
     try:
         follower_status = serve_follower_host(_llm_kwargs(args))
         if follower_status is not None:
             return follower_status
+        sock = bind_server_socket(args.host, args.port)
         ctx = build_context(args)
     except FastDeployError as exc:
+        if sock is not None:
+            sock.close()
         sys.stderr.write(f"error: {exc}\n")
         return 2
     app = build_app(ctx, max_request_bytes=args.max_request_size)
@@ -129,7 +152,7 @@ def run_server(args: argparse.Namespace) -> int:
     ctx.engine.on_fatal(engine_died)
     logger.info("serving %s on http://%s:%d", ", ".join(ctx.served_model_names), args.host, args.port)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         if metrics_server is not None:
             metrics_server.shutdown()

@@ -221,3 +221,18 @@ def test_sigterm_drains_running_requests_and_exits_cleanly(guarded):
     with pytest.raises(ProcessLookupError):  # nothing left in the server's process group
         os.killpg(guarded.process.pid, 0)
     assert "engine thread stopped" in guarded.output()
+
+
+def test_a_port_in_use_fails_before_the_model_loads(capsys):
+    """The port is bound first: with it taken, the error names it, although the model path does
+    not exist either (loading first would have failed on the model instead)."""
+    from fastdeploy.entrypoints.openai.api_server import main
+
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status = main(["--model", "/nonexistent/model", "--host", HOST, "--port", str(port)])
+    assert status == 2
+    error = capsys.readouterr().err
+    assert f"cannot listen on {HOST}:{port}" in error and "model" not in error.split("cannot listen")[0]

@@ -32,8 +32,11 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# PYTEST_WORKERS=0 runs the suite in one process (as plain `pytest` does)
+PYTEST_WORKERS ?= 2
+
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 bench: setup
 	$(BIN)/python benchmarks/throughput.py

@@ -95,6 +95,6 @@ def test_port_in_use():
             timeout=600,
             check=False,
         )
-    assert done.returncode != 0
-    expected = as_pattern(quoted("[Errno 98]").replace("8080", str(port)))
+    assert done.returncode == 2
+    expected = as_pattern(quoted("error: cannot listen on").replace("8080", str(port)))
     assert re.search(expected, done.stderr), done.stderr[-2000:]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastdeploy.backends.base import KV_CACHE_DTYPES
+from fastdeploy.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.model_executor.quantization import check_quantization_name
 
@@ -168,6 +169,10 @@ class EngineConfig:
     #: "auto": requests that leave sampling settings unset take the checkpoint's
     #: generation_config.json values; "none": they take SamplingParams' own defaults
     generation_config: str = "auto"
+    #: the most `logprobs` / `prompt_logprobs` a request may ask for (-1: the vocabulary size)
+    max_logprobs: int = 20
+    #: speculative decoding (docs/decoding.md): a dict or its JSON text, parsed at construction
+    speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -209,6 +214,30 @@ class EngineConfig:
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise InvalidArgumentError(f"seed must be a non-negative int, got {self.seed!r}")
+        if (
+            isinstance(self.max_logprobs, bool)
+            or not isinstance(self.max_logprobs, int)
+            or self.max_logprobs < -1
+        ):
+            raise InvalidArgumentError(f"max_logprobs must be an int >= -1, got {self.max_logprobs!r}")
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        """Parse `speculative_config`; the parallel layouts it cannot run with are refused here."""
+        self.speculative_config = parse_speculative_config(self.speculative_config)
+        if self.speculative_config is None:
+            return
+        if self.pipeline_parallel_size > 1:
+            raise InvalidArgumentError(
+                "speculative_config is not supported with pipeline_parallel_size > 1 (a verify pass "
+                "needs the logits of every draft position, which pipeline stages do not hand back)"
+            )
+        if self.speculative_config.method == "draft_model" and self.runs_in_rank_processes:
+            raise InvalidArgumentError(
+                "speculative_config method 'draft_model' runs the draft model in the engine process; "
+                "it is not supported when the model runs in rank processes (tensor or pipeline "
+                "parallelism); use method 'ngram'"
+            )
 
     def _check_parallel(self) -> None:
         """Sizes of the parallel layout; whether the model can take them is checked once its

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -76,8 +76,11 @@ class BatchLayout:
     query_lens: np.ndarray  # [num_seqs] int64
     context_lens: np.ndarray  # [num_seqs] int64: tokens in the cache after this pass
     block_tables: np.ndarray  # [num_seqs, max_blocks] int64, padded with 0
-    logits_indices: np.ndarray  # [num_samples] int64: token rows whose logits are needed
+    logits_indices: np.ndarray  # [num_logits] int64: token rows whose logits are needed
     block_size: int
+    #: [n, 2] int64 (source, destination) KV blocks the model runner copies before the pass
+    #: (`Backend.copy_kv_blocks`: beams that share blocks copy-on-write)
+    block_copies: np.ndarray = field(default_factory=lambda: np.empty((0, 2), dtype=np.int64))
 
 
 def apply_token_bitmask_numpy(logits: np.ndarray, bitmask: np.ndarray, rows: np.ndarray) -> None:
@@ -423,6 +426,16 @@ class Backend(ABC):
         the device should override it with an on-device max (one value per row crosses).
         """
         return ~np.isfinite(self.to_numpy(logits).max(axis=-1))
+
+    def copy_kv_blocks(self, kv_caches: list[Any], pairs: np.ndarray, block_size: int) -> None:
+        """For each row (source, destination) of `pairs` [n, 2] int64, copy every layer's keys and
+        values of block `source` (its `block_size` slots) over block `destination`, in place.
+
+        Needed for beam search, whose beams share KV blocks copy-on-write: a beam about to write
+        into a block its siblings hold gets a copy first. Sources and destinations are disjoint.
+        A backend without it cannot serve beam search (requests asking for it are refused).
+        """
+        raise NotImplementedError(f"the {self.name} backend cannot copy KV blocks")
 
     def sample_top_k_top_p(
         self,

@@ -54,6 +54,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
     parser.add_argument("--chat-template", default=None, help="template string or file")
     parser.add_argument("--reasoning-parser", default=None)
     parser.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=20,
+        help="most logprobs / prompt_logprobs a request may ask for (-1: vocabulary size; default 20)",
+    )
+    parser.add_argument(
+        "--speculative-config",
+        default=None,
+        help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+        "(see docs/decoding.md)",
+    )
+    parser.add_argument(
         "--guided-decoding-backend",
         default="auto",
         choices=["auto", "llguidance", "xgrammar", "off"],
@@ -147,4 +159,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "kv_cache_dtype": args.kv_cache_dtype,
         "generation_config": args.generation_config,
         "enable_prefix_caching": args.enable_prefix_caching,
+        "max_logprobs": args.max_logprobs,
+        "speculative_config": args.speculative_config,
     }

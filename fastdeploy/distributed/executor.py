@@ -97,6 +97,8 @@ class DistributedExecutor:
     ) -> None:
         self.layout = layout
         self.placement = placement
+        #: the ranks' backend class, for its capabilities (`copy_kv_blocks`)
+        self.backend_class = backend_class
         self.block_size = config.block_size
         #: a replica's ranks take the devices after those of the replicas before it
         self.device_offset = config.data_parallel_rank * layout.world_size

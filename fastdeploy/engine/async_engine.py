@@ -27,6 +27,7 @@ from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 from fastdeploy.engine.request import OK, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.engine.spec_decode.decoder import SpecDecodeStats
 from fastdeploy.errors import EngineDeadError, FastDeployError
 from fastdeploy.logger import get_logger
 
@@ -82,6 +83,8 @@ class StepStats:
     finished: list[RequestOutput] = field(default_factory=list)
     #: prefix-cache totals since the engine started
     prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    #: speculative decoding totals since the engine started (None when it does not speculate)
+    spec_decode: SpecDecodeStats | None = None
 
 
 StepObserver = Callable[[StepStats], None]
@@ -457,6 +460,8 @@ class AsyncLLMEngine:
         stats.num_running, stats.num_waiting = current.num_running, current.num_waiting
         stats.kv_cache_usage, stats.num_free_blocks = current.kv_cache_usage, current.num_free_blocks
         stats.prefix_cache = replace(self.engine.scheduler.prefix_cache_stats)
+        if self.engine.spec_decoder is not None:
+            stats.spec_decode = replace(self.engine.spec_decoder.stats)
         for observer in self._observers:
             try:
                 observer(stats)

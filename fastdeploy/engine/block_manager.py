@@ -7,6 +7,14 @@ until it is evicted, least recently freed first, and only when no never-cached b
 Keys are exact (token tuples, not hashes): the parent is named by (block id, generation), and a
 block's generation changes whenever it is handed out afresh, so a key whose parent block was
 since reused for other tokens can never match.
+
+Blocks are reference-counted, so several sequences can hold one: cached prefixes, and beams
+forked from one another (`fork`), which share every block of their parent. A block is written
+only at a sequence's next uncomputed position; when that position falls in a block another
+sequence also holds (the partial last block of a fork), `allocate` gives the writer a fresh copy
+first (copy-on-write) and queues the (source, destination) pair in `pending_copies`, which the
+model runner applies to the KV cache before the forward pass that writes it. Full blocks are
+never written again, so they stay shared for good.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ class BlockManager:
         self._generation = [0] * num_blocks
         self._key_of: dict[int, BlockKey] = {}
         self._cached: dict[BlockKey, int] = {}
+        #: (source block, destination block) KV copies owed before the next forward pass
+        self.pending_copies: list[tuple[int, int]] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -44,10 +54,23 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def ref_count(self, block: int) -> int:
+        """How many sequences hold `block`."""
+        return self._ref_counts[block]
+
+    def _shared_write_block(self, seq: Sequence, num_new_tokens: int) -> int | None:
+        """Index in `seq`'s block table of the block its next token goes into, if others hold it too."""
+        index = seq.num_computed_tokens // self.block_size
+        if num_new_tokens and index < len(seq.block_table) and self._ref_counts[seq.block_table[index]] > 1:
+            return index
+        return None
+
     def extra_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
-        """Blocks `seq` must gain to hold `num_new_tokens` more computed tokens."""
+        """Blocks `seq` must gain to hold `num_new_tokens` more computed tokens (a shared block it
+        writes into counts: it gets its own copy)."""
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens)
-        return max(0, needed - len(seq.block_table))
+        copy = self._shared_write_block(seq, num_new_tokens) is not None
+        return max(0, needed - len(seq.block_table)) + copy
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.extra_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
@@ -63,21 +86,53 @@ class BlockManager:
         return block
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Grow `seq`'s block table; the caller checked `can_allocate`."""
-        for _ in range(self.extra_blocks_needed(seq, num_new_tokens)):
+        """Grow `seq`'s block table, copying a shared block it writes into; the caller checked
+        `can_allocate`."""
+        shared = self._shared_write_block(seq, num_new_tokens)
+        if shared is not None:
+            source = seq.block_table[shared]
+            copy = self._take_free_block()
+            self._ref_counts[source] -= 1
+            seq.block_table[shared] = copy
+            self.pending_copies.append((source, copy))
+        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        for _ in range(needed):
             seq.block_table.append(self._take_free_block())
+
+    def truncate(self, seq: Sequence) -> None:
+        """Release the blocks past `seq`'s computed tokens (speculative decoding's rejected drafts)."""
+        keep = self.blocks_for(seq.num_computed_tokens)
+        for block in seq.block_table[keep:]:
+            self._release(block)
+        del seq.block_table[keep:]
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Make `child` hold exactly `parent`'s blocks (releasing its own); nothing is copied now."""
+        for block in parent.block_table:
+            self._ref_counts[block] += 1
+        self.free(child)
+        child.block_table = list(parent.block_table)
+        child.num_registered_blocks = parent.num_registered_blocks
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write pairs queued since the last call (the runner applies them)."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def free(self, seq: Sequence) -> None:
         """Release all of `seq`'s blocks (finished, aborted or preempted)."""
         for block in seq.block_table:
-            self._ref_counts[block] -= 1
-            if self._ref_counts[block] == 0:
-                if block in self._key_of:
-                    self._evictable[block] = None
-                else:
-                    self._free.append(block)
+            self._release(block)
         seq.block_table = []
         seq.num_registered_blocks = 0
+
+    def _release(self, block: int) -> None:
+        self._ref_counts[block] -= 1
+        if self._ref_counts[block] == 0:
+            if block in self._key_of:
+                self._evictable[block] = None
+            else:
+                self._free.append(block)
 
     # --- prefix caching ----------------------------------------------------------------------
     def _parent(self, seq: Sequence, index: int) -> tuple[int, int]:

@@ -9,12 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.backends.base import BackendOptions, KVCacheSpec
+from fastdeploy.backends.base import Backend, BackendOptions, KVCacheSpec
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.selection import build_backend_of, select_backend_class
 from fastdeploy.config import EngineConfig
 from fastdeploy.distributed.pipeline import MicroBatchPipeline
 from fastdeploy.distributed.startup import start_executor
+from fastdeploy.engine.beam_search import BeamSearch, record_beam_rows
 from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.fault_isolation import (
     GUIDED_DECODING_CONFLICT,
@@ -32,6 +33,8 @@ from fastdeploy.engine.generation_defaults import read_generation_defaults
 from fastdeploy.engine.guided.decoder import GuidedDecoder
 from fastdeploy.engine.kv_cache_planner import plan_kv_cache
 from fastdeploy.engine.output_processor import banned_bad_word_tokens, completion_output, process_token
+from fastdeploy.engine.pass_logits import PassLogits
+from fastdeploy.engine.prompt_logprobs import record_prompt_logprobs
 from fastdeploy.engine.request import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -44,6 +47,7 @@ from fastdeploy.engine.sampler import BannedTokens, sample
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.scheduler import ScheduledBatch, Scheduler
 from fastdeploy.engine.sequence import Sequence
+from fastdeploy.engine.spec_decode.decoder import Verified, build_speculative_decoder
 from fastdeploy.errors import InvalidArgumentError, KVCacheAllocationError
 from fastdeploy.input.detokenizer import IncrementalDetokenizer
 from fastdeploy.input.multimodal.options import build_multimodal_processor
@@ -81,6 +85,10 @@ class EngineRequest:
     thinking_enabled: bool = True
     #: images and videos of the prompt (`MultiModalPrompt`), None for text-only requests
     multimodal: Any = None
+    #: the search state of a beam-search request
+    beam_search: BeamSearch | None = None
+    #: generated-token limit of each sample (max_tokens within max_model_len)
+    max_output_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -113,6 +121,7 @@ def _device_samplable(params: SamplingParams) -> bool:
         and not params.presence_penalty
         and params.min_p == 0.0
         and params.logprobs is None
+        and params.num_samples == params.n  # best_of ranks samples by their logprobs
     )
 
 
@@ -162,6 +171,8 @@ class LLMEngine:
         self.max_num_batched_tokens = config.max_num_batched_tokens or max(
             self.max_model_len, backend_class.default_max_num_batched_tokens
         )
+        vocab = self.model_config.vocab_size
+        self.max_logprobs = vocab if config.max_logprobs == -1 else min(config.max_logprobs, vocab)
         # rank processes start loading now, while this process reads the tokenizer
         self.executor = (
             start_executor(config, checkpoint, self.max_model_len, self.max_num_batched_tokens, registry)
@@ -175,6 +186,17 @@ class LLMEngine:
             self.shutdown()
             raise
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
+        self.spec_decoder = None
+        if config.speculative_config is not None:
+            manager = self.block_manager
+            self.spec_decoder = build_speculative_decoder(
+                config.speculative_config,
+                self.backend,
+                registry,
+                self.max_model_len,
+                (manager.block_size, manager.num_blocks),
+                self.model_config.vocab_size,
+            )
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
             self.model_config.eos_token_ids
         )
@@ -313,6 +335,36 @@ class LLMEngine:
                 f"max_model_len={self.max_model_len}; shorten the prompt or raise max_model_len"
             )
 
+    def validate_params(self, params: SamplingParams) -> None:
+        """Raise InvalidArgumentError if this engine's limits rule out `params`."""
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise InvalidArgumentError(
+                    f"SamplingParams.{name} must be in [0, {self.max_logprobs}] (the engine's "
+                    f"max_logprobs), got {value}"
+                )
+        if params.prompt_logprobs is not None and self.pipeline is not None:
+            raise InvalidArgumentError(
+                "SamplingParams.prompt_logprobs is not supported with pipeline_parallel_size > 1"
+            )
+        width_name = "best_of" if params.best_of is not None else "n"
+        if params.num_samples > self.config.max_num_seqs:
+            raise InvalidArgumentError(
+                f"SamplingParams.{width_name}={params.num_samples} exceeds the engine's max_num_seqs "
+                f"({self.config.max_num_seqs}): every sample (or beam) is a running sequence"
+            )
+        if params.use_beam_search and not self._copies_kv_blocks():
+            raise InvalidArgumentError(
+                f"SamplingParams.use_beam_search is not supported on the {self.config.device} backend: it "
+                "cannot copy KV blocks (Backend.copy_kv_blocks), which beams need to share them"
+            )
+
+    def _copies_kv_blocks(self) -> bool:
+        """Whether the backend (here or in the rank processes) implements `copy_kv_blocks`."""
+        backend_class = self.executor.backend_class if self.executor is not None else type(self.backend)
+        return backend_class.copy_kv_blocks is not Backend.copy_kv_blocks
+
     def add_request(
         self,
         request_id: str,
@@ -336,46 +388,36 @@ class LLMEngine:
                 raise InvalidArgumentError(self.media_refusal())
             prompt_token_ids = multimodal.token_ids
         self.validate_prompt(prompt_token_ids)
+        self.validate_params(params)
         grammar = self.guided.compile(params.guided_decoding) if params.guided_decoding else None
         arrival = time.time() if arrival_time is None else arrival_time
+        room = self.max_model_len - len(prompt_token_ids)
         request = EngineRequest(
             request_id,
             prompt,
             list(prompt_token_ids),
             params,
             arrival,
-            stream=stream,
+            # best_of and beam requests choose their outputs at the end: nothing to stream before
+            stream=stream and params.num_samples == params.n and not params.use_beam_search,
             thinking_enabled=thinking_enabled,
             multimodal=multimodal,
+            max_output_tokens=min(params.max_tokens, room) if params.max_tokens is not None else room,
         )
         request.bad_words_ids = self._bad_words_ids(params.bad_words)
-        room = self.max_model_len - len(prompt_token_ids)
-        max_output = min(params.max_tokens, room) if params.max_tokens is not None else room
         self._request_counter += 1
-        for index in range(params.n):
-            seed = (
-                (params.seed, index)
-                if params.seed is not None
-                else (self.config.seed, self._request_counter, index)
-            )
-            seq = Sequence(
-                seq_id=self._next_seq_id,
-                request_id=request_id,
-                sample_index=index,
-                prompt_token_ids=request.prompt_token_ids,
-                params=params,
-                max_output_tokens=max_output,
-                rng=np.random.default_rng(list(seed)),
-                arrival_time=arrival,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
-                defer_text=not stream and not params.stop,
-                extra_inputs=multimodal,
-            )
-            self._next_seq_id += 1
+        for index in range(1 if params.use_beam_search else params.num_samples):
+            seq = self._new_sequence(request, index)
+            if index == 0 and params.prompt_logprobs is not None:
+                seq.prompt_logprobs = [None]
             if grammar is not None:
                 self.guided.add(seq, grammar, thinking_enabled)
-            request.seqs.append(seq)
             self.scheduler.add(seq)
+        if params.use_beam_search:
+            request.beam_search = BeamSearch(
+                request.seqs[0], params.num_samples, self._stop_token_ids(params), request.max_output_tokens
+            )
+            request.seqs[0].beam_search = request.beam_search
         self.requests[request_id] = request
 
     def media_refusal(self) -> str:
@@ -387,6 +429,50 @@ class LLMEngine:
                 "images and videos need the model in the engine process"
             )
         return f"{architecture} takes text only, not images or videos"
+
+    def _new_sequence(self, request: EngineRequest, index: int) -> Sequence:
+        """Sample `index` of `request`, seeded from the request's seed (or the engine's) and `index`."""
+        params = request.params
+        seed = (
+            (params.seed, index)
+            if params.seed is not None
+            else (self.config.seed, self._request_counter, index)
+        )
+        seq = Sequence(
+            seq_id=self._next_seq_id,
+            request_id=request.request_id,
+            sample_index=index,
+            prompt_token_ids=request.prompt_token_ids,
+            params=params,
+            max_output_tokens=request.max_output_tokens,
+            rng=np.random.default_rng(list(seed)),
+            arrival_time=request.arrival_time,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
+            # beams take no text (their outputs decode the hypotheses), and a sequence reused for
+            # another beam gets that beam's tokens: only plain samples detokenize, late when unread
+            defer_text=not request.stream and not params.stop and not params.use_beam_search,
+            extra_inputs=request.multimodal,
+        )
+        ranked = params.num_samples > params.n and not params.use_beam_search
+        if ranked or params.logprobs is not None:
+            seq.cumulative_logprob = 0.0  # best_of ranks the samples by it
+        self._next_seq_id += 1
+        request.seqs.append(seq)
+        return seq
+
+    def _stop_token_ids(self, params: SamplingParams) -> frozenset[int]:
+        """Tokens inside the vocabulary that end a sample: EOS (unless ignore_eos) and stop_token_ids."""
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
+        return frozenset(token for token in stops if token < self.model_config.vocab_size)
+
+    def _spawn_beam(self, parent: Sequence) -> Sequence:
+        """A new sequence for a beam forked from `parent`, queued where the parent is."""
+        request = self.requests[parent.request_id]
+        child = self._new_sequence(request, len(request.seqs))
+        child.beam_search = parent.beam_search
+        child.first_scheduled_time = parent.first_scheduled_time
+        self.scheduler.add_fork(child, parent)
+        return child
 
     def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
         """Token sequences of each bad word, alone and after a space (how it appears mid-text)."""
@@ -476,6 +562,8 @@ class LLMEngine:
         `error_code` 500, come back with the others.
         """
         self.fault_isolation.begin_step()
+        if self.spec_decoder is not None:
+            self.spec_decoder.propose(self.scheduler.running)
         if self.pipeline is not None:
             return self.pipeline.step(self)
         batch = self.scheduler.schedule()
@@ -498,24 +586,30 @@ class LLMEngine:
         """
         result = self._isolated_pass(batch, forward, forward_part)
         outputs = self._fail(result.faults)
-        batch, sampled, tokens = result.batch, result.sampled, result.tokens
+        batch, sampled, emitted = result.batch, result.sampled, result.tokens
         for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += count
             seq.forward_time += result.forward_seconds
             self.block_manager.register_full_blocks(seq)
+            if seq.draft_token_ids:  # roll back the blocks that held only rejected drafts
+                self.block_manager.truncate(seq)
+                seq.draft_token_ids = []
         now = time.time()
         touched: dict[str, EngineRequest] = {}
         finishing: set[str] = set()
         broken: list[RequestFault] = []
-        for seq, token in zip(sampled, tokens, strict=True):
+        for seq, new_tokens in zip(sampled, emitted, strict=True):
             if seq.request_id in result.refused:
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
             try:
-                process_token(
-                    seq, self._forced_reasoning_end(seq, token), self.eos_token_ids, self.max_model_len
-                )
+                for token in new_tokens:
+                    process_token(
+                        seq, self._forced_reasoning_end(seq, token), self.eos_token_ids, self.max_model_len
+                    )
+                    if seq.finish_reason is not None:
+                        break
             except Exception as exc:  # e.g. a tokenizer plugin that cannot decode: this request alone fails
                 message = f"processing a sampled token failed: {describe(exc)}"
                 broken.append(self.fault_isolation.record(seq.request_id, OUTPUT_PROCESSING, message))
@@ -527,6 +621,7 @@ class LLMEngine:
             touched[seq.request_id] = self.requests[seq.request_id]
         outputs += self._refuse(result.refused) + self._fail(broken)
         self.guided.advance(sampled)
+        self._advance_beams(batch, touched, finishing)
         for request in touched.values():
             if request.request_id not in self.requests:  # failed above (another of its samples)
                 continue
@@ -554,21 +649,66 @@ class LLMEngine:
             None if forward_part is None else (lambda part: self._sampled(part, forward_part(part))),
         )
 
-    def _sampled(self, batch: ScheduledBatch, forward_result: tuple[Any, list[int], float]) -> SampledPass:
-        """(sequences that sample, their tokens, seconds, requests refused) of a pass; raises on
-        broken logits."""
-        logits, sampling, forward_seconds = forward_result
-        sampled = [batch.seqs[i] for i in sampling]
-        if not sampled:
-            return [], [], forward_seconds, {}
-        check_logits(self.backend, logits)  # the model's own logits, before any guided-decoding mask
-        logits = self.guided.apply(self.backend, logits, sampled)
-        bans = self._bans(batch.seqs, sampling)
-        # rows whose bans leave nothing their grammar allows: sampled without the bans, then refused
+    def _sample_pass(
+        self, logits: PassLogits, batch: ScheduledBatch
+    ) -> tuple[list[Sequence], list[int], dict[int, str]]:
+        """The sequences that sample one token from this pass (beams and drafts aside), their
+        tokens, and the rows (into those sequences) whose bans conflict with their grammar."""
+        indices = [
+            index
+            for index in logits.sampling
+            if batch.seqs[index].beam_search is None and not batch.seqs[index].draft_token_ids
+        ]
+        if not indices:
+            return [], [], {}
+        sampled = [batch.seqs[index] for index in indices]
+        rows = logits.device_rows([logits.sampling_row(index) for index in indices])
+        rows = self.guided.apply(self.backend, rows, sampled)
+        bans = self._bans(batch.seqs, indices)
+        # rows whose bans leave nothing their grammar allows: sampled without the bans, then failed
         conflicts = self.guided.conflicts(bans)
         bans = [ban for ban in bans if ban.row not in conflicts]
+        return sampled, self._sample(rows, sampled, bans), conflicts
+
+    def _advance_beams(
+        self, batch: ScheduledBatch, touched: dict[str, EngineRequest], finishing: set[str]
+    ) -> None:
+        """Run a search step for each beam request whose beams all have their rows; a finished
+        search's request goes into `touched` and `finishing`."""
+        for seq in batch.seqs:
+            search = seq.beam_search
+            if search is None or not search.ready:
+                continue
+            running = search.step()
+            released = search.apply(running, self.block_manager, self._spawn_beam)
+            finished = released + (search.beams if search.done else [])
+            now = time.time()
+            for beam in search.beams:
+                if beam.first_token_time is None:
+                    beam.first_token_time = now
+            for beam in finished:
+                beam.finish_reason = "length"  # bookkeeping only: outputs come from the hypotheses
+                beam.finish_time = now
+                self.scheduler.finish(beam)
+            if search.done:
+                touched[seq.request_id] = self.requests[seq.request_id]
+                finishing.add(seq.request_id)
+
+    def _sampled(self, batch: ScheduledBatch, forward_result: tuple[Any, list[int], float]) -> SampledPass:
+        """(sequences that emit tokens, the tokens each emits, seconds, requests refused) of a
+        pass; raises on broken logits."""
+        logits, sampling, forward_seconds = forward_result
+        rows = PassLogits(logits, self.backend, batch, sampling)
+        if not sampling and not rows.extras:
+            return [], [], forward_seconds, {}
+        check_logits(self.backend, logits)  # the model's own logits, before any guided-decoding mask
+        sampled, tokens, conflicts = self._sample_pass(rows, batch)
+        verified = self.spec_decoder.verify(rows, batch) if self.spec_decoder else Verified()
+        record_beam_rows(rows, batch, lambda indices: self._bans(batch.seqs, indices))
+        record_prompt_logprobs(rows, batch)
         refused = {sampled[row].request_id: why for row, why in conflicts.items()}
-        return sampled, self._sample(logits, sampled, bans), forward_seconds, refused
+        emitted = [[token] for token in tokens] + verified.tokens  # one token per sampled sequence
+        return sampled + verified.seqs, emitted, forward_seconds, refused
 
     def _fail(self, faults: list[RequestFault]) -> list[RequestOutput]:
         """End each faulted request (KV blocks freed) with an error output naming the fault."""
@@ -633,11 +773,13 @@ class LLMEngine:
         return end[0]
 
     def request_output(self, request: EngineRequest) -> RequestOutput:
-        samples = [completion_output(seq) for seq in request.seqs]
+        samples = self._completion_outputs(request)
         if self.reasoning_parser is not None:
-            for sample, seq in zip(samples, request.seqs, strict=True):
+            for sample in samples:
                 split = self.reasoning_parser.split(
-                    sample.text, thinking_enabled=request.thinking_enabled, finished=seq.is_finished
+                    sample.text,
+                    thinking_enabled=request.thinking_enabled,
+                    finished=sample.finish_reason is not None,
                 )
                 sample.reasoning_content, sample.text = split.reasoning_content, split.content
                 sample.tool_calls = split.tool_calls
@@ -654,7 +796,36 @@ class LLMEngine:
             num_cached_tokens=request.seqs[0].num_cached_tokens,
             num_input_image_tokens=request.multimodal.num_image_tokens if request.multimodal else 0,
             num_input_video_tokens=request.multimodal.num_video_tokens if request.multimodal else 0,
+            prompt_logprobs=request.seqs[0].prompt_logprobs,
         )
+
+    def _completion_outputs(self, request: EngineRequest) -> list[CompletionOutput]:
+        """One output per returned sample: all samples, or the best `n` of best_of / beam search."""
+        params = request.params
+        search = request.beam_search
+        if search is not None:
+            aborted = request.finished and not search.done
+            return [
+                CompletionOutput(
+                    index=index,
+                    send_idx=len(hypothesis.token_ids),
+                    token_ids=hypothesis.token_ids,
+                    text=self.tokenizer.decode(
+                        hypothesis.token_ids, skip_special_tokens=params.skip_special_tokens
+                    ),
+                    finish_reason="abort" if aborted else hypothesis.finish_reason if search.done else None,
+                    logprobs=hypothesis.logprobs,
+                    cumulative_logprob=hypothesis.cumulative_logprob,
+                )
+                for index, hypothesis in enumerate(search.results())
+            ]
+        seqs = request.seqs
+        if params.num_samples > params.n and request.finished:
+            seqs = sorted(seqs, key=lambda seq: -seq.cumulative_logprob)[: params.n]
+        outputs = [completion_output(seq) for seq in seqs]
+        for index, output in enumerate(outputs):
+            output.index = index
+        return outputs
 
     @staticmethod
     def _metrics(request: EngineRequest) -> RequestMetrics:
@@ -670,4 +841,7 @@ class LLMEngine:
             time_in_queue=start - request.arrival_time if start is not None else None,
             model_forward_time=max(seq.forward_time for seq in seqs),
             model_execute_time=(max(finished) if finished else time.time()) - request.arrival_time,
+            spec_num_verify_steps=sum(seq.spec_num_verify_steps for seq in seqs),
+            spec_num_draft_tokens=sum(seq.spec_num_draft_tokens for seq in seqs),
+            spec_num_accepted_tokens=sum(seq.spec_num_accepted_tokens for seq in seqs),
         )

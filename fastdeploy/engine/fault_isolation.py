@@ -51,9 +51,9 @@ OUTPUT_PROCESSING = "output_processing"
 #: the engine: see `engine/guided/conflicts.py`)
 GUIDED_DECODING_CONFLICT = "guided_decoding_conflict"
 
-#: what a sampled pass gives: (sequences that sampled, their tokens, forward seconds, the
-#: requests it refuses: request id -> why)
-SampledPass = tuple[list[Sequence], list[int], float, dict[str, str]]
+#: what a sampled pass gives: (sequences that emit tokens, the tokens each emits (one, or a
+#: speculative run of verified drafts), forward seconds, the requests it refuses: request id -> why)
+SampledPass = tuple[list[Sequence], list[list[int]], float, dict[str, str]]
 #: a sampled pass over any part of a batch
 PartPass = Callable[[ScheduledBatch], SampledPass]
 
@@ -84,12 +84,12 @@ class RequestFault:
 
 @dataclass
 class PassResult:
-    """What survived a pass: the sequences that ran, their sampled tokens, the requests refused
-    after sampling (request id -> why), and the faults."""
+    """What survived a pass: the sequences that ran, those that emit tokens and the tokens each
+    emits, the requests refused after sampling (request id -> why), and the faults."""
 
     batch: ScheduledBatch
     sampled: list[Sequence] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)
     forward_seconds: float = 0.0
     refused: dict[str, str] = field(default_factory=dict)
     faults: list[RequestFault] = field(default_factory=list)

@@ -89,4 +89,5 @@ def completion_output(seq: Sequence) -> CompletionOutput:
         text=streamable_text(seq),
         finish_reason=seq.finish_reason,
         logprobs=seq.logprobs,
+        cumulative_logprob=seq.cumulative_logprob,
     )

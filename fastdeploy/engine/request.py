@@ -30,6 +30,24 @@ class RequestMetrics:
     model_forward_time: float = 0.0
     #: from arrival (before tokenisation) to the last token, preprocessing and queueing included
     model_execute_time: float = 0.0
+    #: speculative decoding: passes that verified drafts, drafts proposed, drafts accepted
+    spec_num_verify_steps: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        """Accepted drafts over proposed drafts (None without drafts)."""
+        return (
+            self.spec_num_accepted_tokens / self.spec_num_draft_tokens if self.spec_num_draft_tokens else None
+        )
+
+    @property
+    def spec_accepted_tokens_per_step(self) -> float | None:
+        """Drafts accepted per verify pass (each pass also adds one token of its own)."""
+        return (
+            self.spec_num_accepted_tokens / self.spec_num_verify_steps if self.spec_num_verify_steps else None
+        )
 
 
 @dataclass
@@ -48,6 +66,8 @@ class CompletionOutput:
     #: tool calls the reasoning parser found in the answer (ERNIE-X1's `<tool_call>` blocks):
     #: OpenAI-style dicts {"id", "type": "function", "function": {"name", "arguments"}}
     tool_calls: list[dict] | None = None
+    #: sum of the logprobs of `token_ids` (beam search, best_of, or when `logprobs` is set)
+    cumulative_logprob: float | None = None
     _samples: list[CompletionOutput] = field(default_factory=list, repr=False, compare=False)
 
     def _all(self) -> list[CompletionOutput]:
@@ -78,3 +98,6 @@ class RequestOutput:
     num_input_video_tokens: int = 0
     error_code: int = OK
     error_msg: str | None = None
+    #: with `SamplingParams.prompt_logprobs=k`: per prompt token, {token_id: logprob} of the k most
+    #: likely tokens and the prompt's own token; None for the first token (vLLM's field)
+    prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sequence import Sequence
 
 _NEG_INF = np.float32(-np.inf)
@@ -58,9 +59,10 @@ def _top_p_keep(probs: np.ndarray, top_p: float) -> np.ndarray:
     return order[: min(cutoff, order.size)]
 
 
-def sample_row(logits: np.ndarray, seq: Sequence) -> int:
-    """Draw one token for a non-greedy sequence from its processed logits row."""
-    params = seq.params
+def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """(candidate token ids, their probabilities summing to 1) after temperature, top-k, min-p and
+    top-p: the distribution a non-greedy sequence samples from (speculative decoding's rejection
+    sampler compares two of them)."""
     scaled = logits.astype(np.float64) / params.temperature
     if params.top_k > 0 and params.top_k < scaled.size:
         candidates = np.argpartition(-scaled, params.top_k - 1)[: params.top_k]
@@ -76,6 +78,13 @@ def sample_row(logits: np.ndarray, seq: Sequence) -> int:
     if params.top_p < 1.0:
         keep = _top_p_keep(probs, params.top_p)
         candidates, probs = candidates[keep], probs[keep]
+        probs = probs / probs.sum()
+    return candidates, probs
+
+
+def sample_row(logits: np.ndarray, seq: Sequence) -> int:
+    """Draw one token for a non-greedy sequence from its processed logits row."""
+    candidates, probs = filtered_distribution(logits, seq.params)
     cumulative = np.cumsum(probs)
     choice = int(np.searchsorted(cumulative, seq.rng.random() * cumulative[-1], side="right"))
     return int(candidates[min(choice, candidates.size - 1)])
@@ -106,9 +115,19 @@ def sample(logits: np.ndarray, seqs: list[Sequence], bans: list[BannedTokens]) -
     for row, seq in enumerate(seqs):
         if not seq.params.greedy:
             tokens[row] = sample_row(logits[row], seq)
-        if seq.params.logprobs is not None:
-            row_logprobs = log_softmax(logits[row])
-            if seq.logprobs is None:
-                seq.logprobs = []
-            seq.logprobs.append(top_logprobs(row_logprobs, tokens[row], seq.params.logprobs))
+        record_logprobs(seq, logits[row], tokens[row])
     return tokens
+
+
+def record_logprobs(seq: Sequence, logits: np.ndarray, token: int) -> None:
+    """Note `token`'s logprob under the logits row it was drawn from: its top-k entry
+    (`SamplingParams.logprobs`) and its share of the cumulative logprob, when the sequence keeps them."""
+    if seq.params.logprobs is None and seq.cumulative_logprob is None:
+        return
+    row_logprobs = log_softmax(logits)
+    if seq.cumulative_logprob is not None:
+        seq.cumulative_logprob += float(row_logprobs[token])
+    if seq.params.logprobs is not None:
+        if seq.logprobs is None:
+            seq.logprobs = []
+        seq.logprobs.append(top_logprobs(row_logprobs, token, seq.params.logprobs))

@@ -81,6 +81,19 @@ class SamplingParams:
     guided_decoding: GuidedDecodingParams | dict[str, Any] | None = None
     #: vLLM's newer name for `guided_decoding` (`StructuredOutputsParams`); set one or the other
     structured_outputs: GuidedDecodingParams | dict[str, Any] | None = None
+    #: per prompt token (after the first), {token_id: logprob} of this many most likely tokens
+    #: plus the prompt's own token, in `RequestOutput.prompt_logprobs` (vLLM's field)
+    prompt_logprobs: int | None = None
+    #: samples drawn (>= n); the n with the highest cumulative logprob are returned. With beam
+    #: search: the beam width (default n)
+    best_of: int | None = None
+    #: beam search instead of sampling (temperature must be 0); see docs/decoding.md
+    use_beam_search: bool = False
+    #: beam search ranks finished beams by cumulative logprob / length ** length_penalty
+    length_penalty: float = 1.0
+    #: beam search stops: True when `best_of` beams finished, False when no running beam can
+    #: beat the finished ones (transformers' heuristic), "never" by the exact bound
+    early_stopping: bool | str = False
 
     def __post_init__(self) -> None:
         _check_number("n", self.n, integer=True)
@@ -123,9 +136,9 @@ class SamplingParams:
                 raise InvalidArgumentError(
                     f"SamplingParams.reasoning_max_tokens must be >= 1, got {self.reasoning_max_tokens}"
                 )
-        if self.logprobs is not None:
-            _check_number("logprobs", self.logprobs, integer=True)
-            _check_range("logprobs", self.logprobs, 0, 20)
+        _check_logprob_counts(self)
+        _check_best_of(self)
+        _check_beam_search(self)
         self.stop = _string_list("stop", self.stop)
         self.bad_words = _string_list("bad_words", self.bad_words)
         stop_ids = self.stop_token_ids or []
@@ -155,6 +168,86 @@ class SamplingParams:
         self.guided_decoding = self.structured_outputs = GuidedDecodingParams.from_value(chosen)
 
     @property
+    def num_samples(self) -> int:
+        """Sequences drawn for the request: `best_of` (or `n`); for beam search, its width."""
+        return self.best_of if self.best_of is not None else self.n
+
+    @property
     def greedy(self) -> bool:
         """Whether sampling reduces to argmax."""
         return self.temperature == 0.0 or self.top_k == 1
+
+
+def _check_logprob_counts(params: SamplingParams) -> None:
+    """`logprobs` and `prompt_logprobs` are counts >= 0; the engine caps them at its `max_logprobs`."""
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is not None:
+            _check_number(name, value, integer=True)
+            if value < 0:
+                raise InvalidArgumentError(f"SamplingParams.{name} must be >= 0, got {value}")
+
+
+def _check_best_of(params: SamplingParams) -> None:
+    """`best_of` >= n; drawing more samples than returned needs random sampling (or beams)."""
+    if params.best_of is None:
+        return
+    _check_number("best_of", params.best_of, integer=True)
+    if params.best_of < params.n:
+        raise InvalidArgumentError(f"SamplingParams.best_of must be >= n ({params.n}), got {params.best_of}")
+    if params.best_of > params.n and params.greedy and not params.use_beam_search:
+        raise InvalidArgumentError(
+            f"SamplingParams.best_of={params.best_of} > n needs random sampling: greedy samples "
+            "(temperature 0 or top_k 1) are all the same; set temperature > 0 or use_beam_search=True"
+        )
+
+
+#: settings beam search does not combine with: (field, value it must keep, why)
+_BEAM_EXCLUSIONS = (
+    ("temperature", 0.0, "beam search is deterministic; sampled beams are not supported"),
+    ("top_p", 1.0, "beam search ranks every token"),
+    ("min_p", 0.0, "beam search ranks every token"),
+    ("presence_penalty", 0.0, "penalties are not applied to beam scores"),
+    ("frequency_penalty", 0.0, "penalties are not applied to beam scores"),
+    ("repetition_penalty", 1.0, "penalties are not applied to beam scores"),
+)
+
+
+def _check_beam_search(params: SamplingParams) -> None:
+    """Beam fields are well-formed, used only with beam search, and beam search excludes sampling."""
+    for name in ("use_beam_search",):
+        if not isinstance(getattr(params, name), bool):
+            raise InvalidArgumentError(f"SamplingParams.{name} must be a bool, got {getattr(params, name)!r}")
+    _check_number("length_penalty", params.length_penalty)
+    if params.early_stopping not in (True, False, "never"):
+        raise InvalidArgumentError(
+            f"SamplingParams.early_stopping must be True, False or 'never', got {params.early_stopping!r}"
+        )
+    if not params.use_beam_search:
+        if params.length_penalty != 1.0:
+            raise InvalidArgumentError("SamplingParams.length_penalty only applies with use_beam_search=True")
+        if params.early_stopping is not False:
+            raise InvalidArgumentError("SamplingParams.early_stopping only applies with use_beam_search=True")
+        return
+    for name, allowed, why in _BEAM_EXCLUSIONS:
+        if getattr(params, name) != allowed:
+            raise InvalidArgumentError(
+                f"SamplingParams.{name} must be {allowed} with use_beam_search=True ({why}), "
+                f"got {getattr(params, name)!r}"
+            )
+    if params.top_k not in (0, -1):
+        raise InvalidArgumentError(
+            f"SamplingParams.top_k must be 0 or -1 with use_beam_search=True (beam search ranks every "
+            f"token), got {params.top_k}"
+        )
+    if params.stop:
+        raise InvalidArgumentError(
+            "SamplingParams.stop (stop strings) is not supported with use_beam_search=True; "
+            "use stop_token_ids"
+        )
+    for name in ("guided_decoding", "structured_outputs"):
+        if getattr(params, name) is not None:
+            raise InvalidArgumentError(
+                f"SamplingParams.{name} (guided decoding) is not supported with use_beam_search=True: "
+                "beams are ranked over the whole vocabulary; drop one of the two"
+            )

@@ -10,6 +10,7 @@ recomputed later (prompt plus the tokens it already generated), so no request is
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -21,6 +22,16 @@ from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
 
+#: the most prompt tokens a sequence collecting prompt logprobs computes per pass: the pass hands
+#: back the logits of each of them ([tokens, vocab])
+PROMPT_LOGPROBS_CHUNK = 512
+
+
+def _token_cap(seq: Sequence) -> int:
+    """The most tokens `seq` may compute in one pass: a sequence scoring its prompt
+    (`prompt_logprobs`) needs the logits of each prompt token back, so its chunks are bounded."""
+    return PROMPT_LOGPROBS_CHUNK if seq.collects_prompt_logprobs else sys.maxsize
+
 
 @dataclass
 class ScheduledBatch:
@@ -30,6 +41,8 @@ class ScheduledBatch:
     num_new_tokens: list[int] = field(default_factory=list)
     #: sequences whose KV blocks could not be allocated, with the error (their requests fail)
     failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
+    #: (source, destination) KV block copies to make before the pass (copy-on-write of forked beams)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, seq: Sequence, num_tokens: int) -> None:
         self.seqs.append(seq)
@@ -58,6 +71,14 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def add_fork(self, child: Sequence, parent: Sequence) -> None:
+        """Queue a sequence forked from `parent` (a beam) beside it: running if the parent runs."""
+        child.status = parent.status
+        if parent.status is SequenceStatus.RUNNING:
+            self.running.append(child)
+        else:
+            self.waiting.appendleft(child)
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -65,6 +86,7 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        seq.draft_token_ids = []
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -84,12 +106,18 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING or seq.in_flight:
                 continue  # preempted earlier in this loop, or still being computed
-            num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
+            pending = len(seq.token_ids) - seq.num_computed_tokens
+            if pending == 0:
+                continue  # a beam that already delivered its logits waits for its siblings
+            drafts = seq.draft_token_ids
+            if drafts and not self.block_manager.can_allocate(seq, pending + len(drafts)):
+                drafts.clear()  # speculation never preempts anyone
+            num_new = min(pending + len(drafts), budget, _token_cap(seq))
+            del drafts[max(0, num_new - pending) :]
             # most steps a decode fits in its last block: nothing to allocate, nobody to preempt
-            extra_blocks = self.block_manager.extra_blocks_needed(seq, num_new)
-            if extra_blocks:
-                # preempting others never changes what `seq` needs; preempting `seq` ends the loop
-                while extra_blocks > self.block_manager.num_free_blocks:
+            if self.block_manager.extra_blocks_needed(seq, num_new):
+                # rechecked after each preemption: a preempted beam sibling can unshare `seq`'s block
+                while not self.block_manager.can_allocate(seq, num_new):
                     # the newest running sequence not in flight (at worst `seq` itself)
                     victim = next(other for other in reversed(self.running) if not other.in_flight)
                     self._preempt(victim)
@@ -100,10 +128,19 @@ class Scheduler:
                     continue
             batch.add(seq, num_new)
             budget -= num_new
-        while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
+        seats = self._seats_in_use() if self.waiting else 0
+        while self.waiting and budget > 0 and not preempted:
             seq = self.waiting[0]
-            cached = self.block_manager.reuse_cached_prefix(seq)
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            search = seq.beam_search
+            joins_running_search = search is not None and any(
+                beam.status is SequenceStatus.RUNNING for beam in search.beams
+            )
+            needed = 0 if joins_running_search else (search.width if search is not None else 1)
+            if seats + needed > self.max_num_seqs:
+                break
+            # prompt tokens served from the cache have no logits to score them with
+            cached = 0 if seq.collects_prompt_logprobs else self.block_manager.reuse_cached_prefix(seq)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget, _token_cap(seq))
             if not self.block_manager.can_allocate(seq, num_new):
                 self.block_manager.free(seq)
                 seq.num_computed_tokens = 0
@@ -119,8 +156,10 @@ class Scheduler:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.time()
             self.running.append(seq)
+            seats += needed
             batch.add(seq, num_new)
             budget -= num_new
+        batch.block_copies = self.block_manager.take_pending_copies()
         return batch
 
     def _allocate(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> bool:
@@ -131,6 +170,11 @@ class Scheduler:
             batch.failed.append((seq, exc))
             return False
         return True
+
+    def _seats_in_use(self) -> int:
+        """Running sequences, a beam search counting as its width (the beams it may fork)."""
+        searches = {id(seq.beam_search): seq.beam_search.width for seq in self.running if seq.beam_search}
+        return sum(seq.beam_search is None for seq in self.running) + sum(searches.values())
 
     def finish(self, seq: Sequence) -> None:
         """Release a sequence that finished or was aborted, wherever it is."""

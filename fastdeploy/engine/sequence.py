@@ -46,6 +46,8 @@ class Sequence:
     finish_reason: str | None = None
     text: str = ""
     logprobs: list[dict[int, float]] | None = None
+    #: per prompt token, {token_id: logprob} (None for the first token); None unless collected
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -59,6 +61,15 @@ class Sequence:
     #: what the model needs beyond token ids (a multimodal prompt), shared by a request's samples;
     #: opaque to the engine except for `block_key(start, end)`, mixed into prefix-cache keys
     extra_inputs: Any = None
+    #: sum of the chosen tokens' logprobs, when tracked (best_of ranks samples by it)
+    cumulative_logprob: float | None = None
+    #: the search this sequence is a beam of (`engine/beam_search.py`), for beam requests
+    beam_search: Any = None
+    #: speculative decoding: tokens proposed for the next pass to verify after `token_ids`
+    draft_token_ids: list[int] = field(default_factory=list)
+    spec_num_verify_steps: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -79,6 +90,11 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def collects_prompt_logprobs(self) -> bool:
+        """Whether prompt tokens still need scoring (so their logits must be computed, not cached)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -92,6 +92,8 @@ class LLM:
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
         generation_config: str = "auto",
+        max_logprobs: int = 20,
+        speculative_config: dict[str, Any] | str | None = None,
         **kwargs: Any,
     ) -> None:
         from fastdeploy import envs
@@ -145,6 +147,8 @@ class LLM:
             quantization=quantization,
             kv_cache_dtype=kv_cache_dtype,
             generation_config=generation_config,
+            max_logprobs=max_logprobs,
+            speculative_config=speculative_config,
         )
         self._request_ids = itertools.count()
         self._is_master = is_master_host(config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -14,11 +15,50 @@ from fastdeploy.engine.sequence import Sequence
 from fastdeploy.models.base import CausalLM
 
 
+@dataclass(frozen=True)
+class ExtraRows:
+    """Positions of one batch sequence whose logits a pass returns besides its sampling rows: the
+    prompt tokens it scores (`prompt_logprobs`) or the drafts it verifies (speculative decoding).
+    They come after every sampling row, in batch order."""
+
+    #: index into batch.seqs
+    index: int
+    #: absolute positions in the sequence, ascending; row `offset + i` holds `positions[i]`'s logits
+    positions: np.ndarray
+    offset: int
+
+
+def extra_logits_rows(batch: ScheduledBatch, num_sampling: int) -> list[ExtraRows]:
+    """The extra logits rows of `batch`, the pass's sampling rows being the first `num_sampling`.
+
+    A pure function of the batch before its pass is applied, so the layout and the code reading
+    the logits agree on the rows.
+    """
+    extras, offset = [], num_sampling
+    for index, (seq, count) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
+        start = seq.num_computed_tokens
+        end = start + count
+        if seq.draft_token_ids:  # the last token and each draft but the last: verify positions
+            positions = np.arange(end - 1 - len(seq.draft_token_ids), end - 1)
+        elif seq.collects_prompt_logprobs:  # position p scores prompt token p + 1
+            positions = np.arange(
+                max(start, len(seq.prompt_logprobs) - 1), min(end, seq.num_prompt_tokens - 1)
+            )
+        else:
+            continue
+        if positions.size:
+            extras.append(ExtraRows(index, positions, offset))
+            offset += positions.size
+    return extras
+
+
 def build_layout(batch: ScheduledBatch, block_size: int) -> tuple[BatchLayout, list[int]]:
     """The flat layout of `batch` and the indices (into batch.seqs) of sequences that sample now.
 
     A sequence samples when this pass computes its last known token (the end of its prompt, or
-    of the prompt plus outputs after a preemption); mid-prompt chunks produce no token.
+    of the prompt plus outputs after a preemption) and its draft tokens, if it has any (they
+    follow its tokens; speculative decoding verifies them); mid-prompt chunks produce no token.
+    `logits_indices` names one row per sampling sequence, then the rows of `extra_logits_rows`.
 
     This runs every step for every running sequence, so the only per-sequence Python is reading
     a few attributes; positions, slots and sampling rows are computed for the whole batch at once.
@@ -27,16 +67,26 @@ def build_layout(batch: ScheduledBatch, block_size: int) -> tuple[BatchLayout, l
     counts = np.asarray(batch.num_new_tokens, dtype=np.int64)
     starts = np.array([seq.num_computed_tokens for seq in seqs], dtype=np.int64)
     ends = starts + counts
-    num_tokens = np.array([len(seq.token_ids) for seq in seqs], dtype=np.int64)
+    num_tokens = np.array([len(seq.token_ids) + len(seq.draft_token_ids) for seq in seqs], dtype=np.int64)
     input_ids: list[int] = []
     for seq, start, end in zip(seqs, starts.tolist(), ends.tolist(), strict=True):
         input_ids.extend(seq.token_ids[start:end])
+        num_known = len(seq.token_ids)
+        if end > num_known:  # drafts follow the known tokens
+            input_ids.extend(seq.draft_token_ids[max(0, start - num_known) : end - num_known])
     row_ends = np.cumsum(counts)
+    row_starts = row_ends - counts - starts  # the flat row of position p is row_starts[i] + p
     seq_of_row = np.repeat(np.arange(len(seqs)), counts)
-    positions = np.arange(row_ends[-1], dtype=np.int64) + np.repeat(starts - (row_ends - counts), counts)
+    positions = np.arange(row_ends[-1], dtype=np.int64) - np.repeat(row_starts, counts)
     tables = _block_tables(seqs)
     slots = tables[seq_of_row, positions // block_size] * block_size + positions % block_size
     sampling = np.flatnonzero(ends == num_tokens)
+    logits_indices = row_ends[sampling] - 1
+    extras = extra_logits_rows(batch, sampling.size)
+    if extras:
+        logits_indices = np.concatenate(
+            [logits_indices, *(row_starts[e.index] + e.positions for e in extras)]
+        )
     layout = BatchLayout(
         input_ids=np.array(input_ids, dtype=np.int64),
         positions=positions,
@@ -44,8 +94,9 @@ def build_layout(batch: ScheduledBatch, block_size: int) -> tuple[BatchLayout, l
         query_lens=counts,
         context_lens=ends,
         block_tables=tables,
-        logits_indices=row_ends[sampling] - 1,
+        logits_indices=logits_indices,
         block_size=block_size,
+        block_copies=np.asarray(batch.block_copies, dtype=np.int64).reshape(-1, 2),
     )
     return layout, sampling.tolist()
 
@@ -101,8 +152,11 @@ class ModelRunner:
         a pipeline stage that hands its activations on instead).
 
         This is all a worker process of a multi-process model runs per step: the layout is
-        host data and travels to the workers as it is.
+        host data and travels to the workers as it is. The layout's KV block copies are made
+        first.
         """
+        if layout.block_copies.size:
+            self.backend.copy_kv_blocks(self.kv_caches, layout.block_copies, self.block_size)
         if self.graphs is not None and not extra:  # captured graphs take no extra inputs
             logits = self.graphs.run(layout)
             if logits is not None:

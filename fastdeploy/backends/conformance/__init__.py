@@ -228,6 +228,92 @@ def check_kv_cache_layers_are_independent(backend: Backend) -> None:
         _close(f"attention with layer {layer}'s cache", backend.to_numpy(out), want)
 
 
+def check_verify_attention_and_rollback(backend: Backend) -> None:
+    """Speculative decoding's verify pass: sequences with k+1 query tokens (a decode token plus
+    drafts) next to plain decode rows; then a rejected draft's slots are written again with other
+    keys and values (the rollback), and attention sees only the new ones."""
+    rng = np.random.default_rng(18)
+    heads, kv_heads, dim, block = 4, 2, 8, 4
+    spec = KVCacheSpec(num_layers=1, num_blocks=12, block_size=block, num_kv_heads=kv_heads, head_dim=dim)
+    (cache,) = backend.allocate_kv_cache(spec)
+    tables = {"a": [3, 8, 1, 10, 5], "b": [0, 6, 2], "c": [11, 4, 7, 9]}
+    keys = {name: _random(rng, 20, kv_heads, dim) for name in tables}
+    values = {name: _random(rng, 20, kv_heads, dim) for name in tables}
+
+    def run(parts: list[tuple[str, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        q = _random(rng, sum(e - s for _, s, e in parts), heads, dim)
+        out = backend.attention(
+            backend.from_numpy(q),
+            backend.from_numpy(np.concatenate([keys[n][s:e] for n, s, e in parts])),
+            backend.from_numpy(np.concatenate([values[n][s:e] for n, s, e in parts])),
+            cache,
+            backend.prepare_batch(_layout(tables, parts, block)),
+            0.3,
+        )
+        return q, backend.to_numpy(out)
+
+    def expect(name: str, q: np.ndarray, end: int) -> np.ndarray:
+        return ref.causal_attention(q, keys[name][:end], values[name][:end], 0.3)
+
+    run([("a", 0, 13), ("b", 0, 9), ("c", 0, 10)])
+    q, out = run([("a", 13, 17), ("b", 9, 10), ("c", 10, 16)])  # 3 drafts, a decode, 5 drafts
+    _close("verify attention (k+1 query tokens)", out[:4], expect("a", q[:4], 17))
+    _close("verify attention next to a decode row", out[4:5], expect("b", q[4:5], 10))
+    _close("verify attention (k+1 query tokens)", out[5:], expect("c", q[5:], 16))
+    # a accepted one draft (positions 13, 14 stand), c accepted none (10 stands): the slots of the
+    # rejected drafts are written again with the tokens that replace them
+    for name, start in (("a", 15), ("c", 11)):
+        keys[name][start:] = _random(rng, 20 - start, kv_heads, dim)
+        values[name][start:] = _random(rng, 20 - start, kv_heads, dim)
+    q, out = run([("c", 11, 14), ("a", 15, 16)])
+    _close("attention after rollback", out[:3], expect("c", q[:3], 14))
+    _close("attention after rollback", out[3:], expect("a", q[3:], 16))
+
+
+def check_kv_block_copy(backend: Backend) -> str | None:
+    """Copy-on-write for beam search (optional): a copied block reads like its source, in every
+    layer, and writing into the copy leaves the source as it was."""
+    rng = np.random.default_rng(19)
+    block, dim = 4, 8
+    spec = KVCacheSpec(num_layers=2, num_blocks=6, block_size=block, num_kv_heads=1, head_dim=dim)
+    caches = backend.allocate_kv_cache(spec)
+    keys = [_random(rng, 4, 1, dim) for _ in caches]
+    values = [_random(rng, 4, 1, dim) for _ in caches]
+
+    def attend(
+        layer: int, table: list[int], start: int, end: int, k: np.ndarray, v: np.ndarray
+    ) -> np.ndarray:
+        q = _random(rng, end - start, 2, dim)
+        out = backend.attention(
+            backend.from_numpy(q),
+            backend.from_numpy(k[start:end]),
+            backend.from_numpy(v[start:end]),
+            caches[layer],
+            backend.prepare_batch(_layout({"s": table}, [("s", start, end)], block)),
+            0.5,
+        )
+        return q, backend.to_numpy(out)
+
+    for layer in range(2):
+        attend(layer, [4], 0, 3, keys[layer], values[layer])  # 3 of block 4's slots written
+    try:
+        backend.copy_kv_blocks(caches, np.array([[4, 1]], dtype=np.int64), block)
+    except NotImplementedError:
+        return "backend cannot copy KV blocks (copy_kv_blocks): beam search is refused on it"
+    for layer in range(2):
+        forked_k, forked_v = keys[layer].copy(), values[layer].copy()
+        forked_k[3], forked_v[3] = _random(rng, 1, dim), _random(rng, 1, dim)
+        q, out = attend(layer, [1], 3, 4, forked_k, forked_v)
+        _close(f"copy_kv_blocks (layer {layer})", out, ref.causal_attention(q, forked_k, forked_v, 0.5))
+        q, out = attend(layer, [4], 3, 4, keys[layer], values[layer])
+        _close(
+            f"copy_kv_blocks leaves the source (layer {layer})",
+            out,
+            ref.causal_attention(q, keys[layer], values[layer], 0.5),
+        )
+    return None
+
+
 def check_sampling(backend: Backend) -> str | None:
     """Device sampling (optional): each row's token equals the numpy definition's."""
     rng = np.random.default_rng(17)
@@ -287,6 +373,8 @@ OP_CHECKS: dict[str, Callable[[Backend], str | None]] = {
     "vision_ops": check_vision_ops,
     "paged_attention": check_paged_attention,
     "kv_cache_layers": check_kv_cache_layers_are_independent,
+    "verify_attention": check_verify_attention_and_rollback,
+    "kv_block_copy": check_kv_block_copy,
     "sampling": check_sampling,
     "token_bitmask": check_token_bitmask,
 }

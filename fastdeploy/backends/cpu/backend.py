@@ -152,6 +152,16 @@ class CpuBackend(Backend):
         layer = (spec.num_blocks * spec.block_size, spec.num_kv_heads, spec.head_dim, spec.dtype)
         return [allocate_numpy(*layer) for _ in range(spec.num_layers)]
 
+    def copy_kv_blocks(
+        self, kv_caches: list[tuple[np.ndarray, np.ndarray]], pairs: np.ndarray, block_size: int
+    ) -> None:
+        source, destination = pairs[:, 0], pairs[:, 1]
+        for layer in kv_caches:
+            for cache in layer:
+                # native layout: blocks lead; numpy layout: [blocks * block_size, ...] slots
+                blocks = cache if self.native_isa else cache.reshape(-1, block_size, *cache.shape[1:])
+                blocks[destination] = blocks[source]
+
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         if np.issubdtype(array.dtype, np.floating):
             return np.ascontiguousarray(array, dtype=self.dtype)

@@ -148,6 +148,14 @@ class TensorBackend(Backend):
                 "memory; lower gpu_memory_utilization, kv_cache_memory or num_gpu_blocks_override"
             ) from exc
 
+    def copy_kv_blocks(self, kv_caches: list[tuple[Any, Any]], pairs: np.ndarray, block_size: int) -> None:
+        offsets = np.arange(block_size, dtype=np.int64)
+        source = self.rt.from_numpy((pairs[:, :1] * block_size + offsets).reshape(-1))
+        destination = self.rt.from_numpy((pairs[:, 1:] * block_size + offsets).reshape(-1))
+        for layer in kv_caches:
+            for cache in layer:
+                self.rt.index_copy_(cache, destination, self.rt.index_select(cache, source))
+
     # --- data movement --------------------------------------------------------------------
     def from_numpy(self, array: np.ndarray) -> Any:
         if array.dtype.name == "bfloat16" or np.issubdtype(array.dtype, np.floating):

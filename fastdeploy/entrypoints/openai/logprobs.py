@@ -33,21 +33,75 @@ def _ranked(entry: dict[int, float], count: int) -> list[tuple[int, float]]:
 def completion_logprobs(
     tokenizer: Tokenizer,
     token_ids: list[int],
-    entries: list[dict[int, float]],
+    entries: list[dict[int, float] | None],
     text_offset: int,
 ) -> dict[str, Any]:
-    """Legacy completions logprobs for `token_ids`; `text_offset` is where their text starts."""
+    """Legacy completions logprobs for `token_ids`; `text_offset` is where their text starts.
+
+    An entry of None (the first prompt token under `echo`, which nothing predicts) is sent as
+    null, as vLLM does.
+    """
     tokens, token_logprobs, tops, offsets = [], [], [], []
     offset = text_offset
     for token_id, entry in zip(token_ids, entries, strict=False):
         text = token_text(tokenizer, token_id)
         tokens.append(text)
-        token_logprobs.append(_finite(entry.get(token_id, -math.inf)))
-        # the requested top tokens and the chosen one, as vLLM sends them
-        tops.append({token_text(tokenizer, t): _finite(lp) for t, lp in _ranked(entry, len(entry))})
+        if entry is None:
+            token_logprobs.append(None)
+            tops.append(None)
+        else:
+            token_logprobs.append(_finite(entry.get(token_id, -math.inf)))
+            # the requested top tokens and the chosen one, as vLLM sends them
+            tops.append({token_text(tokenizer, t): _finite(lp) for t, lp in _ranked(entry, len(entry))})
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def echoed_logprobs(
+    tokenizer: Tokenizer,
+    prompt_token_ids: list[int],
+    prompt_entries: list[dict[int, float] | None],
+    count: int,
+    generated: dict[str, Any],
+) -> dict[str, Any]:
+    """Completions logprobs under `echo`: the prompt's tokens (offsets from 0) with their `count`
+    most likely alternatives, then `generated`."""
+    trimmed = [
+        None if entry is None else dict(_ranked(entry, count)) | {token: entry[token]}
+        for token, entry in zip(prompt_token_ids, prompt_entries, strict=False)
+    ]
+    prompt = completion_logprobs(tokenizer, prompt_token_ids, trimmed, 0)
+    return {key: prompt[key] + generated[key] for key in prompt}
+
+
+def prompt_logprobs_field(
+    tokenizer: Tokenizer, entries: list[dict[int, float] | None], count: int
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs` response field: per prompt token, null (the first) or
+    {token_id: {"logprob", "rank", "decoded_token"}}.
+
+    Ranks of the `count` most likely tokens are their places (1 = most likely); the prompt's own
+    token, when it is not among them, gets rank null (the engine does not rank the whole
+    vocabulary).
+    """
+    field: list[dict[str, dict[str, Any]] | None] = []
+    for entry in entries:
+        if entry is None:
+            field.append(None)
+            continue
+        ranked = _ranked(entry, len(entry))
+        field.append(
+            {
+                str(token): {
+                    "logprob": _finite(logprob),
+                    "rank": place + 1 if place < count else None,
+                    "decoded_token": token_text(tokenizer, token),
+                }
+                for place, (token, logprob) in enumerate(ranked)
+            }
+        )
+    return field
 
 
 def _chat_token(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from fastdeploy.engine.async_engine import StepStats
+from fastdeploy.engine.spec_decode.decoder import SpecDecodeStats
 
 #: content type of `render()`'s bytes
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -122,6 +123,33 @@ class ServerMetrics:
             ["kind"],
             registry=r,
         )
+        self.spec_draft_tokens = Counter(
+            "fastdeploy:spec_decode_num_draft_tokens",
+            "Draft tokens proposed by speculative decoding",
+            registry=r,
+        )
+        self.spec_accepted_tokens = Counter(
+            "fastdeploy:spec_decode_num_accepted_tokens", "Draft tokens the target model accepted", registry=r
+        )
+        self.spec_emitted_tokens = Counter(
+            "fastdeploy:spec_decode_num_emitted_tokens",
+            "Tokens emitted by verify passes (accepted drafts plus one per pass)",
+            registry=r,
+        )
+        self.spec_verify_steps = Counter(
+            "fastdeploy:spec_decode_num_verify_steps", "Sequence passes that verified drafts", registry=r
+        )
+        self.spec_acceptance_rate = Gauge(
+            "fastdeploy:spec_decode_draft_acceptance_rate",
+            "Accepted over proposed draft tokens so far",
+            registry=r,
+        )
+        self.spec_accepted_per_step = Gauge(
+            "fastdeploy:spec_decode_accepted_tokens_per_step",
+            "Draft tokens accepted per verify pass so far",
+            registry=r,
+        )
+        self._spec_seen = SpecDecodeStats()
 
     def count_request(self) -> None:
         self.requests_number.inc()
@@ -152,6 +180,8 @@ class ServerMetrics:
             self.ttft.observe(seconds)
         for seconds in stats.inter_token_latencies:
             self.tpot.observe(seconds)
+        if stats.spec_decode is not None:
+            self._observe_spec_decode(stats.spec_decode)
         for output in stats.finished:
             if output.error_code != 200 or output.outputs.finish_reason == "abort":
                 continue
@@ -159,6 +189,18 @@ class ServerMetrics:
             self.e2e.observe(output.metrics.model_execute_time)
             self.request_prompt_tokens.observe(len(output.prompt_token_ids))
             self.request_generation_tokens.observe(sum(len(s.token_ids) for s in output.outputs))
+
+    def _observe_spec_decode(self, totals: SpecDecodeStats) -> None:
+        seen = self._spec_seen
+        self.spec_draft_tokens.inc(totals.num_draft_tokens - seen.num_draft_tokens)
+        self.spec_accepted_tokens.inc(totals.num_accepted_tokens - seen.num_accepted_tokens)
+        self.spec_emitted_tokens.inc(totals.num_emitted_tokens - seen.num_emitted_tokens)
+        self.spec_verify_steps.inc(totals.num_verify_steps - seen.num_verify_steps)
+        if totals.num_draft_tokens:
+            self.spec_acceptance_rate.set(totals.num_accepted_tokens / totals.num_draft_tokens)
+        if totals.num_verify_steps:
+            self.spec_accepted_per_step.set(totals.num_accepted_tokens / totals.num_verify_steps)
+        self._spec_seen = totals
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -28,30 +28,39 @@ _PASS_THROUGH = (
     "bad_words",
     "skip_special_tokens",
     "include_stop_str_in_output",
+    "best_of",
+    "use_beam_search",
+    "length_penalty",
+    "early_stopping",
 )
+
+#: SamplingParams fields that chat requests name differently
+CHAT_RENAMES = {"logprobs": "top_logprobs"}
 
 
 def reject_unsupported(request: SamplingRequest) -> None:
     """Raise a 400 for every parameter we understand but do not implement yet."""
-    if request.use_beam_search:
-        raise unsupported("use_beam_search", "beam search")
-    if request.best_of is not None and request.best_of != request.n:
-        raise unsupported("best_of", "server-side best-of sampling (best_of different from n)")
-    if request.length_penalty is not None and request.length_penalty != 1.0:
-        raise unsupported("length_penalty", "beam search")
-    if request.early_stopping:
-        raise unsupported("early_stopping", "beam search")
+    if request.stream and request.use_beam_search:
+        raise invalid_request(
+            "use_beam_search cannot be streamed: beams are ranked when the search ends; set stream to false",
+            param="use_beam_search",
+        )
+    if request.stream and request.best_of is not None and request.best_of > request.n:
+        raise invalid_request(
+            "best_of > n cannot be streamed: the best samples are known only at the end; set stream to false",
+            param="best_of",
+        )
     if request.logit_bias:
         raise unsupported("logit_bias", "logit biasing")
-    if request.prompt_logprobs is not None:
-        raise unsupported("prompt_logprobs", "prompt logprobs")
+    if request.prompt_logprobs is not None and request.stream:
+        raise invalid_request(
+            "prompt_logprobs cannot be streamed; set stream to false (or use echo with logprobs)",
+            param="prompt_logprobs",
+        )
     if request.stream_options is not None and not request.stream:
         raise invalid_request("stream_options is only allowed when stream is true", param="stream_options")
-    if isinstance(request, CompletionRequest):
-        if request.suffix:
-            raise unsupported("suffix", "insertion (text after the completion)")
-        if request.echo and request.logprobs is not None:
-            raise unsupported("logprobs", "prompt logprobs (logprobs together with echo)")
+    if isinstance(request, CompletionRequest) and request.suffix:
+        raise unsupported("suffix", "insertion (text after the completion)")
     if (
         isinstance(request, ChatCompletionRequest)
         and request.top_logprobs is not None
@@ -65,9 +74,12 @@ def completion_sampling_params(request: CompletionRequest, defaults: dict[str, A
     max_tokens = request.max_tokens
     if "max_tokens" not in request.model_fields_set:  # OpenAI's default 16 yields to the model's
         max_tokens = defaults.get("max_tokens", max_tokens)
-    return _build(
-        request, max_tokens, request.logprobs, {}, defaults, guided_decoding=guided_decoding(request)
-    )
+    extra: dict[str, Any] = {"guided_decoding": guided_decoding(request)}
+    # echo with logprobs returns the prompt's logprobs too, with as many alternatives per token
+    counts = [request.prompt_logprobs, request.logprobs if request.echo else None]
+    if any(count is not None for count in counts):
+        extra["prompt_logprobs"] = max(count for count in counts if count is not None)
+    return _build(request, max_tokens, request.logprobs, {}, defaults, **extra)
 
 
 def chat_sampling_params(request: ChatCompletionRequest, defaults: dict[str, Any]) -> SamplingParams:
@@ -78,10 +90,12 @@ def chat_sampling_params(request: ChatCompletionRequest, defaults: dict[str, Any
         max_tokens = request.max_tokens if request.max_tokens is not None else defaults.get("max_tokens")
         max_name = "max_tokens"
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    renames = {"max_tokens": max_name, "logprobs": "top_logprobs"}
+    renames = {"max_tokens": max_name, **CHAT_RENAMES}
     extra: dict[str, Any] = {"guided_decoding": guided_decoding(request)}
     if request.reasoning_max_tokens is not None:
         extra["reasoning_max_tokens"] = request.reasoning_max_tokens
+    if request.prompt_logprobs is not None:
+        extra["prompt_logprobs"] = request.prompt_logprobs
     return _build(request, max_tokens, logprobs, renames, defaults, **extra)
 
 

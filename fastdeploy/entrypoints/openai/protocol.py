@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI-compatible API (pydantic), with vLLM's and FastDeploy's extensions.
 
-Unknown fields are ignored, as OpenAI's API does. Fields we know but cannot honour yet (beam
-search, logit bias, ...) are declared here so that
+Unknown fields are ignored, as OpenAI's API does. Fields we know but cannot honour yet (logit
+bias, ...) are declared here so that
 `params.reject_unsupported` can answer 400 naming them, never ignore them silently.
 Prompt and message contents are kept loosely typed: the shared prompt normaliser and the chat
 template layer validate them and name what is wrong.
@@ -48,6 +48,13 @@ class SamplingRequest(OpenAIBaseModel):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    #: vLLM's extension: per prompt token, this many most likely alternatives (not with stream)
+    prompt_logprobs: int | None = None
+    #: vLLM's beam search and best-of fields (docs/decoding.md)
+    use_beam_search: bool = False
+    best_of: int | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | str | None = None
     # --- structured outputs (see structured_outputs.py) --------------------------------------
     response_format: dict[str, Any] | None = None
     guided_json: Any = None
@@ -59,12 +66,7 @@ class SamplingRequest(OpenAIBaseModel):
     #: vLLM's newer form: {"json" | "regex" | "choice" | "grammar" | "json_object" | "structural_tag": ...}
     structured_outputs: Any = None
     # --- understood, not supported yet (400 when used) --------------------------------------
-    use_beam_search: bool = False
-    best_of: int | None = None
-    length_penalty: float | None = None
-    early_stopping: bool | str | None = None
     logit_bias: dict[str, float] | None = None
-    prompt_logprobs: int | None = None
 
 
 class CompletionRequest(SamplingRequest):

@@ -34,7 +34,7 @@ from fastdeploy.engine.async_engine import (
 )
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.openai.errors import OpenAIError, invalid_request
+from fastdeploy.entrypoints.openai.errors import OpenAIError, from_sampling_error, invalid_request
 from fastdeploy.entrypoints.openai.metrics import ServerMetrics
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
@@ -152,6 +152,13 @@ class ServingContext:
                 param=param,
                 code="context_length_exceeded",
             )
+
+    def check_params(self, params: SamplingParams, renames: dict[str, str] | None = None) -> None:
+        """400 naming the request field if the engine's limits (e.g. --max-logprobs) rule out `params`."""
+        try:
+            self.engine.engine.validate_params(params)
+        except InvalidArgumentError as exc:
+            raise from_sampling_error(exc, renames) from exc
 
     def admit(self, count: int) -> None:
         """Raise 503 now, before a stream starts, if `count` more requests do not fit."""

@@ -24,8 +24,8 @@ from fastdeploy.entrypoints.openai.chat_tools import (
     plan_chat_tools,
 )
 from fastdeploy.entrypoints.openai.errors import invalid_request
-from fastdeploy.entrypoints.openai.logprobs import chat_logprobs
-from fastdeploy.entrypoints.openai.params import chat_sampling_params, reject_unsupported
+from fastdeploy.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_field
+from fastdeploy.entrypoints.openai.params import CHAT_RENAMES, chat_sampling_params, reject_unsupported
 from fastdeploy.entrypoints.openai.protocol import ChatCompletionRequest
 from fastdeploy.entrypoints.openai.request_limits import check_request_limits
 from fastdeploy.entrypoints.openai.serving import (
@@ -82,6 +82,7 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
     check_request_limits(request)
     plan = plan_chat_tools(ctx.engine.engine, request)
     params = chat_sampling_params(request, ctx.generation_defaults)
+    ctx.check_params(params, CHAT_RENAMES)
     ctx.admit(1)  # a full queue refuses before any CPU is spent on the prompt
     await check_request_guided_decoding(ctx.engine.engine, request, params)
     params = await constrain_for_tools(ctx.engine.engine, request, params, plan)
@@ -122,6 +123,10 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
         "choices": choices,
         "usage": output_usage([output]),
     }
+    if request.prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs_field(
+            ctx.tokenizer, output.prompt_logprobs or [], request.prompt_logprobs
+        )
     return JSONResponse(body)
 
 

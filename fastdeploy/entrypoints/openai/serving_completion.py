@@ -13,7 +13,7 @@ from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.chat_utils import prompt_token_ids
 from fastdeploy.entrypoints.openai.errors import invalid_request
-from fastdeploy.entrypoints.openai.logprobs import completion_logprobs
+from fastdeploy.entrypoints.openai.logprobs import completion_logprobs, echoed_logprobs, prompt_logprobs_field
 from fastdeploy.entrypoints.openai.params import completion_sampling_params, reject_unsupported
 from fastdeploy.entrypoints.openai.protocol import CompletionRequest
 from fastdeploy.entrypoints.openai.request_limits import check_request_limits
@@ -72,6 +72,7 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     reject_unsupported(request)
     check_request_limits(request)
     params = completion_sampling_params(request, ctx.generation_defaults)
+    ctx.check_params(params)
     items = request_prompts(request.prompt)
     # a full queue refuses every prompt of the request before any CPU is spent on them
     ctx.admit(len(items))
@@ -102,14 +103,19 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
                 logprobs = completion_logprobs(
                     ctx.tokenizer, sample.token_ids, sample.logprobs or [], len(text) - len(sample.text)
                 )
-            choices.append(
-                {
-                    "index": prompt_index * params.n + sample.index,
-                    "text": text,
-                    "logprobs": logprobs,
-                    "finish_reason": sample.finish_reason,
-                }
-            )
+                if request.echo:
+                    logprobs = _echoed(ctx, request, output, logprobs)
+            choice = {
+                "index": prompt_index * params.n + sample.index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": sample.finish_reason,
+            }
+            if request.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_field(
+                    ctx.tokenizer, output.prompt_logprobs or [], request.prompt_logprobs
+                )
+            choices.append(choice)
     body = {
         "id": request_id,
         "object": "text_completion",
@@ -146,7 +152,8 @@ async def _events(
             generated[prompt_index, sample.index] = len(sample.token_ids)
             index = prompt_index * params.n + sample.index
             text = delta.text
-            if request.echo and index not in sent_chars:
+            echo_now = request.echo and index not in sent_chars
+            if echo_now:
                 text = prompts[prompt_index].text + text
             wants_tokens = request.logprobs is not None and delta.token_ids
             if not (text or delta.finish_reason or wants_tokens):
@@ -154,8 +161,13 @@ async def _events(
             logprobs = None
             if request.logprobs is not None:
                 logprobs = completion_logprobs(
-                    ctx.tokenizer, delta.token_ids, delta.logprobs or [], sent_chars.get(index, 0)
+                    ctx.tokenizer,
+                    delta.token_ids,
+                    delta.logprobs or [],
+                    len(text) - len(delta.text) + sent_chars.get(index, 0),
                 )
+                if echo_now:
+                    logprobs = _echoed(ctx, request, output, logprobs)
             sent_chars[index] = sent_chars.get(index, 0) + len(text)
             chunk: dict[str, Any] = {
                 "id": request_id,
@@ -181,3 +193,12 @@ async def _events(
                 "usage": final_usage,
             }
         )
+
+
+def _echoed(
+    ctx: ServingContext, request: CompletionRequest, output: RequestOutput, generated: dict[str, Any]
+) -> dict[str, Any]:
+    """`generated` logprobs preceded by the prompt's, for `echo` with `logprobs`."""
+    return echoed_logprobs(
+        ctx.tokenizer, output.prompt_token_ids, output.prompt_logprobs or [], request.logprobs or 0, generated
+    )

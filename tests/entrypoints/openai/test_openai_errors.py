@@ -70,12 +70,8 @@ def test_invalid_parameters_are_400_naming_the_parameter(server, path, payload, 
 @pytest.mark.parametrize(
     ("path", "payload", "param"),
     [
-        ("/v1/completions", completion(use_beam_search=True), "use_beam_search"),
-        ("/v1/completions", completion(best_of=3), "best_of"),
-        ("/v1/completions", completion(length_penalty=0.5), "length_penalty"),
         ("/v1/completions", completion(logit_bias={"50256": -100}), "logit_bias"),
         ("/v1/completions", completion(suffix="tail"), "suffix"),
-        ("/v1/completions", completion(echo=True, logprobs=1), "logprobs"),
     ],
 )
 def test_unsupported_parameters_are_refused_not_ignored(server, path, payload, param):

@@ -1,0 +1,60 @@
+"""Prompt logprobs (`SamplingParams.prompt_logprobs=k`): how likely the model found each prompt token.
+
+The logits at position p score token p+1, so every prefill chunk that computes positions
+[start, end) of the prompt scores tokens start+1 .. end (the last prompt position's logits
+sample the first output token instead). Entries are recorded in order into
+`Sequence.prompt_logprobs`, which starts with None for the first prompt token (nothing precedes
+it); a position is recorded only when it is the next one missing, so a preempted sequence that
+recomputes its prompt does not record it twice.
+
+A prompt token served from the prefix cache has no logits, so a sequence still collecting prompt
+logprobs does not read the prefix cache (it still registers its blocks for later requests).
+Only the first sample of a request collects them: every sample has the same prompt. The pass
+returns the logits of the positions it scores after its sampling rows
+(`model_runner.extra_logits_rows`), and such a sequence prefills at most
+`scheduler.PROMPT_LOGPROBS_CHUNK` tokens per step, which bounds those logits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fastdeploy.engine.pass_logits import PassLogits
+from fastdeploy.engine.sampler import log_softmax
+from fastdeploy.engine.scheduler import ScheduledBatch
+
+#: rows whose log-softmax is taken at once ([rows, vocab] float64 on the host)
+_ROWS_PER_SLICE = 128
+
+
+def top_logprob_entries(logprobs: np.ndarray, chosen: np.ndarray, count: int) -> list[dict[int, float]]:
+    """Per row of `logprobs` [rows, vocab]: {token: logprob} of its `count` most likely tokens and
+    of `chosen[row]`."""
+    rows = np.arange(logprobs.shape[0])
+    if count >= logprobs.shape[1]:
+        best = np.broadcast_to(np.arange(logprobs.shape[1]), logprobs.shape)
+    elif count:
+        best = np.argpartition(-logprobs, count - 1, axis=1)[:, :count]
+    else:
+        best = np.empty((logprobs.shape[0], 0), dtype=np.int64)
+    entries = []
+    for row in rows:
+        entry = {int(token): float(logprobs[row, token]) for token in best[row]}
+        entry[int(chosen[row])] = float(logprobs[row, chosen[row]])
+        entries.append(entry)
+    return entries
+
+
+def record_prompt_logprobs(logits: PassLogits, batch: ScheduledBatch) -> None:
+    """Append the prompt logprobs this pass computed to each batch sequence that collects them."""
+    for index, seq in enumerate(batch.seqs):
+        extra = logits.extra(index)
+        if extra is None or not seq.collects_prompt_logprobs or seq.draft_token_ids:
+            continue
+        prompt = np.asarray(seq.prompt_token_ids, dtype=np.int64)
+        for begin in range(0, extra.positions.size, _ROWS_PER_SLICE):
+            positions = extra.positions[begin : begin + _ROWS_PER_SLICE]
+            rows = logits.host_rows(np.arange(positions.size) + extra.offset + begin)
+            seq.prompt_logprobs.extend(
+                top_logprob_entries(log_softmax(rows), prompt[positions + 1], seq.params.prompt_logprobs)
+            )

@@ -1,0 +1,208 @@
+"""Speculative decoding in the engine's step: drafts before scheduling, one verify pass, rollback.
+
+Before each schedule, every running sequence in its decode phase may get up to
+`num_speculative_tokens` draft tokens (`Sequence.draft_token_ids`). The scheduler then gives it
+1 + len(drafts) query positions (its last token and the drafts) in the same forward pass as
+every other sequence; the paged attention treats them like a prefill chunk. The logits of those
+k + 1 positions verify the drafts (`rejection.py`): the accepted drafts and one more token are
+emitted. The rejected drafts are rolled back: the sequence's computed count stops after the
+last accepted draft (their KV slots are overwritten by later tokens before anything reads them)
+and blocks holding only rejected positions go back to the block manager.
+
+Which sequences speculate: decoding ones (not mid-prefill) whose sampling does not depend on the
+tokens before each position in ways the verify pass cannot see: no repetition / frequency /
+presence penalties, no bad words, `min_tokens` already reached, no `reasoning_max_tokens`, no
+guided decoding (its mask for each position depends on the tokens before it). Beam search never
+speculates. Drafts stay within `max_model_len` and `max_tokens`.
+
+Back-off: a sequence whose drafts were all rejected waits before drafting again, 0, 1, 3, 7, ...
+(at most `MAX_BACKOFF_STEPS`) steps for each further consecutive miss; an accepted draft resets
+it. Open-ended text, where lookups rarely match and matches rarely hold, then costs almost
+nothing over plain decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fastdeploy.backends.base import Backend
+from fastdeploy.engine.pass_logits import PassLogits
+from fastdeploy.engine.sampler import filtered_distribution, record_logprobs, sample
+from fastdeploy.engine.scheduler import ScheduledBatch
+from fastdeploy.engine.sequence import Sequence, SequenceStatus
+from fastdeploy.engine.spec_decode.config import SpeculativeConfig
+from fastdeploy.engine.spec_decode.draft_model import DraftModelProposer
+from fastdeploy.engine.spec_decode.ngram import NgramProposer
+from fastdeploy.engine.spec_decode.proposal import Proposer
+from fastdeploy.engine.spec_decode.rejection import accept_matching, rejection_sample
+from fastdeploy.plugins.registry import PluginRegistry
+
+MAX_BACKOFF_STEPS = 32
+
+
+@dataclass
+class SpecDecodeStats:
+    """Totals over all sequences since the engine started (for /metrics)."""
+
+    #: verify passes that carried at least one draft
+    num_verify_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    #: tokens the verify passes emitted (accepted drafts plus one each)
+    num_emitted_tokens: int = 0
+
+
+@dataclass
+class _Backoff:
+    misses: int = 0
+    #: steps left before the sequence drafts again
+    wait: int = 0
+
+
+@dataclass
+class Verified:
+    """The outcome of one verify pass: per sequence, the tokens it emits."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)
+
+
+def _speculates(seq: Sequence) -> bool:
+    """Whether `seq`'s next tokens can be verified from one pass's logits (see the module doc)."""
+    params = seq.params
+    return (
+        seq.status is SequenceStatus.RUNNING
+        and seq.beam_search is None
+        and seq.num_computed_tokens == seq.num_tokens - 1
+        and params.repetition_penalty == 1.0
+        and not params.frequency_penalty
+        and not params.presence_penalty
+        and not params.bad_words
+        and seq.num_output_tokens >= params.min_tokens
+        and params.reasoning_max_tokens is None
+        and params.guided_decoding is None
+    )
+
+
+class SpeculativeDecoder:
+    """Drafts, verifies and rolls back for the engine; one per engine."""
+
+    def __init__(self, proposer: Proposer, num_speculative_tokens: int, max_model_len: int) -> None:
+        self.proposer = proposer
+        self.num_speculative_tokens = num_speculative_tokens
+        self.max_model_len = max_model_len
+        self.stats = SpecDecodeStats()
+        self._backoff: dict[int, _Backoff] = {}
+        #: the distributions sampled drafts came from, by sequence id, until verified
+        self._draft_probs: dict[int, np.ndarray] = {}
+
+    # --- before scheduling ------------------------------------------------------------------------
+    def propose(self, running: list[Sequence]) -> None:
+        """Set `draft_token_ids` on the running sequences that speculate this step."""
+        live = {seq.seq_id for seq in running}
+        for seq_id in [seq_id for seq_id in self._backoff if seq_id not in live]:
+            del self._backoff[seq_id]
+        self.proposer.forget_except(live)
+        self._draft_probs.clear()
+        drafting, lengths = [], []
+        for seq in running:
+            seq.draft_token_ids = []
+            backoff = self._backoff.setdefault(seq.seq_id, _Backoff())
+            if backoff.wait:
+                backoff.wait -= 1
+                continue
+            room = min(
+                self.num_speculative_tokens,
+                self.max_model_len - seq.num_tokens,
+                seq.max_output_tokens - seq.num_output_tokens - 1,
+            )
+            if room > 0 and _speculates(seq):
+                drafting.append(seq)
+                lengths.append(room)
+        for seq, proposal in zip(drafting, self.proposer.propose(drafting, lengths), strict=True):
+            seq.draft_token_ids = proposal.token_ids
+            if proposal.probs is not None:
+                self._draft_probs[seq.seq_id] = proposal.probs
+
+    # --- after the forward pass -----------------------------------------------------------------
+    def verify(self, logits: PassLogits, batch: ScheduledBatch) -> Verified:
+        """Emit the verified tokens of every sequence that carried drafts in `batch`, and shorten
+        its scheduled count to the positions that stand (the engine adds it to the computed count)."""
+        verified = Verified()
+        picked = [i for i in logits.sampling if batch.seqs[i].draft_token_ids]
+        if not picked:
+            return verified
+        rows: list[int] = []
+        for index in picked:  # each sequence: its last token's and each draft's rows, in order
+            extra = logits.extra(index)
+            rows.extend(range(extra.offset, extra.offset + extra.positions.size))
+            rows.append(logits.sampling_row(index))
+        host = logits.host_rows(rows)
+        offset = 0
+        for index in picked:
+            seq = batch.seqs[index]
+            drafts = seq.draft_token_ids
+            emitted = self._verify_one(seq, host[offset : offset + len(drafts) + 1])
+            offset += len(drafts) + 1
+            accepted = len(emitted) - 1
+            batch.num_new_tokens[index] -= len(drafts) - accepted
+            self._account(seq, len(drafts), accepted)
+            verified.seqs.append(seq)
+            verified.tokens.append(emitted)
+        return verified
+
+    def _verify_one(self, seq: Sequence, logits: np.ndarray) -> list[int]:
+        """The tokens `seq` emits given the target's logits at its last token and each draft."""
+        drafts = seq.draft_token_ids
+        draft_probs = self._draft_probs.pop(seq.seq_id, None)
+        if draft_probs is None:  # certain drafts: accept while the target's own tokens agree
+            return accept_matching(
+                drafts, lambda position: sample(logits[position : position + 1], [seq], [])[0]
+            )
+        target_probs = np.zeros((len(drafts) + 1, logits.shape[1]))
+        for position, row in enumerate(logits):
+            candidates, probs = filtered_distribution(row, seq.params)
+            target_probs[position, candidates] = probs
+        emitted = rejection_sample(target_probs, draft_probs[: len(drafts)], drafts, seq.rng)
+        for position, token in enumerate(emitted):
+            record_logprobs(seq, logits[position], token)
+        return emitted
+
+    def _account(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        stats = self.stats
+        stats.num_verify_steps += 1
+        stats.num_draft_tokens += drafted
+        stats.num_accepted_tokens += accepted
+        stats.num_emitted_tokens += accepted + 1
+        seq.spec_num_verify_steps += 1
+        seq.spec_num_draft_tokens += drafted
+        seq.spec_num_accepted_tokens += accepted
+        backoff = self._backoff.setdefault(seq.seq_id, _Backoff())
+        if accepted:
+            backoff.misses = 0
+        else:
+            backoff.misses += 1
+            backoff.wait = min(2 ** (backoff.misses - 1) - 1, MAX_BACKOFF_STEPS)
+
+
+def build_speculative_decoder(
+    config: SpeculativeConfig,
+    backend: Backend | None,
+    registry: PluginRegistry,
+    max_model_len: int,
+    kv_blocks: tuple[int, int],
+    vocab_size: int,
+) -> SpeculativeDecoder:
+    """The decoder for `config`: prompt lookup, or a draft model whose KV cache has the target's
+    `kv_blocks` (block size, number of blocks)."""
+    proposer: Proposer
+    if config.method == "ngram":
+        proposer = NgramProposer(config.min_ngram_size, config.max_ngram_size)
+    else:
+        block_size, num_blocks = kv_blocks
+        proposer = DraftModelProposer(
+            config.model, backend, registry, max_model_len, block_size, num_blocks, vocab_size
+        )
+    return SpeculativeDecoder(proposer, config.num_speculative_tokens, max_model_len)

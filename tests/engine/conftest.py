@@ -1,0 +1,8 @@
+"""The decoding tests build tiny models with tests/models/tiny_checkpoints.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))

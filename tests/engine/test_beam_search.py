@@ -145,6 +145,8 @@ def test_logprobs_of_beams_sum_to_their_cumulative_logprob(llm):
         ({"stop": ["."]}, "stop (stop strings) is not supported with use_beam_search=True"),
         ({"n": 3, "best_of": 2}, "best_of must be >= n (3), got 2"),
         ({"early_stopping": "sometimes"}, "early_stopping must be True, False or 'never'"),
+        ({"guided_decoding": {"regex": "[a-z]+"}}, "guided_decoding (guided decoding) is not supported"),
+        ({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs (guided decoding) is not"),
     ],
 )
 def test_beam_settings_that_do_not_combine_are_refused(kwargs, fragment):

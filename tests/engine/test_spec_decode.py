@@ -93,6 +93,15 @@ def test_seeded_sampling_emits_the_same_tokens_with_and_without_lookup(spec_llm,
         assert all(ours[t] == pytest.approx(theirs[t], abs=1e-4) for t in ours)
 
 
+def test_guided_requests_do_not_speculate(spec_llm, llm):
+    """A guided request's mask at each position depends on the tokens before it: no drafts."""
+    params = SamplingParams(temperature=0, max_tokens=24, guided_decoding={"regex": "(def [a-z_]+)+"})
+    (spec,) = spec_llm.generate(GROUNDED, params, use_tqdm=False)
+    (plain,) = llm.generate(GROUNDED, params, use_tqdm=False)
+    assert spec.outputs.token_ids == plain.outputs.token_ids
+    assert spec.metrics.spec_num_draft_tokens == 0
+
+
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory) -> dict[str, str]:
     dirs = {}

@@ -460,8 +460,9 @@ class AsyncLLMEngine:
         stats.num_running, stats.num_waiting = current.num_running, current.num_waiting
         stats.kv_cache_usage, stats.num_free_blocks = current.kv_cache_usage, current.num_free_blocks
         stats.prefix_cache = replace(self.engine.scheduler.prefix_cache_stats)
-        if self.engine.spec_decoder is not None:
-            stats.spec_decode = replace(self.engine.spec_decoder.stats)
+        decoder = getattr(self.engine, "spec_decoder", None)  # engines without speculation lack it
+        if decoder is not None:
+            stats.spec_decode = replace(decoder.stats)
         for observer in self._observers:
             try:
                 observer(stats)

@@ -5,8 +5,10 @@ Two engines on the embedded SmolLM2 (the same weights): one plain, one with
 workload runs greedily on both, so both produce the same tokens (the script checks), and the
 tokens/s of the whole generation (first token included) are compared:
 
-  * grounded: answers that copy their input (edit a given function, repeat a passage with a
-    change), where prompt lookup drafts are mostly right;
+  * grounded: answers that draw on their input (correct a passage's spelling, comment a given
+    function, summarise a passage), where prompt lookup drafts are mostly right. The prompts are
+    ones the embedded 135M model follows: an instruction it ignores (asked to rename a variable,
+    it writes a different function) makes open-ended text, whatever the prompt says;
   * open-ended: a story, where the text rarely repeats and the speculation must back off.
 
 Goals: >= 1.6x on the grounded workload, <= 5% slower on the open-ended one. Each workload is
@@ -43,21 +45,25 @@ PASSAGE = (
     "as the light turned, the harbour was safe."
 )
 
+#: the passage with four spelling mistakes to correct
+MISSPELT = (
+    PASSAGE.replace("century", "centruy")
+    .replace("keeper", "keper")
+    .replace("weather", "wether")
+    .replace("harbour", "harbur")
+)
+
 WORKLOADS = {
     "grounded": [
         [
             {
                 "role": "user",
-                "content": "Rewrite this Python function with the variable `settings` renamed to "
-                f"`config`. Output the whole function.\n\n{CODE}",
+                "content": "Correct the spelling mistakes in this passage and output the corrected "
+                f"passage:\n\n{MISSPELT}",
             }
         ],
-        [
-            {
-                "role": "user",
-                "content": f"Repeat the following passage word for word, in quotes:\n\n{PASSAGE}",
-            }
-        ],
+        [{"role": "user", "content": f"Add comments to this Python function:\n\n```python\n{CODE}```"}],
+        [{"role": "user", "content": f"Summarise this passage:\n\n{PASSAGE}"}],
     ],
     "open-ended": [
         [{"role": "user", "content": "Write a short story about a dragon who learns to cook."}],
@@ -66,11 +72,12 @@ WORKLOADS = {
 }
 
 
-def timed_chat(llm: LLM, messages: list[dict], new_tokens: int) -> tuple[float, list[int], object]:
+def timed_chat(llm: LLM, messages: list[dict], new_tokens: int) -> tuple[float, list[int], object, int]:
+    """Seconds, generated tokens, metrics and prompt length of one greedy chat answer."""
     params = SamplingParams(temperature=0, max_tokens=new_tokens)
     start = time.perf_counter()
     (output,) = llm.chat(messages, params, use_tqdm=False)
-    return time.perf_counter() - start, output.outputs.token_ids, output.metrics
+    return time.perf_counter() - start, output.outputs.token_ids, output.metrics, len(output.prompt_token_ids)
 
 
 def main() -> None:
@@ -98,9 +105,9 @@ def main() -> None:
         for index, messages in enumerate(conversations):
             best_plain = best_spec = float("inf")
             for _ in range(args.repeats):
-                seconds, plain_tokens, _ = timed_chat(plain, messages, args.new_tokens)
+                seconds, plain_tokens, _, prompt_len = timed_chat(plain, messages, args.new_tokens)
                 best_plain = min(best_plain, seconds)
-                seconds, spec_tokens, metrics = timed_chat(spec, messages, args.new_tokens)
+                seconds, spec_tokens, metrics, _ = timed_chat(spec, messages, args.new_tokens)
                 best_spec = min(best_spec, seconds)
                 if spec_tokens != plain_tokens:
                     raise SystemExit(
@@ -110,9 +117,9 @@ def main() -> None:
             rate = metrics.spec_acceptance_rate
             per_step = metrics.spec_accepted_tokens_per_step
             print(
-                f"{name + f'[{index}]':<12} {'':>6} {count:>6} {count / best_plain:>12.1f} {count / best_spec:>11.1f} "
-                f"{best_plain / best_spec:>5.2f}x {rate if rate is None else f'{rate:.2f}':>9} "
-                f"{per_step if per_step is None else f'{per_step:.2f}':>9}"
+                f"{name + f'[{index}]':<12} {prompt_len:>6} {count:>6} {count / best_plain:>12.1f} {count / best_spec:>11.1f} "
+                f"{best_plain / best_spec:>5.2f}x {'-' if rate is None else f'{rate:.2f}':>9} "
+                f"{'-' if per_step is None else f'{per_step:.2f}':>9}"
             )
             plain_total += best_plain
             spec_total += best_spec

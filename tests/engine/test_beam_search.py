@@ -135,6 +135,18 @@ def test_logprobs_of_beams_sum_to_their_cumulative_logprob(llm):
         assert all(len(entry) <= 2 for entry in sample.logprobs)
 
 
+def test_beam_texts_decode_their_hypotheses(llm):
+    """Beams fork mid-way and a reused sequence takes another beam's tokens: each returned text is
+    the decode of its own tokens, never a sequence's running text."""
+    params = SamplingParams(use_beam_search=True, temperature=0, n=3, best_of=3, max_tokens=8)
+    (output,) = llm.generate("The capital of France is", params, use_tqdm=False)
+    tokenizer = llm.get_tokenizer()
+    assert len({tuple(sample.token_ids) for sample in output.outputs}) == 3
+    assert [sample.text for sample in output.outputs] == [
+        tokenizer.decode(sample.token_ids) for sample in output.outputs
+    ]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [

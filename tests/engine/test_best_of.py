@@ -51,3 +51,13 @@ def test_best_of_equal_to_n_returns_every_sample(qwen3):
         PROMPT, SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=4, ignore_eos=True), use_tqdm=False
     )
     assert [s.token_ids for s in output.outputs] == [s.token_ids for s in plain[0].outputs]
+
+
+def test_best_of_samples_carry_the_text_of_their_tokens(qwen3):
+    """best_of samples are not streamed, so they detokenize once, at the end (defer_text)."""
+    params = SamplingParams(n=2, best_of=4, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True)
+    (output,) = qwen3.generate(PROMPT, params, use_tqdm=False)
+    tokenizer = qwen3.get_tokenizer()
+    assert [sample.text for sample in output.outputs] == [
+        tokenizer.decode(sample.token_ids) for sample in output.outputs
+    ]

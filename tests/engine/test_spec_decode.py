@@ -93,6 +93,18 @@ def test_seeded_sampling_emits_the_same_tokens_with_and_without_lookup(spec_llm,
         assert all(ours[t] == pytest.approx(theirs[t], abs=1e-4) for t in ours)
 
 
+def test_text_read_at_the_end_equals_token_by_token_text(spec_llm):
+    """A plain request detokenizes once when its text is read (defer_text), a request with a stop
+    string after every token: with several tokens accepted per step both give the full decode."""
+    base = {"temperature": 0, "max_tokens": 48, "ignore_eos": True}
+    (deferred,) = spec_llm.generate(GROUNDED, SamplingParams(**base), use_tqdm=False)
+    (eager,) = spec_llm.generate(GROUNDED, SamplingParams(**base, stop=["\x00never"]), use_tqdm=False)
+    assert deferred.metrics.spec_num_accepted_tokens > 0 and eager.metrics.spec_num_accepted_tokens > 0
+    assert deferred.outputs.token_ids == eager.outputs.token_ids
+    expected = spec_llm.get_tokenizer().decode(deferred.outputs.token_ids)
+    assert deferred.outputs.text == eager.outputs.text == expected
+
+
 def test_guided_requests_do_not_speculate(spec_llm, llm):
     """A guided request's mask at each position depends on the tokens before it: no drafts."""
     params = SamplingParams(temperature=0, max_tokens=24, guided_decoding={"regex": "(def [a-z_]+)+"})

@@ -218,7 +218,7 @@ def record_beam_rows(
 ) -> None:
     """Give each beam that sampled in this pass its next-token logprobs (bans applied after the
     log-softmax, as transformers' logits processors do in beam search)."""
-    indices = [i for i in logits.sampling if batch.seqs[i].beam_search is not None]
+    indices = logits.beams
     if not indices:
         return
     logprobs = log_softmax(logits.host_rows([logits.sampling_row(i) for i in indices]))

@@ -68,9 +68,16 @@ class BlockManager:
     def extra_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         """Blocks `seq` must gain to hold `num_new_tokens` more computed tokens (a shared block it
         writes into counts: it gets its own copy)."""
-        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens)
-        copy = self._shared_write_block(seq, num_new_tokens) is not None
-        return max(0, needed - len(seq.block_table)) + copy
+        computed = seq.num_computed_tokens
+        table = seq.block_table
+        grow = -(-(computed + num_new_tokens) // self.block_size) - len(table)
+        if grow < 0:
+            grow = 0
+        # `_shared_write_block` inline (this runs for every sequence every step)
+        index = computed // self.block_size
+        if index < len(table) and self._ref_counts[table[index]] > 1 and num_new_tokens:
+            return grow + 1
+        return grow
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.extra_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks

@@ -654,15 +654,14 @@ class LLMEngine:
     ) -> tuple[list[Sequence], list[int], dict[int, str]]:
         """The sequences that sample one token from this pass (beams and drafts aside), their
         tokens, and the rows (into those sequences) whose bans conflict with their grammar."""
-        indices = [
-            index
-            for index in logits.sampling
-            if batch.seqs[index].beam_search is None and not batch.seqs[index].draft_token_ids
-        ]
+        indices = logits.plain
         if not indices:
             return [], [], {}
         sampled = [batch.seqs[index] for index in indices]
-        rows = logits.device_rows([logits.sampling_row(index) for index in indices])
+        if len(indices) == len(logits.sampling):  # the usual pass: every sampling row, in order
+            rows = logits.device_rows(list(range(len(indices))))
+        else:
+            rows = logits.device_rows([logits.sampling_row(index) for index in indices])
         rows = self.guided.apply(self.backend, rows, sampled)
         bans = self._bans(batch.seqs, indices)
         # rows whose bans leave nothing their grammar allows: sampled without the bans, then failed
@@ -673,8 +672,9 @@ class LLMEngine:
     def _advance_beams(
         self, batch: ScheduledBatch, touched: dict[str, EngineRequest], finishing: set[str]
     ) -> None:
-        """Run a search step for each beam request whose beams all have their rows; a finished
-        search's request goes into `touched` and `finishing`."""
+        """Run a search step for each beam request whose beams all have their rows (beams get rows
+        only from the passes they sample in); a finished search's request goes into `touched` and
+        `finishing`."""
         for seq in batch.seqs:
             search = seq.beam_search
             if search is None or not search.ready:

@@ -26,16 +26,37 @@ class PassLogits:
         self.backend = backend
         self.batch = batch
         self.sampling = sampling
-        self._sampling_row = {index: row for row, index in enumerate(sampling)}
+        #: the sampling indices by reader, in one pass over them (this runs every step): sequences
+        #: that sample a token, beams (their search ranks the row), drafted (the verifier reads it)
+        self.plain: list[int] = []
+        self.beams: list[int] = []
+        self.drafted: list[int] = []
+        seqs = batch.seqs
+        for index in sampling:
+            seq = seqs[index]
+            if seq.beam_search is not None:
+                self.beams.append(index)
+            elif seq.draft_token_ids:
+                self.drafted.append(index)
+            else:
+                self.plain.append(index)
+        self._sampling_row: dict[int, int] | None = None  # built on first use: plain passes need none
         self._extras = {extra.index: extra for extra in extra_logits_rows(batch, len(sampling))}
 
     def sampling_row(self, index: int) -> int:
         """The row of batch sequence `index`'s next-token logits."""
+        if self._sampling_row is None:
+            self._sampling_row = {index: row for row, index in enumerate(self.sampling)}
         return self._sampling_row[index]
 
     def extra(self, index: int) -> ExtraRows | None:
         """Batch sequence `index`'s extra rows, if it has any."""
         return self._extras.get(index)
+
+    @property
+    def extras(self) -> list[ExtraRows]:
+        """Every batch sequence's extra rows, in batch order (most passes have none)."""
+        return list(self._extras.values())
 
     def device_rows(self, rows: list[int]) -> Any:
         """The given rows, where the logits are (all of them as they are, when that is every row)."""

@@ -47,9 +47,9 @@ def top_logprob_entries(logprobs: np.ndarray, chosen: np.ndarray, count: int) ->
 
 def record_prompt_logprobs(logits: PassLogits, batch: ScheduledBatch) -> None:
     """Append the prompt logprobs this pass computed to each batch sequence that collects them."""
-    for index, seq in enumerate(batch.seqs):
-        extra = logits.extra(index)
-        if extra is None or not seq.collects_prompt_logprobs or seq.draft_token_ids:
+    for extra in logits.extras:
+        seq = batch.seqs[extra.index]
+        if not seq.collects_prompt_logprobs or seq.draft_token_ids:
             continue
         prompt = np.asarray(seq.prompt_token_ids, dtype=np.int64)
         for begin in range(0, extra.positions.size, _ROWS_PER_SLICE):

@@ -109,11 +109,15 @@ class Scheduler:
             pending = len(seq.token_ids) - seq.num_computed_tokens
             if pending == 0:
                 continue  # a beam that already delivered its logits waits for its siblings
+            num_new = min(pending, budget)
             drafts = seq.draft_token_ids
-            if drafts and not self.block_manager.can_allocate(seq, pending + len(drafts)):
-                drafts.clear()  # speculation never preempts anyone
-            num_new = min(pending + len(drafts), budget, _token_cap(seq))
-            del drafts[max(0, num_new - pending) :]
+            if drafts:
+                if not self.block_manager.can_allocate(seq, pending + len(drafts)):
+                    drafts.clear()  # speculation never preempts anyone
+                num_new = min(pending + len(drafts), budget)
+                del drafts[max(0, num_new - pending) :]
+            elif seq.prompt_logprobs is not None:
+                num_new = min(num_new, _token_cap(seq))
             # most steps a decode fits in its last block: nothing to allocate, nobody to preempt
             if self.block_manager.extra_blocks_needed(seq, num_new):
                 # rechecked after each preemption: a preempted beam sibling can unshare `seq`'s block

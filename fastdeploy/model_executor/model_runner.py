@@ -35,9 +35,12 @@ def extra_logits_rows(batch: ScheduledBatch, num_sampling: int) -> list[ExtraRow
     the logits agree on the rows.
     """
     extras, offset = [], num_sampling
-    for index, (seq, count) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
+    seqs = batch.seqs
+    # most passes have none: two attribute reads per sequence, every step
+    for index in [i for i, seq in enumerate(seqs) if seq.draft_token_ids or seq.prompt_logprobs is not None]:
+        seq = seqs[index]
         start = seq.num_computed_tokens
-        end = start + count
+        end = start + batch.num_new_tokens[index]
         if seq.draft_token_ids:  # the last token and each draft but the last: verify positions
             positions = np.arange(end - 1 - len(seq.draft_token_ids), end - 1)
         elif seq.collects_prompt_logprobs:  # position p scores prompt token p + 1
@@ -67,20 +70,21 @@ def build_layout(batch: ScheduledBatch, block_size: int) -> tuple[BatchLayout, l
     counts = np.asarray(batch.num_new_tokens, dtype=np.int64)
     starts = np.array([seq.num_computed_tokens for seq in seqs], dtype=np.int64)
     ends = starts + counts
-    num_tokens = np.array([len(seq.token_ids) + len(seq.draft_token_ids) for seq in seqs], dtype=np.int64)
+    num_tokens = np.array([len(seq.token_ids) for seq in seqs], dtype=np.int64)
     input_ids: list[int] = []
     for seq, start, end in zip(seqs, starts.tolist(), ends.tolist(), strict=True):
-        input_ids.extend(seq.token_ids[start:end])
-        num_known = len(seq.token_ids)
-        if end > num_known:  # drafts follow the known tokens
-            input_ids.extend(seq.draft_token_ids[max(0, start - num_known) : end - num_known])
+        tokens = seq.token_ids
+        input_ids.extend(tokens[start:end])
+        if seq.draft_token_ids:  # they follow the known tokens
+            input_ids.extend(seq.draft_token_ids[max(0, start - len(tokens)) : end - len(tokens)])
     row_ends = np.cumsum(counts)
     row_starts = row_ends - counts - starts  # the flat row of position p is row_starts[i] + p
     seq_of_row = np.repeat(np.arange(len(seqs)), counts)
     positions = np.arange(row_ends[-1], dtype=np.int64) - np.repeat(row_starts, counts)
     tables = _block_tables(seqs)
     slots = tables[seq_of_row, positions // block_size] * block_size + positions % block_size
-    sampling = np.flatnonzero(ends == num_tokens)
+    # past the known tokens only with drafts, whose pass always reaches the last draft
+    sampling = np.flatnonzero(ends >= num_tokens)
     logits_indices = row_ends[sampling] - 1
     extras = extra_logits_rows(batch, sampling.size)
     if extras:

@@ -131,7 +131,7 @@ class SpeculativeDecoder:
         """Emit the verified tokens of every sequence that carried drafts in `batch`, and shorten
         its scheduled count to the positions that stand (the engine adds it to the computed count)."""
         verified = Verified()
-        picked = [i for i in logits.sampling if batch.seqs[i].draft_token_ids]
+        picked = logits.drafted
         if not picked:
             return verified
         rows: list[int] = []

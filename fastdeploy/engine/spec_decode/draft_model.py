@@ -46,7 +46,7 @@ class DraftSequence:
     block_table: list[int] = field(default_factory=list)
     num_registered_blocks: int = 0
     draft_token_ids: list[int] = field(default_factory=list)
-    collects_prompt_logprobs: bool = False
+    prompt_logprobs: None = None
     #: the draft model is text-only: a multimodal prompt's placeholder ids reach it as plain tokens
     extra_inputs: None = None
 

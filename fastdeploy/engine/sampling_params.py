@@ -211,6 +211,9 @@ _BEAM_EXCLUSIONS = (
     ("frequency_penalty", 0.0, "penalties are not applied to beam scores"),
     ("repetition_penalty", 1.0, "penalties are not applied to beam scores"),
 )
+#: the sampling settings beam search keeps at their defaults: a checkpoint's recommended ones
+#: (generation_config.json) are not applied to a request that asks for beam search
+BEAM_SEARCH_FIXED_FIELDS = frozenset(name for name, _, _ in _BEAM_EXCLUSIONS) | {"top_k"}
 
 
 def _check_beam_search(params: SamplingParams) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.engine.sampling_params import BEAM_SEARCH_FIXED_FIELDS, SamplingParams
 from fastdeploy.entrypoints.openai.errors import from_sampling_error, invalid_request, unsupported
 from fastdeploy.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from fastdeploy.entrypoints.openai.structured_outputs import guided_decoding
@@ -107,6 +107,8 @@ def _build(
     defaults: dict[str, Any],
     **extra: Any,
 ) -> SamplingParams:
+    if request.use_beam_search:  # a search ranks every token: the model's sampling settings stay out
+        defaults = {name: value for name, value in defaults.items() if name not in BEAM_SEARCH_FIXED_FIELDS}
     kwargs: dict[str, Any] = dict(defaults)
     kwargs.update(
         (name, getattr(request, name)) for name in _PASS_THROUGH if getattr(request, name) is not None

@@ -15,6 +15,8 @@ import pytest
 from openai_server_helpers import ENGINE_ARGS, ServerProcess, free_port, http_post, metric
 
 from fastdeploy import SamplingParams
+from fastdeploy.entrypoints.openai.params import chat_sampling_params, completion_sampling_params
+from fastdeploy.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 MODEL = "SmolLM2-135M-Instruct"
 TOLERANCE = 1e-4
@@ -146,6 +148,27 @@ def test_beam_search_over_completions_and_chat(client, llm):
         model=MODEL, messages=messages, n=2, temperature=0, max_tokens=8, extra_body=beam
     )
     assert [choice.message.content for choice in response.choices] == [s.text for s in expected.outputs]
+
+
+def test_beam_requests_keep_beam_settings_under_the_checkpoints_sampling_defaults():
+    """A checkpoint's generation_config.json (ERNIE-4.5: top_p 0.8) fills what a sampled request
+    omits; a beam request takes only its max_tokens: top_p 0.8 would refuse every beam request
+    for a setting it never sent."""
+    defaults = {"temperature": 0.8, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05, "max_tokens": 11}
+    beam = {"use_beam_search": True, "temperature": 0, "n": 2}
+    completion = completion_sampling_params(CompletionRequest(model=MODEL, prompt="x", **beam), defaults)
+    messages = [{"role": "user", "content": "x"}]
+    chat = chat_sampling_params(ChatCompletionRequest(model=MODEL, messages=messages, **beam), defaults)
+    for params in (completion, chat):
+        assert params.use_beam_search and params.max_tokens == 11
+        assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty) == (0, 1, 0, 1)
+    sampled = completion_sampling_params(CompletionRequest(model=MODEL, prompt="x", n=2), defaults)
+    assert (sampled.temperature, sampled.top_p, sampled.top_k, sampled.repetition_penalty) == (
+        0.8,
+        0.8,
+        20,
+        1.05,
+    )
 
 
 @pytest.mark.parametrize(

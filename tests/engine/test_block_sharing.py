@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 
 from fastdeploy import SamplingParams
+from fastdeploy.backends.base import BatchLayout, KVCacheSpec
+from fastdeploy.backends.conformance import build_backend
 from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.scheduler import Scheduler
 from fastdeploy.engine.sequence import Sequence
@@ -140,3 +143,49 @@ def test_preempting_a_forked_beam_keeps_its_siblings_blocks():
     for seq in beams:
         scheduler.finish(seq)
     assert manager.num_free_blocks == 4
+
+
+def _one_sequence_layout(table: list[int], start: int, end: int, block: int) -> BatchLayout:
+    positions = np.arange(start, end)
+    return BatchLayout(
+        input_ids=np.zeros(end - start, dtype=np.int64),
+        positions=positions,
+        slot_mapping=np.asarray(table)[positions // block] * block + positions % block,
+        query_lens=np.array([end - start]),
+        context_lens=np.array([end]),
+        block_tables=np.array([table]),
+        logits_indices=np.array([0]),
+        block_size=block,
+    )
+
+
+@pytest.mark.parametrize("kernels", ["auto", "numpy"])
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16", "bfloat16", "int8"])
+def test_a_copied_block_reads_as_its_source_in_every_kv_cache_dtype(monkeypatch, kernels, kv_cache_dtype):
+    """The cpu backend's copy-on-write copies all of a block (int8 caches: the scales too), in the
+    native kernels' layout and the numpy one: attention over the copy equals attention over the
+    source, bit for bit."""
+    monkeypatch.setenv("FD_CPU_KERNELS", kernels)
+    backend = build_backend("cpu", threads=1)
+    if kernels == "auto" and backend.native_isa is None:
+        pytest.skip("no native kernels on this machine")
+    block, dim = 4, 8
+    spec = KVCacheSpec(
+        num_layers=1, num_blocks=4, block_size=block, num_kv_heads=1, head_dim=dim, dtype=kv_cache_dtype
+    )
+    (cache,) = backend.allocate_kv_cache(spec)
+    rng = np.random.default_rng(7)
+
+    def attend(table: list[int], start: int, end: int, k: np.ndarray, v: np.ndarray, q=None) -> np.ndarray:
+        q = rng.standard_normal((end - start, 2, dim), dtype=np.float32) if q is None else q
+        layout = backend.prepare_batch(_one_sequence_layout(table, start, end, block))
+        return backend.to_numpy(backend.attention(q, k, v, cache, layout, 0.5))
+
+    prefix = rng.standard_normal((2, 3, 1, dim), dtype=np.float32)
+    attend([2], 0, 3, prefix[0], prefix[1])  # 3 slots of block 2 written
+    backend.copy_kv_blocks([cache], np.array([[2, 0]], dtype=np.int64), block)
+    q = rng.standard_normal((1, 2, dim), dtype=np.float32)
+    k, v = rng.standard_normal((2, 1, 1, dim), dtype=np.float32)
+    from_copy = attend([0], 3, 4, k, v, q)  # the fork writes its next token into the copy
+    from_source = attend([2], 3, 4, k, v, q)
+    np.testing.assert_array_equal(from_copy, from_source)

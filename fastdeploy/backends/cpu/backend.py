@@ -152,12 +152,12 @@ class CpuBackend(Backend):
         layer = (spec.num_blocks * spec.block_size, spec.num_kv_heads, spec.head_dim, spec.dtype)
         return [allocate_numpy(*layer) for _ in range(spec.num_layers)]
 
-    def copy_kv_blocks(
-        self, kv_caches: list[tuple[np.ndarray, np.ndarray]], pairs: np.ndarray, block_size: int
-    ) -> None:
+    def copy_kv_blocks(self, kv_caches: list[LayerKVCache], pairs: np.ndarray, block_size: int) -> None:
         source, destination = pairs[:, 0], pairs[:, 1]
         for layer in kv_caches:
-            for cache in layer:
+            for cache in layer:  # keys, values and (int8 only, else empty) their scales
+                if not cache.size:
+                    continue
                 # native layout: blocks lead; numpy layout: [blocks * block_size, ...] slots
                 blocks = cache if self.native_isa else cache.reshape(-1, block_size, *cache.shape[1:])
                 blocks[destination] = blocks[source]

@@ -180,7 +180,9 @@ class BlockManager:
         """Make the blocks `seq` has completely computed reusable by later sequences."""
         if not self.enable_prefix_caching:
             return
-        full = seq.num_computed_tokens // self.block_size
+        computed, known = seq.num_computed_tokens, len(seq.token_ids)
+        # computed positions past its tokens (accepted drafts, appended after the pass) wait
+        full = (computed if computed < known else known) // self.block_size
         for index in range(seq.num_registered_blocks, full):
             block = seq.block_table[index]
             key = self._key(seq, index)

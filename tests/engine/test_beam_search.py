@@ -125,6 +125,41 @@ def test_tiny_models_match_transformers_with_preemption(tmp_path, references, na
     assert manager.num_free_blocks == manager.num_blocks
 
 
+def test_beams_fork_prompt_blocks_the_prefix_cache_shares(tmp_path, references):
+    """Prefix caching is on by default: run again, every root takes its prompt's full blocks from
+    the cache, held at once by each request with that prompt, and its beams fork them again. The
+    beams still match transformers and every count comes back to zero."""
+    tiny.write_checkpoint(tmp_path, "qwen3", "pt")
+    tiny.write_ernie_tokenizer(tmp_path)
+    llm = LLM(model=str(tmp_path), max_model_len=32, block_size=4)
+    engine = llm.llm_engine
+    cases = references["qwen3"]["beam_search"]
+    prompts = [{"prompt_token_ids": case["prompt_token_ids"]} for case in cases]
+    params = [beam_params(case, [t for t in case["eos_token_ids"] if t != 2]) for case in cases]
+    run_checked(llm, prompts, params)  # fills the cache
+    both_ways = []  # blocks held by several requests (the cache) and by beams of one request (forks)
+
+    def watching_step():
+        outputs = type(engine).step(engine)
+        holders: dict[int, list[str]] = {}
+        for request in engine.requests.values():
+            for seq in request.seqs:
+                if not seq.is_finished:
+                    for block in seq.block_table:
+                        holders.setdefault(block, []).append(request.request_id)
+        both_ways.extend(b for b, ids in holders.items() if 1 < len(set(ids)) < len(ids))
+        return outputs
+
+    engine.step = watching_step
+    outputs = run_checked(llm, prompts, params)
+    for output, case in zip(outputs, cases, strict=True):
+        assert_beams_match(output, case)
+        assert output.num_cached_tokens == (len(case["prompt_token_ids"]) - 1) // 4 * 4
+    assert both_ways
+    manager = engine.block_manager
+    assert manager.num_free_blocks == manager.num_blocks
+
+
 def test_logprobs_of_beams_sum_to_their_cumulative_logprob(llm):
     params = SamplingParams(use_beam_search=True, temperature=0, n=2, best_of=3, max_tokens=6, logprobs=1)
     (output,) = llm.generate("The capital of France is", params, use_tqdm=False)

@@ -156,6 +156,21 @@ def test_greedy_tiny_models_equal_transformers_and_plain_decoding(tiny_dirs, nam
     assert drafted > accepted > 0  # drafts were accepted, and rejected ones rolled back
 
 
+@pytest.mark.parametrize("name", ["qwen2", "ernie4_5"])
+def test_blocks_computed_by_a_verify_pass_are_cached_under_their_tokens(tiny_dirs, name):
+    """Prefix caching (on by default) registers a block once all its tokens are known: the accepted
+    drafts a verify pass computed become tokens only after it, so their blocks wait a pass (they
+    were registered under a short token tuple no prompt matches). A prompt that repeats the
+    output reuses every full block of it."""
+    llm = _tiny_llm(tiny_dirs[name], NGRAM)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    (first,) = llm.generate({"prompt_token_ids": REPEATING}, params, use_tqdm=False)
+    assert first.metrics.spec_num_accepted_tokens > 0
+    prompt = REPEATING + first.outputs.token_ids[:16]
+    (again,) = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=1), use_tqdm=False)
+    assert again.num_cached_tokens == (len(prompt) - 1) // 4 * 4  # every full block but the last token's
+
+
 @pytest.mark.parametrize(
     ("target", "draft"), [("qwen3", "qwen3"), ("qwen3", "qwen2"), ("ernie4_5", "ernie4_5_moe")]
 )

@@ -587,13 +587,20 @@ class LLMEngine:
         result = self._isolated_pass(batch, forward, forward_part)
         outputs = self._fail(result.faults)
         batch, sampled, emitted = result.batch, result.sampled, result.tokens
+        beams: list[Sequence] = []
+        verified: list[Sequence] = []
         for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            seq.num_computed_tokens += count
             seq.forward_time += result.forward_seconds
+            if seq.draft_token_ids:  # only its last token and the accepted drafts stand
+                count -= self.spec_decoder.num_rejected(seq)
+                verified.append(seq)
+            seq.num_computed_tokens += count
             self.block_manager.register_full_blocks(seq)
-            if seq.draft_token_ids:  # roll back the blocks that held only rejected drafts
+            if seq.draft_token_ids:  # give back the blocks that held only rejected drafts
                 self.block_manager.truncate(seq)
                 seq.draft_token_ids = []
+            elif seq.beam_search is not None:
+                beams.append(seq)
         now = time.time()
         touched: dict[str, EngineRequest] = {}
         finishing: set[str] = set()
@@ -620,8 +627,11 @@ class LLMEngine:
                 finishing.add(seq.request_id)
             touched[seq.request_id] = self.requests[seq.request_id]
         outputs += self._refuse(result.refused) + self._fail(broken)
+        for seq in verified:  # logprobs of the tokens each verified run took, statistics
+            if seq.request_id in self.requests:
+                self.spec_decoder.commit(seq)
         self.guided.advance(sampled)
-        self._advance_beams(batch, touched, finishing)
+        self._advance_beams(beams, touched, finishing)
         for request in touched.values():
             if request.request_id not in self.requests:  # failed above (another of its samples)
                 continue
@@ -670,14 +680,14 @@ class LLMEngine:
         return sampled, self._sample(rows, sampled, bans), conflicts
 
     def _advance_beams(
-        self, batch: ScheduledBatch, touched: dict[str, EngineRequest], finishing: set[str]
+        self, beams: list[Sequence], touched: dict[str, EngineRequest], finishing: set[str]
     ) -> None:
         """Run a search step for each beam request whose beams all have their rows (beams get rows
         only from the passes they sample in); a finished search's request goes into `touched` and
         `finishing`."""
-        for seq in batch.seqs:
+        for seq in beams:
             search = seq.beam_search
-            if search is None or not search.ready:
+            if not search.ready:
                 continue
             running = search.step()
             released = search.apply(running, self.block_manager, self._spawn_beam)
@@ -696,19 +706,27 @@ class LLMEngine:
 
     def _sampled(self, batch: ScheduledBatch, forward_result: tuple[Any, list[int], float]) -> SampledPass:
         """(sequences that emit tokens, the tokens each emits, seconds, requests refused) of a
-        pass; raises on broken logits."""
+        pass; raises on broken logits.
+
+        Fault isolation runs a failed pass again per sequence, so what a pass changes before it
+        can still fail must bear doing twice: prompt logprobs extend from the last position
+        recorded, a beam's row replaces any earlier one, verification is committed later
+        (`SpeculativeDecoder.commit`); the sampler, which records logprobs, runs last.
+        """
         logits, sampling, forward_seconds = forward_result
         rows = PassLogits(logits, self.backend, batch, sampling)
         if not sampling and not rows.extras:
             return [], [], forward_seconds, {}
-        check_logits(self.backend, logits)  # the model's own logits, before any guided-decoding mask
-        sampled, tokens, conflicts = self._sample_pass(rows, batch)
-        verified = self.spec_decoder.verify(rows, batch) if self.spec_decoder else Verified()
-        record_beam_rows(rows, batch, lambda indices: self._bans(batch.seqs, indices))
+        # the model's own logits (every row: sampled, scored and verified), before any mask
+        check_logits(self.backend, logits)
         record_prompt_logprobs(rows, batch)
+        record_beam_rows(rows, batch, lambda indices: self._bans(batch.seqs, indices))
+        verified = self.spec_decoder.verify(rows, batch) if self.spec_decoder else Verified()
+        sampled, tokens, conflicts = self._sample_pass(rows, batch)
         refused = {sampled[row].request_id: why for row, why in conflicts.items()}
-        emitted = [[token] for token in tokens] + verified.tokens  # one token per sampled sequence
-        return sampled + verified.seqs, emitted, forward_seconds, refused
+        if verified.seqs:  # one token per sampled sequence, a run per verified one
+            return sampled + verified.seqs, [*zip(tokens), *verified.tokens], forward_seconds, refused
+        return sampled, list(zip(tokens)), forward_seconds, refused
 
     def _fail(self, faults: list[RequestFault]) -> list[RequestOutput]:
         """End each faulted request (KV blocks freed) with an error output naming the fault."""

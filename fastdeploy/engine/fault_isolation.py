@@ -51,9 +51,10 @@ OUTPUT_PROCESSING = "output_processing"
 #: the engine: see `engine/guided/conflicts.py`)
 GUIDED_DECODING_CONFLICT = "guided_decoding_conflict"
 
-#: what a sampled pass gives: (sequences that emit tokens, the tokens each emits (one, or a
-#: speculative run of verified drafts), forward seconds, the requests it refuses: request id -> why)
-SampledPass = tuple[list[Sequence], list[list[int]], float, dict[str, str]]
+#: what a sampled pass gives: (sequences that emit tokens, the tokens each emits (a tuple: one
+#: token, or a speculative run of verified drafts), forward seconds, the requests it refuses:
+#: request id -> why)
+SampledPass = tuple[list[Sequence], list[tuple[int, ...]], float, dict[str, str]]
 #: a sampled pass over any part of a batch
 PartPass = Callable[[ScheduledBatch], SampledPass]
 
@@ -89,7 +90,7 @@ class PassResult:
 
     batch: ScheduledBatch
     sampled: list[Sequence] = field(default_factory=list)
-    tokens: list[list[int]] = field(default_factory=list)
+    tokens: list[tuple[int, ...]] = field(default_factory=list)
     forward_seconds: float = 0.0
     refused: dict[str, str] = field(default_factory=dict)
     faults: list[RequestFault] = field(default_factory=list)
@@ -98,12 +99,14 @@ class PassResult:
 @dataclass
 class _ProbeSequence:
     """What `ModelRunner.execute` reads of a sequence: one token at position 0 in block 0 of the
-    probe cache, no extra (multimodal) inputs."""
+    probe cache, no extra (multimodal) inputs, no drafts to verify, no prompt logprobs."""
 
     token_ids: list[int] = field(default_factory=lambda: [0])
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=lambda: [0])
     extra_inputs: Any = None
+    draft_token_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: None = None
 
 
 def describe(exc: BaseException) -> str:
@@ -114,11 +117,7 @@ def without_requests(batch: ScheduledBatch, request_ids: Collection[str]) -> Sch
     """`batch` less the sequences of `request_ids` (`batch` itself when there are none)."""
     if not request_ids:
         return batch
-    kept = ScheduledBatch()
-    for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):
-        if seq.request_id not in request_ids:
-            kept.add(seq, count)
-    return kept
+    return batch.part(index for index, seq in enumerate(batch.seqs) if seq.request_id not in request_ids)
 
 
 class FaultIsolation:
@@ -184,11 +183,10 @@ class FaultIsolation:
         """Each sequence of `batch` in a pass of its own; a request fails with its first failing sample."""
         result = PassResult(ScheduledBatch())
         failures: dict[str, BaseException] = {}
-        for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):
+        for index, (seq, count) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
             if seq.request_id in failures:
                 continue
-            alone = ScheduledBatch()
-            alone.add(seq, count)
+            alone = batch.part([index])
             try:
                 sampled, tokens, seconds, refused = forward_part(alone)
             except EngineDeadError:

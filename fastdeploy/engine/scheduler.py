@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fastdeploy.engine.block_manager import BlockManager
@@ -47,6 +48,20 @@ class ScheduledBatch:
     def add(self, seq: Sequence, num_tokens: int) -> None:
         self.seqs.append(seq)
         self.num_new_tokens.append(num_tokens)
+
+    def part(self, indices: Iterable[int]) -> ScheduledBatch:
+        """The sequences at `indices` with their counts, and the block copies into their blocks.
+
+        Only those copies: a part runs as a pass of its own (fault isolation), and copying again
+        into another sequence's block after that one wrote its token there would undo the write.
+        """
+        part = ScheduledBatch()
+        for index in indices:
+            part.add(self.seqs[index], self.num_new_tokens[index])
+        if self.block_copies:
+            owned = {block for seq in part.seqs for block in seq.block_table}
+            part.block_copies = [pair for pair in self.block_copies if pair[1] in owned]
+        return part
 
     @property
     def total_tokens(self) -> int:

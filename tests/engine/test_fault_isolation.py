@@ -9,32 +9,17 @@ the tokens the plain cpu engine (the shared `llm` fixture) gives them.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.engine.fault_isolation import FORWARD_ERROR, NONFINITE_LOGITS
 from fastdeploy.errors import EngineDeadError, KVCacheAllocationError
-from fastdeploy.plugins.registry import reset_registry
 
 RAISE_TOKEN, NAN_TOKEN, DEAD_TOKEN = 49100, 49101, 49102
 BYSTANDERS = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at"]
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 ENGINE = {"max_model_len": 1024, "max_num_seqs": 32}
 KV_BLOCKS = 16  # 1024 tokens in blocks of 64
-
-
-@pytest.fixture(scope="module")
-def fault_env(fault_plugin_dir):
-    """The fault plugin on sys.path (so its entry point is found), and a MonkeyPatch for its settings."""
-    patch = pytest.MonkeyPatch()
-    patch.syspath_prepend(fault_plugin_dir)
-    importlib.invalidate_caches()
-    reset_registry()
-    yield patch
-    patch.undo()
-    reset_registry()
 
 
 @pytest.fixture(scope="module")

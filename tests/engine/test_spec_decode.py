@@ -105,6 +105,22 @@ def test_text_read_at_the_end_equals_token_by_token_text(spec_llm):
     assert deferred.outputs.text == eager.outputs.text == expected
 
 
+def test_a_stop_inside_a_verified_run_keeps_one_logprob_per_token(spec_llm, llm):
+    """The stop string ends the sequence at the 3rd of the 5 tokens one step emits: the tokens
+    after it are dropped with their logprobs (and their share of the cumulative logprob)."""
+    params = SamplingParams(temperature=0, max_tokens=48, logprobs=1, stop=[" as handle"])
+    (spec,) = spec_llm.generate(GROUNDED, params, use_tqdm=False)
+    (plain,) = llm.generate(GROUNDED, params, use_tqdm=False)
+    assert spec.metrics.spec_num_accepted_tokens > 0 and spec.outputs.finish_reason == "stop"
+    assert spec.outputs.token_ids == plain.outputs.token_ids
+    assert len(spec.outputs.logprobs) == len(spec.outputs.token_ids)
+    for ours, theirs, token in zip(
+        spec.outputs.logprobs, plain.outputs.logprobs, spec.outputs.token_ids, strict=True
+    ):
+        assert ours[token] == pytest.approx(theirs[token], abs=1e-4)
+    assert spec.outputs.cumulative_logprob == pytest.approx(plain.outputs.cumulative_logprob, abs=1e-3)
+
+
 def test_guided_requests_do_not_speculate(spec_llm, llm):
     """A guided request's mask at each position depends on the tokens before it: no drafts."""
     params = SamplingParams(temperature=0, max_tokens=24, guided_decoding={"regex": "(def [a-z_]+)+"})
@@ -196,6 +212,30 @@ def test_draft_model_sampling_runs_the_rejection_sampler(tiny_dirs):
     for sample in output.outputs:
         assert len(sample.token_ids) == 10 and len(sample.logprobs) == 10
     assert output.metrics.spec_num_draft_tokens > 0
+
+
+def test_a_failing_draft_model_costs_only_speculation(tiny_dirs, monkeypatch, caplog):
+    """The draft model's passes (3 per step: one per draft) fail after two steps: the steps then
+    decode without drafts (the proposer's sequences back off), with plain decoding's tokens."""
+    config = {"method": "draft_model", "model": tiny_dirs["qwen2"], "num_speculative_tokens": 3}
+    llm = _tiny_llm(tiny_dirs["qwen3"], config)
+    runner = llm.llm_engine.spec_decoder.proposer.runner
+    execute, calls = runner.execute, []
+
+    def failing(batch):
+        calls.append(len(batch.seqs))
+        if len(calls) > 6:
+            raise RuntimeError("injected fault: the draft model's pass failed")
+        return execute(batch)
+
+    monkeypatch.setattr(runner, "execute", failing)
+    prompts = [{"prompt_token_ids": p} for p in (*tiny.PROMPTS, REPEATING)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    spec = checked_generate(llm, prompts, params)
+    plain = _tiny_llm(tiny_dirs["qwen3"]).generate(prompts, params, use_tqdm=False)
+    assert [o.outputs.token_ids for o in spec] == [o.outputs.token_ids for o in plain]
+    assert "proposer failed" in caplog.text and len(calls) > 6
+    assert sum(o.metrics.spec_num_draft_tokens for o in spec) > 0  # drafts before the failure
 
 
 def _chi_square(counts: np.ndarray, probs: np.ndarray) -> float:

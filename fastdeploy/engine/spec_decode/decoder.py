@@ -19,6 +19,13 @@ Back-off: a sequence whose drafts were all rejected waits before drafting again,
 (at most `MAX_BACKOFF_STEPS`) steps for each further consecutive miss; an accepted draft resets
 it. Open-ended text, where lookups rarely match and matches rarely hold, then costs almost
 nothing over plain decoding.
+
+Verifying changes nothing but the sequences' generators: `verify` notes each sequence's outcome
+and `commit` applies it (logprobs, statistics, back-off) once the engine keeps the pass, so a pass
+that fault isolation runs again (`engine/fault_isolation.py`) is verified again from scratch.
+
+A proposer that raises (a draft model's pass failing) costs only speculation: that step has no
+drafts, the proposer's state is dropped, and its sequences wait the longest back-off.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import numpy as np
 
 from fastdeploy.backends.base import Backend
 from fastdeploy.engine.pass_logits import PassLogits
-from fastdeploy.engine.sampler import filtered_distribution, record_logprobs, sample
+from fastdeploy.engine.sampler import filtered_distribution, record_logprobs, sample_row
 from fastdeploy.engine.scheduler import ScheduledBatch
 from fastdeploy.engine.sequence import Sequence, SequenceStatus
 from fastdeploy.engine.spec_decode.config import SpeculativeConfig
@@ -37,7 +44,11 @@ from fastdeploy.engine.spec_decode.draft_model import DraftModelProposer
 from fastdeploy.engine.spec_decode.ngram import NgramProposer
 from fastdeploy.engine.spec_decode.proposal import Proposer
 from fastdeploy.engine.spec_decode.rejection import accept_matching, rejection_sample
+from fastdeploy.errors import EngineDeadError
+from fastdeploy.logger import get_logger
 from fastdeploy.plugins.registry import PluginRegistry
+
+logger = get_logger(__name__)
 
 MAX_BACKOFF_STEPS = 32
 
@@ -66,7 +77,19 @@ class Verified:
     """The outcome of one verify pass: per sequence, the tokens it emits."""
 
     seqs: list[Sequence] = field(default_factory=list)
-    tokens: list[list[int]] = field(default_factory=list)
+    tokens: list[tuple[int, ...]] = field(default_factory=list)
+
+
+@dataclass
+class _Outcome:
+    """One sequence's verification, until the engine commits it."""
+
+    num_drafts: int
+    emitted: list[int]
+    #: the target's logits at the position of each emitted token [len(emitted), vocab]
+    logits: np.ndarray
+    #: the sequence's output tokens before the engine appends the emitted ones
+    num_outputs_before: int
 
 
 def _speculates(seq: Sequence) -> bool:
@@ -95,8 +118,10 @@ class SpeculativeDecoder:
         self.max_model_len = max_model_len
         self.stats = SpecDecodeStats()
         self._backoff: dict[int, _Backoff] = {}
-        #: the distributions sampled drafts came from, by sequence id, until verified
+        #: the distributions sampled drafts came from, by sequence id, until the next proposal
         self._draft_probs: dict[int, np.ndarray] = {}
+        #: verified sequences' outcomes, by sequence id, until committed
+        self._outcomes: dict[int, _Outcome] = {}
 
     # --- before scheduling ------------------------------------------------------------------------
     def propose(self, running: list[Sequence]) -> None:
@@ -106,6 +131,7 @@ class SpeculativeDecoder:
             del self._backoff[seq_id]
         self.proposer.forget_except(live)
         self._draft_probs.clear()
+        self._outcomes.clear()  # those of requests that failed after their pass
         drafting, lengths = [], []
         for seq in running:
             seq.draft_token_ids = []
@@ -121,15 +147,39 @@ class SpeculativeDecoder:
             if room > 0 and _speculates(seq):
                 drafting.append(seq)
                 lengths.append(room)
-        for seq, proposal in zip(drafting, self.proposer.propose(drafting, lengths), strict=True):
+        try:
+            proposals = self.proposer.propose(drafting, lengths)
+        except EngineDeadError:
+            raise
+        except Exception as exc:  # drafts are an optimisation: the target decodes without them
+            self._after_failed_proposal(drafting, exc)
+            return
+        for seq, proposal in zip(drafting, proposals, strict=True):
             seq.draft_token_ids = proposal.token_ids
             if proposal.probs is not None:
                 self._draft_probs[seq.seq_id] = proposal.probs
 
+    def _after_failed_proposal(self, drafting: list[Sequence], exc: Exception) -> None:
+        """The proposer raised (a draft model's pass failed): no drafts this step, its state
+        dropped (it may be half updated; the draft model catches up again from the tokens), and
+        the sequences it was drafting for wait the longest back-off before drafting again."""
+        logger.warning(
+            "the %s proposer failed (%s: %s); %d sequences decode without drafts for now",
+            type(self.proposer).__name__,
+            type(exc).__name__,
+            exc,
+            len(drafting),
+            exc_info=exc,
+        )
+        for seq in drafting:  # their draft_token_ids are still empty
+            self._backoff[seq.seq_id].wait = MAX_BACKOFF_STEPS
+        self._draft_probs.clear()
+        self.proposer.forget_except(set())
+
     # --- after the forward pass -----------------------------------------------------------------
     def verify(self, logits: PassLogits, batch: ScheduledBatch) -> Verified:
-        """Emit the verified tokens of every sequence that carried drafts in `batch`, and shorten
-        its scheduled count to the positions that stand (the engine adds it to the computed count)."""
+        """The verified tokens of every sequence that carried drafts in `batch`. Nothing is
+        recorded yet: the engine commits each outcome (`commit`) once the pass stands."""
         verified = Verified()
         picked = logits.drafted
         if not picked:
@@ -144,31 +194,48 @@ class SpeculativeDecoder:
         for index in picked:
             seq = batch.seqs[index]
             drafts = seq.draft_token_ids
-            emitted = self._verify_one(seq, host[offset : offset + len(drafts) + 1])
+            seq_logits = host[offset : offset + len(drafts) + 1]
             offset += len(drafts) + 1
-            accepted = len(emitted) - 1
-            batch.num_new_tokens[index] -= len(drafts) - accepted
-            self._account(seq, len(drafts), accepted)
+            emitted = self._verify_one(seq, seq_logits)
+            self._outcomes[seq.seq_id] = _Outcome(
+                len(drafts), emitted, seq_logits[: len(emitted)], seq.num_output_tokens
+            )
             verified.seqs.append(seq)
-            verified.tokens.append(emitted)
+            verified.tokens.append(tuple(emitted))
         return verified
+
+    def num_rejected(self, seq: Sequence) -> int:
+        """How many of `seq`'s verified drafts were rejected (their positions do not stand)."""
+        outcome = self._outcomes[seq.seq_id]
+        return outcome.num_drafts + 1 - len(outcome.emitted)
+
+    def commit(self, seq: Sequence) -> None:
+        """Apply `seq`'s verification once the engine appended its emitted tokens (fewer when one
+        of them finished the sequence): the logprobs of the tokens taken, the statistics and the
+        back-off."""
+        outcome = self._outcomes.pop(seq.seq_id)
+        taken = seq.num_output_tokens - outcome.num_outputs_before
+        for row, token in zip(outcome.logits[:taken], outcome.emitted[:taken], strict=True):
+            record_logprobs(seq, row, token)
+        self._account(seq, outcome.num_drafts, len(outcome.emitted) - 1)
 
     def _verify_one(self, seq: Sequence, logits: np.ndarray) -> list[int]:
         """The tokens `seq` emits given the target's logits at its last token and each draft."""
         drafts = seq.draft_token_ids
-        draft_probs = self._draft_probs.pop(seq.seq_id, None)
+        draft_probs = self._draft_probs.get(seq.seq_id)
         if draft_probs is None:  # certain drafts: accept while the target's own tokens agree
+            greedy = seq.params.greedy
             return accept_matching(
-                drafts, lambda position: sample(logits[position : position + 1], [seq], [])[0]
+                drafts,
+                lambda position: (
+                    int(logits[position].argmax()) if greedy else sample_row(logits[position], seq)
+                ),
             )
         target_probs = np.zeros((len(drafts) + 1, logits.shape[1]))
         for position, row in enumerate(logits):
             candidates, probs = filtered_distribution(row, seq.params)
             target_probs[position, candidates] = probs
-        emitted = rejection_sample(target_probs, draft_probs[: len(drafts)], drafts, seq.rng)
-        for position, token in enumerate(emitted):
-            record_logprobs(seq, logits[position], token)
-        return emitted
+        return rejection_sample(target_probs, draft_probs[: len(drafts)], drafts, seq.rng)
 
     def _account(self, seq: Sequence, drafted: int, accepted: int) -> None:
         stats = self.stats

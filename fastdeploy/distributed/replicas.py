@@ -19,6 +19,7 @@ from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.engine.spec_decode.decoder import SpecDecodeStats
 
 #: prompt prefixes remembered for prefix-aware routing
 _PREFIX_MEMORY = 4096
@@ -64,8 +65,8 @@ class ReplicaRouter:
             replica.abort_all()
 
     def add_observer(self, observer: StepObserver) -> None:
-        """`observer` sees each replica's step with the gauges (queues, KV usage) and the prefix-cache
-        totals summed over replicas."""
+        """`observer` sees each replica's step with the gauges (queues, KV usage), the prefix-cache
+        and the speculative decoding totals summed over replicas."""
         for index, replica in enumerate(self.replicas):
             replica.add_observer(self._combining(index, observer))
 
@@ -89,6 +90,7 @@ class ReplicaRouter:
                     inter_token_latencies=stats.inter_token_latencies,
                     finished=stats.finished,
                     prefix_cache=PrefixCacheStats.summed(latest.prefix_cache for latest in known),
+                    spec_decode=SpecDecodeStats.summed(latest.spec_decode for latest in known),
                 )
             )
 

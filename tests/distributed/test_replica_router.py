@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from fastdeploy.distributed.replicas import ReplicaRouter
 from fastdeploy.engine.async_engine import StepStats
 from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
+from fastdeploy.engine.spec_decode.decoder import SpecDecodeStats
 
 
 class FakeReplica:
@@ -109,3 +110,16 @@ def test_observers_see_prefix_cache_totals_summed_over_replicas():
         3,
     )
     assert totals.hit_token_rate == 112 / 200 and totals.hit_request_rate == 3 / 6
+
+
+def test_observers_see_speculative_totals_summed_over_replicas():
+    """With --speculative-config and --data-parallel-size 2, /metrics counts both replicas' drafts."""
+    replicas = [FakeReplica(), FakeReplica()]
+    router = ReplicaRouter(replicas, prefix_aware=True)
+    seen = []
+    router.add_observer(seen.append)
+    replicas[0].observers[0](StepStats(0, 0, 0.0, 10, 10))
+    assert seen[-1].spec_decode is None  # engines that do not speculate report none
+    replicas[0].observers[0](StepStats(0, 0, 0.0, 10, 10, spec_decode=SpecDecodeStats(2, 8, 5, 7)))
+    replicas[1].observers[0](StepStats(0, 0, 0.0, 10, 10, spec_decode=SpecDecodeStats(1, 4, 1, 2)))
+    assert seen[-1].spec_decode == SpecDecodeStats(3, 12, 6, 9)

@@ -30,7 +30,8 @@ drafts, the proposer's state is dropped, and its sequences wait the longest back
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -63,6 +64,14 @@ class SpecDecodeStats:
     num_accepted_tokens: int = 0
     #: tokens the verify passes emitted (accepted drafts plus one each)
     num_emitted_tokens: int = 0
+
+    @classmethod
+    def summed(cls, parts: Iterable[SpecDecodeStats | None]) -> SpecDecodeStats | None:
+        """The totals of several engines (data-parallel replicas); None when none speculates."""
+        present = [part for part in parts if part is not None]
+        if not present:
+            return None
+        return cls(*(sum(getattr(part, name.name) for part in present) for name in fields(cls)))
 
 
 @dataclass

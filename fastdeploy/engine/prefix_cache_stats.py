@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from fastdeploy.engine.totals import summed_fields
+
 
 @dataclass
 class PrefixCacheStats:
@@ -23,13 +25,7 @@ class PrefixCacheStats:
     @classmethod
     def summed(cls, parts: Iterable[PrefixCacheStats]) -> PrefixCacheStats:
         """The totals of several engines (data-parallel replicas behind one server)."""
-        total = cls()
-        for part in parts:
-            total.queried_tokens += part.queried_tokens
-            total.hit_tokens += part.hit_tokens
-            total.queried_requests += part.queried_requests
-            total.hit_requests += part.hit_requests
-        return total
+        return summed_fields(cls, parts)
 
     def record(self, prompt_tokens: int, cached_tokens: int) -> None:
         self.queried_tokens += prompt_tokens

@@ -31,7 +31,7 @@ drafts, the proposer's state is dropped, and its sequences wait the longest back
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from fastdeploy.engine.spec_decode.draft_model import DraftModelProposer
 from fastdeploy.engine.spec_decode.ngram import NgramProposer
 from fastdeploy.engine.spec_decode.proposal import Proposer
 from fastdeploy.engine.spec_decode.rejection import accept_matching, rejection_sample
+from fastdeploy.engine.totals import summed_fields
 from fastdeploy.errors import EngineDeadError
 from fastdeploy.logger import get_logger
 from fastdeploy.plugins.registry import PluginRegistry
@@ -71,7 +72,7 @@ class SpecDecodeStats:
         present = [part for part in parts if part is not None]
         if not present:
             return None
-        return cls(*(sum(getattr(part, name.name) for part in present) for name in fields(cls)))
+        return summed_fields(cls, present)
 
 
 @dataclass

@@ -14,7 +14,6 @@ import json
 import os
 from typing import Any
 
-from fastdeploy.config import GENERATION_CONFIG_MODES
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
@@ -36,12 +35,8 @@ _FIELDS = {
 
 def read_generation_defaults(model_path: str, mode: str = "auto") -> dict[str, Any]:
     """SamplingParams keyword arguments from `model_path`'s generation_config.json ({} when the
-    checkpoint has none, is a single file, or `mode` is "none"); an invalid value is an error
-    naming the file, raised when the model loads rather than on every request."""
-    if mode not in GENERATION_CONFIG_MODES:
-        raise InvalidArgumentError(
-            f"generation_config must be one of {GENERATION_CONFIG_MODES}; got {mode!r}"
-        )
+    checkpoint has none, is a single file, or `mode` is "none"; `EngineConfig` has checked `mode`).
+    An invalid value is an error naming the file, raised when the model loads, not per request."""
     path = os.path.join(model_path, "generation_config.json")
     if mode == "none" or not os.path.isfile(path):
         return {}

@@ -3,7 +3,8 @@
 Random-weight checkpoints of SmolLM2-135M's and Llama-3.2-1B's shapes are built with
 transformers (tools/gpu_checkpoints.py) for Llama, Qwen3 and ERNIE-4.5 MoE. In float32 the
 greedy tokens must equal transformers' over 32 new tokens; in bfloat16 the first 8 must, and the
-first step's top log-probabilities must agree within bfloat16's precision.
+first step's top log-probabilities must agree within bfloat16's precision; float16 is held to
+the same bar.
 
 Random weights give flat distributions, where two tokens can score within rounding of each other.
 Where the engines' tokens first differ, transformers' own scores of both tokens at that step
@@ -120,15 +121,17 @@ def test_float32_greedy_tokens_equal_transformers(checkpoint):
         _assert_greedy_agrees(tokens, theirs, scores, tolerance=1e-3)
 
 
-def test_bfloat16_first_tokens_and_logprobs_agree(checkpoint):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_first_tokens_and_logprobs_agree(checkpoint, dtype):
     directory, _ = checkpoint
-    expected, steps = _transformers(directory, "bfloat16", PROMPTS, 8)
-    ours = _ours(directory, "bfloat16", PROMPTS, 8)
+    expected, steps = _transformers(directory, dtype, PROMPTS, 8)
+    ours = _ours(directory, dtype, PROMPTS, 8)
     for (tokens, logprobs), theirs, scores in zip(ours, expected, steps, strict=True):
         _assert_greedy_agrees(tokens, theirs, scores, tolerance=0.1)
         reference = scores[0]
         for token, value in logprobs.items():
-            # bfloat16 keeps 8 bits of mantissa: a log-probability of a few units is good to ~0.1
+            # bfloat16 keeps 8 bits of mantissa (float16 11): a log-probability of a few units is
+            # good to ~0.1
             assert value == pytest.approx(
                 float(reference[token]), abs=0.1 + 0.02 * abs(float(reference[token]))
             )

@@ -362,6 +362,22 @@ def check_token_bitmask(backend: Backend) -> None:
         _close(f"apply_token_bitmask (rows {listed})", backend.to_numpy(out), expected, rtol=0, atol=0)
 
 
+def check_nonfinite_rows(backend: Backend) -> None:
+    """Fault isolation's logits check: a row is broken when it holds a NaN or +inf or only -inf;
+    -inf entries beside finite ones are masked tokens, which is fine."""
+    logits = np.ones((6, 40), dtype=np.float32)
+    logits[1, 7] = np.nan
+    logits[2, 39] = np.inf
+    logits[3] = -np.inf
+    logits[4, :30] = -np.inf
+    logits[5, 0] = np.nan
+    logits[5, 1:] = -np.inf
+    got = np.asarray(backend.nonfinite_rows(backend.from_numpy(logits))).astype(bool).tolist()
+    expected = [False, True, True, True, False, True]
+    if got != expected:
+        raise AssertionError(f"op nonfinite_rows: got {got}, expected {expected}")
+
+
 #: op-level checks, each `check(backend) -> None | skip reason`
 OP_CHECKS: dict[str, Callable[[Backend], str | None]] = {
     "embedding_and_gather": check_embedding_and_gather,
@@ -377,6 +393,7 @@ OP_CHECKS: dict[str, Callable[[Backend], str | None]] = {
     "kv_block_copy": check_kv_block_copy,
     "sampling": check_sampling,
     "token_bitmask": check_token_bitmask,
+    "nonfinite_rows": check_nonfinite_rows,
 }
 
 

@@ -119,6 +119,10 @@ class TensorRuntime(ABC):
         """Sum over `axis` (dropping it)."""
 
     @abstractmethod
+    def max_rows(self, x: Any) -> Any:
+        """Largest value of each row of x [rows, n]; NaN where the row holds a NaN."""
+
+    @abstractmethod
     def argmax_rows(self, x: Any) -> Any:
         """Index of the largest value of each row of x [rows, n] (the first among equals)."""
 

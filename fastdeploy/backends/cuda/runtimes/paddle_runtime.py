@@ -237,6 +237,9 @@ class PaddleRuntime(TensorRuntime):
     def sum_rows(self, x: Any, axis: int) -> Any:
         return x.sum(axis=axis)
 
+    def max_rows(self, x: Any) -> Any:
+        return self.paddle.max(x, axis=-1)
+
     def argmax_rows(self, x: Any) -> Any:
         return self.paddle.argmax(x, axis=-1)
 

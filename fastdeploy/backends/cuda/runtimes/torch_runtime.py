@@ -230,6 +230,9 @@ class TorchRuntime(TensorRuntime):
     def sum_rows(self, x: Any, axis: int) -> Any:
         return x.sum(dim=axis)
 
+    def max_rows(self, x: Any) -> Any:
+        return x.amax(dim=-1)
+
     def argmax_rows(self, x: Any) -> Any:
         return self.torch.argmax(x, dim=-1)
 

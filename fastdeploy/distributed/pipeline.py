@@ -32,22 +32,22 @@ class MicroBatchPipeline:
         return self.executor.num_in_flight > 0
 
     def step(self, engine: LLMEngine) -> list[RequestOutput]:
-        batch = engine.scheduler.schedule()
+        batch, failed = engine.schedule_batch()
         if batch.seqs:
             for seq in batch.seqs:
                 seq.in_flight = True
             self.executor.submit(batch)
             if self.executor.num_in_flight < self.depth:
-                return []
+                return failed
         if not self.executor.num_in_flight:
-            return []
+            return failed
         done, logits, sampling, seconds = self.executor.collect()
         for seq in done.seqs:
             seq.in_flight = False
         done, logits, sampling = _without_finished(done, logits, sampling)
         if not done.seqs:
-            return []
-        return engine.complete_batch(done, lambda: (logits, sampling, seconds))
+            return failed
+        return failed + engine.complete_batch(done, lambda: (logits, sampling, seconds))
 
 
 def _without_finished(

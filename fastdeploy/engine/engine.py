@@ -566,12 +566,17 @@ class LLMEngine:
             self.spec_decoder.propose(self.scheduler.running)
         if self.pipeline is not None:
             return self.pipeline.step(self)
-        batch = self.scheduler.schedule()
-        failed = self._fail(self.fault_isolation.allocation_faults(batch))
-        batch = without_requests(batch, {output.request_id for output in failed})
+        batch, failed = self.schedule_batch()
         if not batch.seqs:
             return failed
         return failed + self.complete_batch(batch, lambda: self.runner.execute(batch), self.runner.execute)
+
+    def schedule_batch(self) -> tuple[ScheduledBatch, list[RequestOutput]]:
+        """The scheduler's next batch less the requests whose KV blocks could not be allocated,
+        and those requests' failed outputs (every forward path schedules through here)."""
+        batch = self.scheduler.schedule()
+        failed = self._fail(self.fault_isolation.allocation_faults(batch))
+        return without_requests(batch, {output.request_id for output in failed}), failed
 
     def complete_batch(
         self,

@@ -98,8 +98,18 @@ def test_a_pass_where_every_request_fails_probes_the_device_and_goes_on(
     assert [o.outputs.token_ids for o in outputs] == expected
 
 
-def test_kv_allocation_failure_fails_only_its_request(faulty, expected, llm, monkeypatch):
-    blocks = faulty.llm_engine.block_manager
+@pytest.fixture(scope="module")
+def pipelined():
+    """Two pipeline stages in worker processes: batches go through `MicroBatchPipeline.step`."""
+    engine = LLM(pipeline_parallel_size=2, **ENGINE)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("engine_name", ["faulty", "pipelined"])
+def test_kv_allocation_failure_fails_only_its_request(engine_name, expected, llm, monkeypatch, request):
+    engine = request.getfixturevalue(engine_name)
+    blocks = engine.llm_engine.block_manager
     marker = victim(llm, 17)
     allocate = blocks.allocate
 
@@ -109,7 +119,7 @@ def test_kv_allocation_failure_fails_only_its_request(faulty, expected, llm, mon
         allocate(seq, num_new_tokens)
 
     monkeypatch.setattr(blocks, "allocate", failing_allocate)
-    bystanders, (failed,) = run_mixed(faulty, [marker])
+    bystanders, (failed,) = run_mixed(engine, [marker])
     assert [o.outputs.token_ids for o in bystanders] == expected
     assert failed.error_code == 500 and "KV blocks could not be allocated" in failed.error_msg
     monkeypatch.undo()

@@ -305,6 +305,11 @@ def format_report(summary: dict[str, Any]) -> str:
         lines.append(
             f"{label:<14}" + "".join(f"{stats[name] * 1000:>10.1f}" for name in ("mean", "p50", "p90", "p99"))
         )
+    if summary["completed"] and math.isnan(summary["ttft_s"]["mean"]):
+        lines.append(
+            "TTFT, ITL and TPOT are timed from streamed chunks that carry text; no chunk did "
+            "(the model's tokens decode to no text)"
+        )
     for error in summary["errors"]:
         lines.append(f"error: {error}")
     return "\n".join(lines) + "\n"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from fastdeploy.entrypoints.openai.benchmark import percentile
+from fastdeploy.entrypoints.openai.benchmark import format_report, percentile
 
 
 def bench(server, *args):
@@ -60,3 +61,29 @@ def test_bench_serve_text_report_on_chat(server):
 def test_percentile_matches_numpy(q):
     values = [0.3, 0.1, 0.7, 0.2, 0.9, 0.4, 0.05]
     assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+@pytest.mark.parametrize("ttft", [0.05, math.nan])
+def test_report_says_why_latencies_are_missing(ttft):
+    """A model whose tokens decode to no text (random weights, a byte tokenizer) streams no text
+    chunk: the report says why TTFT and ITL read nan instead of leaving the reader to guess."""
+    stats = {name: ttft for name in ("mean", "p50", "p90", "p99")}
+    summary = {
+        "model": "m",
+        "endpoint": "/v1/completions",
+        "concurrency": 1,
+        "completed": 1,
+        "failed": 0,
+        "duration_s": 1.0,
+        "request_throughput": 1.0,
+        "output_throughput": 4.0,
+        "total_token_throughput": 8.0,
+        "peak_running_requests": 1,
+        "ttft_s": stats,
+        "itl_s": stats,
+        "tpot_s": stats,
+        "e2e_s": {name: 1.0 for name in stats},
+        "errors": [],
+    }
+    note = "no chunk did (the model's tokens decode to no text)"
+    assert (note in format_report(summary)) == math.isnan(ttft)

@@ -63,6 +63,34 @@ def cpu_spin_us() -> float:
     return spin
 
 
+_SWITCH_VALUES = {
+    "": True,
+    "1": True,
+    "true": True,
+    "on": True,
+    "yes": True,
+    "0": False,
+    "false": False,
+    "off": False,
+    "no": False,
+}
+
+
+def cpu_adaptive_threads() -> bool:
+    """Whether the cpu kernels' default thread count follows the load (`FD_CPU_ADAPTIVE_THREADS`, default on).
+
+    With the default count (no `FD_CPU_THREADS` / `cpu_threads`), the kernels' loops run on the count
+    measured fastest lately: all cores on a quiet machine, one thread beside a CPU hog on two cores.
+    An explicit thread count is always used as given.
+    """
+    from fastdeploy.errors import InvalidArgumentError
+
+    value = os.environ.get("FD_CPU_ADAPTIVE_THREADS", "").strip().lower()
+    if value not in _SWITCH_VALUES:
+        raise InvalidArgumentError(f"FD_CPU_ADAPTIVE_THREADS must be 1 or 0 (on or off); got {value!r}")
+    return _SWITCH_VALUES[value]
+
+
 def cpu_activations() -> str:
     """What the cpu backend's quantised matmuls multiply activations in (`FD_CPU_ACTIVATIONS`).
 

@@ -85,11 +85,18 @@ def _activations_note(isa: str, activations: str) -> str:
     return f"int8 activations ({instructions}; FD_CPU_ACTIVATIONS)"
 
 
-def _waiting_policy() -> str:
-    """How the kernels' idle threads wait, for logs and `fastdeploy env`."""
+def _waiting_policy(adaptive: bool) -> str:
+    """How the kernels' threads wait and how many run, for logs and `fastdeploy env`."""
     spin = envs.cpu_spin_us()
     waits = f"spin {spin:g} us, then sleep" if spin else "sleep at once"
-    return f"idle threads {waits} (FD_CPU_SPIN_US); loops never wait for a thread that has not started"
+    count = (
+        "thread count adapts to the load (FD_CPU_ADAPTIVE_THREADS)"
+        if adaptive
+        else "fixed thread count (FD_CPU_THREADS given or FD_CPU_ADAPTIVE_THREADS=0)"
+    )
+    return (
+        f"idle threads {waits} (FD_CPU_SPIN_US); loops never wait for a thread that has not started; {count}"
+    )
 
 
 class CpuBackend(Backend):
@@ -107,6 +114,8 @@ class CpuBackend(Backend):
         if options.threads is not None and options.threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {options.threads}")
         self.threads = options.thread_count()
+        # an explicit count is used as given; the default one follows the load (thread_adapt.c)
+        self.adaptive_threads = options.threads is None and envs.cpu_adaptive_threads()
         self.dtype = np.float32
         self.native_isa = _native_isa()
         self.activations = _activations(self.native_isa)
@@ -115,6 +124,7 @@ class CpuBackend(Backend):
         _set_blas_threads(1 if self.native_isa else self.threads)
         if self.native_isa:
             native.set_spin_us(envs.cpu_spin_us())
+            native.set_adaptive_threads(self.adaptive_threads)
 
     @classmethod
     def runtime_details(cls) -> str:
@@ -122,14 +132,15 @@ class CpuBackend(Backend):
             isa = _native_isa()
             if isa is None:
                 return f"numpy kernels ({native.unavailable_reason() or 'FD_CPU_KERNELS=numpy'})"
-            return f"native kernels, {isa}; {_activations_note(isa, _activations(isa))}; {_waiting_policy()}"
+            adaptive = envs.cpu_threads() is None and envs.cpu_adaptive_threads()
+            return f"native kernels, {isa}; {_activations_note(isa, _activations(isa))}; {_waiting_policy(adaptive)}"
         except InvalidArgumentError as exc:
             return str(exc)
 
     def describe(self) -> str:
         kernels = (
             f"native kernels ({self.native_isa}; {'/'.join(native.SUPPORTED_TYPES)} weights kept in blocks; "
-            f"{_activations_note(self.native_isa, self.activations)}; {_waiting_policy()})"
+            f"{_activations_note(self.native_isa, self.activations)}; {_waiting_policy(self.adaptive_threads)})"
             if self.native_isa
             else "numpy"
         )

@@ -116,6 +116,12 @@ def set_spin_us(microseconds: float) -> None:
     _native.set_spin_us(microseconds)
 
 
+def set_adaptive_threads(on: bool) -> None:
+    """Whether the kernels' loops run on the thread count measured fastest lately, at most the count
+    each call asks for (process-wide; threadpool.c, thread_adapt.c)."""
+    _native.set_adaptive(on)
+
+
 def matmul(x: np.ndarray, weight: PackedWeight, isa: str, threads: int) -> np.ndarray:
     """x [tokens, in_features] float32 times the weight's transpose: [tokens, out_features] float32."""
     x = np.ascontiguousarray(x, dtype=np.float32)

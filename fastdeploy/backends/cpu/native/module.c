@@ -2,6 +2,7 @@
  * The `_native` extension module: the kernels' Python entry points.
  */
 #include "native.h"
+#include "thread_adapt.h"
 
 static PyObject *native_set_spin_us(PyObject *self, PyObject *args)
 {
@@ -14,6 +15,72 @@ static PyObject *native_set_spin_us(PyObject *self, PyObject *args)
 
 static PyObject *native_spin_us(PyObject *self, PyObject *noargs) { return PyFloat_FromDouble(fd_spin_ns() / 1000.0); }
 
+static PyObject *native_set_adaptive(PyObject *self, PyObject *args)
+{
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    fd_set_adaptive(on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *native_adaptive_state(PyObject *self, PyObject *noargs)
+{
+    int adaptive, threads;
+    long probes, switches;
+    fd_adaptive_state(&adaptive, &threads, &probes, &switches);
+    return Py_BuildValue("{sO,si,sl,sl}", "adaptive", adaptive ? Py_True : Py_False, "threads", threads, "probes",
+                         probes, "switches", switches);
+}
+
+/* adapt_replay(kinds, costs): thread_adapt.c fed loop after loop, back to back: loop i is of kind
+ * kinds[i] and takes costs[i][t - 1] ns on the t threads the policy picks (len(costs[i]) threads
+ * asked for). Returns the threads picked for each loop: the policy's tests, without clocks. */
+static PyObject *native_adapt_replay(PyObject *self, PyObject *args)
+{
+    PyObject *kinds, *costs;
+    if (!PyArg_ParseTuple(args, "OO", &kinds, &costs)) return NULL;
+    kinds = PySequence_Fast(kinds, "kinds must be a sequence of ints");
+    if (kinds == NULL) return NULL;
+    costs = PySequence_Fast(costs, "costs must be a sequence of sequences of ns");
+    if (costs == NULL) {
+        Py_DECREF(kinds);
+        return NULL;
+    }
+    const Py_ssize_t loops = PySequence_Fast_GET_SIZE(kinds);
+    PyObject *picked = loops == PySequence_Fast_GET_SIZE(costs) ? PyList_New(loops) : NULL;
+    if (picked == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "kinds and costs must have one entry per loop");
+    struct thread_adapt *a = picked ? PyMem_Calloc(1, sizeof(*a)) : NULL;
+    if (picked && a == NULL) PyErr_NoMemory();
+    if (a != NULL) adapt_init(a);
+    long now = 1;
+    for (Py_ssize_t i = 0; a != NULL && i < loops; i++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(costs, i);
+        const Py_ssize_t limit = PySequence_Check(row) ? PySequence_Size(row) : -1;
+        const unsigned long long kind = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(kinds, i));
+        if (limit < 1 || PyErr_Occurred()) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "each loop needs a cost for 1.. threads");
+            break;
+        }
+        const int threads = adapt_threads(a, (int)limit);
+        PyObject *item = PySequence_GetItem(row, threads - 1);
+        const double ns = item ? PyFloat_AsDouble(item) : -1.0;
+        Py_XDECREF(item);
+        if (PyErr_Occurred()) break;
+        adapt_record(a, kind ? kind : 1, now, now + (long)ns);
+        now += (long)ns;
+        PyList_SET_ITEM(picked, i, PyLong_FromLong(threads));
+    }
+    PyMem_Free(a);
+    Py_DECREF(kinds);
+    Py_DECREF(costs);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(picked);
+        return NULL;
+    }
+    return picked;
+}
+
 static PyObject *native_has_vnni(PyObject *self, PyObject *noargs) { return PyBool_FromLong(native_cpu_has_vnni()); }
 
 static PyMethodDef methods[] = {
@@ -25,6 +92,12 @@ static PyMethodDef methods[] = {
     {"rms_norm", native_rms_norm, METH_VARARGS, "RMSNorm of x (+ residual), row by row."},
     {"rotary", native_rotary, METH_VARARGS, "Rotate-half rotary embedding of [tokens, heads, head_dim]."},
     {"silu_and_mul", native_silu_and_mul, METH_VARARGS, "silu(gate) * up of [gate | up] rows."},
+    {"set_adaptive", native_set_adaptive, METH_VARARGS,
+     "set_adaptive(on): whether loops run on the thread count measured fastest lately (at most the one asked for)."},
+    {"adaptive_state", native_adaptive_state, METH_NOARGS,
+     "The adaptive thread count's state: adaptive, threads (of the next loop; 0 before any), probes, switches."},
+    {"adapt_replay", native_adapt_replay, METH_VARARGS,
+     "adapt_replay(kinds, costs): the thread counts the adaptive policy picks for synthetic loop costs."},
     {"set_spin_us", native_set_spin_us, METH_VARARGS,
      "set_spin_us(us): how long the kernels' idle threads spin before they sleep."},
     {"spin_us", native_spin_us, METH_NOARGS, "How long the kernels' idle threads spin before they sleep, in us."},

@@ -52,6 +52,10 @@ void fd_parallel_for(Py_ssize_t tasks, int threads, fd_task_fn fn, void *ctx);
 /* How long waiting threads spin before they sleep. */
 void fd_set_spin_ns(long nanoseconds);
 long fd_spin_ns(void);
+/* Whether loops run on the thread count measured fastest lately (at most the count asked for;
+ * thread_adapt.c), and its state: on, the threads of the next loop (0 before any), probes, switches. */
+void fd_set_adaptive(int on);
+void fd_adaptive_state(int *adaptive, int *threads, long *probes, long *switches);
 /* At least `bytes` of 64-byte aligned memory owned by the calling thread (kept for its next call,
  * freed when it exits); NULL when out of memory. */
 void *fd_thread_scratch(size_t bytes);

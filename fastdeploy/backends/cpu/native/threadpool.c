@@ -15,8 +15,12 @@
  * whoever needs it (the straggler included).
  *
  * One job runs at a time: a second Python thread calling a kernel meanwhile runs its loop inline.
+ *
+ * With adaptation on (the default thread count: fd_set_adaptive), each loop runs on the thread count
+ * thread_adapt.c has measured fastest lately, at most the count asked for, and reports its time.
  */
 #include "native.h"
+#include "thread_adapt.h"
 
 #include <immintrin.h>
 #include <limits.h>
@@ -47,6 +51,8 @@ static struct {
     _Atomic(void *) ctx;
     _Atomic uint32_t tasks;
     _Atomic int threads;
+    _Atomic int adaptive;
+    struct thread_adapt adapt; /* under `submit` */
 } pool = {.submit = PTHREAD_MUTEX_INITIALIZER, .spin_ns = 100000};
 
 static void futex_wait(_Atomic uint32_t *word, uint32_t expected)
@@ -139,13 +145,9 @@ static int ensure_workers(int threads)
     return pool.workers + 1 < threads ? pool.workers + 1 : threads;
 }
 
-void fd_parallel_for(Py_ssize_t tasks, int threads, fd_task_fn fn, void *ctx)
+/* Runs the job on `threads` threads (the caller holds `submit`). */
+static void run_job(Py_ssize_t tasks, int threads, fd_task_fn fn, void *ctx)
 {
-    if (tasks <= 0) return;
-    if (threads <= 1 || tasks == 1 || tasks >= INVALID_INDEX || pthread_mutex_trylock(&pool.submit) != 0) {
-        for (Py_ssize_t i = 0; i < tasks; i++) fn(ctx, i, 0);
-        return;
-    }
     threads = ensure_workers(threads);
     const uint32_t generation = atomic_load(&pool.generation) + 1;
     atomic_store(&pool.fn, fn);
@@ -160,12 +162,60 @@ void fd_parallel_for(Py_ssize_t tasks, int threads, fd_task_fn fn, void *ctx)
     /* then for the indices other threads claimed */
     wait_until(&pool.done, (uint32_t)tasks, 1, &pool.caller_sleeping);
     atomic_store(&pool.claim, ((uint64_t)generation << 32) | INVALID_INDEX);
+}
+
+static void run_inline(Py_ssize_t tasks, fd_task_fn fn, void *ctx)
+{
+    for (Py_ssize_t i = 0; i < tasks; i++) fn(ctx, i, 0);
+}
+
+/* The kind of a loop for thread_adapt.c: its kernel and task count (never 0, a free slot's id). */
+static uint64_t loop_kind(fd_task_fn fn, Py_ssize_t tasks)
+{
+    const uint64_t id = (uint64_t)(uintptr_t)fn * 0x100000001B3ull ^ (uint64_t)tasks;
+    return id ? id : 1;
+}
+
+void fd_parallel_for(Py_ssize_t tasks, int threads, fd_task_fn fn, void *ctx)
+{
+    if (tasks <= 0) return;
+    if (threads <= 1 || tasks == 1 || tasks >= INVALID_INDEX || pthread_mutex_trylock(&pool.submit) != 0) {
+        run_inline(tasks, fn, ctx);
+        return;
+    }
+    if (!atomic_load_explicit(&pool.adaptive, memory_order_relaxed)) {
+        run_job(tasks, threads, fn, ctx);
+    } else {
+        const long start = now_ns();
+        threads = adapt_threads(&pool.adapt, threads);
+        if (threads > 1) run_job(tasks, threads, fn, ctx);
+        else run_inline(tasks, fn, ctx);
+        adapt_record(&pool.adapt, loop_kind(fn, tasks), start, now_ns());
+    }
     pthread_mutex_unlock(&pool.submit);
 }
 
 void fd_set_spin_ns(long nanoseconds) { atomic_store(&pool.spin_ns, nanoseconds < 0 ? 0 : nanoseconds); }
 
 long fd_spin_ns(void) { return atomic_load(&pool.spin_ns); }
+
+void fd_set_adaptive(int on)
+{
+    pthread_mutex_lock(&pool.submit);
+    if (on && !atomic_load(&pool.adaptive)) adapt_init(&pool.adapt); /* measurements start afresh */
+    atomic_store(&pool.adaptive, on != 0);
+    pthread_mutex_unlock(&pool.submit);
+}
+
+void fd_adaptive_state(int *adaptive, int *threads, long *probes, long *switches)
+{
+    pthread_mutex_lock(&pool.submit);
+    *adaptive = atomic_load(&pool.adaptive);
+    *threads = pool.adapt.limit ? adapt_threads(&pool.adapt, pool.adapt.limit) : 0;
+    *probes = pool.adapt.probes;
+    *switches = pool.adapt.switches;
+    pthread_mutex_unlock(&pool.submit);
+}
 
 /* After fork() only the forking thread exists: the child starts a fresh pool when it needs one. */
 static void reset_after_fork(void)

@@ -96,6 +96,25 @@ def test_equal_costs_keep_the_count_asked_for():
     assert np.mean(picked == 2) > 0.95
 
 
+def test_a_probe_stops_at_loops_it_cannot_price():
+    """Decode steps with a prefill now and then (kinds never seen: long loops, nothing to compare
+    with): a probe that meets one returns to the incumbent within a few loops instead of running the
+    rest of its window of the prefill on the slower count."""
+    decode, prefill = 300, 150
+    kinds, costs = [], []
+    for burst in range(60):
+        for i in range(decode):  # two threads faster
+            weight = KIND_WEIGHTS[i % len(KIND_WEIGHTS)]
+            kinds.append(i % len(KIND_WEIGHTS) + 1)
+            costs.append([100e3 * weight, 60e3 * weight])
+        kinds += range(1_000 + burst * prefill, 1_000 + (burst + 1) * prefill)  # 50x longer loops
+        costs += [[5e6, 3e6]] * prefill
+    picked = np.array(native._native.adapt_replay(kinds, costs)).reshape(60, decode + prefill)
+    on_one_thread = (picked[:, decode:] == 1).sum(axis=1)
+    assert on_one_thread.max() <= 16 + 8 + 1  # a probe's warm-up and unpriced loops at most
+    assert on_one_thread.sum() < 0.02 * picked[:, decode:].size
+
+
 def test_replay_checks_its_arguments():
     with pytest.raises(ValueError, match="one entry per loop"):
         native._native.adapt_replay([1, 2], [[1.0]])

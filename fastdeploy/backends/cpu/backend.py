@@ -192,7 +192,11 @@ class CpuBackend(Backend):
         return np.concatenate(parts).astype(self.dtype)
 
     def prepare_batch(self, layout: BatchLayout) -> CpuAttentionMetadata | native.AttentionBatch:
-        return native.attention_batch(layout) if self.native_isa else build_metadata(layout)
+        if not self.native_isa:
+            return build_metadata(layout)
+        if self.adaptive_threads:
+            native.set_step_shape(len(layout.input_ids), len(layout.query_lens))
+        return native.attention_batch(layout)
 
     def embedding(self, token_ids: np.ndarray, table: np.ndarray) -> np.ndarray:
         return table[token_ids]

@@ -122,6 +122,12 @@ def set_adaptive_threads(on: bool) -> None:
     _native.set_adaptive(on)
 
 
+def set_step_shape(tokens: int, sequences: int) -> None:
+    """The forward pass the next kernels belong to: the adaptive thread count compares the cost of a
+    kernel's loops only between passes of one shape."""
+    _native.set_step_shape(tokens << 32 | sequences)
+
+
 def matmul(x: np.ndarray, weight: PackedWeight, isa: str, threads: int) -> np.ndarray:
     """x [tokens, in_features] float32 times the weight's transpose: [tokens, out_features] float32."""
     x = np.ascontiguousarray(x, dtype=np.float32)

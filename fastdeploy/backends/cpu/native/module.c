@@ -23,6 +23,14 @@ static PyObject *native_set_adaptive(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *native_set_step_shape(PyObject *self, PyObject *args)
+{
+    unsigned long long shape;
+    if (!PyArg_ParseTuple(args, "K", &shape)) return NULL;
+    fd_set_step_shape(shape);
+    Py_RETURN_NONE;
+}
+
 static PyObject *native_adaptive_state(PyObject *self, PyObject *noargs)
 {
     int adaptive, threads;
@@ -94,6 +102,8 @@ static PyMethodDef methods[] = {
     {"silu_and_mul", native_silu_and_mul, METH_VARARGS, "silu(gate) * up of [gate | up] rows."},
     {"set_adaptive", native_set_adaptive, METH_VARARGS,
      "set_adaptive(on): whether loops run on the thread count measured fastest lately (at most the one asked for)."},
+    {"set_step_shape", native_set_step_shape, METH_VARARGS,
+     "set_step_shape(shape): what the loops that follow belong to (the adaptive thread count compares like with like)."},
     {"adaptive_state", native_adaptive_state, METH_NOARGS,
      "The adaptive thread count's state: adaptive, threads (of the next loop; 0 before any), probes, switches."},
     {"adapt_replay", native_adapt_replay, METH_VARARGS,

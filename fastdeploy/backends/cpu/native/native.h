@@ -55,6 +55,9 @@ long fd_spin_ns(void);
 /* Whether loops run on the thread count measured fastest lately (at most the count asked for;
  * thread_adapt.c), and its state: on, the threads of the next loop (0 before any), probes, switches. */
 void fd_set_adaptive(int on);
+/* What the loops that follow belong to (e.g. a forward pass's token and sequence counts): loops of
+ * one kernel and task count cost alike only within one shape. */
+void fd_set_step_shape(uint64_t shape);
 void fd_adaptive_state(int *adaptive, int *threads, long *probes, long *switches);
 /* At least `bytes` of 64-byte aligned memory owned by the calling thread (kept for its next call,
  * freed when it exits); NULL when out of memory. */

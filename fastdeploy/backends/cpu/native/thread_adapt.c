@@ -10,8 +10,10 @@
  *
  * How: a loop's cost is the time from the end of the previous loop to its own end (the Python glue
  * between loops included; a gap over ADAPT_IDLE_NS is idleness and not counted). Loops of one kind
- * (the same kernel and task count: a layer's qkv product, its attention...) cost the same from one
- * layer and step to the next, so each kind keeps its recent cost on the incumbent thread count.
+ * (the same kernel, task count and step shape, which the backend sets per forward pass: a layer's
+ * qkv product, its attention...) cost the same from one layer and step to the next, so each kind
+ * keeps its recent cost on the incumbent thread count. A probe that meets loops of unknown cost
+ * (a prefill, a new batch size) stops early: it has nothing to be compared with.
  * Windows of ADAPT_WINDOW loops (after ADAPT_WARMUP uncounted ones, for wake-ups) run on the
  * incumbent, and every `interval` windows one probe window runs on one thread fewer or more; the
  * probe's loops are priced at their kinds' recent incumbent costs, and a count whose probe ran at
@@ -33,6 +35,7 @@
 #define ADAPT_DRIFT 0.2              /* two incumbent windows in a row this much slower: probe soon */
 #define ADAPT_IDLE_NS 5000000L       /* a longer gap between loops is idleness, not glue */
 #define ADAPT_MIN_MATCHED 0.5        /* a probe decides only if this share of its loops had a price */
+#define ADAPT_MAX_UNPRICED 8         /* a probe meeting more loops of unknown cost stops (a prefill) */
 
 void adapt_init(struct thread_adapt *a)
 {
@@ -151,6 +154,15 @@ void adapt_record(struct thread_adapt *a, uint64_t key, long start_ns, long end_
         a->cost += cost;
         a->expected += k->recent;
         a->priced++;
+    } else if (a->probe && a->regions - ADAPT_WARMUP - a->priced > ADAPT_MAX_UNPRICED) {
+        /* new work (a prefill, another batch size): nothing to compare with; back to the incumbent */
+        a->probe = 0;
+        a->confirming = 0;
+        a->regions = 0;
+        a->priced = 0;
+        a->cost = 0;
+        a->expected = 0;
+        return;
     }
     if (a->regions >= ADAPT_WARMUP + ADAPT_WINDOW) end_window(a);
 }

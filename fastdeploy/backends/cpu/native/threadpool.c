@@ -52,6 +52,7 @@ static struct {
     _Atomic uint32_t tasks;
     _Atomic int threads;
     _Atomic int adaptive;
+    _Atomic uint64_t step_shape; /* mixed into loop kinds: the same kernel costs more on more rows */
     struct thread_adapt adapt; /* under `submit` */
 } pool = {.submit = PTHREAD_MUTEX_INITIALIZER, .spin_ns = 100000};
 
@@ -169,10 +170,12 @@ static void run_inline(Py_ssize_t tasks, fd_task_fn fn, void *ctx)
     for (Py_ssize_t i = 0; i < tasks; i++) fn(ctx, i, 0);
 }
 
-/* The kind of a loop for thread_adapt.c: its kernel and task count (never 0, a free slot's id). */
+/* The kind of a loop for thread_adapt.c: its kernel, task count and the step's shape (a product's
+ * tasks are its column panels, whatever its rows). Never 0, a free slot's id. */
 static uint64_t loop_kind(fd_task_fn fn, Py_ssize_t tasks)
 {
-    const uint64_t id = (uint64_t)(uintptr_t)fn * 0x100000001B3ull ^ (uint64_t)tasks;
+    uint64_t id = (uint64_t)(uintptr_t)fn * 0x100000001B3ull ^ (uint64_t)tasks;
+    id = (id ^ atomic_load_explicit(&pool.step_shape, memory_order_relaxed)) * 0x9E3779B97F4A7C15ull;
     return id ? id : 1;
 }
 
@@ -206,6 +209,8 @@ void fd_set_adaptive(int on)
     atomic_store(&pool.adaptive, on != 0);
     pthread_mutex_unlock(&pool.submit);
 }
+
+void fd_set_step_shape(uint64_t shape) { atomic_store_explicit(&pool.step_shape, shape, memory_order_relaxed); }
 
 void fd_adaptive_state(int *adaptive, int *threads, long *probes, long *switches)
 {

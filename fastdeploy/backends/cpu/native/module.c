@@ -103,7 +103,7 @@ static PyMethodDef methods[] = {
     {"set_adaptive", native_set_adaptive, METH_VARARGS,
      "set_adaptive(on): whether loops run on the thread count measured fastest lately (at most the one asked for)."},
     {"set_step_shape", native_set_step_shape, METH_VARARGS,
-     "set_step_shape(shape): what the loops that follow belong to (the adaptive thread count compares like with like)."},
+     "set_step_shape(shape): what the loops that follow belong to (the adaptive count compares like with like)."},
     {"adaptive_state", native_adaptive_state, METH_NOARGS,
      "The adaptive thread count's state: adaptive, threads (of the next loop; 0 before any), probes, switches."},
     {"adapt_replay", native_adapt_replay, METH_VARARGS,

@@ -12,16 +12,19 @@
  * between loops included; a gap over ADAPT_IDLE_NS is idleness and not counted). Loops of one kind
  * (the same kernel, task count and step shape, which the backend sets per forward pass: a layer's
  * qkv product, its attention...) cost the same from one layer and step to the next, so each kind
- * keeps its recent cost on the incumbent thread count. A probe that meets loops of unknown cost
- * (a prefill, a new batch size) stops early: it has nothing to be compared with.
+ * keeps its recent cost on the incumbent thread count.
+ *
  * Windows of ADAPT_WINDOW loops (after ADAPT_WARMUP uncounted ones, for wake-ups) run on the
  * incumbent, and every `interval` windows one probe window runs on one thread fewer or more; the
- * probe's loops are priced at their kinds' recent incumbent costs, and a count whose probe ran at
- * least ADAPT_MARGIN faster twice in a row (one incumbent window between: other processes' load
- * moves the cost of one window by +-20%) becomes the incumbent. A lost probe doubles the interval (quiet machine:
- * 1 window in 65 on the slower count); two incumbent windows in a row ADAPT_DRIFT slower than their
- * loops' recent costs (the load changed) bring the next probe forward. Results never depend on the count (each output
- * element is computed by one task), only the speed does.
+ * probe's loops are priced at their kinds' recent incumbent costs. A count whose probe ran at least
+ * ADAPT_MARGIN faster twice in a row (one incumbent window between: other processes' load moves
+ * the cost of one window by +-20%) becomes the incumbent. A lost probe doubles the interval (quiet
+ * machine: 1 window in 65 on the slower count); two incumbent windows in a row ADAPT_DRIFT slower
+ * than their loops' recent costs (the load changed) bring the next probe forward. A probe that
+ * meets loops of unknown cost (a prefill, a new batch size) stops early: it has nothing to be
+ * compared with.
+ *
+ * Results never depend on the count (each output element is computed by one task), only the speed.
  */
 #include "thread_adapt.h"
 

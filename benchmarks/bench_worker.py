@@ -38,24 +38,34 @@ class FastDeployEngine:
         params = self.params(temperature=0, max_tokens=tokens, ignore_eos=True)
         return self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
 
+    def _adapted(self, result: dict) -> dict:
+        """With the default thread count, also the count the kernels settled on (thread_adapt.c)."""
+        from fastdeploy.backends.cpu import native
+
+        if getattr(self.llm.llm_engine.backend, "adaptive_threads", False):
+            result["adapted_threads"] = native._native.adaptive_state()["threads"]
+        return result
+
     def prefill(self, prompt: list[int]) -> dict:
         start = time.perf_counter()
         self._generate([prompt], 1)
-        return {"seconds": time.perf_counter() - start}
+        return self._adapted({"seconds": time.perf_counter() - start})
 
     def decode(self, prompt: list[int], tokens: int) -> dict:
         (output,) = self._generate([prompt], tokens)
         metrics = output.metrics
-        return {
-            "seconds": metrics.model_execute_time - metrics.first_token_time,
-            "tokens": len(output.outputs.token_ids) - 1,
-        }
+        return self._adapted(
+            {
+                "seconds": metrics.model_execute_time - metrics.first_token_time,
+                "tokens": len(output.outputs.token_ids) - 1,
+            }
+        )
 
     def batch(self, prompts: list[list[int]], tokens: int) -> dict:
         start = time.perf_counter()
         outputs = self._generate(prompts, tokens)
         seconds = time.perf_counter() - start
-        return {"seconds": seconds, "tokens": sum(len(o.outputs.token_ids) for o in outputs)}
+        return self._adapted({"seconds": seconds, "tokens": sum(len(o.outputs.token_ids) for o in outputs)})
 
 
 class LlamaCppEngine:

@@ -95,6 +95,8 @@ class Engine:
     options: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
     process: subprocess.Popen | None = None
+    #: workload -> the thread count the default settled on after each run (adaptive rows only)
+    adapted: dict = field(default_factory=dict)
 
     def start(self, models: dict[str, str], default: str) -> None:
         checkpoint = "gguf" if self.kind == "llama.cpp" else self.checkpoint or default
@@ -198,6 +200,8 @@ def measure(engines: list[Engine], work, workloads: list[str], repeats: int, off
             for engine in engines:
                 result = engine.run(requests_now[workload])
                 rates[workload][engine.label].append(rate(workload, requests_now[workload], result))
+                if "adapted_threads" in result:
+                    engine.adapted.setdefault(workload, []).append(result["adapted_threads"])
         print(f"  repeat {repeat + 1}/{repeats} done", file=sys.stderr, flush=True)
     return rates
 
@@ -239,6 +243,15 @@ def print_table(title: str, rates: dict, peers: list[str], args: argparse.Namesp
                 if peer in by_engine and peer != label and label not in peers
             )
             print(f"    {label:<28} {summary(values)}{ratios}")
+
+
+def print_adapted(engines: list[Engine]) -> None:
+    """The thread count each adaptive row (fastdeploy's default) settled on after each run, then forgets them."""
+    for engine in engines:
+        if engine.adapted:
+            runs = "; ".join(f"{w} {' '.join(map(str, counts))}" for w, counts in engine.adapted.items())
+            print(f"    {engine.label}: thread count after each run (FD_CPU_ADAPTIVE_THREADS): {runs}")
+            engine.adapted.clear()
 
 
 def print_goals(rates: dict, contention: dict | None, startup: dict | None) -> None:
@@ -382,6 +395,7 @@ def run(args: argparse.Namespace, models: dict[str, str], variants: list[Engine]
         print_table(
             f"Throughput ({os.cpu_count()} CPUs{load})", results["rates"], [p.label for p in peers], args
         )
+        print_adapted(engines)
         if not args.skip_contention:
             results["contention"] = contention(args, engines, peers, work, workloads, models)
         if not args.skip_startup:
@@ -412,6 +426,7 @@ def contention(args, engines, peers, work, workloads, models) -> dict:
         for engine in threaded:
             engine.stop()
     print_table("With one more CPU hog beside the engine", rates, [p.label for p in peers], args)
+    print_adapted(rows)
     return rates
 
 

@@ -205,9 +205,8 @@ class CpuBackend(Backend):
         self, x: np.ndarray, weight: np.ndarray | native.PackedWeight, bias: np.ndarray | None = None
     ) -> np.ndarray:
         if isinstance(weight, native.PackedWeight):
-            out = native.matmul(x, weight, self.native_isa, self.threads)
-        else:
-            out = x @ weight
+            return native.matmul(x, weight, self.native_isa, self.threads, bias)
+        out = x @ weight
         if bias is not None:
             out += bias
         return out
@@ -259,6 +258,8 @@ class CpuBackend(Backend):
         eps: float,
         residual: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
+        if self.native_isa:
+            return native.layer_norm(x, weight, bias, eps, residual, self.native_isa, self.threads)
         if residual is not None:
             x = x + residual
         mean = x.mean(axis=-1, keepdims=True, dtype=np.float32)
@@ -269,6 +270,16 @@ class CpuBackend(Backend):
         if bias is not None:
             out += bias
         return out, x
+
+    def quick_gelu(self, x: np.ndarray) -> np.ndarray:
+        if self.native_isa:
+            return native.activation(x, "quick_gelu", self.native_isa, self.threads)
+        return super().quick_gelu(x)
+
+    def gelu(self, x: np.ndarray) -> np.ndarray:
+        if self.native_isa:
+            return native.activation(x, "gelu_erf", self.native_isa, self.threads)
+        return super().gelu(x)
 
     def gelu_tanh(self, x: np.ndarray) -> np.ndarray:
         inner = np.float32(np.sqrt(2.0 / np.pi)) * (x + np.float32(0.044715) * x * x * x)

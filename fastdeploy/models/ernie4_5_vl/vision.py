@@ -9,7 +9,10 @@ Resampler (`Ernie4_5_VLMoeVariableResolutionResamplerModel`): every 4 consecutiv
 2x2 block, in the processor's order) are concatenated and pass an MLP (fc1, exact GELU, fc2,
 LayerNorm); then pairs of frames are concatenated (an image is paired with itself) and pass a
 second such MLP, and a linear projection into the text width with an RMSNorm. The frame pairing
-is done without a concatenation: fc1 of [a | b] is a @ W1[:, :n]^T + b @ W1[:, n:]^T + bias.
+is done without a concatenation: fc1 of [a | b] is a @ W1[:, :n]^T + b @ W1[:, n:]^T + bias, and
+for an image (a = b) it is a @ (W1[:, :n] + W1[:, n:])^T + bias: one product instead of two.
+
+Each residual addition is fused into the LayerNorm that follows it (`layer_norm(..., residual=)`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class _Block:
 @dataclass
 class _MergeMLP:
     fc1_parts: list[Any]
+    fc1_summed: Any  # the parts' weights added: fc1 of the same rows repeated in every part
     fc1_bias: Any
     fc2: _Linear
     norm: tuple[Any, Any]
@@ -93,10 +97,12 @@ class VisionEncoder:
             return backend.from_numpy(host[prefix + ".weight"]), backend.from_numpy(host[prefix + ".bias"])
 
         def merge_mlp(prefix: str, parts: int) -> _MergeMLP:
-            fc1 = np.asarray(host[prefix + ".0.weight"])
+            fc1 = np.asarray(host[prefix + ".0.weight"], dtype=np.float32)
             width = fc1.shape[1] // parts
+            slices = [fc1[:, i * width : (i + 1) * width] for i in range(parts)]
             return _MergeMLP(
-                [backend.linear_weight(fc1[:, i * width : (i + 1) * width]) for i in range(parts)],
+                [backend.linear_weight(part) for part in slices],
+                backend.linear_weight(np.sum(slices, axis=0)) if parts > 1 else None,
                 backend.linear_bias(host[prefix + ".0.bias"]),
                 linear(prefix + ".2"),
                 norm(prefix + ".3"),
@@ -131,8 +137,9 @@ class VisionEncoder:
         positions = ops.from_numpy(np.arange(rows, dtype=np.int64))
         cu_seqlens = np.arange(0, rows + 1, h * w, dtype=np.int64)  # one segment per frame
         x = ops.linear(ops.from_numpy(np.asarray(patches, dtype=np.float32)), self.patch_embed)
+        update = None  # the last block's MLP output, added to x by the next LayerNorm
         for block in self.blocks:
-            normed, _ = ops.layer_norm(x, *block.norm1, self.eps)
+            normed, x = self._add_and_norm(x, update, block.norm1)
             qkv = ops.linear(normed, block.qkv.weight, block.qkv.bias)
             q = qkv[:, : self.hidden].reshape(rows, self.heads, self.head_dim)
             k = qkv[:, self.hidden : 2 * self.hidden].reshape(rows, self.heads, self.head_dim)
@@ -140,21 +147,31 @@ class VisionEncoder:
             q = ops.rotary_embedding(q, positions, cos, sin)
             k = ops.rotary_embedding(k, positions, cos, sin)
             attn = ops.encoder_attention(q, k, v, cu_seqlens, self.scale).reshape(rows, self.hidden)
-            x = x + ops.linear(attn, block.proj.weight, block.proj.bias)
-            normed, _ = ops.layer_norm(x, *block.norm2, self.eps)
-            x = x + ops.linear(
+            normed, x = self._add_and_norm(
+                x, ops.linear(attn, block.proj.weight, block.proj.bias), block.norm2
+            )
+            update = ops.linear(
                 ops.quick_gelu(ops.linear(normed, block.fc1.weight, block.fc1.bias)),
                 block.fc2.weight,
                 block.fc2.bias,
             )
-        x, _ = ops.layer_norm(x, *self.final_norm, self.eps)
+        x, _ = self._add_and_norm(x, update, self.final_norm)
         return self.resample(x, grid_thw)
+
+    def _add_and_norm(self, x: Any, update: Any | None, norm: tuple[Any, Any]) -> tuple[Any, Any]:
+        """(LayerNorm of x + update, x + update); no addition before the first block."""
+        if update is None:
+            return self.backend.layer_norm(x, *norm, self.eps)
+        return self.backend.layer_norm(update, *norm, self.eps, residual=x)
 
     def _merge_mlp(self, mlp: _MergeMLP, parts: list[Any]) -> Any:
         ops = self.backend
-        hidden = ops.linear(parts[0], mlp.fc1_parts[0], mlp.fc1_bias)
-        for part, weight in zip(parts[1:], mlp.fc1_parts[1:], strict=True):
-            hidden = hidden + ops.linear(part, weight)
+        if len(parts) > 1 and all(part is parts[0] for part in parts):
+            hidden = ops.linear(parts[0], mlp.fc1_summed, mlp.fc1_bias)
+        else:
+            hidden = ops.linear(parts[0], mlp.fc1_parts[0], mlp.fc1_bias)
+            for part, weight in zip(parts[1:], mlp.fc1_parts[1:], strict=True):
+                hidden = hidden + ops.linear(part, weight)
         hidden = ops.gelu(hidden)
         hidden = ops.linear(hidden, mlp.fc2.weight, mlp.fc2.bias)
         out, _ = ops.layer_norm(hidden, *mlp.norm, self.eps)

@@ -128,12 +128,26 @@ def set_step_shape(tokens: int, sequences: int) -> None:
     _native.set_step_shape(tokens << 32 | sequences)
 
 
-def matmul(x: np.ndarray, weight: PackedWeight, isa: str, threads: int) -> np.ndarray:
-    """x [tokens, in_features] float32 times the weight's transpose: [tokens, out_features] float32."""
+def matmul(
+    x: np.ndarray, weight: PackedWeight, isa: str, threads: int, bias: np.ndarray | None = None
+) -> np.ndarray:
+    """x [tokens, in_features] float32 times the weight's transpose (+ bias, added as the kernel
+    stores each tile): [tokens, out_features] float32."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty((x.shape[0], weight.out_features), np.float32)
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, np.float32)
     _native.gemm(
-        weight.kind, x, weight.packed, out, x.shape[0], weight.out_features, weight.in_features, isa, threads
+        weight.kind,
+        x,
+        weight.packed,
+        out,
+        x.shape[0],
+        weight.out_features,
+        weight.in_features,
+        isa,
+        threads,
+        bias,
     )
     return out
 
@@ -241,6 +255,42 @@ def rms_norm(
         x, residual, weight, eps, out, total if residual is not None else None, *x.shape, isa, threads
     )
     return out, total
+
+
+def layer_norm(
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    eps: float,
+    residual: np.ndarray | None,
+    isa: str,
+    threads: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`Backend.layer_norm`: (normed, x + residual) row by row."""
+    x = np.ascontiguousarray(x, np.float32)
+    weight = np.ascontiguousarray(weight, np.float32)
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, np.float32)
+    out = np.empty_like(x)
+    total = x
+    if residual is not None:
+        residual = np.ascontiguousarray(residual, np.float32)
+        total = np.empty_like(x)
+    _native.layer_norm(
+        x, residual, weight, bias, eps, out, total if residual is not None else None, *x.shape, isa, threads
+    )
+    return out, total
+
+
+def activation(x: np.ndarray, kind: str, isa: str, threads: int) -> np.ndarray:
+    """`Backend.quick_gelu` (kind "quick_gelu") or `Backend.gelu` ("gelu_erf") of a float32 array."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    rows = x.shape[0] if x.ndim > 1 else 1
+    _native.activation(
+        getattr(_native, f"ACT_{kind.upper()}"), x, out, rows, x.size // max(rows, 1), isa, threads
+    )
+    return out
 
 
 def silu_and_mul(x: np.ndarray, isa: str, threads: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 /*
- * The element-wise ops of a decoder layer: Python entry points running the instruction set's row
+ * The element-wise ops of a decoder layer and of a vision encoder: Python entry points running the instruction set's row
  * kernels (row_kernels.h), rows split over threads when there are many.
  */
 #include "native.h"
@@ -13,11 +13,12 @@ struct rows_job {
     void (*fn)(const struct rows_job *job, Py_ssize_t first, Py_ssize_t end);
     const struct row_kernels *kernels;
     Py_ssize_t rows, cols;
-    const float *x, *residual, *weight, *cos, *sin;
+    const float *x, *residual, *weight, *bias, *cos, *sin;
     float *out, *sum_out;
     const int64_t *positions;
     Py_ssize_t heads, half;
     float eps;
+    int activation;
 };
 
 static void rows_task(void *ctx, Py_ssize_t index, int slot)
@@ -41,6 +42,21 @@ static void rms_norm_rows(const struct rows_job *job, Py_ssize_t first, Py_ssize
                                    job->out + r * cols, job->sum_out ? job->sum_out + r * cols : NULL, cols, job->eps);
 }
 
+static void layer_norm_rows(const struct rows_job *job, Py_ssize_t first, Py_ssize_t end)
+{
+    const Py_ssize_t cols = job->cols;
+    for (Py_ssize_t r = first; r < end; r++)
+        job->kernels->layer_norm_row(job->x + r * cols, job->residual ? job->residual + r * cols : NULL, job->weight,
+                                     job->bias, job->out + r * cols, job->sum_out ? job->sum_out + r * cols : NULL,
+                                     cols, job->eps);
+}
+
+static void activation_rows(const struct rows_job *job, Py_ssize_t first, Py_ssize_t end)
+{
+    job->kernels->activation_row[job->activation](job->x + first * job->cols, job->out + first * job->cols,
+                                                  (end - first) * job->cols);
+}
+
 static void silu_mul_rows(const struct rows_job *job, Py_ssize_t first, Py_ssize_t end)
 {
     for (Py_ssize_t r = first; r < end; r++)
@@ -55,35 +71,39 @@ static void rotary_rows(const struct rows_job *job, Py_ssize_t first, Py_ssize_t
                                  job->sin + job->positions[t] * half, job->heads, job->cols, half);
 }
 
-/* rms_norm(x, residual or None, weight, eps, out, sum_out or None, rows, cols, isa, threads) */
-PyObject *native_rms_norm(PyObject *self, PyObject *args)
+/* rms_norm(x, residual or None, weight, eps, out, sum_out or None, rows, cols, isa, threads) and
+ * layer_norm(x, residual or None, weight, bias or None, eps, out, sum_out or None, rows, cols, isa, threads) */
+static PyObject *norm_entry(PyObject *args, int layer)
 {
-    Py_buffer x, weight, out, residual = {0}, sum_out = {0};
-    PyObject *residual_obj, *sum_obj;
+    Py_buffer x, weight, out, residual = {0}, sum_out = {0}, bias = {0};
+    PyObject *residual_obj, *sum_obj, *bias_obj = Py_None;
     Py_ssize_t rows, cols;
     double eps;
     const char *isa;
     int threads;
-    if (!PyArg_ParseTuple(args, "y*Oy*dw*Onnsi", &x, &residual_obj, &weight, &eps, &out, &sum_obj, &rows, &cols,
-                          &isa, &threads))
+    if (layer ? !PyArg_ParseTuple(args, "y*Oy*Odw*Onnsi", &x, &residual_obj, &weight, &bias_obj, &eps, &out,
+                                  &sum_obj, &rows, &cols, &isa, &threads)
+              : !PyArg_ParseTuple(args, "y*Oy*dw*Onnsi", &x, &residual_obj, &weight, &eps, &out, &sum_obj, &rows,
+                                  &cols, &isa, &threads))
         return NULL;
     PyObject *result = NULL;
-    const int with_residual = residual_obj != Py_None;
+    const int with_residual = residual_obj != Py_None, with_bias = bias_obj != Py_None;
     const struct row_kernels *kernels = native_row_kernels(isa);
     if (kernels == NULL) goto done;
-    if (with_residual && (PyObject_GetBuffer(residual_obj, &residual, PyBUF_SIMPLE) < 0 ||
-                          PyObject_GetBuffer(sum_obj, &sum_out, PyBUF_WRITABLE) < 0))
+    if ((with_residual && (PyObject_GetBuffer(residual_obj, &residual, PyBUF_SIMPLE) < 0 ||
+                           PyObject_GetBuffer(sum_obj, &sum_out, PyBUF_WRITABLE) < 0)) ||
+        (with_bias && PyObject_GetBuffer(bias_obj, &bias, PyBUF_SIMPLE) < 0))
         goto done;
-    const Py_ssize_t bytes = rows * cols * (Py_ssize_t)sizeof(float);
-    if (x.len != bytes || out.len != bytes || weight.len != cols * (Py_ssize_t)sizeof(float) ||
+    const Py_ssize_t bytes = rows * cols * (Py_ssize_t)sizeof(float), row_bytes = cols * (Py_ssize_t)sizeof(float);
+    if (x.len != bytes || out.len != bytes || weight.len != row_bytes || (with_bias && bias.len != row_bytes) ||
         (with_residual && (residual.len != bytes || sum_out.len != bytes))) {
-        PyErr_SetString(PyExc_ValueError, "rms_norm: buffer sizes do not match rows x cols");
+        PyErr_Format(PyExc_ValueError, "%s: buffer sizes do not match rows x cols", layer ? "layer_norm" : "rms_norm");
         goto done;
     }
     const struct rows_job job = {
-        .fn = rms_norm_rows, .kernels = kernels, .rows = rows, .cols = cols, .x = x.buf,
-        .residual = with_residual ? residual.buf : NULL, .weight = weight.buf, .out = out.buf,
-        .sum_out = with_residual ? sum_out.buf : NULL, .eps = (float)eps,
+        .fn = layer ? layer_norm_rows : rms_norm_rows, .kernels = kernels, .rows = rows, .cols = cols, .x = x.buf,
+        .residual = with_residual ? residual.buf : NULL, .weight = weight.buf, .bias = with_bias ? bias.buf : NULL,
+        .out = out.buf, .sum_out = with_residual ? sum_out.buf : NULL, .eps = (float)eps,
     };
     Py_BEGIN_ALLOW_THREADS
     run_rows(&job, threads);
@@ -95,6 +115,43 @@ done:
     PyBuffer_Release(&out);
     if (residual.obj) PyBuffer_Release(&residual);
     if (sum_out.obj) PyBuffer_Release(&sum_out);
+    if (bias.obj) PyBuffer_Release(&bias);
+    return result;
+}
+
+PyObject *native_rms_norm(PyObject *self, PyObject *args) { return norm_entry(args, 0); }
+
+PyObject *native_layer_norm(PyObject *self, PyObject *args) { return norm_entry(args, 1); }
+
+/* activation(kind, x, out, rows, cols, isa, threads): out = f(x) element-wise (enum activation) */
+PyObject *native_activation(PyObject *self, PyObject *args)
+{
+    Py_buffer x, out;
+    Py_ssize_t rows, cols;
+    const char *isa;
+    int kind, threads;
+    if (!PyArg_ParseTuple(args, "iy*w*nnsi", &kind, &x, &out, &rows, &cols, &isa, &threads)) return NULL;
+    PyObject *result = NULL;
+    const struct row_kernels *kernels = native_row_kernels(isa);
+    const Py_ssize_t bytes = rows * cols * (Py_ssize_t)sizeof(float);
+    if (kernels == NULL) {
+        /* native_row_kernels set the error */
+    } else if (kind < 0 || kind >= ACTIVATIONS) {
+        PyErr_Format(PyExc_ValueError, "activation: unknown kind %d", kind);
+    } else if (rows < 0 || cols < 0 || x.len != bytes || out.len != bytes) {
+        PyErr_SetString(PyExc_ValueError, "activation: buffer sizes do not match rows x cols");
+    } else {
+        const struct rows_job job = {
+            .fn = activation_rows, .kernels = kernels, .rows = rows, .cols = cols, .x = x.buf, .out = out.buf,
+            .activation = kind,
+        };
+        Py_BEGIN_ALLOW_THREADS
+        run_rows(&job, threads);
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
     return result;
 }
 

@@ -89,8 +89,9 @@ avx512_store(const struct gemm_args *a, const __m512 *acc, Py_ssize_t row0, int 
         const Py_ssize_t start = col0 + i * PANEL;
         const Py_ssize_t valid = a->cols - start < PANEL ? a->cols - start : PANEL;
         const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
+        const __m512 bias = a->bias ? _mm512_maskz_loadu_ps(mask, a->bias + start) : _mm512_setzero_ps();
         for (int r = 0; r < rows; r++)
-            _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + start, mask, acc[r * width + i]);
+            _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + start, mask, _mm512_add_ps(acc[r * width + i], bias));
     }
 }
 
@@ -238,13 +239,16 @@ static inline __attribute__((always_inline)) AVX2_TARGET void
 avx2_store(const struct gemm_args *a, const __m256 *lo, const __m256 *hi, Py_ssize_t row0, int rows, Py_ssize_t col0)
 {
     const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
+    float bias[PANEL] = {0};
+    if (a->bias) memcpy(bias, a->bias + col0, (size_t)valid * sizeof(float));
+    const __m256 bias_lo = _mm256_loadu_ps(bias), bias_hi = _mm256_loadu_ps(bias + 8);
     /* unrolled, so lo[r] and hi[r] are registers rather than an array GCC must keep in memory */
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++) {
         float *dst = a->out + (row0 + r) * a->cols + col0;
         float tmp[PANEL];
-        _mm256_storeu_ps(tmp, lo[r]);
-        _mm256_storeu_ps(tmp + 8, hi[r]);
+        _mm256_storeu_ps(tmp, _mm256_add_ps(lo[r], bias_lo));
+        _mm256_storeu_ps(tmp + 8, _mm256_add_ps(hi[r], bias_hi));
         memcpy(dst, tmp, (size_t)valid * sizeof(float));
     }
 }
@@ -373,19 +377,24 @@ static void gemm_task(void *ctx, Py_ssize_t pair, int slot)
     (void)slot;
 }
 
-/* gemm(kind, x, packed, out, rows, cols, depth, isa, threads) */
+/* gemm(kind, x, packed, out, rows, cols, depth, isa, threads[, bias or None]) */
 PyObject *native_gemm(PyObject *self, PyObject *args)
 {
     int kind, threads;
-    Py_buffer x, packed, out;
+    Py_buffer x, packed, out, bias = {0};
+    PyObject *bias_obj = Py_None;
     Py_ssize_t rows, cols, depth;
     const char *isa_str;
-    if (!PyArg_ParseTuple(args, "iy*y*w*nnnsi", &kind, &x, &packed, &out, &rows, &cols, &depth, &isa_str,
-                          &threads))
+    if (!PyArg_ParseTuple(args, "iy*y*w*nnnsi|O", &kind, &x, &packed, &out, &rows, &cols, &depth, &isa_str,
+                          &threads, &bias_obj))
         return NULL;
     PyObject *result = NULL;
     const int isa = native_isa_checked(isa_str);
-    if (isa < 0) {
+    if (bias_obj != Py_None && PyObject_GetBuffer(bias_obj, &bias, PyBUF_SIMPLE) < 0) {
+        /* PyObject_GetBuffer set the error */
+    } else if (bias.obj && bias.len != cols * (Py_ssize_t)sizeof(float)) {
+        PyErr_Format(PyExc_ValueError, "bias has %zd bytes, expected cols=%zd float32 values", bias.len, cols);
+    } else if (isa < 0) {
         /* native_isa_checked set the error */
     } else if (kind < KIND_Q4_1 || kind > KIND_Q8_0_I8) {
         PyErr_Format(PyExc_ValueError, "unknown weight kind %d", kind);
@@ -399,7 +408,8 @@ PyObject *native_gemm(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "buffer sizes do not match rows=%zd cols=%zd depth=%zd", rows, cols,
                      depth);
     } else {
-        struct gemm_job job = {{x.buf, packed.buf, out.buf, rows, cols, depth, kind}, (cols + PANEL - 1) / PANEL, isa};
+        struct gemm_job job = {{x.buf, packed.buf, out.buf, rows, cols, depth, kind, bias.obj ? bias.buf : NULL},
+                               (cols + PANEL - 1) / PANEL, isa};
         int failed = 0;
         Py_BEGIN_ALLOW_THREADS
         if (rows > 0 && (kind == KIND_Q4_1_I8 || kind == KIND_Q8_0_I8))
@@ -412,5 +422,6 @@ PyObject *native_gemm(PyObject *self, PyObject *args)
     PyBuffer_Release(&x);
     PyBuffer_Release(&packed);
     PyBuffer_Release(&out);
+    if (bias.obj) PyBuffer_Release(&bias);
     return result;
 }

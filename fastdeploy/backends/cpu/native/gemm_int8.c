@@ -111,7 +111,9 @@ vnni_tile(const struct gemm_args *a, const struct int8_rows *x, const uint8_t *p
     }
     const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
     const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
-    for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + col0, mask, acc[r]);
+    const __m512 bias = a->bias ? _mm512_maskz_loadu_ps(mask, a->bias + col0) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; r++)
+        _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + col0, mask, _mm512_add_ps(acc[r], bias));
 }
 
 #define VNNI_CASE(n) case n: vnni_tile(a, x, panel, row0, n, col0); break;
@@ -203,7 +205,7 @@ avx2_int8_tile(const struct gemm_args *a, const struct int8_rows *x, const uint8
         float tmp[PANEL];
         _mm256_storeu_ps(tmp, acc_lo[r]);
         _mm256_storeu_ps(tmp + 8, acc_hi[r]);
-        memcpy(a->out + (row0 + r) * a->cols + col0, tmp, (size_t)valid * sizeof(float));
+        for (Py_ssize_t c = 0; c < valid; c++) a->out[(row0 + r) * a->cols + col0 + c] = tmp[c] + (a->bias ? a->bias[col0 + c] : 0.0f);
     }
 }
 

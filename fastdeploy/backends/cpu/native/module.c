@@ -98,6 +98,9 @@ static PyMethodDef methods[] = {
     {"encoder_attention", native_encoder_attention, METH_VARARGS,
      "Bidirectional attention within segments, no cache (see encoder_attention.c)."},
     {"rms_norm", native_rms_norm, METH_VARARGS, "RMSNorm of x (+ residual), row by row."},
+    {"layer_norm", native_layer_norm, METH_VARARGS, "LayerNorm of x (+ residual), row by row, optional bias."},
+    {"activation", native_activation, METH_VARARGS,
+     "activation(kind, x, out, rows, cols, isa, threads): ACT_QUICK_GELU or ACT_GELU_ERF element-wise."},
     {"rotary", native_rotary, METH_VARARGS, "Rotate-half rotary embedding of [tokens, heads, head_dim]."},
     {"silu_and_mul", native_silu_and_mul, METH_VARARGS, "silu(gate) * up of [gate | up] rows."},
     {"set_adaptive", native_set_adaptive, METH_VARARGS,
@@ -127,7 +130,9 @@ PyMODINIT_FUNC PyInit__native(void)
     if (PyModule_AddIntConstant(m, "KIND_Q4_1", KIND_Q4_1) < 0 || PyModule_AddIntConstant(m, "KIND_Q8_0", KIND_Q8_0) < 0 ||
         PyModule_AddIntConstant(m, "KIND_F32", KIND_F32) < 0 || PyModule_AddIntConstant(m, "PANEL", PANEL) < 0 ||
         PyModule_AddIntConstant(m, "KIND_Q4_1_I8", KIND_Q4_1_I8) < 0 ||
-        PyModule_AddIntConstant(m, "KIND_Q8_0_I8", KIND_Q8_0_I8) < 0) {
+        PyModule_AddIntConstant(m, "KIND_Q8_0_I8", KIND_Q8_0_I8) < 0 ||
+        PyModule_AddIntConstant(m, "ACT_QUICK_GELU", ACT_QUICK_GELU) < 0 ||
+        PyModule_AddIntConstant(m, "ACT_GELU_ERF", ACT_GELU_ERF) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -8,7 +8,7 @@
  *                     row_kernels_avx2.c and row_kernels_avx512.c
  * attention.c         paged causal attention over block tables (entry point)
  * encoder_attention.c bidirectional attention within segments, no cache (vision encoders' entry point)
- * elementwise.c       RMSNorm (+ residual), SiLU-and-mul, rotary embedding (entry points)
+ * elementwise.c       RMSNorm / LayerNorm (+ residual), SiLU-and-mul, GELUs, rotary embedding (entry points)
  * isa.c               which instruction sets this CPU runs
  * threadpool.c        the parallel loops every kernel runs on (why not OpenMP: see there)
  * module.c            the Python module
@@ -101,6 +101,9 @@ enum kv_type { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2, KV_I8 = 3, KV_TYPES = 4 };
     const float *q, float *out, Py_ssize_t tokens, Py_ssize_t row_stride, const float *keys_t,                \
         const float *values, Py_ssize_t padded, Py_ssize_t count, Py_ssize_t head_dim, float scale, float *scratch
 
+/* Element-wise activations of the `activation` entry point (vision encoders' MLPs). */
+enum activation { ACT_QUICK_GELU = 0, ACT_GELU_ERF = 1, ACTIVATIONS = 2 };
+
 /* The attention and element-wise kernels of one instruction set (row_kernels.h). */
 struct row_kernels {
     /* [kv type][head_dim 64, head_dim 128, any head_dim] */
@@ -112,19 +115,23 @@ struct row_kernels {
                        Py_ssize_t head_dim, Py_ssize_t half);
     void (*encoder_attend_d64)(ENCODER_ARGS);
     void (*encoder_attend_any)(ENCODER_ARGS);
+    void (*layer_norm_row)(const float *x, const float *residual, const float *weight, const float *bias, float *out,
+                           float *sum_out, Py_ssize_t cols, float eps);
+    void (*activation_row[ACTIVATIONS])(const float *x, float *out, Py_ssize_t cols);
 };
 extern const struct row_kernels row_kernels_avx2, row_kernels_avx512;
 /* The kernels for an instruction set named by Python, or NULL with a ValueError set. */
 const struct row_kernels *native_row_kernels(const char *isa_name);
 #define PANEL 16 /* output columns per weight panel */
 
-/* Arguments of one product out[m, n] = sum_k x[m, k] * w[n, k] (gemm.c, gemm_int8.c). */
+/* Arguments of one product out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) (gemm.c, gemm_int8.c). */
 struct gemm_args {
     const float *x;
     const uint8_t *packed;
     float *out;
     Py_ssize_t rows, cols, depth;
     int kind;
+    const float *bias; /* NULL: none; else added to each row as the tile is stored */
 };
 /* gemm_int8.c: the product for the KIND_*_I8 layouts, activations quantised to int8 (with the
  * caller's threads; the GIL released); -1 when out of memory. */
@@ -138,6 +145,8 @@ PyObject *native_pack_blocks(PyObject *self, PyObject *args);
 PyObject *native_attention(PyObject *self, PyObject *args);
 PyObject *native_encoder_attention(PyObject *self, PyObject *args);
 PyObject *native_rms_norm(PyObject *self, PyObject *args);
+PyObject *native_layer_norm(PyObject *self, PyObject *args);
+PyObject *native_activation(PyObject *self, PyObject *args);
 PyObject *native_silu_and_mul(PyObject *self, PyObject *args);
 PyObject *native_rotary(PyObject *self, PyObject *args);
 

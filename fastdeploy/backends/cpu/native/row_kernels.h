@@ -120,22 +120,71 @@ encoder_attend(const float *q, float *out, Py_ssize_t tokens, Py_ssize_t row_str
 static void encoder_attend_d64(ENCODER_ARGS) { (void)head_dim; ENCODER_PASS(64); }
 static void encoder_attend_any(ENCODER_ARGS) { ENCODER_PASS(head_dim); }
 
+/* The row a norm reads: x, or x + residual written to `sum_out` when a residual is given. */
+static inline __attribute__((always_inline)) const float *with_residual(const float *x, const float *residual,
+                                                                         float *sum_out, Py_ssize_t cols)
+{
+    if (residual == NULL) return x;
+#pragma omp simd
+    for (Py_ssize_t i = 0; i < cols; i++) sum_out[i] = x[i] + residual[i];
+    return sum_out;
+}
+
 /* RMSNorm of one row of (x + residual); the sum goes to `sum_out` when a residual is given. */
 static void rms_norm_row(const float *x, const float *residual, const float *weight, float *out,
                                 float *sum_out, Py_ssize_t cols, float eps)
 {
-    const float *src = x;
-    if (residual != NULL) {
-#pragma omp simd
-        for (Py_ssize_t i = 0; i < cols; i++) sum_out[i] = x[i] + residual[i];
-        src = sum_out;
-    }
+    const float *src = with_residual(x, residual, sum_out, cols);
     float squares = 0.0f;
 #pragma omp simd reduction(+ : squares)
     for (Py_ssize_t i = 0; i < cols; i++) squares += src[i] * src[i];
     const float scale = 1.0f / sqrtf(squares / (float)cols + eps);
 #pragma omp simd
     for (Py_ssize_t i = 0; i < cols; i++) out[i] = src[i] * scale * weight[i];
+}
+
+/* LayerNorm of one row of (x + residual): the mean, then the variance of the centred row (two
+ * passes, as the numpy path), times weight plus bias (NULL: none). */
+static void layer_norm_row(const float *x, const float *residual, const float *weight, const float *bias,
+                           float *out, float *sum_out, Py_ssize_t cols, float eps)
+{
+    const float *src = with_residual(x, residual, sum_out, cols);
+    float total = 0.0f, squares = 0.0f;
+#pragma omp simd reduction(+ : total)
+    for (Py_ssize_t i = 0; i < cols; i++) total += src[i];
+    const float mean = total / (float)cols;
+#pragma omp simd reduction(+ : squares)
+    for (Py_ssize_t i = 0; i < cols; i++) squares += (src[i] - mean) * (src[i] - mean);
+    const float scale = 1.0f / sqrtf(squares / (float)cols + eps);
+    if (bias == NULL) {
+#pragma omp simd
+        for (Py_ssize_t i = 0; i < cols; i++) out[i] = (src[i] - mean) * scale * weight[i];
+        return;
+    }
+#pragma omp simd
+    for (Py_ssize_t i = 0; i < cols; i++) out[i] = (src[i] - mean) * scale * weight[i] + bias[i];
+}
+
+/* x * sigmoid(1.702 x) (CLIP's quick GELU) of one row. */
+static void quick_gelu_row(const float *x, float *out, Py_ssize_t cols)
+{
+#pragma omp simd
+    for (Py_ssize_t i = 0; i < cols; i++) out[i] = x[i] / (1.0f + exp_f32(-1.702f * x[i]));
+}
+
+/* Exact GELU x * Phi(x) of one row, erf by Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7,
+ * as the numpy path; float32 arithmetic adds ~1e-7). */
+static void gelu_erf_row(const float *x, float *out, Py_ssize_t cols)
+{
+#pragma omp simd
+    for (Py_ssize_t i = 0; i < cols; i++) {
+        const float h = x[i], z = (h < 0.0f ? -h : h) * 0.70710678f;
+        const float t = 1.0f / (1.0f + 0.3275911f * z);
+        const float poly =
+            t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+        const float erf_abs = 1.0f - poly * exp_f32(-z * z);
+        out[i] = 0.5f * h * (1.0f + (h < 0.0f ? -erf_abs : erf_abs));
+    }
 }
 
 /* silu(gate) * up for one row of [gate | up]. */
@@ -174,4 +223,5 @@ const struct row_kernels ROW_KERNELS = {
     },
     rms_norm_row, silu_mul_row, rotary_row,
     encoder_attend_d64, encoder_attend_any,
+    layer_norm_row, {quick_gelu_row, gelu_erf_row},
 };

@@ -7,6 +7,7 @@ CPU has them (AVX2 code runs on AVX-512 machines too).
 
 from __future__ import annotations
 
+import math
 import platform
 
 import numpy as np
@@ -139,6 +140,34 @@ def test_float32_weights_any_shape(isa, rows, depth, tokens):
     x = rng.standard_normal((tokens, depth)).astype(np.float32)
     expected = x.astype(np.float64) @ weight.T.astype(np.float64)
     np.testing.assert_allclose(native.matmul(x, packed, isa, threads=2), expected, rtol=2e-5, atol=1e-4)
+
+
+@requires_native
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_1", "Q8_0 int8"])
+@pytest.mark.parametrize("tokens", [1, 13, 40])
+def test_bias_is_added_as_each_tile_is_stored(isa, weights, tokens):
+    """Every kernel family (float panels, blocks for few and many rows, int8 activations) adds the
+    bias to each row, including the columns of a last, partly filled panel (cols 45)."""
+    type_name, _, activations = weights.partition(" ")
+    rng = np.random.default_rng(tokens)
+    if type_name == "F32":
+        matrix = rng.standard_normal((45, 64)).astype(np.float32)
+        packed = native.pack([matrix])
+    else:
+        tensor = ggml_matrix(type_name, 45, 64, seed=tokens)
+        matrix = reference_dequantized(tensor)
+        packed = native.pack([tensor], activations=activations or "float32")
+    x = rng.standard_normal((tokens, 64)).astype(np.float32)
+    bias = rng.standard_normal(45).astype(np.float32) * 10
+    with_bias = native.matmul(x, packed, isa, threads=2, bias=bias)
+    without = native.matmul(x, packed, isa, threads=2)
+    np.testing.assert_allclose(with_bias, without.astype(np.float64) + bias, rtol=1e-6, atol=1e-5)
+    if not activations:  # int8 activations are checked against float references in test_native_int8
+        expected = x.astype(np.float64) @ matrix.T.astype(np.float64) + bias
+        np.testing.assert_allclose(with_bias, expected, rtol=2e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="bias has 176 bytes, expected cols=45"):
+        native.matmul(x, packed, isa, threads=1, bias=bias[:44])
 
 
 def test_parts_must_share_their_input_size():
@@ -320,3 +349,35 @@ def test_element_wise_ops_on_each_instruction_set(backend_for_isa):
         np.testing.assert_allclose(out[..., :24], first * cos - second * sin, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(out[..., 24:48], second * cos + first * sin, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(out[..., 48:], q[..., 48:])
+
+
+@requires_native
+def test_vision_element_wise_ops_on_each_instruction_set(backend_for_isa):
+    """LayerNorm (with and without residual and bias), quick GELU and exact GELU against float64
+    references (math.erf), on a row width that is no multiple of a vector and rows both below and
+    above the counts at which the kernels split rows over threads."""
+    backend = backend_for_isa
+    rng = np.random.default_rng(8)
+    for rows in (3, 100):
+        x, residual = (rng.standard_normal((2, rows, 203)) * 4 + 1).astype(np.float32)
+        weight, bias = rng.standard_normal((2, 203)).astype(np.float32)
+        for with_residual, with_bias in ((True, True), (False, True), (False, False)):
+            normed, total = backend.layer_norm(
+                x, weight, bias if with_bias else None, 1e-5, residual if with_residual else None
+            )
+            expected_total = x.astype(np.float64) + (residual if with_residual else 0)
+            centred = expected_total - expected_total.mean(axis=-1, keepdims=True)
+            expected = centred / np.sqrt((centred**2).mean(axis=-1, keepdims=True) + 1e-5) * weight
+            if with_bias:
+                expected += bias
+            np.testing.assert_allclose(total, expected_total, rtol=1e-6)
+            np.testing.assert_allclose(normed, expected, rtol=1e-5, atol=1e-5)
+
+        h = x.astype(np.float64)
+        h[0, :6] = [0.0, -0.0, 60.0, -60.0, 1e-7, -3.0]
+        wide = h.astype(np.float32)
+        np.testing.assert_allclose(
+            backend.quick_gelu(wide), h / (1 + np.exp(-1.702 * h)), rtol=1e-6, atol=1e-6
+        )
+        erf = np.vectorize(math.erf)(h / math.sqrt(2.0))
+        np.testing.assert_allclose(backend.gelu(wide), 0.5 * h * (1 + erf), rtol=1e-6, atol=1e-6)

@@ -381,3 +381,18 @@ def test_vision_element_wise_ops_on_each_instruction_set(backend_for_isa):
         )
         erf = np.vectorize(math.erf)(h / math.sqrt(2.0))
         np.testing.assert_allclose(backend.gelu(wide), 0.5 * h * (1 + erf), rtol=1e-6, atol=1e-6)
+
+
+@requires_native
+@pytest.mark.parametrize("head_dim", [64, 40])
+def test_encoder_attention_covers_every_row_group(backend_for_isa, head_dim):
+    """Segments of 1-6 tokens and of 48 + 1..6 (a work item is 48 query rows, taken up to 6 at a time):
+    every partial group of rows the kernels have a case for, on the head_dim-64 and any-head_dim paths."""
+    from fastdeploy.backends.conformance.numpy_reference import segment_attention
+
+    lengths = [1, 2, 3, 4, 5, 6, 49, 50, 51, 52, 53, 54]
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    rng = np.random.default_rng(head_dim)
+    q, k, v = (rng.standard_normal((bounds[-1], 2, head_dim)).astype(np.float32) * 2 for _ in range(3))
+    out = backend_for_isa.encoder_attention(q, k, v, bounds, 0.2)
+    np.testing.assert_allclose(out, segment_attention(q, k, v, list(bounds), 0.2), rtol=1e-5, atol=1e-5)

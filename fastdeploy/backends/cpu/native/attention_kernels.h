@@ -30,7 +30,7 @@ KV_FN(score_block)(const float *q_scaled, int heads_now, const KV_T *keys_t, con
     (void)key_scales;
     if (block_size % ATTN_CHUNK == 0) {
         for (Py_ssize_t c = 0; c < count; c += ATTN_CHUNK) {
-            vecf acc[KERNEL_HEADS][ATTN_CHUNK / LANES] = {{{0}}};
+            vecf acc[ROWS_AT_ONCE][ATTN_CHUNK / LANES] = {{{0}}};
             for (Py_ssize_t d = 0; d < head_dim; d++) {
                 const KV_T *row = keys_t + d * block_size + c;
 #pragma GCC unroll 4
@@ -81,13 +81,13 @@ KV_FN(weighted_values)(const float *probs, int heads_now, Py_ssize_t stride, Py_
     const Py_ssize_t block_values = head_dim * block_size;
     (void)value_scales;
     if (head_dim % LANES == 0 && head_dim / LANES <= MAX_VECTORS_PER_HEAD) {
-        vecf acc[KERNEL_HEADS][MAX_VECTORS_PER_HEAD] = {{{0}}};
+        vecf acc[ROWS_AT_ONCE][MAX_VECTORS_PER_HEAD] = {{{0}}};
         for (Py_ssize_t first = 0; first < visible; first += block_size) {
             const Py_ssize_t block = table[first / block_size] * num_kv_heads + kv_head;
             const KV_T *values = value_cache + block * block_values;
             const Py_ssize_t count = visible - first < block_size ? visible - first : block_size;
             for (Py_ssize_t j = 0; j < count; j++) {
-                float weight[KERNEL_HEADS];
+                float weight[ROWS_AT_ONCE];
                 for (int h = 0; h < heads_now; h++) {
                     weight[h] = probs[h * stride + first + j];
 #if KV_SCALED

@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-#define ENCODER_TILE 32 /* query tokens of one head of one segment per work item */
+#define ENCODER_TILE 48 /* query tokens of one head of one segment per work item (a multiple of ENCODER_ROWS) */
 #define ENCODER_PAD 64  /* segment lengths round up to this (a multiple of every ATTN_CHUNK) */
 
 struct encoder_item {
@@ -52,7 +52,7 @@ static void attend_task(void *ctx, Py_ssize_t index, int slot)
     struct encoder_job *job = ctx;
     const struct encoder_item *item = &job->items[index];
     const Py_ssize_t head_dim = job->head_dim, row = job->heads * head_dim;
-    float *scratch = fd_thread_scratch((size_t)HEADS_AT_ONCE * (size_t)(2 * head_dim + job->longest) * sizeof(float));
+    float *scratch = fd_thread_scratch((size_t)ENCODER_ROWS_AT_ONCE * (size_t)(2 * head_dim + job->longest) * sizeof(float));
     if (scratch == NULL) {
         job->out_of_memory = 1;
         return;

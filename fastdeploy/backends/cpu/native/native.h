@@ -94,9 +94,13 @@ enum kv_type { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2, KV_I8 = 3, KV_TYPES = 4 };
         Py_ssize_t heads, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float *q_scaled, float *scores, \
         Py_ssize_t stride
 
+/* Up to ENCODER_ROWS_AT_ONCE query rows of one head go through each key and value row together in the
+ * encoder kernels (the row kernels take fewer at once where registers are fewer). */
+#define ENCODER_ROWS_AT_ONCE 6
+
 /* Bidirectional attention of `tokens` query rows of one head over one segment's `count` keys, laid out
  * by encoder_attention.c: keys_t [head_dim][padded], values [padded][head_dim]; q/out rows `row_stride`
- * floats apart; scratch holds 2 * HEADS_AT_ONCE * head_dim + HEADS_AT_ONCE * padded floats. */
+ * floats apart; scratch holds ENCODER_ROWS_AT_ONCE * (2 * head_dim + padded) floats. */
 #define ENCODER_ARGS                                                                                          \
     const float *q, float *out, Py_ssize_t tokens, Py_ssize_t row_stride, const float *keys_t,                \
         const float *values, Py_ssize_t padded, Py_ssize_t count, Py_ssize_t head_dim, float scale, float *scratch

@@ -7,6 +7,8 @@
  *                 GCC splits wider vector types into slow piecewise code
  *   ATTN_CHUNK    positions scored at once (their accumulators stay in registers)
  *   KERNEL_HEADS  query heads that share each key/value row load (<= HEADS_AT_ONCE)
+ *   ENCODER_ROWS  query rows of one head that share each key/value row load in the encoder
+ *                 attention (<= ENCODER_ROWS_AT_ONCE): no cache types to serve, so more registers
  *   LOAD_F16(p), LOAD_BF16(p), LOAD_I8(p)  LANES cached float16 / bfloat16 / int8 values widened
  *                 to float32 (the KV cache's element types, attention_kernels.h)
  * Not a header to include anywhere else.
@@ -19,6 +21,8 @@
 
 typedef float vecf __attribute__((vector_size(LANES * 4), aligned(4))); /* any alignment */
 #define MAX_VECTORS_PER_HEAD (128 / LANES) /* head_dim up to 128 on the vector path */
+/* the most query rows the score and value loops take at once (their accumulator arrays' size) */
+#define ROWS_AT_ONCE (ENCODER_ROWS > KERNEL_HEADS ? ENCODER_ROWS : KERNEL_HEADS)
 
 static inline float bf16_to_f32(uint16_t value)
 {
@@ -79,7 +83,7 @@ static inline __attribute__((always_inline)) void softmax_rows(float *scores, in
 #define KV_SCALED 1
 #include "attention_kernels.h"
 
-/* ENCODER_ARGS (native.h): a vision encoder's attention, no cache, no mask. Up to KERNEL_HEADS query
+/* ENCODER_ARGS (native.h): a vision encoder's attention, no cache, no mask. Up to ENCODER_ROWS query
  * rows of the head take the place of the paged kernels' query heads, so each key and value row
  * load serves them all; the segment is read as one block of `padded` positions. */
 static inline __attribute__((always_inline)) void
@@ -87,30 +91,38 @@ encoder_attend(const float *q, float *out, Py_ssize_t tokens, Py_ssize_t row_str
                const float *values, Py_ssize_t padded, Py_ssize_t count, const Py_ssize_t head_dim, float scale,
                float *scratch)
 {
-    float *q_scaled = scratch, *rows_out = scratch + HEADS_AT_ONCE * head_dim;
-    float *scores = rows_out + HEADS_AT_ONCE * head_dim;
+    float *q_scaled = scratch, *rows_out = scratch + ENCODER_ROWS_AT_ONCE * head_dim;
+    float *scores = rows_out + ENCODER_ROWS_AT_ONCE * head_dim;
     const int64_t table = 0; /* the segment is one "block" of `padded` positions */
-    for (Py_ssize_t t0 = 0; t0 < tokens; t0 += KERNEL_HEADS) {
-        const int n = tokens - t0 < KERNEL_HEADS ? (int)(tokens - t0) : KERNEL_HEADS;
+    for (Py_ssize_t t0 = 0; t0 < tokens; t0 += ENCODER_ROWS) {
+        const int n = tokens - t0 < ENCODER_ROWS ? (int)(tokens - t0) : ENCODER_ROWS;
         for (int r = 0; r < n; r++)
             for (Py_ssize_t d = 0; d < head_dim; d++) q_scaled[r * head_dim + d] = q[(t0 + r) * row_stride + d] * scale;
-#define ENCODER_ROWS(rows)                                                                                   \
-    score_block_f32(q_scaled, rows, keys_t, NULL, padded, count, head_dim, scores, padded);                  \
-    softmax_rows(scores, rows, padded, count);                                                               \
-    weighted_values_f32(scores, rows, padded, count, values, NULL, &table, padded, 1, 0, head_dim, rows_out)
+#define ENCODER_ROWS_CASE(rows)                                                                             \
+    case rows:                                                                                               \
+        score_block_f32(q_scaled, rows, keys_t, NULL, padded, count, head_dim, scores, padded);              \
+        softmax_rows(scores, rows, padded, count);                                                           \
+        weighted_values_f32(scores, rows, padded, count, values, NULL, &table, padded, 1, 0, head_dim, rows_out); \
+        break;
         switch (n) {
-        case 1: ENCODER_ROWS(1); break;
-#if KERNEL_HEADS >= 2
-        case 2: ENCODER_ROWS(2); break;
+            ENCODER_ROWS_CASE(1)
+#if ENCODER_ROWS >= 2
+            ENCODER_ROWS_CASE(2)
 #endif
-#if KERNEL_HEADS >= 3
-        case 3: ENCODER_ROWS(3); break;
+#if ENCODER_ROWS >= 3
+            ENCODER_ROWS_CASE(3)
 #endif
-#if KERNEL_HEADS >= 4
-        case 4: ENCODER_ROWS(4); break;
+#if ENCODER_ROWS >= 4
+            ENCODER_ROWS_CASE(4)
+#endif
+#if ENCODER_ROWS >= 5
+            ENCODER_ROWS_CASE(5)
+#endif
+#if ENCODER_ROWS >= 6
+            ENCODER_ROWS_CASE(6)
 #endif
         }
-#undef ENCODER_ROWS
+#undef ENCODER_ROWS_CASE
         for (int r = 0; r < n; r++)
             memcpy(out + (t0 + r) * row_stride, rows_out + r * head_dim, (size_t)head_dim * sizeof(float));
     }

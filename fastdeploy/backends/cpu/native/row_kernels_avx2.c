@@ -3,6 +3,7 @@
 #define ROW_KERNELS row_kernels_avx2
 #define LANES 8
 #define ATTN_CHUNK 32
+#define ENCODER_ROWS 2
 #define KERNEL_HEADS 2
 #define LOAD_F16(p) ((vecf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
 #define LOAD_BF16(p) \

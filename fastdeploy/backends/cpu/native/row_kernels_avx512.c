@@ -3,6 +3,7 @@
 #define ROW_KERNELS row_kernels_avx512
 #define LANES 16
 #define ATTN_CHUNK 64
+#define ENCODER_ROWS 6
 #define KERNEL_HEADS 4
 #define LOAD_F16(p) ((vecf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p))))
 #define LOAD_BF16(p) \

@@ -141,11 +141,11 @@ class VisionEncoder:
         for block in self.blocks:
             normed, x = self._add_and_norm(x, update, block.norm1)
             qkv = ops.linear(normed, block.qkv.weight, block.qkv.bias)
-            q = qkv[:, : self.hidden].reshape(rows, self.heads, self.head_dim)
-            k = qkv[:, self.hidden : 2 * self.hidden].reshape(rows, self.heads, self.head_dim)
+            # q's and k's heads side by side: one rotary pass over both
+            qk = qkv[:, : 2 * self.hidden].reshape(rows, 2 * self.heads, self.head_dim)
+            qk = ops.rotary_embedding(qk, positions, cos, sin)
+            q, k = qk[:, : self.heads], qk[:, self.heads :]
             v = qkv[:, 2 * self.hidden :].reshape(rows, self.heads, self.head_dim)
-            q = ops.rotary_embedding(q, positions, cos, sin)
-            k = ops.rotary_embedding(k, positions, cos, sin)
             attn = ops.encoder_attention(q, k, v, cu_seqlens, self.scale).reshape(rows, self.hidden)
             normed, x = self._add_and_norm(
                 x, ops.linear(attn, block.proj.weight, block.proj.bias), block.norm2

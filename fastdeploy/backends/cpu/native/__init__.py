@@ -244,17 +244,7 @@ def rms_norm(
     x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None, isa: str, threads: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """`Backend.rms_norm`: (normed, x + residual) row by row."""
-    x = np.ascontiguousarray(x, np.float32)
-    weight = np.ascontiguousarray(weight, np.float32)
-    out = np.empty_like(x)
-    total = x
-    if residual is not None:
-        residual = np.ascontiguousarray(residual, np.float32)
-        total = np.empty_like(x)
-    _native.rms_norm(
-        x, residual, weight, eps, out, total if residual is not None else None, *x.shape, isa, threads
-    )
-    return out, total
+    return _norm(_native.rms_norm, (), x, weight, eps, residual, isa, threads)
 
 
 def layer_norm(
@@ -267,17 +257,30 @@ def layer_norm(
     threads: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`Backend.layer_norm`: (normed, x + residual) row by row."""
+    bias = None if bias is None else np.ascontiguousarray(bias, np.float32)
+    return _norm(_native.layer_norm, (bias,), x, weight, eps, residual, isa, threads)
+
+
+def _norm(
+    entry: object,
+    extra: tuple,
+    x: np.ndarray,
+    weight: np.ndarray,
+    eps: float,
+    residual: np.ndarray | None,
+    isa: str,
+    threads: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A norm entry point's (normed, x + residual); `extra` are its arguments after the weight."""
     x = np.ascontiguousarray(x, np.float32)
     weight = np.ascontiguousarray(weight, np.float32)
-    if bias is not None:
-        bias = np.ascontiguousarray(bias, np.float32)
     out = np.empty_like(x)
     total = x
     if residual is not None:
         residual = np.ascontiguousarray(residual, np.float32)
         total = np.empty_like(x)
-    _native.layer_norm(
-        x, residual, weight, bias, eps, out, total if residual is not None else None, *x.shape, isa, threads
+    entry(
+        x, residual, weight, *extra, eps, out, total if residual is not None else None, *x.shape, isa, threads
     )
     return out, total
 

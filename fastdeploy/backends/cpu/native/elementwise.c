@@ -123,6 +123,28 @@ PyObject *native_rms_norm(PyObject *self, PyObject *args) { return norm_entry(ar
 
 PyObject *native_layer_norm(PyObject *self, PyObject *args) { return norm_entry(args, 1); }
 
+/* Runs `job` from x into out once their sizes are checked, then releases both buffers. */
+static PyObject *run_x_to_out(struct rows_job *job, Py_buffer *x, Py_buffer *out, Py_ssize_t x_bytes,
+                              Py_ssize_t out_bytes, const char *name, int threads)
+{
+    PyObject *result = NULL;
+    if (job->kernels == NULL || PyErr_Occurred()) {
+        /* native_row_kernels or the caller set the error */
+    } else if (job->rows < 0 || x->len != x_bytes || out->len != out_bytes) {
+        PyErr_Format(PyExc_ValueError, "%s: buffer sizes do not match the shape", name);
+    } else {
+        job->x = x->buf;
+        job->out = out->buf;
+        Py_BEGIN_ALLOW_THREADS
+        run_rows(job, threads);
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(x);
+    PyBuffer_Release(out);
+    return result;
+}
+
 /* activation(kind, x, out, rows, cols, isa, threads): out = f(x) element-wise (enum activation) */
 PyObject *native_activation(PyObject *self, PyObject *args)
 {
@@ -131,28 +153,12 @@ PyObject *native_activation(PyObject *self, PyObject *args)
     const char *isa;
     int kind, threads;
     if (!PyArg_ParseTuple(args, "iy*w*nnsi", &kind, &x, &out, &rows, &cols, &isa, &threads)) return NULL;
-    PyObject *result = NULL;
-    const struct row_kernels *kernels = native_row_kernels(isa);
-    const Py_ssize_t bytes = rows * cols * (Py_ssize_t)sizeof(float);
-    if (kernels == NULL) {
-        /* native_row_kernels set the error */
-    } else if (kind < 0 || kind >= ACTIVATIONS) {
+    struct rows_job job = {.fn = activation_rows, .kernels = native_row_kernels(isa), .rows = rows, .cols = cols,
+                           .activation = kind};
+    if (job.kernels != NULL && (kind < 0 || kind >= ACTIVATIONS))
         PyErr_Format(PyExc_ValueError, "activation: unknown kind %d", kind);
-    } else if (rows < 0 || cols < 0 || x.len != bytes || out.len != bytes) {
-        PyErr_SetString(PyExc_ValueError, "activation: buffer sizes do not match rows x cols");
-    } else {
-        const struct rows_job job = {
-            .fn = activation_rows, .kernels = kernels, .rows = rows, .cols = cols, .x = x.buf, .out = out.buf,
-            .activation = kind,
-        };
-        Py_BEGIN_ALLOW_THREADS
-        run_rows(&job, threads);
-        Py_END_ALLOW_THREADS
-        result = Py_NewRef(Py_None);
-    }
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&out);
-    return result;
+    const Py_ssize_t bytes = rows * cols * (Py_ssize_t)sizeof(float);
+    return run_x_to_out(&job, &x, &out, bytes, bytes, "activation", threads);
 }
 
 /* silu_and_mul(x, out, rows, half, isa, threads): x [rows, 2*half] -> out [rows, half] */
@@ -163,24 +169,9 @@ PyObject *native_silu_and_mul(PyObject *self, PyObject *args)
     const char *isa;
     int threads;
     if (!PyArg_ParseTuple(args, "y*w*nnsi", &x, &out, &rows, &half, &isa, &threads)) return NULL;
-    PyObject *result = NULL;
-    const struct row_kernels *kernels = native_row_kernels(isa);
-    if (kernels == NULL) {
-        /* native_row_kernels set the error */
-    } else if (x.len != 2 * rows * half * (Py_ssize_t)sizeof(float) || out.len != rows * half * (Py_ssize_t)sizeof(float)) {
-        PyErr_SetString(PyExc_ValueError, "silu_and_mul: buffer sizes do not match rows x half");
-    } else {
-        const struct rows_job job = {
-            .fn = silu_mul_rows, .kernels = kernels, .rows = rows, .x = x.buf, .out = out.buf, .half = half,
-        };
-        Py_BEGIN_ALLOW_THREADS
-        run_rows(&job, threads);
-        Py_END_ALLOW_THREADS
-        result = Py_NewRef(Py_None);
-    }
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&out);
-    return result;
+    struct rows_job job = {.fn = silu_mul_rows, .kernels = native_row_kernels(isa), .rows = rows, .half = half};
+    const Py_ssize_t bytes = rows * half * (Py_ssize_t)sizeof(float);
+    return run_x_to_out(&job, &x, &out, 2 * bytes, bytes, "silu_and_mul", threads);
 }
 
 /* rotary(x, positions, cos, sin, out, tokens, heads, head_dim, half, isa, threads) */

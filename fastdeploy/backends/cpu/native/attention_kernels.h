@@ -48,6 +48,10 @@ KV_FN(score_block)(const float *q_scaled, int heads_now, const KV_T *keys_t, con
 #endif
             const Py_ssize_t n = count - c < ATTN_CHUNK ? count - c : ATTN_CHUNK;
             for (int h = 0; h < heads_now; h++) {
+                if (n == ATTN_CHUNK) { /* a whole chunk: plain vector stores (a variable-length memcpy is a call) */
+                    memcpy(scores + h * stride + c, acc[h], sizeof(acc[h]));
+                    continue;
+                }
                 float chunk[ATTN_CHUNK];
                 memcpy(chunk, acc[h], sizeof(chunk));
                 memcpy(scores + h * stride + c, chunk, (size_t)n * sizeof(float));

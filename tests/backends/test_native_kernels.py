@@ -129,9 +129,10 @@ def test_parts_without_a_block_kernel_are_packed_as_float32(parts):
 @requires_native
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize(("rows", "depth"), [(40, 50), (70, 33), (32, 7)])
-@pytest.mark.parametrize("tokens", [1, 16, 29])
+@pytest.mark.parametrize("tokens", [1, 16, 29, 1030])
 def test_float32_weights_any_shape(isa, rows, depth, tokens):
-    """Float weights need no block-aligned depth; columns are padded to whole panel pairs."""
+    """Float weights need no block-aligned depth; columns are padded to whole panel pairs; row counts
+    from one to a vision encoder's (1030: many full row tiles, AVX-512's 12 or AVX2's 6, and a partial one)."""
     rng = np.random.default_rng(rows + depth + tokens)
     weight = rng.standard_normal((rows, depth)).astype(np.float32)
     packed = native.pack([weight])

@@ -1,6 +1,6 @@
 /*
- * The element-wise ops of a decoder layer and of a vision encoder: Python entry points running the instruction set's row
- * kernels (row_kernels.h), rows split over threads when there are many.
+ * The element-wise ops of a decoder layer and of a vision encoder: Python entry points running the
+ * instruction set's row kernels (row_kernels.h), rows split over threads when there are many.
  */
 #include "native.h"
 

@@ -29,8 +29,8 @@ struct encoder_job {
 };
 
 /* A segment's key row length in floats: whole chunks, and never a multiple of 1024 floats (4 KiB), where
- * the score loop's head_dim key rows would all fall in one L1 set and evict each other (a 1024-token
- * image ran 25% slower so). */
+ * the score loop's head_dim key rows would all fall in the same few L1 sets (a 1024-token image ran
+ * ~3.5% slower so). */
 static Py_ssize_t padded_length(Py_ssize_t count)
 {
     const Py_ssize_t padded = (count + ENCODER_PAD - 1) / ENCODER_PAD * ENCODER_PAD;

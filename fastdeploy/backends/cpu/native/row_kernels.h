@@ -23,6 +23,7 @@ typedef float vecf __attribute__((vector_size(LANES * 4), aligned(4))); /* any a
 #define MAX_VECTORS_PER_HEAD (128 / LANES) /* head_dim up to 128 on the vector path */
 /* the most query rows the score and value loops take at once (their accumulator arrays' size) */
 #define ROWS_AT_ONCE (ENCODER_ROWS > KERNEL_HEADS ? ENCODER_ROWS : KERNEL_HEADS)
+_Static_assert(KERNEL_HEADS <= HEADS_AT_ONCE && ENCODER_ROWS <= ENCODER_ROWS_AT_ONCE, "scratch sized for fewer rows");
 
 static inline float bf16_to_f32(uint16_t value)
 {

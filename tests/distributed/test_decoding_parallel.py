@@ -8,10 +8,9 @@ as the one-process engine does (tests/engine).
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import tiny_checkpoints as tiny
+from decoding_cases import beam_params, load_references
 
 from fastdeploy import LLM, SamplingParams
 
@@ -40,25 +39,12 @@ def qwen3_tp2(tiny_model_dirs):
 
 @pytest.fixture(scope="module")
 def references() -> dict:
-    data = json.loads((tiny.FIXTURES / "decoding_references.json").read_text(encoding="utf-8"))
-    return data["models"]["qwen3"]
+    return load_references()["qwen3"]
 
 
 def test_beams_over_two_ranks_match_transformers(qwen3_tp2, references):
     cases = references["beam_search"]
-    params = [
-        SamplingParams(
-            use_beam_search=True,
-            temperature=0,
-            n=case["n"],
-            best_of=case["num_beams"],
-            length_penalty=case["length_penalty"],
-            early_stopping=case["early_stopping"],
-            max_tokens=case["max_tokens"],
-            stop_token_ids=[t for t in case["eos_token_ids"] if t != 2],
-        )
-        for case in cases
-    ]
+    params = [beam_params(case, [t for t in case["eos_token_ids"] if t != 2]) for case in cases]
     prompts = [{"prompt_token_ids": case["prompt_token_ids"]} for case in cases]
     outputs = qwen3_tp2.generate(prompts, params, use_tqdm=False)
     for output, case in zip(outputs, cases, strict=True):

@@ -9,12 +9,12 @@ path's third token) so that beams also finish early; it is passed here as `stop_
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import numpy as np
 import pytest
 import tiny_checkpoints as tiny
+from decoding_cases import beam_params, load_references
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.engine.beam_search import BeamSearch
@@ -27,20 +27,7 @@ SCORE_TOLERANCE = 1e-3
 
 @pytest.fixture(scope="module")
 def references() -> dict:
-    return json.loads((tiny.FIXTURES / "decoding_references.json").read_text(encoding="utf-8"))["models"]
-
-
-def beam_params(case: dict, extra_stops: list[int]) -> SamplingParams:
-    return SamplingParams(
-        use_beam_search=True,
-        temperature=0,
-        n=case["n"],
-        best_of=case["num_beams"],
-        length_penalty=case["length_penalty"],
-        early_stopping=case["early_stopping"],
-        max_tokens=case["max_tokens"],
-        stop_token_ids=extra_stops,
-    )
+    return load_references()
 
 
 def assert_beams_match(output, case) -> None:

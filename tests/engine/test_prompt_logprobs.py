@@ -7,10 +7,9 @@ and the tiny ERNIE-4.5 / Qwen checkpoints.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import tiny_checkpoints as tiny
+from decoding_cases import load_references
 
 from fastdeploy import LLM, SamplingParams
 
@@ -19,7 +18,7 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def references() -> dict:
-    return json.loads((tiny.FIXTURES / "decoding_references.json").read_text(encoding="utf-8"))["models"]
+    return load_references()
 
 
 def assert_matches(prompt_logprobs, case, top: int) -> None:

@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import tiny_checkpoints as tiny
-from decoding_cases import beam_params, load_references
+from decoding_cases import beam_params, generate_checking_each_step, load_references
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.engine.beam_search import BeamSearch
@@ -62,19 +62,7 @@ def assert_refcounts_hold(llm: LLM) -> None:
 
 def run_checked(llm: LLM, prompts: list[dict], params: list[SamplingParams]) -> list:
     """`llm.generate`, checking the block reference counts after every engine step."""
-    engine = llm.llm_engine
-    real_step = engine.step
-
-    def checked_step():
-        outputs = real_step()
-        assert_refcounts_hold(llm)
-        return outputs
-
-    engine.step = checked_step
-    try:
-        return llm.generate(prompts, params, use_tqdm=False)
-    finally:
-        del engine.step
+    return generate_checking_each_step(llm, prompts, params, lambda: assert_refcounts_hold(llm))
 
 
 def test_smollm2_beams_match_transformers_and_batch_with_greedy(llm, references, smollm2_reference):

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import tiny_checkpoints as tiny
+from decoding_cases import generate_checking_each_step
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.engine.sequence import Sequence, SequenceStatus
@@ -41,19 +42,12 @@ def checked_generate(llm: LLM, prompts, params) -> list:
     computed tokens (rejected drafts are rolled back) and that every block count is right."""
     engine = llm.llm_engine
     manager = engine.block_manager
-    real_step = engine.step
 
-    def step():
-        outputs = real_step()
+    def check() -> None:
         for seq in engine.scheduler.running:
             assert len(seq.block_table) == manager.blocks_for(seq.num_computed_tokens)
-        return outputs
 
-    engine.step = step
-    try:
-        return llm.generate(prompts, params, use_tqdm=False)
-    finally:
-        del engine.step
+    return generate_checking_each_step(llm, prompts, params, check)
 
 
 @pytest.fixture(scope="module")

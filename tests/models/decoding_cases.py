@@ -4,10 +4,12 @@ tools/make_decoding_references.py from transformers) and the engine parameters t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import tiny_checkpoints as tiny
 
-from fastdeploy import SamplingParams
+from fastdeploy import LLM, SamplingParams
 
 
 def load_references() -> dict:
@@ -28,3 +30,21 @@ def beam_params(case: dict, extra_stops: list[int]) -> SamplingParams:
         max_tokens=case["max_tokens"],
         stop_token_ids=extra_stops,
     )
+
+
+def generate_checking_each_step(llm: LLM, prompts: list, params: Any, check: Callable[[], None]) -> list:
+    """`llm.generate`, calling `check()` after every engine step (the KV bookkeeping invariants of
+    beams and drafts hold between steps, not only at the end)."""
+    engine = llm.llm_engine
+    real_step = engine.step
+
+    def checked_step():
+        outputs = real_step()
+        check()
+        return outputs
+
+    engine.step = checked_step
+    try:
+        return llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        del engine.step

@@ -96,6 +96,27 @@ def test_many_rows_path_equals_few_rows_path_bit_for_bit(isa, type_name):
 
 
 @requires_native
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("rows", range(1, 10))
+def test_few_rows_tiles_equal_the_many_rows_path_bit_for_bit(isa, type_name, rows):
+    """Few rows go through both panels of a pair at once (up to 8 rows with AVX-512, 2 with AVX2),
+    more rows one panel at a time; every row count must give the sums of the dequantised buffer path.
+    90 columns: two full pairs, then a pair whose second panel is partial (10 columns)."""
+    tensor = ggml_matrix(type_name, 90, 192, seed=rows)
+    packed = native.pack([tensor])
+    x = np.random.default_rng(rows).standard_normal((4 * rows, 192)).astype(np.float32)
+    padded = np.concatenate([x, np.zeros((17, 192), np.float32)])  # past one tile of the few-rows kernels
+    many_rows = native.matmul(padded, packed, isa, threads=2)[: 4 * rows]
+    tiles = np.concatenate(
+        [native.matmul(x[i : i + rows], packed, isa, threads=2) for i in range(0, 4 * rows, rows)]
+    )
+    np.testing.assert_array_equal(tiles, many_rows)
+    expected = x.astype(np.float64) @ reference_dequantized(tensor).T.astype(np.float64)
+    np.testing.assert_allclose(tiles, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+
+
+@requires_native
 def test_fused_parts_pack_like_their_stacked_rows():
     q, k = ggml_matrix("Q4_1", 32, 64, 1), ggml_matrix("Q4_1", 16, 64, 2)
     fused = native.pack([q, k])

@@ -32,11 +32,18 @@ class LayerKVCache(NamedTuple):
 
     @property
     def kv_dtype(self) -> str:
-        if self.keys.dtype == np.int8:
-            return "int8"
-        if self.keys.dtype == np.uint16 or self.keys.dtype.name == "bfloat16":
-            return "bfloat16"
-        return self.keys.dtype.name
+        # a dict lookup: asked once per layer per step, and numpy's dtype.name takes microseconds
+        name = _KV_DTYPE_OF_STORAGE.get(self.keys.dtype)
+        return name if name is not None else self.keys.dtype.name  # ml_dtypes' bfloat16: its name
+
+
+#: storage dtype -> kv_cache_dtype (the native kernels keep bfloat16 as raw uint16 bits)
+_KV_DTYPE_OF_STORAGE = {
+    np.dtype(np.float32): "float32",
+    np.dtype(np.float16): "float16",
+    np.dtype(np.uint16): "bfloat16",
+    np.dtype(np.int8): "int8",
+}
 
 
 def _storage_dtype(kv_dtype: str, native: bool) -> np.dtype:

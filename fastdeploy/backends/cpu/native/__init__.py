@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -68,9 +69,9 @@ class PackedWeight:
     in_features: int
     activations: str = "float32"
 
-    @property
+    @cached_property
     def kind(self) -> int:
-        """The extension's weight kind (native.h `enum weight_kind`)."""
+        """The extension's weight kind (native.h `enum weight_kind`); cached: every product asks."""
         suffix = "_I8" if self.activations == "int8" else ""
         return getattr(_native, f"KIND_{self.type_name}{suffix}")
 

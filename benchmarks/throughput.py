@@ -303,6 +303,11 @@ def main() -> None:
     )
     parser.add_argument("--shapes", default="smollm2,1b", help="--device cuda: model shapes to run")
     parser.add_argument(
+        "--stepwise",
+        action="store_true",
+        help="--device cuda: also run the engine with async_scheduling=False (a column of its own)",
+    )
+    parser.add_argument(
         "--variant", action="append", default=[], help="LABEL:KEY=VALUE,... an extra fastdeploy row"
     )
     parser.add_argument(

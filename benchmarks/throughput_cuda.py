@@ -11,7 +11,10 @@ and prints a table with the ratio fastdeploy / transformers (issue 9's targets o
 >= 50x single stream, >= 20x at 256 x 128, >= 1x prefill). transformers runs batched
 `generate` with left padding. Without a CUDA GPU it says why and exits 0.
 
-    python benchmarks/throughput.py --device cuda [--shapes smollm2,1b] [--json FILE]
+    python benchmarks/throughput.py --device cuda [--shapes smollm2,1b] [--stepwise] [--json FILE]
+
+`--stepwise` adds a column: the engine with `async_scheduling=False` (each step reads its tokens
+before the next is scheduled), to show what overlapping the host's work with the GPU's gains.
 """
 
 from __future__ import annotations
@@ -46,11 +49,16 @@ def _prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return rng.integers(300, vocab, (count, length)).tolist()
 
 
-def bench_fastdeploy(directory: str, vocab: int) -> dict[str, float]:
+def bench_fastdeploy(directory: str, vocab: int, async_scheduling: bool | None = None) -> dict[str, float]:
     from fastdeploy import LLM, SamplingParams
 
     llm = LLM(
-        model=directory, device="cuda", dtype="bfloat16", max_model_len=PREFILL[1] + 16, max_num_seqs=256
+        model=directory,
+        device="cuda",
+        dtype="bfloat16",
+        max_model_len=PREFILL[1] + 16,
+        max_num_seqs=256,
+        async_scheduling=async_scheduling,
     )
     figures = {}
 
@@ -131,16 +139,24 @@ def main(args: argparse.Namespace) -> int:
             checkpoints.make_checkpoint(directory, "llama", shape)
             vocab = checkpoints.SHAPES[shape]["vocab_size"]
             ours = bench_fastdeploy(directory, vocab)
-            gc.collect()  # frees the engine's weights and KV cache before transformers loads
+            gc.collect()  # frees the engine's weights and KV cache before the next one loads
+            stepwise = bench_fastdeploy(directory, vocab, async_scheduling=False) if args.stepwise else None
+            gc.collect()
             peer = None if args.skip_peer else bench_transformers(directory, vocab)
         report[shape] = {"fastdeploy": ours, "transformers": peer}
+        if stepwise:
+            report[shape]["fastdeploy_stepwise"] = stepwise
         print(f"\n{shape}-shaped Llama, bfloat16, random weights")
-        print(f"{'benchmark':<46} {'fastdeploy':>11} {'transformers':>13} {'ratio':>8} {'target':>7}")
+        step_header = f" {'stepwise':>9}" if stepwise else ""
+        print(
+            f"{'benchmark':<46} {'fastdeploy':>11}{step_header} {'transformers':>13} {'ratio':>8} {'target':>7}"
+        )
         for key, label in labels.items():
+            step = f" {stepwise[key]:9.1f}" if stepwise else ""
             theirs = f"{peer[key]:13.1f}" if peer else f"{'-':>13}"
             ratio = f"{ours[key] / peer[key]:7.2f}x" if peer else f"{'-':>8}"
             target = f">= {TARGETS[key]:g}x" if key in TARGETS else ""
-            print(f"{label:<46} {ours[key]:11.1f} {theirs} {ratio} {target:>7}", flush=True)
+            print(f"{label:<46} {ours[key]:11.1f}{step} {theirs} {ratio} {target:>7}", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(report, handle, indent=2)

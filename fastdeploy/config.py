@@ -148,6 +148,9 @@ class EngineConfig:
     data_parallel_rank: int = 0
     #: run decode steps eagerly instead of replaying captured CUDA graphs (accelerator backends)
     enforce_eager: bool = False
+    #: launch step N+1 before reading step N's tokens (docs/architecture.md, "Async scheduling"):
+    #: None follows the backend (on where passes run beside the host: the cuda backend)
+    async_scheduling: bool | None = None
     #: grammar library for guided decoding: auto (llguidance), llguidance, xgrammar, or off
     guided_decoding_backend: str = "auto"
     #: JSON outputs without optional whitespace between tokens
@@ -198,6 +201,10 @@ class EngineConfig:
             )
         if not isinstance(self.enforce_eager, bool):
             raise InvalidArgumentError(f"enforce_eager must be a bool, got {self.enforce_eager!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise InvalidArgumentError(
+                f"async_scheduling must be a bool or None (the backend's choice), got {self.async_scheduling!r}"
+            )
         if not isinstance(self.enable_prefix_caching, bool):
             raise InvalidArgumentError(
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
@@ -221,6 +228,23 @@ class EngineConfig:
         ):
             raise InvalidArgumentError(f"max_logprobs must be an int >= -1, got {self.max_logprobs!r}")
         self._check_speculative()
+        self._check_async_scheduling()
+
+    def _check_async_scheduling(self) -> None:
+        """async_scheduling=True where each pass's tokens must reach the host before the next
+        pass is built is refused (None then means off)."""
+        if not self.async_scheduling:
+            return
+        if self.speculative_config is not None:
+            raise InvalidArgumentError(
+                "async_scheduling=True cannot be combined with speculative_config: the drafts of "
+                "the next pass are proposed from the tokens of the last one"
+            )
+        if self.runs_in_rank_processes:
+            raise InvalidArgumentError(
+                "async_scheduling=True is not supported when the model runs in rank processes "
+                "(tensor or pipeline parallelism): the ranks send every pass's logits to the engine"
+            )
 
     def _check_speculative(self) -> None:
         """Parse `speculative_config`; the parallel layouts it cannot run with are refused here."""

@@ -96,6 +96,22 @@ def apply_token_bitmask_numpy(logits: np.ndarray, bitmask: np.ndarray, rows: np.
         np.copyto(logits[row], -np.inf, where=~keep)
 
 
+class PendingTokens:
+    """Greedy tokens of a pass on their way to the host (async scheduling, `Backend.greedy_tokens`).
+
+    `device` holds the tokens on the device ([rows] int64): the next pass reads its inputs from
+    there before the host has them. `wait()` blocks until the pass is done and returns the host
+    tokens and the rows `Backend.nonfinite_rows` marks (host bool [rows]).
+    """
+
+    def __init__(self, device: Any, wait: Callable[[], tuple[np.ndarray, np.ndarray]]) -> None:
+        self.device = device
+        self._wait = wait
+
+    def wait(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._wait()
+
+
 class Backend(ABC):
     """A device backend; subclasses are registered through `fastdeploy_device_backends`.
 
@@ -119,6 +135,11 @@ class Backend(ABC):
     #: max_model_len): more tokens per step amortise a step's fixed cost (kernel launches) on
     #: accelerators, fewer keep a host backend's steps short
     default_max_num_batched_tokens: ClassVar[int] = 2048
+    #: passes run on a device queue while the host goes on (an accelerator's stream), so the
+    #: engine schedules and launches step N+1 before it reads step N's tokens (async
+    #: scheduling: `greedy_tokens` and `feed_tokens`); host backends compute as they are called,
+    #: where overlapping gains nothing
+    overlaps_host: ClassVar[bool] = False
 
     @classmethod
     def resolve_default_dtype(cls) -> str:
@@ -426,6 +447,26 @@ class Backend(ABC):
         the device should override it with an on-device max (one value per row crosses).
         """
         return ~np.isfinite(self.to_numpy(logits).max(axis=-1))
+
+    def greedy_tokens(self, logits: Any) -> PendingTokens:
+        """Greedy tokens and broken rows (`argmax_rows`, `nonfinite_rows`) of device logits
+        [rows, vocab], for async scheduling: the tokens stay on the device for the next pass and
+        reach the host without waiting for it. An accelerator starts the copies on its queue
+        and returns at once; this default computes both now."""
+        tokens = np.asarray(self.argmax_rows(logits), dtype=np.int64)
+        nonfinite = np.asarray(self.nonfinite_rows(logits), dtype=bool)
+        return PendingTokens(self.from_numpy(tokens), lambda: (tokens, nonfinite))
+
+    def feed_tokens(
+        self, input_ids: np.ndarray, rows: np.ndarray, pending: PendingTokens, sources: np.ndarray
+    ) -> Any:
+        """Device input ids of a pass whose rows `rows` take tokens a pass still in flight
+        sampled: `input_ids` (host int64, -1 in those rows) with `input_ids[rows[i]]` set to
+        `pending.device[sources[i]]`. An accelerator does this on its queue; this default reads
+        the pending tokens."""
+        ids = np.array(input_ids, dtype=np.int64)
+        ids[rows] = np.asarray(self.to_numpy(pending.device), dtype=np.int64)[sources]
+        return self.from_numpy(ids)
 
     def copy_kv_blocks(self, kv_caches: list[Any], pairs: np.ndarray, block_size: int) -> None:
         """For each row (source, destination) of `pairs` [n, 2] int64, copy every layer's keys and

@@ -46,6 +46,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool
         action="store_true",
         help="run every step eagerly: no CUDA graphs for decode steps (accelerator backends)",
     )
+    parser.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="launch each step before the previous step's tokens are read (default: on where the "
+        "backend runs passes beside the host, the cuda backend)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
@@ -144,6 +151,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "distributed_executor_backend": args.distributed_executor_backend,
         "seed": args.seed,
         "enforce_eager": args.enforce_eager,
+        "async_scheduling": args.async_scheduling,
         "kv_cache_memory": args.kv_cache_memory,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "num_gpu_blocks_override": args.num_gpu_blocks_override,

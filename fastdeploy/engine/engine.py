@@ -15,10 +15,19 @@ from fastdeploy.backends.selection import build_backend_of, select_backend_class
 from fastdeploy.config import EngineConfig
 from fastdeploy.distributed.pipeline import MicroBatchPipeline
 from fastdeploy.distributed.startup import start_executor
+from fastdeploy.engine.async_scheduling import (
+    InFlightPass,
+    drop_placeholders,
+    expect_next_tokens,
+    greedy_without_extras,
+    overlappable,
+    placeholder_feed,
+)
 from fastdeploy.engine.beam_search import BeamSearch, record_beam_rows
 from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.fault_isolation import (
     GUIDED_DECODING_CONFLICT,
+    NONFINITE_LOGITS,
     OUTPUT_PROCESSING,
     FaultIsolation,
     PassResult,
@@ -46,9 +55,9 @@ from fastdeploy.engine.request import (
 from fastdeploy.engine.sampler import BannedTokens, sample
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.scheduler import ScheduledBatch, Scheduler
-from fastdeploy.engine.sequence import Sequence
+from fastdeploy.engine.sequence import Sequence, SequenceStatus
 from fastdeploy.engine.spec_decode.decoder import Verified, build_speculative_decoder
-from fastdeploy.errors import InvalidArgumentError, KVCacheAllocationError
+from fastdeploy.errors import EngineDeadError, InvalidArgumentError, KVCacheAllocationError
 from fastdeploy.input.detokenizer import IncrementalDetokenizer
 from fastdeploy.input.multimodal.options import build_multimodal_processor
 from fastdeploy.input.tokenizer import Tokenizer
@@ -125,17 +134,6 @@ def _device_samplable(params: SamplingParams) -> bool:
     )
 
 
-def _greedy_without_extras(params: SamplingParams) -> bool:
-    """Greedy rows that need nothing but the argmax (which the backend takes on the device)."""
-    return (
-        params.greedy
-        and params.repetition_penalty == 1.0
-        and not params.frequency_penalty
-        and not params.presence_penalty
-        and params.logprobs is None
-    )
-
-
 def _registered(setting: str, name: str | None, registered: dict[str, type]) -> type | None:
     """The class registered under `name` (None when unset); an error listing the names otherwise."""
     if name is None:
@@ -208,6 +206,14 @@ class LLMEngine:
             self.reasoning_parser.reasoning_end_token_ids() if self.reasoning_parser else None,
             config.guided_decoding_disable_any_whitespace,
         )
+        #: steps overlap (`engine/async_scheduling.py`) where passes run beside the host
+        self.async_scheduling = (
+            config.async_scheduling
+            if config.async_scheduling is not None
+            else type(self.backend).overlaps_host and self.spec_decoder is None and self.executor is None
+        )
+        #: the pass launched by the last step whose tokens the host has not read yet
+        self._in_flight: InFlightPass | None = None
         self.requests: dict[str, EngineRequest] = {}
         self._next_seq_id = 0
         self._request_counter = 0
@@ -505,7 +511,11 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         """Whether `step()` has work: requests to run, or pipeline steps still to collect."""
-        return self.scheduler.has_unfinished() or (self.pipeline is not None and self.pipeline.busy)
+        return (
+            self.scheduler.has_unfinished()
+            or self._in_flight is not None
+            or (self.pipeline is not None and self.pipeline.busy)
+        )
 
     # --- stepping ---------------------------------------------------------------------------
     def _bans(self, seqs: list[Sequence], sampling: list[int]) -> list[BannedTokens]:
@@ -541,7 +551,7 @@ class LLMEngine:
         """
         backend = self.backend
         distinct_params = {id(seq.params): seq.params for seq in seqs}.values()  # often one per batch
-        if not bans and all(_greedy_without_extras(params) for params in distinct_params):
+        if not bans and all(greedy_without_extras(params) for params in distinct_params):
             return np.asarray(backend.argmax_rows(logits)).tolist()
         if backend.samples_on_device and not bans and all(_device_samplable(p) for p in distinct_params):
             params = [seq.params for seq in seqs]
@@ -566,10 +576,86 @@ class LLMEngine:
             self.spec_decoder.propose(self.scheduler.running)
         if self.pipeline is not None:
             return self.pipeline.step(self)
-        batch, failed = self.schedule_batch()
+        if not self.async_scheduling:
+            batch, failed = self.schedule_batch()
+            if not batch.seqs:
+                return failed
+            return failed + self.complete_batch(
+                batch, lambda: self.runner.execute(batch), self.runner.execute
+            )
+        return self._async_step()
+
+    def _async_step(self) -> list[RequestOutput]:
+        """Launch this step's pass, then read the last step's tokens (`async_scheduling.py`);
+        a batch that cannot overlap waits for the pass in flight and runs as `step()` runs it."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is not None:
+            expect_next_tokens(flight, self.max_model_len)
+        batch, outputs = self.schedule_batch()
+        if batch.seqs and self._overlappable(batch):
+            try:
+                launched = self._launch(batch, flight)
+            except EngineDeadError:
+                raise
+            except Exception as exc:  # run again below, where fault isolation finds the culprits
+                logger.warning("an overlapped pass failed to launch (%s); running it in step", describe(exc))
+            else:
+                self._in_flight = launched
+                return outputs + (self._land(flight) if flight is not None else [])
+        if flight is not None:
+            outputs += self._land(flight)
+            batch = batch.part(i for i, seq in enumerate(batch.seqs) if not seq.is_finished)
         if not batch.seqs:
-            return failed
-        return failed + self.complete_batch(batch, lambda: self.runner.execute(batch), self.runner.execute)
+            return outputs
+        return outputs + self.complete_batch(batch, lambda: self.runner.execute(batch), self.runner.execute)
+
+    def _overlappable(self, batch: ScheduledBatch) -> bool:
+        distinct_params = {id(seq.params): seq.params for seq in batch.seqs}.values()
+        budget_applies = self.reasoning_parser is not None
+        return all(overlappable(params, budget_applies) for params in distinct_params) and all(
+            seq.extra_inputs is None for seq in batch.seqs
+        )
+
+    def _launch(self, batch: ScheduledBatch, flight: InFlightPass | None) -> InFlightPass:
+        """Queue `batch`'s pass and its greedy tokens on the device; its sequences count the
+        tokens as computed (the next step schedules them on), the host reads them next step."""
+        feed = placeholder_feed(self.backend, batch, flight)
+        logits, sampling, seconds = self.runner.execute(batch, feed)
+        tokens = self.backend.greedy_tokens(logits) if sampling else None
+        for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            seq.num_computed_tokens += count
+        return InFlightPass(batch, [batch.seqs[index] for index in sampling], tokens, seconds)
+
+    def _land(self, flight: InFlightPass) -> list[RequestOutput]:
+        """Read `flight`'s tokens into its sequences, as `complete_batch` does after a pass; rows
+        with broken logits fail their requests, rows of sequences that ended meanwhile are dropped."""
+        drop_placeholders(flight.sampled)
+        tokens, broken = flight.tokens.wait() if flight.tokens is not None else ([], [])
+        faults = {
+            seq.request_id: seq
+            for seq, bad in zip(flight.sampled, broken, strict=True)
+            if bad and seq.request_id in self.requests
+        }
+        outputs = self._fail(
+            [
+                self.fault_isolation.record(
+                    request_id, NONFINITE_LOGITS, "the model produced NaN or infinite logits"
+                )
+                for request_id in faults
+            ]
+        )
+        if faults and len(faults) == len({seq.request_id for seq in flight.sampled}):
+            self.fault_isolation.check_device()  # every request of the pass failed: is the device lost?
+        for seq in flight.batch.seqs:
+            if seq.status is SequenceStatus.RUNNING:
+                seq.forward_time += flight.forward_seconds
+                self.block_manager.register_full_blocks(seq)
+        live = [
+            (seq, (int(token),))
+            for seq, token in zip(flight.sampled, tokens, strict=True)
+            if not seq.is_finished and seq.request_id in self.requests
+        ]
+        return outputs + self._emit([seq for seq, _ in live], [token for _, token in live])
 
     def schedule_batch(self) -> tuple[ScheduledBatch, list[RequestOutput]]:
         """The scheduler's next batch less the requests whose KV blocks could not be allocated,
@@ -591,7 +677,7 @@ class LLMEngine:
         """
         result = self._isolated_pass(batch, forward, forward_part)
         outputs = self._fail(result.faults)
-        batch, sampled, emitted = result.batch, result.sampled, result.tokens
+        batch = result.batch
         beams: list[Sequence] = []
         verified: list[Sequence] = []
         for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):
@@ -606,12 +692,27 @@ class LLMEngine:
                 seq.draft_token_ids = []
             elif seq.beam_search is not None:
                 beams.append(seq)
+        return outputs + self._emit(result.sampled, result.tokens, result.refused, verified, beams)
+
+    def _emit(
+        self,
+        sampled: list[Sequence],
+        emitted: list[tuple[int, ...]],
+        refused: dict[str, str] | None = None,
+        verified: list[Sequence] | None = None,
+        beams: list[Sequence] | None = None,
+    ) -> list[RequestOutput]:
+        """Append each sampled sequence's new tokens (text, stop checks, finishing), advance
+        verified drafts, guided states and beam searches; the outputs of the requests that
+        finished or stream. `refused` requests (request id -> why) fail instead."""
+        refused = refused or {}
         now = time.time()
         touched: dict[str, EngineRequest] = {}
         finishing: set[str] = set()
         broken: list[RequestFault] = []
+        outputs: list[RequestOutput] = []
         for seq, new_tokens in zip(sampled, emitted, strict=True):
-            if seq.request_id in result.refused:
+            if seq.request_id in refused:
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
@@ -631,12 +732,12 @@ class LLMEngine:
                 self.scheduler.finish(seq)
                 finishing.add(seq.request_id)
             touched[seq.request_id] = self.requests[seq.request_id]
-        outputs += self._refuse(result.refused) + self._fail(broken)
-        for seq in verified:  # logprobs of the tokens each verified run took, statistics
+        outputs += self._refuse(refused) + self._fail(broken)
+        for seq in verified or []:  # logprobs of the tokens each verified run took, statistics
             if seq.request_id in self.requests:
                 self.spec_decoder.commit(seq)
         self.guided.advance(sampled)
-        self._advance_beams(beams, touched, finishing)
+        self._advance_beams(beams or [], touched, finishing)
         for request in touched.values():
             if request.request_id not in self.requests:  # failed above (another of its samples)
                 continue

@@ -172,7 +172,7 @@ class FaultIsolation:
             result = PassResult(ScheduledBatch())
             failures = {seq.request_id: failure for seq in batch.seqs}
         if not result.batch.seqs:
-            self._check_device()
+            self.check_device()
         result.faults = [self._fault(request_id, exc) for request_id, exc in failures.items()]
         return result
 
@@ -215,7 +215,7 @@ class FaultIsolation:
             return self.record(request_id, NONFINITE_LOGITS, "the model produced NaN or infinite logits")
         return self.record(request_id, FORWARD_ERROR, f"the forward pass failed: {describe(exc)}")
 
-    def _check_device(self) -> None:
+    def check_device(self) -> None:
         """Raise `EngineDeadError` unless a one-token probe pass still works (when there is a probe)."""
         if self._probe is None:
             return

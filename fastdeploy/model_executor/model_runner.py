@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -140,35 +141,39 @@ class ModelRunner:
         #: captured decode steps (`Backend.decode_graphs`), None when running eagerly
         self.graphs = graphs
 
-    def execute(self, batch: ScheduledBatch) -> tuple[Any, list[int], float]:
+    def execute(
+        self, batch: ScheduledBatch, feed: Callable[[BatchLayout], Any] | None = None
+    ) -> tuple[Any, list[int], float]:
         """(device logits [samplers, vocab] or None, indices of sampling sequences, forward seconds).
 
         Logits stay on the device: the engine samples there when the backend can, and copies
-        them to the host otherwise.
+        them to the host otherwise. `feed`, given, turns the layout into the pass's device input
+        ids (async scheduling: some inputs are tokens still being sampled on the device).
         """
         layout, sampling = build_layout(batch, self.block_size)
         start = time.perf_counter()
-        logits = self.run(layout, extra_model_inputs(batch))
+        input_ids = None if feed is None else feed(layout)
+        logits = self.run(layout, extra_model_inputs(batch), input_ids)
         return logits, sampling, time.perf_counter() - start
 
-    def run(self, layout: BatchLayout, extra: dict[str, Any] | None = None) -> Any:
+    def run(self, layout: BatchLayout, extra: dict[str, Any] | None = None, input_ids: Any = None) -> Any:
         """Device logits of the rows `layout.logits_indices` names (None when it names none, or on
         a pipeline stage that hands its activations on instead).
 
         This is all a worker process of a multi-process model runs per step: the layout is
         host data and travels to the workers as it is. The layout's KV block copies are made
-        first.
+        first. `input_ids` (device), when given, replace `layout.input_ids`.
         """
         if layout.block_copies.size:
             self.backend.copy_kv_blocks(self.kv_caches, layout.block_copies, self.block_size)
         if self.graphs is not None and not extra:  # captured graphs take no extra inputs
-            logits = self.graphs.run(layout)
+            logits = self.graphs.run(layout, input_ids)
             if logits is not None:
                 return logits
         backend = self.backend
         metadata = backend.prepare_batch(layout)
         hidden = self.model.forward(
-            backend.from_numpy(layout.input_ids),
+            backend.from_numpy(layout.input_ids) if input_ids is None else input_ids,
             backend.from_numpy(layout.positions),
             metadata,
             self.kv_caches,

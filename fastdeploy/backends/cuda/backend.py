@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fastdeploy.backends.base import Backend, BackendOptions, BatchLayout, KVCacheSpec
+from fastdeploy.backends.base import Backend, BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
 from fastdeploy.backends.conformance import numpy_reference
 from fastdeploy.backends.cpu.attention import build_metadata
 from fastdeploy.backends.cpu.backend import _available_host_memory
@@ -65,6 +65,7 @@ class TensorBackend(Backend):
     #: "paddle" or "torch"; None: chosen at construction (cuda)
     runtime_name: ClassVar[str | None] = None
     samples_on_device = True
+    overlaps_host = True
 
     def __init__(self, options: BackendOptions, kernels: str | None = None) -> None:
         super().__init__(options)
@@ -323,6 +324,28 @@ class TensorBackend(Backend):
         the logits' own dtype, so only the [rows] result is cast for the host."""
         row_max = self.rt.cast(self.rt.max_rows(logits), "float32")
         return ~np.isfinite(self.rt.to_numpy(row_max))
+
+    def greedy_tokens(self, logits: Any) -> PendingTokens:
+        """The argmax and the row maxima (`nonfinite_rows`) start for the host on the device's
+        queue, behind this pass and ahead of the next one."""
+        rt = self.rt
+        tokens = rt.cast(rt.argmax_rows(logits), "int64")
+        copied = rt.copy_to_host_later([tokens, rt.cast(rt.max_rows(logits), "float32")])
+
+        def wait() -> tuple[np.ndarray, np.ndarray]:
+            ids, maxima = copied()
+            return ids.astype(np.int64), ~np.isfinite(maxima)
+
+        return PendingTokens(tokens, wait)
+
+    def feed_tokens(
+        self, input_ids: np.ndarray, rows: np.ndarray, pending: PendingTokens, sources: np.ndarray
+    ) -> Any:
+        rt = self.rt
+        ids = rt.from_numpy(np.asarray(input_ids, dtype=np.int64))
+        picked = rt.index_select(pending.device, rt.from_numpy(np.asarray(sources, dtype=np.int64)))
+        rt.index_copy_(ids, rt.from_numpy(np.asarray(rows, dtype=np.int64)), picked)
+        return ids
 
     def decode_graphs(
         self, model: Any, kv_caches: list[Any], block_size: int, max_num_seqs: int, max_model_len: int

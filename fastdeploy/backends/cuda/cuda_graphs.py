@@ -88,6 +88,7 @@ class DecodeGraphs:
         self.context_lens = rt.zeros([largest], "int32")
         rows = np.arange(largest, dtype=np.int32)
         self.rows = rt.from_numpy(rows)  # decode i is token row i of sequence i
+        self.rows_int64 = rt.from_numpy(rows.astype(np.int64))  # index_copy_ indices
         self.ones = rt.from_numpy(np.ones(largest, np.int32))
         self.no_tiles = rt.from_numpy(np.zeros(0, np.int32))
         self.graphs: dict[int, tuple[DeviceGraph, Any]] = {}
@@ -164,9 +165,10 @@ class DecodeGraphs:
         ):
             rt.copy_from_host(target, source)
 
-    def run(self, layout: BatchLayout) -> Any | None:
+    def run(self, layout: BatchLayout, input_ids: Any = None) -> Any | None:
         """Logits [n, vocab] of a decode-only step replayed from its bucket's graph, or None
-        when this step must run eagerly (prefill or mixed, or more sequences than any bucket)."""
+        when this step must run eagerly (prefill or mixed, or more sequences than any bucket).
+        `input_ids` (device [n]), when given, replace `layout.input_ids`."""
         if not is_decode_only(layout) or layout.block_tables.shape[1] > self.max_blocks:
             return None
         count = layout.query_lens.size
@@ -174,6 +176,8 @@ class DecodeGraphs:
         if size is None or size not in self.graphs:
             return None
         self._fill(layout)
+        if input_ids is not None:
+            self.backend.rt.index_copy_(self.input_ids, self.rows_int64[:count], input_ids)
         graph, logits = self.graphs[size]
         graph.replay()
         self.replays += 1

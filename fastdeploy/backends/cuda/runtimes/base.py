@@ -60,6 +60,13 @@ class TensorRuntime(ABC):
     def to_numpy(self, tensor: Any) -> np.ndarray:
         """Host copy; float16/bfloat16 come back as float32."""
 
+    def copy_to_host_later(self, tensors: Sequence[Any]) -> Callable[[], list[np.ndarray]]:
+        """Start copying `tensors` to the host without waiting for the work queued before them;
+        the returned function waits for the copies and returns the arrays. This default copies
+        now (a runtime whose transfers wait for the device anyway)."""
+        arrays = [self.to_numpy(tensor) for tensor in tensors]
+        return lambda: arrays
+
     @abstractmethod
     def empty(self, shape: Sequence[int], dtype: str) -> Any: ...
 

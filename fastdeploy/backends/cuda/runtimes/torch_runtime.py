@@ -122,6 +122,11 @@ class TorchGraph(DeviceGraph):
         self.graph.replay()
 
 
+#: host arrays up to this size (a step's token ids, positions, slots, block tables) go to the GPU
+#: through pinned memory without waiting for the GPU: a blocking copy would wait for the pass in
+#: flight and undo async scheduling; larger ones (weights) are copied as they are, blocking
+STAGED_COPY_BYTES = 1 << 20
+
 _DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint8", "bool")
 
 
@@ -167,7 +172,10 @@ class TorchRuntime(TensorRuntime):
             host = self.torch.from_numpy(array.view(np.int16)).view(self.torch.bfloat16)
         else:
             host = self.torch.from_numpy(array)
-        tensor = host.to(self.device, non_blocking=False)
+        if self.on_gpu and host.nbytes <= STAGED_COPY_BYTES:
+            tensor = host.pin_memory().to(self.device, non_blocking=True)
+        else:
+            tensor = host.to(self.device, non_blocking=False)
         if tensor is host:
             tensor = tensor.clone()  # never alias the caller's (perhaps memory-mapped) array
         if dtype is not None and tensor.is_floating_point() and str(tensor.dtype) != f"torch.{dtype}":
@@ -189,7 +197,27 @@ class TorchRuntime(TensorRuntime):
         return self.torch.empty_like(tensor)
 
     def copy_from_host(self, target: Any, array: np.ndarray) -> None:
-        target.copy_(self.torch.from_numpy(np.ascontiguousarray(array)))
+        host = self.torch.from_numpy(np.ascontiguousarray(array))
+        if self.on_gpu and host.nbytes <= STAGED_COPY_BYTES:
+            target.copy_(host.pin_memory(), non_blocking=True)
+        else:
+            target.copy_(host)
+
+    def copy_to_host_later(self, tensors: Sequence[Any]) -> Callable[[], list[np.ndarray]]:
+        if not self.on_gpu:
+            return super().copy_to_host_later(tensors)
+        torch = self.torch
+        hosts = [torch.empty(tuple(t.shape), dtype=t.dtype, pin_memory=True) for t in tensors]
+        for host, tensor in zip(hosts, tensors, strict=True):
+            host.copy_(tensor, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def wait() -> list[np.ndarray]:
+            done.synchronize()
+            return [host.numpy() for host in hosts]
+
+        return wait
 
     def cast(self, tensor: Any, dtype: str) -> Any:
         return tensor.to(self._dtypes[dtype])

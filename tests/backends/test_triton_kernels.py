@@ -48,15 +48,23 @@ def test_fused_add_rms_norm(hidden):
 
 
 @pytest.mark.parametrize(("head_dim", "rotary_dim"), [(64, 64), (24, 16)])
-def test_rotary(head_dim, rotary_dim):
+@pytest.mark.parametrize("heads", [3, 9])
+def test_rotary_reads_heads_in_place_from_a_wider_row(head_dim, rotary_dim, heads):
+    """x is the middle of each row of a fused projection (q or k of qkv), read without a copy."""
     rng = np.random.default_rng(head_dim)
-    x = rng.standard_normal((5, 3, head_dim)).astype(np.float32)
+    width = heads * head_dim
+    rows = rng.standard_normal((5, width + 2 * head_dim + 3)).astype(np.float32)
+    x = rows[:, head_dim : head_dim + width].reshape(5, heads, head_dim)
+    strided = tensor(rows)[:, head_dim : head_dim + width].reshape(5, heads, head_dim)
+    assert strided.stride(0) == rows.shape[1]  # a view, not a copy
     positions = np.array([0, 9, 3, 31, 4], dtype=np.int64)
     inv_freq = 1.0 / 10000 ** (np.arange(0, rotary_dim, 2) / rotary_dim)
     angles = np.outer(np.arange(32), inv_freq)
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-    out = np.empty_like(x)
-    kernels.rotary_embedding(tensor(x), tensor(positions), tensor(cos), tensor(sin), tensor(out))
+    out = np.full((5, heads, head_dim), np.nan, np.float32)
+    kernels.rotary_embedding(
+        strided, tensor(positions), tensor(cos), tensor(sin), tensor(out), strided.stride(0)
+    )
     np.testing.assert_allclose(out, ref.rotary(x, positions, inv_freq), rtol=1e-5, atol=1e-5)
 
 
@@ -70,6 +78,20 @@ def test_store_kv_writes_only_the_given_slots():
     expected_keys[slots], expected_values[slots] = keys, values
     np.testing.assert_array_equal(key_cache, expected_keys)
     np.testing.assert_array_equal(value_cache, expected_values)
+
+
+def test_store_kv_reads_values_in_place_from_a_wider_row():
+    rng = np.random.default_rng(4)
+    keys = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    rows = rng.standard_normal((3, 40)).astype(np.float32)  # [q | k | v] of a fused projection
+    values = tensor(rows)[:, 24:40].reshape(3, 2, 8)
+    key_cache, value_cache = np.zeros((2, 6, 2, 8), np.float32)
+    slots = np.array([4, 1, 2], dtype=np.int64)
+    kernels.store_kv(
+        tensor(keys), values, tensor(key_cache), tensor(value_cache), tensor(slots), values.stride(0)
+    )
+    np.testing.assert_array_equal(key_cache[slots], keys)
+    np.testing.assert_array_equal(value_cache[slots], rows[:, 24:40].reshape(3, 2, 8))
 
 
 def test_store_kv_skips_negative_slots():

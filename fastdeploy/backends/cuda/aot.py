@@ -61,16 +61,21 @@ def _specialisations(dtype: str, shared_memory: int) -> list[Launch]:
             "triton_kernels",
             "_rotary_kernel",
             {"x_ptr": t, "positions_ptr": "*i64", "cos_ptr": t, "sin_ptr": t, "out_ptr": t}
-            | {"num_heads": "i32", "head_dim": "i32", "half": "i32"}
-            | {"HALF_BLOCK": "constexpr", "TAIL_BLOCK": "constexpr"},
-            {"HALF_BLOCK": 64, "TAIL_BLOCK": 0},
+            | {"x_token_stride": "i32", "num_heads": "i32", "head_dim": "i32", "half": "i32"}
+            | {"HEADS_BLOCK": "constexpr", "HALF_BLOCK": "constexpr", "TAIL_BLOCK": "constexpr"},
+            {"HEADS_BLOCK": 32, "HALF_BLOCK": 64, "TAIL_BLOCK": 0},
             {},
         ),
         (
             "triton_kernels",
             "_store_kv_kernel",
             {"key_ptr": t, "value_ptr": t, "key_cache_ptr": t, "value_cache_ptr": t}
-            | {"slot_mapping_ptr": "*i64", "row_size": "i32", "BLOCK": "constexpr"},
+            | {
+                "slot_mapping_ptr": "*i64",
+                "row_size": "i32",
+                "value_token_stride": "i32",
+                "BLOCK": "constexpr",
+            },
             {"BLOCK": 1024},
             {},
         ),

@@ -232,9 +232,9 @@ class TensorBackend(Backend):
     def rotary_embedding(self, x: Any, positions: Any, cos: Any, sin: Any) -> Any:
         if self.launch is None:
             return reference.rotary_embedding(self.rt, x, positions, cos, sin)
-        x = x.contiguous()
-        out = self.rt.empty_like(x)
-        self.launch(self.launch.elementwise.rotary_embedding, x, positions, cos, sin, out)
+        x, token_stride = self.rt.token_rows(x)
+        out = self.rt.empty(list(x.shape), self.rt.dtype_name(x))
+        self.launch(self.launch.elementwise.rotary_embedding, x, positions, cos, sin, out, token_stride)
         return out
 
     def silu_and_mul(self, x: Any) -> Any:
@@ -262,9 +262,10 @@ class TensorBackend(Backend):
         if self.launch is None:
             reference.store_kv(self.rt, k, v, key_cache, value_cache, batch.slot_mapping)
             return reference.paged_attention(self.rt, q, kv_cache, batch.reference, scale)
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q, k = q.contiguous(), k.contiguous()
+        v, value_stride = self.rt.token_rows(v)  # read in place from the qkv projection
         launch = self.launch
-        launch(launch.elementwise.store_kv, k, v, key_cache, value_cache, batch.slot_mapping)
+        launch(launch.elementwise.store_kv, k, v, key_cache, value_cache, batch.slot_mapping, value_stride)
         out = self.rt.empty_like(q)
         common = (batch.block_tables,)
         if batch.num_prefill_tiles:

@@ -71,48 +71,57 @@ def _rotary_kernel(
     cos_ptr,
     sin_ptr,
     out_ptr,
+    x_token_stride,
     num_heads,
     head_dim,
     half,
+    HEADS_BLOCK: tl.constexpr,
     HALF_BLOCK: tl.constexpr,
     TAIL_BLOCK: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
     position = tl.load(positions_ptr + token).to(tl.int64)
     i = tl.arange(0, HALF_BLOCK)
-    mask = i < half
-    cos = tl.load(cos_ptr + position * half + i, mask=mask, other=0.0).to(tl.float32)
-    sin = tl.load(sin_ptr + position * half + i, mask=mask, other=0.0).to(tl.float32)
-    base = (token * num_heads + head) * head_dim
-    first = tl.load(x_ptr + base + i, mask=mask, other=0.0).to(tl.float32)
-    second = tl.load(x_ptr + base + half + i, mask=mask, other=0.0).to(tl.float32)
+    heads = tl.arange(0, HEADS_BLOCK)[:, None]
+    cos = tl.load(cos_ptr + position * half + i, mask=i < half, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + position * half + i, mask=i < half, other=0.0).to(tl.float32)[None, :]
+    mask = (heads < num_heads) & (i[None, :] < half)
+    source = x_ptr + token * x_token_stride + heads * head_dim
+    target = out_ptr + token * num_heads * head_dim + heads * head_dim
+    first = tl.load(source + i[None, :], mask=mask, other=0.0).to(tl.float32)
+    second = tl.load(source + half + i[None, :], mask=mask, other=0.0).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
-    tl.store(out_ptr + base + i, (first * cos - second * sin).to(dtype), mask=mask)
-    tl.store(out_ptr + base + half + i, (second * cos + first * sin).to(dtype), mask=mask)
+    tl.store(target + i[None, :], (first * cos - second * sin).to(dtype), mask=mask)
+    tl.store(target + half + i[None, :], (second * cos + first * sin).to(dtype), mask=mask)
     if TAIL_BLOCK > 0:  # partial rotary: dimensions past 2 * half pass through
-        j = 2 * half + tl.arange(0, TAIL_BLOCK)
-        tail_mask = j < head_dim
-        tl.store(out_ptr + base + j, tl.load(x_ptr + base + j, mask=tail_mask), mask=tail_mask)
+        j = 2 * half + tl.arange(0, TAIL_BLOCK)[None, :]
+        tail_mask = (heads < num_heads) & (j < head_dim)
+        tl.store(target + j, tl.load(source + j, mask=tail_mask), mask=tail_mask)
 
 
-def rotary_embedding(x: Any, positions: Any, cos: Any, sin: Any, out: Any) -> None:
-    """Rotate-half rotary of x [tokens, heads, head_dim] at `positions` into out.
+def rotary_embedding(x: Any, positions: Any, cos: Any, sin: Any, out: Any, x_token_stride: int) -> None:
+    """Rotate-half rotary of x [tokens, heads, head_dim] at `positions` into out (contiguous).
 
+    x's heads and dimensions are dense; its tokens are `x_token_stride` elements apart (q and k
+    are read in place from the fused qkv projection). One program rotates every head of a token.
     cos/sin are [max_positions, rotary_dim / 2] tables; dimensions past rotary_dim are copied.
     """
     tokens, heads, head_dim = x.shape
     half = cos.shape[-1]
     tail = head_dim - 2 * half
-    _rotary_kernel[(tokens, heads)](
+    if tokens == 0:
+        return
+    _rotary_kernel[(tokens,)](
         x,
         positions,
         cos,
         sin,
         out,
+        x_token_stride,
         heads,
         head_dim,
         half,
+        HEADS_BLOCK=triton.next_power_of_2(heads),
         HALF_BLOCK=triton.next_power_of_2(half),
         TAIL_BLOCK=triton.next_power_of_2(tail) if tail > 0 else 0,
     )
@@ -120,7 +129,14 @@ def rotary_embedding(x: Any, positions: Any, cos: Any, sin: Any, out: Any) -> No
 
 @triton.jit
 def _store_kv_kernel(
-    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr, row_size, BLOCK: tl.constexpr
+    key_ptr,
+    value_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    slot_mapping_ptr,
+    row_size,
+    value_token_stride,
+    BLOCK: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -130,16 +146,26 @@ def _store_kv_kernel(
         cols = start + tl.arange(0, BLOCK)
         mask = cols < row_size
         key = tl.load(key_ptr + token * row_size + cols, mask=mask)
-        value = tl.load(value_ptr + token * row_size + cols, mask=mask)
+        value = tl.load(value_ptr + token * value_token_stride + cols, mask=mask)
         tl.store(key_cache_ptr + slot * row_size + cols, key, mask=mask)
         tl.store(value_cache_ptr + slot * row_size + cols, value, mask=mask)
 
 
-def store_kv(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any) -> None:
+def store_kv(
+    key: Any,
+    value: Any,
+    key_cache: Any,
+    value_cache: Any,
+    slot_mapping: Any,
+    value_token_stride: int | None = None,
+) -> None:
     """key/value [tokens, kv_heads, head_dim] into caches [slots, kv_heads, head_dim] at slot_mapping
-    (int64; a negative slot skips its token)."""
+    (int64; a negative slot skips its token). key is contiguous; value's tokens may be
+    `value_token_stride` elements apart (read in place from the fused qkv projection)."""
     tokens = key.shape[0]
     row_size = key.shape[1] * key.shape[2]
+    if tokens == 0:
+        return
     _store_kv_kernel[(tokens,)](
         key,
         value,
@@ -147,6 +173,7 @@ def store_kv(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mappin
         value_cache,
         slot_mapping,
         row_size,
+        row_size if value_token_stride is None else value_token_stride,
         BLOCK=min(triton.next_power_of_2(row_size), 1024),
     )
 

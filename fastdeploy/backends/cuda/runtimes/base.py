@@ -80,6 +80,13 @@ class TensorRuntime(ABC):
     def copy_from_host(self, target: Any, array: np.ndarray) -> None:
         """Overwrite `target` (same shape and dtype) with a host array, in place."""
 
+    def token_rows(self, x: Any) -> tuple[Any, int]:
+        """x [tokens, ...] with dense inner dimensions, and the elements between its tokens: a
+        kernel then reads a slice of a wider row (q, k or v of the fused qkv projection) in
+        place. This default copies into a contiguous tensor."""
+        x = x.contiguous()
+        return x, int(np.prod(x.shape[1:], dtype=np.int64))
+
     @abstractmethod
     def cast(self, tensor: Any, dtype: str) -> Any: ...
 

@@ -219,6 +219,14 @@ class TorchRuntime(TensorRuntime):
 
         return wait
 
+    def token_rows(self, x: Any) -> tuple[Any, int]:
+        expected = 1
+        for dim in range(x.dim() - 1, 0, -1):
+            if x.shape[dim] != 1 and x.stride(dim) != expected:
+                return super().token_rows(x)
+            expected *= x.shape[dim]
+        return x, int(x.stride(0)) if x.shape[0] > 1 else expected
+
     def cast(self, tensor: Any, dtype: str) -> Any:
         return tensor.to(self._dtypes[dtype])
 

@@ -11,7 +11,7 @@ The names are defined where the engine uses them and re-exported here: this modu
 and defines nothing itself.
 """
 
-from fastdeploy.backends.base import Backend, BackendOptions, BatchLayout, KVCacheSpec
+from fastdeploy.backends.base import Backend, BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
 from fastdeploy.backends.conformance import OP_CHECKS, build_backend, check_greedy_generation
 from fastdeploy.config import ModelConfig
 from fastdeploy.distributed.communicator import Communicator, RendezvousInfo
@@ -51,6 +51,7 @@ __all__ = [
     "BackendOptions",
     "BatchLayout",
     "KVCacheSpec",
+    "PendingTokens",
     # models
     "CausalLM",
     "ModelConfig",

@@ -568,8 +568,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one forward pass; return the outputs of requests that finished during it.
 
-        A fault fails only the requests it touches (see `fault_isolation`): their outputs, with
-        `error_code` 500, come back with the others.
+        With async scheduling the pass is launched and the previous step's tokens are read, so
+        outputs come one step after their pass (the first step of a run returns none; keep
+        stepping while `has_unfinished_requests()`). A fault fails only the requests it touches
+        (see `fault_isolation`): their outputs, with `error_code` 500, come back with the others.
         """
         self.fault_isolation.begin_step()
         if self.spec_decoder is not None:

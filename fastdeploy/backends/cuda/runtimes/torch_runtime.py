@@ -11,6 +11,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -168,10 +169,12 @@ class TorchRuntime(TensorRuntime):
 
     def from_numpy(self, array: np.ndarray, dtype: str | None = None) -> Any:
         array = np.ascontiguousarray(array)
-        if array.dtype.name == "bfloat16":  # ml_dtypes bfloat16: same bits as torch.bfloat16
-            host = self.torch.from_numpy(array.view(np.int16)).view(self.torch.bfloat16)
-        else:
-            host = self.torch.from_numpy(array)
+        with warnings.catch_warnings():  # a read-only (memory-mapped) array: it is only read below
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+            if array.dtype.name == "bfloat16":  # ml_dtypes bfloat16: same bits as torch.bfloat16
+                host = self.torch.from_numpy(array.view(np.int16)).view(self.torch.bfloat16)
+            else:
+                host = self.torch.from_numpy(array)
         if self.on_gpu and host.nbytes <= STAGED_COPY_BYTES:
             tensor = host.pin_memory().to(self.device, non_blocking=True)
         else:

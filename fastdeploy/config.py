@@ -230,21 +230,26 @@ class EngineConfig:
         self._check_speculative()
         self._check_async_scheduling()
 
-    def _check_async_scheduling(self) -> None:
-        """async_scheduling=True where each pass's tokens must reach the host before the next
-        pass is built is refused (None then means off)."""
-        if not self.async_scheduling:
-            return
+    def async_scheduling_blocker(self) -> str | None:
+        """Why each pass's tokens must reach the host before the next pass is built here (so
+        steps cannot overlap), or None."""
         if self.speculative_config is not None:
-            raise InvalidArgumentError(
+            return (
                 "async_scheduling=True cannot be combined with speculative_config: the drafts of "
                 "the next pass are proposed from the tokens of the last one"
             )
         if self.runs_in_rank_processes:
-            raise InvalidArgumentError(
+            return (
                 "async_scheduling=True is not supported when the model runs in rank processes "
                 "(tensor or pipeline parallelism): the ranks send every pass's logits to the engine"
             )
+        return None
+
+    def _check_async_scheduling(self) -> None:
+        """async_scheduling=True where steps cannot overlap is refused (None then means off)."""
+        blocker = self.async_scheduling_blocker() if self.async_scheduling else None
+        if blocker is not None:
+            raise InvalidArgumentError(blocker)
 
     def _check_speculative(self) -> None:
         """Parse `speculative_config`; the parallel layouts it cannot run with are refused here."""

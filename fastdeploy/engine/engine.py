@@ -27,7 +27,6 @@ from fastdeploy.engine.beam_search import BeamSearch, record_beam_rows
 from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.fault_isolation import (
     GUIDED_DECODING_CONFLICT,
-    NONFINITE_LOGITS,
     OUTPUT_PROCESSING,
     FaultIsolation,
     PassResult,
@@ -210,7 +209,7 @@ class LLMEngine:
         self.async_scheduling = (
             config.async_scheduling
             if config.async_scheduling is not None
-            else type(self.backend).overlaps_host and self.spec_decoder is None and self.executor is None
+            else type(self.backend).overlaps_host and config.async_scheduling_blocker() is None
         )
         #: the pass launched by the last step whose tokens the host has not read yet
         self._in_flight: InFlightPass | None = None
@@ -634,18 +633,11 @@ class LLMEngine:
         drop_placeholders(flight.sampled)
         tokens, broken = flight.tokens.wait() if flight.tokens is not None else ([], [])
         faults = {
-            seq.request_id: seq
+            seq.request_id
             for seq, bad in zip(flight.sampled, broken, strict=True)
             if bad and seq.request_id in self.requests
         }
-        outputs = self._fail(
-            [
-                self.fault_isolation.record(
-                    request_id, NONFINITE_LOGITS, "the model produced NaN or infinite logits"
-                )
-                for request_id in faults
-            ]
-        )
+        outputs = self._fail([self.fault_isolation.nonfinite(request_id) for request_id in faults])
         if faults and len(faults) == len({seq.request_id for seq in flight.sampled}):
             self.fault_isolation.check_device()  # every request of the pass failed: is the device lost?
         for seq in flight.batch.seqs:

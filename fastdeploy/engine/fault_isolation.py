@@ -212,8 +212,12 @@ class FaultIsolation:
 
     def _fault(self, request_id: str, exc: BaseException) -> RequestFault:
         if isinstance(exc, NonFiniteLogitsError):
-            return self.record(request_id, NONFINITE_LOGITS, "the model produced NaN or infinite logits")
+            return self.nonfinite(request_id)
         return self.record(request_id, FORWARD_ERROR, f"the forward pass failed: {describe(exc)}")
+
+    def nonfinite(self, request_id: str) -> RequestFault:
+        """The fault of a request whose logits row held NaN or +inf, or only -inf."""
+        return self.record(request_id, NONFINITE_LOGITS, "the model produced NaN or infinite logits")
 
     def check_device(self) -> None:
         """Raise `EngineDeadError` unless a one-token probe pass still works (when there is a probe)."""

@@ -323,15 +323,17 @@ class TensorBackend(Backend):
         """Row maxima on the device: one value per row crosses, not the logits (at 256 rows of a
         152k vocabulary the whole copy cost more than the decode step). The maximum is exact in
         the logits' own dtype, so only the [rows] result is cast for the host."""
-        row_max = self.rt.cast(self.rt.max_rows(logits), "float32")
-        return ~np.isfinite(self.rt.to_numpy(row_max))
+        return ~np.isfinite(self.rt.to_numpy(self._row_maxima(logits)))
+
+    def _row_maxima(self, logits: Any) -> Any:
+        return self.rt.cast(self.rt.max_rows(logits), "float32")
 
     def greedy_tokens(self, logits: Any) -> PendingTokens:
         """The argmax and the row maxima (`nonfinite_rows`) start for the host on the device's
         queue, behind this pass and ahead of the next one."""
         rt = self.rt
         tokens = rt.cast(rt.argmax_rows(logits), "int64")
-        copied = rt.copy_to_host_later([tokens, rt.cast(rt.max_rows(logits), "float32")])
+        copied = rt.copy_to_host_later([tokens, self._row_maxima(logits)])
 
         def wait() -> tuple[np.ndarray, np.ndarray]:
             ids, maxima = copied()

@@ -175,10 +175,8 @@ class TorchRuntime(TensorRuntime):
                 host = self.torch.from_numpy(array.view(np.int16)).view(self.torch.bfloat16)
             else:
                 host = self.torch.from_numpy(array)
-        if self.on_gpu and host.nbytes <= STAGED_COPY_BYTES:
-            tensor = host.pin_memory().to(self.device, non_blocking=True)
-        else:
-            tensor = host.to(self.device, non_blocking=False)
+        source, non_blocking = self._staged(host)
+        tensor = source.to(self.device, non_blocking=non_blocking)
         if tensor is host:
             tensor = tensor.clone()  # never alias the caller's (perhaps memory-mapped) array
         if dtype is not None and tensor.is_floating_point() and str(tensor.dtype) != f"torch.{dtype}":
@@ -200,11 +198,15 @@ class TorchRuntime(TensorRuntime):
         return self.torch.empty_like(tensor)
 
     def copy_from_host(self, target: Any, array: np.ndarray) -> None:
-        host = self.torch.from_numpy(np.ascontiguousarray(array))
+        source, non_blocking = self._staged(self.torch.from_numpy(np.ascontiguousarray(array)))
+        target.copy_(source, non_blocking=non_blocking)
+
+    def _staged(self, host: Any) -> tuple[Any, bool]:
+        """(the host tensor to copy to the GPU from, whether the copy may skip waiting for the
+        GPU): small ones through pinned memory (`STAGED_COPY_BYTES`), others as they are."""
         if self.on_gpu and host.nbytes <= STAGED_COPY_BYTES:
-            target.copy_(host.pin_memory(), non_blocking=True)
-        else:
-            target.copy_(host)
+            return host.pin_memory(), True
+        return host, False
 
     def copy_to_host_later(self, tensors: Sequence[Any]) -> Callable[[], list[np.ndarray]]:
         if not self.on_gpu:

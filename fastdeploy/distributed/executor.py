@@ -116,6 +116,8 @@ class DistributedExecutor:
         os.makedirs(self._log_dir, exist_ok=True)
         self._listener: Listener | None = None
         self._accepted: queue.Queue[Connection] = queue.Queue()
+        #: when the ranks were started, for the start-up times the log gives
+        self._started = time.monotonic()
         self.address = f"{placement.master}:{placement.control_port}"
         if placement.is_master:
             self._listen()
@@ -237,7 +239,13 @@ class DistributedExecutor:
         self._broadcast(protocol.AllocateKVCache(num_blocks))
         self._receive(set(range(self.layout.world_size)))
         self.phase = "during generation"
-        logger.info("%d ranks ready: %d KV blocks each (offers: %s)", len(offers), num_blocks, sorted(offers))
+        logger.info(
+            "%d ranks ready %.2f s after the start: %d KV blocks each (offers: %s)",
+            len(offers),
+            time.monotonic() - self._started,
+            num_blocks,
+            sorted(offers),
+        )
         return num_blocks
 
     def _connect_all(self) -> None:
@@ -267,7 +275,13 @@ class DistributedExecutor:
                 continue
             hello = conn.recv()
             conns[hello.rank] = conn
-            logger.info("rank %d connected (pid %d on %s)", hello.rank, hello.pid, hello.host)
+            logger.info(
+                "rank %d connected (pid %d on %s) %.2f s after the start",
+                hello.rank,
+                hello.pid,
+                hello.host,
+                time.monotonic() - self._started,
+            )
 
     # --- steps ------------------------------------------------------------------------------
     def execute(self, batch: ScheduledBatch) -> tuple[Any, list[int], float]:

@@ -63,12 +63,14 @@ class Worker:
     """One rank's backend, model shard, KV cache and runner."""
 
     def __init__(self, spec: protocol.WorkerSpec, conn: Connection) -> None:
+        laps = _Laps()
         from fastdeploy.backends.base import BackendOptions
         from fastdeploy.backends.selection import build_backend_of, select_backend_class
         from fastdeploy.distributed.model_parallel import ModelParallel
         from fastdeploy.distributed.rendezvous import rendezvous_from_environment
         from fastdeploy.distributed.selection import communicator_class, create_communicator
         from fastdeploy.engine.kv_cache_planner import plan_kv_cache
+        from fastdeploy.logger import get_logger
         from fastdeploy.model_executor.model_loader import (
             build_model,
             check_backend_kv_cache_dtype,
@@ -81,6 +83,7 @@ class Worker:
         self.conn = conn
         config = spec.config
         registry = get_registry()
+        laps.lap("imports")
         rendezvous = rendezvous_from_environment(spec.rendezvous_timeout)
         self.rank = rendezvous.rank
         backend_class = select_backend_class(config.device, registry)
@@ -91,6 +94,7 @@ class Worker:
         self.backend = build_backend_of(backend_class, BackendOptions(threads=threads, dtype=config.dtype))
         check_backend_quantization(config.quantization, self.backend)
         check_backend_kv_cache_dtype(config, self.backend)
+        laps.lap("backend")
         self.parallel = ModelParallel(spec.layout, self.rank)
         communicator = communicator_class(backend_class, registry) if spec.layout.distributed else None
         # the shard loads while the communicator's runtime imports
@@ -99,9 +103,12 @@ class Worker:
         self.model = build_model(
             checkpoint, self.backend, spec.max_model_len, registry, self.parallel, config.quantization
         )
+        laps.lap("shard")
         if communicator is not None:
             importing.result()
+            laps.lap(f"{communicator.name} import")
             self.parallel.connect(create_communicator(self.backend, rendezvous, registry))
+            laps.lap("group join")
         local_config = dataclasses.replace(
             checkpoint.config,
             num_hidden_layers=self.model.kv_cache_layers(),
@@ -116,6 +123,8 @@ class Worker:
             spec.max_num_batched_tokens,
             memory_share=1.0 / sharing,
         )
+        laps.lap("KV plan")
+        get_logger(__name__).info("rank %d loaded in %s", self.rank, laps)
 
     def serve(self) -> None:
         from fastdeploy.model_executor.model_runner import ModelRunner
@@ -138,6 +147,23 @@ class Worker:
             if reports:
                 host = None if logits is None else self.backend.to_numpy(logits)
                 conn.send(protocol.StepOutput(host, time.perf_counter() - start))
+
+
+class _Laps:
+    """Seconds of each start-up phase of a rank, for its log (where a slow start-up went)."""
+
+    def __init__(self) -> None:
+        self._start = self._last = time.perf_counter()
+        self._laps: list[tuple[str, float]] = []
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self._laps.append((name, now - self._last))
+        self._last = now
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in self._laps)
+        return f"{self._last - self._start:.2f} s ({parts})"
 
 
 class _Background:

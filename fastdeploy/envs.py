@@ -133,3 +133,14 @@ def dist_init_timeout() -> float:
     default 120): past it, starting fails with the address that could not be reached."""
     value = os.environ.get("FD_DIST_INIT_TIMEOUT", "").strip()
     return float(value) if value else 120.0
+
+
+def dist_fork_server() -> bool:
+    """Whether the ranks of a host backend on one host are forked by a fork server that imports
+    their code once (`FD_DIST_FORK_SERVER`, default on; 0: each rank a fresh interpreter)."""
+    from fastdeploy.errors import InvalidArgumentError
+
+    value = os.environ.get("FD_DIST_FORK_SERVER", "").strip().lower()
+    if value not in _SWITCH_VALUES:
+        raise InvalidArgumentError(f"FD_DIST_FORK_SERVER must be 1 or 0 (on or off); got {value!r}")
+    return _SWITCH_VALUES[value]

@@ -19,6 +19,7 @@ import hashlib
 import os
 import queue
 import secrets
+import subprocess
 import sys
 import threading
 import time
@@ -32,6 +33,7 @@ from fastdeploy import envs
 from fastdeploy.backends.base import Backend
 from fastdeploy.config import EngineConfig
 from fastdeploy.distributed import protocol
+from fastdeploy.distributed.forkserver import ForkServer
 from fastdeploy.distributed.placement import Placement
 from fastdeploy.distributed.processes import ChildProcess, kill_children, start_child, stop_children, tail
 from fastdeploy.distributed.rendezvous import free_port, rendezvous_environment
@@ -48,6 +50,9 @@ logger = get_logger(__name__)
 _POLL_SECONDS = 0.2
 #: seconds ranks get to exit by themselves on shutdown before they are killed
 _SHUTDOWN_GRACE = 5.0
+#: seconds a rank's error waits for another rank's death to show: a rank killed in a collective
+#: breaks its peers' connections a moment before the kernel reports its exit, and it is the cause
+_CAUSE_GRACE = 1.0
 
 
 def _authkey(placement: Placement) -> bytes:
@@ -72,14 +77,17 @@ class _Children:
     """The child processes and connections, shared with the finalizer (which must not hold the executor)."""
 
     def __init__(self) -> None:
+        #: the ranks, or the launcher of this host's ranks
         self.processes: list[ChildProcess] = []
+        #: the fork server of the ranks, if they were forked
+        self.servers: list[ChildProcess] = []
         self.conns: dict[int, Connection] = {}
 
     def kill(self) -> None:
         for conn in self.conns.values():
             conn.close()
         self.conns.clear()
-        kill_children(self.processes)
+        kill_children(self.processes + self.servers)
 
 
 class DistributedExecutor:
@@ -158,16 +166,11 @@ class DistributedExecutor:
             except Exception:  # a bad handshake (wrong authkey) must not stop the others
                 logger.warning("refused a connection to the rank control port", exc_info=True)
 
+    def _worker_args(self) -> list[str]:
+        return ["--driver", self.address, "--timeout", str(self.timeout)]
+
     def _worker_command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "fastdeploy.distributed.worker",
-            "--driver",
-            self.address,
-            "--timeout",
-            str(self.timeout),
-        ]
+        return [sys.executable, "-m", "fastdeploy.distributed.worker", *self._worker_args()]
 
     def _base_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -177,18 +180,27 @@ class DistributedExecutor:
         return env
 
     def _start_ranks(self, backend_class: type[Backend]) -> None:
-        """One host: every rank is a child of this process."""
+        """One host: the ranks are forked by a fork server (host backends), or are children of
+        this process (device backends, whose ranks need their own environment before they import)."""
         world = self.layout.world_size
         master = f"127.0.0.1:{free_port()}"
         endpoints = [f"127.0.0.1:{free_port()}" for _ in range(world)]
+        ranks_env = [backend_class.rank_environment(self.device_offset + rank) for rank in range(world)]
+        server = None
+        if envs.dist_fork_server() and hasattr(os, "fork") and not any(ranks_env):
+            log = os.path.join(self._log_dir, f"forkserver.{self.device_offset // world}.log")
+            server = ForkServer(backend_class.name, self.layout.distributed, self._base_env(), log)
+            self._children.servers.append(server.child)
         for rank in range(world):
             env = self._base_env()
             env.update(rendezvous_environment(rank, world, master, endpoints, rank, world))
-            env.update(backend_class.rank_environment(self.device_offset + rank))
+            env.update(ranks_env[rank])
             log = os.path.join(self._log_dir, f"workerlog.{rank}")
-            self._children.processes.append(
-                start_child(f"rank {rank}", [rank], self._worker_command(), env, log)
-            )
+            if server is not None:
+                child = server.fork(f"rank {rank}", [rank], self._worker_args(), env, log)
+            else:
+                child = start_child(f"rank {rank}", [rank], self._worker_command(), env, log)
+            self._children.processes.append(child)
 
     def _start_launcher(self, backend_class: type[Backend]) -> None:
         """Several hosts: this host's ranks come from paddle.distributed.launch, as on every host."""
@@ -202,7 +214,7 @@ class DistributedExecutor:
             "--",
             *launcher_command(placement, per_host, self._log_dir, backend_class.device_count() is not None),
             os.path.join(os.path.dirname(__file__), "worker.py"),
-            *self._worker_command()[3:],
+            *self._worker_args(),
         ]
         ranks = list(placement.local_ranks(layout))
         log = os.path.join(self._log_dir, f"launch.{placement.node_rank}.log")
@@ -326,6 +338,8 @@ class DistributedExecutor:
             for ready in wait([*by_conn, *by_sentinel], timeout=_POLL_SECONDS):
                 if ready in by_sentinel:
                     child = by_sentinel[ready]
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        child.process.wait(timeout=2.0)  # a fork server reports the status a moment later
                     self._fail(child.ranks[0], child.how_it_ended(), child=child)
                 rank = by_conn[ready]
                 message = self._read(ready, rank)
@@ -342,8 +356,28 @@ class DistributedExecutor:
         except (EOFError, OSError):
             self._fail(rank, "closed its connection to the engine")
         if isinstance(message, protocol.Failure):
+            killed = self._killed_child(rank, _CAUSE_GRACE)
+            if killed is not None:
+                self._fail(killed.ranks[0], killed.how_it_ended(), child=killed)
             self._fail(rank, "raised an error", detail=message.message)
         return message
+
+    def _killed_child(self, rank: int, within: float) -> ChildProcess | None:
+        """Another rank's process that a signal killed (so it could not report), waiting up to
+        `within` seconds for one: the cause of `rank`'s error rather than `rank`."""
+        others = [child for child in self._children.processes if rank not in child.ranks]
+        deadline = time.monotonic() + within
+        while True:
+            killed = next((child for child in others if (child.process.poll() or 0) < 0), None)
+            remaining = deadline - time.monotonic()
+            if killed is not None or remaining <= 0:
+                return killed
+            running = [child for child in others if not child.exited()]
+            sentinels = [child.sentinel for child in running if child.sentinel is not None]
+            if sentinels:
+                wait(sentinels, timeout=min(remaining, _POLL_SECONDS))
+            else:
+                time.sleep(min(remaining, 0.02))
 
     def check_health(self) -> None:
         """Raise WorkerFailedError if a rank has died or failed; between steps only (no message
@@ -412,7 +446,7 @@ class DistributedExecutor:
 
     def wait_for_launcher(self) -> int:
         """On a host other than the master: wait until this host's ranks exit; their launcher's status."""
-        codes = [child.popen.wait() for child in self._children.processes]
+        codes = [child.process.wait() for child in self._children.processes]
         return max(codes, default=0)
 
 

@@ -14,6 +14,9 @@ Two details make that hold:
 - Each child leads a process group of its own, and the engine kills the whole group: what a
   rank or a launcher forks (paddle's helpers) goes with it. Ctrl+C in a terminal reaches only
   the engine, which then stops its ranks in order.
+
+Ranks of a host backend are forked by a fork server instead (`forkserver.py`), itself a fresh
+interpreter started here; they are children of the fork server, which reports how they end.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Protocol
 
 #: log lines of a failed rank quoted in the error
 TAIL_LINES = 20
@@ -43,36 +47,75 @@ def tail(path: str, lines: int = TAIL_LINES) -> str:
         return ""
 
 
+class Process(Protocol):
+    """A started process as `subprocess.Popen` presents it (`forkserver.ForkedProcess` does too)."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def describe_exit(code: int) -> str:
+    """How a process with this return code ended, in words."""
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 @dataclass
 class ChildProcess:
     """One process the engine started: a rank, or a launcher that starts several."""
 
     label: str
     ranks: list[int]
-    popen: subprocess.Popen
+    process: Process
+    #: the process group killed with it: its own, or its fork server's
+    group: int
     #: log file of each of its ranks
     logs: dict[int, str] = field(default_factory=dict)
-    #: a descriptor readable once the process has exited (Linux pidfd), for `connection.wait`
-    sentinel: int | None = None
+    #: its return code in words
+    describe: Callable[[int], str] = describe_exit
+    _pidfd: int | None = None
+    _pidfd_tried: bool = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def sentinel(self) -> int | None:
+        """A descriptor readable once the process has exited (Linux pidfd), for `connection.wait`;
+        None where there are none, or while a fork server has not said the pid yet."""
+        self.open_sentinel()
+        return self._pidfd
+
+    def open_sentinel(self) -> None:
+        """Open the pidfd once the pid is known (no-op after the first try)."""
+        if self._pidfd_tried or not hasattr(os, "pidfd_open"):
+            return
+        pid = self.pid
+        if pid is not None:
+            self._pidfd_tried = True
+            with contextlib.suppress(OSError):
+                self._pidfd = os.pidfd_open(pid)
 
     def exited(self) -> bool:
-        return self.popen.poll() is not None
+        return self.process.poll() is not None
 
     def how_it_ended(self) -> str:
-        code = self.popen.poll()
-        if code is None:
-            return "is still running"
-        if code < 0:
-            try:
-                return f"was killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                return f"was killed by signal {-code}"
-        return f"exited with code {code}"
+        code = self.process.poll()
+        return "is still running" if code is None else self.describe(code)
 
     def close(self) -> None:
-        if self.sentinel is not None:
-            os.close(self.sentinel)
-            self.sentinel = None
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 class _Spawner:
@@ -109,10 +152,15 @@ def _spawn(start: Callable[[], subprocess.Popen]) -> subprocess.Popen:
 
 
 def start_child(
-    label: str, ranks: list[int], command: list[str], env: dict[str, str], log_path: str | None
+    label: str,
+    ranks: list[int],
+    command: list[str],
+    env: dict[str, str],
+    log_path: str | None,
+    pass_fds: tuple[int, ...] = (),
 ) -> ChildProcess:
     """Start `command` with `env` in a process group of its own, its output written to `log_path`
-    (or inherited), from the spawner thread."""
+    (or inherited), from the spawner thread; `pass_fds` stay open in it."""
     output = open(log_path, "w", encoding="utf-8") if log_path else None  # noqa: SIM115 - the child keeps it
     try:
         popen = _spawn(
@@ -123,19 +171,17 @@ def start_child(
                 stdout=output,
                 stderr=subprocess.STDOUT if output else None,
                 start_new_session=True,
+                pass_fds=pass_fds,
             )
         )
     finally:
         if output is not None:
             output.close()
-    sentinel = None
-    if hasattr(os, "pidfd_open"):
-        try:
-            sentinel = os.pidfd_open(popen.pid)
-        except OSError:
-            sentinel = None
-    logs = {rank: log_path for rank in ranks} if log_path else {}
-    return ChildProcess(label, ranks, popen, logs, sentinel)
+    child = ChildProcess(
+        label, ranks, popen, popen.pid, {rank: log_path for rank in ranks} if log_path else {}
+    )
+    child.open_sentinel()  # now, while the child cannot have been reaped
+    return child
 
 
 def stop_children(children: list[ChildProcess], grace: float) -> None:
@@ -144,16 +190,16 @@ def stop_children(children: list[ChildProcess], grace: float) -> None:
     for child in children:
         remaining = deadline - time.monotonic()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            child.popen.wait(timeout=max(remaining, 0.0))
+            child.process.wait(timeout=max(remaining, 0.0))
     kill_children(children)
 
 
 def kill_children(children: list[ChildProcess]) -> None:
-    """SIGKILL every child's process group and reap the child (a rank stuck in a collective
-    ignores SIGTERM; what it forked goes too)."""
-    for child in children:
+    """SIGKILL every child's process group and wait until each child is gone (a rank stuck in a
+    collective ignores SIGTERM; what it forked goes too)."""
+    for group in {child.group for child in children}:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.popen.pid, signal.SIGKILL)
+            os.killpg(group, signal.SIGKILL)
     for child in children:
-        child.popen.wait()
+        child.process.wait()
         child.close()

@@ -59,6 +59,24 @@ def connect(address: str, authkey: bytes, timeout: float) -> Connection:
             time.sleep(0.05)
 
 
+def preload(backend: str, collectives: bool) -> None:
+    """Import what a rank of `backend` (a registered name) runs: the modules `Worker` uses, the
+    plugins, the backend's module and, with `collectives`, its collectives runtime (a fork server
+    does this once for all its ranks)."""
+    import fastdeploy.distributed.model_parallel  # noqa: F401
+    import fastdeploy.engine.kv_cache_planner  # noqa: F401
+    import fastdeploy.model_executor.model_loader  # noqa: F401
+    import fastdeploy.model_executor.model_runner  # noqa: F401
+    from fastdeploy.backends.selection import select_backend_class
+    from fastdeploy.distributed.selection import communicator_class
+    from fastdeploy.plugins.registry import get_registry
+
+    registry = get_registry()
+    backend_class = select_backend_class(backend, registry)
+    if collectives:
+        communicator_class(backend_class, registry).preload()
+
+
 class Worker:
     """One rank's backend, model shard, KV cache and runner."""
 

@@ -31,21 +31,27 @@ TINY_ARGS = [
 ]
 
 
-def rank_processes(server_pid: int) -> list[int]:
-    """Pids of the server's rank processes (its children running fastdeploy.distributed.worker)."""
-    children = [
-        child
-        for task in Path(f"/proc/{server_pid}/task").iterdir()
+def children_of(pid: int) -> list[int]:
+    return [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
         for child in (task / "children").read_text().split()
     ]
+
+
+def rank_processes(server_pid: int) -> list[int]:
+    """Pids of the server's rank processes: its children running fastdeploy.distributed.worker,
+    or the children of its fork servers."""
     ranks = []
-    for child in children:
+    for child in children_of(server_pid):
         try:
             command = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         if b"fastdeploy.distributed.worker" in command:
-            ranks.append(int(child))
+            ranks.append(child)
+        elif b"fastdeploy.distributed.forkserver" in command:
+            ranks.extend(children_of(child))
     return ranks
 
 

@@ -30,10 +30,14 @@ def alive(pid: int) -> bool:
 
 
 def rank_pids(llm: LLM) -> list[int]:
-    return [child.popen.pid for child in llm.llm_engine.executor._children.processes]
+    return [child.pid for child in llm.llm_engine.executor._children.processes]
 
 
-def test_a_rank_killed_mid_generation_fails_the_call_and_leaves_no_process(tiny_model_dirs, monkeypatch):
+@pytest.mark.parametrize("fork_server", ["1", "0"], ids=["forked ranks", "fresh interpreters"])
+def test_a_rank_killed_mid_generation_fails_the_call_and_leaves_no_process(
+    tiny_model_dirs, monkeypatch, fork_server
+):
+    monkeypatch.setenv("FD_DIST_FORK_SERVER", fork_server)
     llm = LLM(
         model=tiny_model_dirs["llama"],
         tensor_parallel_size=2,
@@ -43,6 +47,7 @@ def test_a_rank_killed_mid_generation_fails_the_call_and_leaves_no_process(tiny_
     )
     pids = rank_pids(llm)
     executor = llm.llm_engine.executor
+    assert len(executor._children.servers) == int(fork_server)
     steps = []
     submit = executor.submit
 
@@ -66,6 +71,28 @@ def test_a_rank_killed_mid_generation_fails_the_call_and_leaves_no_process(tiny_
     # the engine stays failed: later calls raise the same error instead of hanging
     with pytest.raises(WorkerFailedError, match="rank 1 was killed"):
         llm.generate({"prompt_token_ids": [1, 5]}, SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_ranks_die_with_their_fork_server_and_the_next_call_says_so(tiny_model_dirs):
+    llm = LLM(
+        model=tiny_model_dirs["llama"],
+        tensor_parallel_size=2,
+        max_model_len=64,
+        num_gpu_blocks_override=16,
+        block_size=16,
+    )
+    (server,) = llm.llm_engine.executor._children.servers
+    pids = rank_pids(llm)
+    os.kill(server.pid, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as error:
+        llm.generate({"prompt_token_ids": [1, 5, 9]}, SamplingParams(max_tokens=4), use_tqdm=False)
+    assert time.monotonic() - started < 10
+    assert (
+        "was killed by signal SIGKILL with its fork server, which was killed by signal SIGKILL (its log: "
+        in str(error.value)
+    )
+    assert not any(alive(pid) for pid in [*pids, server.pid])
 
 
 def test_a_rank_that_fails_to_load_makes_llm_raise_with_its_error(tmp_path):
@@ -121,7 +148,8 @@ thread.join()
 llm = built["llm"]
 output = llm.generate({"prompt_token_ids": [1, 5, 9]}, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)[0]
 assert len(output.outputs.token_ids) == 3, output.error_msg
-pids = [child.popen.pid for child in llm.llm_engine.executor._children.processes]
+children = llm.llm_engine.executor._children
+pids = [child.pid for child in children.processes + children.servers]
 print("ranks", *pids, flush=True)
 time.sleep(600)
 """
@@ -134,8 +162,8 @@ def test_ranks_die_with_an_engine_that_is_killed(tiny_model_dirs):
     try:
         line = engine.stdout.readline()
         assert line.startswith("ranks "), line
-        pids = [int(pid) for pid in line.split()[1:]]
-        assert len(pids) == 2 and all(alive(pid) for pid in pids)
+        pids = [int(pid) for pid in line.split()[1:]]  # the two ranks and their fork server
+        assert len(pids) == 3 and all(alive(pid) for pid in pids)
         engine.kill()
         engine.wait()
         deadline = time.monotonic() + 10

@@ -1,0 +1,51 @@
+"""The fork server on its own: it forks ranks that run the worker's main, reports how they end,
+and a rank asked of a server that has ended says so."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+
+from fastdeploy.distributed.forkserver import ForkServer
+from fastdeploy.distributed.processes import kill_children
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the fork server forks")
+
+#: a worker that cannot reach its engine: it exits with code 1 and says why
+UNREACHABLE = ["--driver", "127.0.0.1:1", "--timeout", "0"]
+RANK_ENV = dict(os.environ, FD_DIST_AUTHKEY="00" * 16)
+
+
+@pytest.fixture
+def server(tmp_path):
+    server = ForkServer("cpu", False, dict(os.environ), str(tmp_path / "forkserver.log"))
+    yield server
+    kill_children([server.child])
+
+
+def test_a_forked_rank_runs_the_worker_and_its_exit_code_comes_back(server, tmp_path):
+    log = tmp_path / "workerlog.0"
+    child = server.fork("rank 0", [0], UNREACHABLE, RANK_ENV, str(log))
+    assert child.process.wait(timeout=120) == 1
+    assert child.how_it_ended() == "exited with code 1"
+    assert child.pid not in (None, os.getpid(), server.child.pid)
+    assert "cannot reach the engine at 127.0.0.1:1" in log.read_text()
+    assert child.group == server.child.pid  # killed with the server's process group
+
+
+def test_a_rank_asked_of_a_server_that_has_ended_did_not_start(server, tmp_path):
+    os.kill(server.child.pid, signal.SIGKILL)
+    server.child.process.wait()
+    child = server.fork("rank 0", [0], UNREACHABLE, RANK_ENV, str(tmp_path / "workerlog.0"))
+    assert child.process.wait(timeout=10) == -signal.SIGKILL
+    assert child.how_it_ended() == (
+        f"did not start: its fork server was killed by signal SIGKILL (its log: {tmp_path / 'forkserver.log'})"
+    )
+
+
+def test_the_server_runs_this_interpreter(server):
+    with open(f"/proc/{server.child.pid}/cmdline", "rb") as handle:
+        assert handle.read().split(b"\0")[0] == sys.executable.encode()

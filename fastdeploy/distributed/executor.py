@@ -189,7 +189,9 @@ class DistributedExecutor:
         server = None
         if envs.dist_fork_server() and hasattr(os, "fork") and not any(ranks_env):
             log = os.path.join(self._log_dir, f"forkserver.{self.device_offset // world}.log")
-            server = ForkServer(backend_class.name, self.layout.distributed, self._base_env(), log)
+            server = ForkServer(
+                backend_class.name, self.layout.distributed, self._spec.model_path, self._base_env(), log
+            )
             self._children.servers.append(server.child)
         for rank in range(world):
             env = self._base_env()

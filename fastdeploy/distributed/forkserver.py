@@ -40,11 +40,13 @@ from fastdeploy.distributed.processes import ChildProcess, describe_exit, start_
 class ForkServer:
     """The engine's side: starts the server, asks it for ranks, learns how they end."""
 
-    def __init__(self, backend: str, collectives: bool, env: dict[str, str], log_path: str) -> None:
+    def __init__(
+        self, backend: str, collectives: bool, model_path: str, env: dict[str, str], log_path: str
+    ) -> None:
         ours, theirs = socket.socketpair()
         with theirs:
             command = [sys.executable, "-m", __name__, "--fd", str(theirs.fileno()), "--backend", backend]
-            command += ["--collectives"] if collectives else []
+            command += ["--model", model_path] + (["--collectives"] if collectives else [])
             self.child = start_child("fork server", [], command, env, log_path, (theirs.fileno(),))
         self.log_path = log_path
         self._conn = Connection(ours.detach())
@@ -232,15 +234,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="descriptor of the connection to the engine")
     parser.add_argument("--backend", required=True, help="registered name of the ranks' backend")
     parser.add_argument("--collectives", action="store_true", help="import the backend's collectives runtime")
+    parser.add_argument("--model", required=True, help="the checkpoint the ranks load")
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     from fastdeploy.distributed import worker
 
     worker.die_with_parent()
     conn = Connection(args.fd)
     try:
-        worker.preload(args.backend, args.collectives)
+        worker.preload(args.backend, args.collectives, args.model)
     except Exception:  # each rank meets the error again where it is reported to the engine
         traceback.print_exc()
+    from fastdeploy.logger import get_logger
+
+    get_logger(__name__).info(
+        "fork server: ranks' code imported, checkpoint read, in %.2f s", time.perf_counter() - started
+    )
     _serve(conn)
     return 0
 

@@ -8,6 +8,7 @@ import signal
 import sys
 
 import pytest
+import tiny_checkpoints as tiny
 
 from fastdeploy.distributed.forkserver import ForkServer
 from fastdeploy.distributed.processes import kill_children
@@ -21,7 +22,8 @@ RANK_ENV = dict(os.environ, FD_DIST_AUTHKEY="00" * 16)
 
 @pytest.fixture
 def server(tmp_path):
-    server = ForkServer("cpu", False, dict(os.environ), str(tmp_path / "forkserver.log"))
+    tiny.write_checkpoint(tmp_path, "llama")
+    server = ForkServer("cpu", False, str(tmp_path), dict(os.environ), str(tmp_path / "forkserver.log"))
     yield server
     kill_children([server.child])
 

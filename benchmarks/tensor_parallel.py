@@ -5,8 +5,10 @@ The model is a random-weight checkpoint of SmolLM2-135M's size and shape whose h
 embeddings; float32 safetensors, 0.54 GB), written to a temporary directory with SmolLM2's
 tokenizer. Greedy decoding with EOS ignored, so both runs generate the same tokens:
 
-  * start-up: seconds to build LLM(...) (also for the embedded SmolLM2, TP=1 against TP=3: its
-    9 heads do not divide by 2)
+  * start-up: seconds to build LLM(...), and the CPU seconds all its processes spent on it (the
+    engine, the ranks and their fork server; unlike the seconds, they do not grow when others
+    share the cores), the median of --startup-repeats builds, TP=1 and TP=N alternating (also
+    for the embedded SmolLM2, TP=1 against TP=3: its 9 heads do not divide by 2)
   * decode:   one stream, --new-tokens tokens (tokens/s after the first)
   * batch:    --batch prompts x --new-tokens tokens (output tokens/s over the whole call)
 
@@ -16,7 +18,8 @@ TP=2 / TP=1 is printed for each figure, and the bytes each rank all-reduces per 
 (two row-parallel sums of `hidden` float32 values per layer, plus the embedding's) and receives
 in the logits all-gather.
 
-    python benchmarks/tensor_parallel.py [--threads 2] [--batch 8] [--new-tokens 64] [--skip-embedded]
+    python benchmarks/tensor_parallel.py [--threads 2] [--batch 8] [--new-tokens 64]
+        [--startup-repeats 3] [--skip-embedded]
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import statistics
 import tempfile
 import time
 
@@ -99,30 +104,53 @@ def allreduce_bytes_per_token() -> tuple[int, int]:
     return reduced, gathered
 
 
-def measure(
-    model: str, tp: int, threads: int, batch: int, new_tokens: int, generate: bool
-) -> dict[str, float]:
-    start = time.perf_counter()
-    llm = LLM(
+def build(model: str | None, tp: int, threads: int, batch: int) -> LLM:
+    return LLM(
         model=model, tensor_parallel_size=tp, cpu_threads=threads, max_model_len=512, max_num_seqs=batch
     )
-    figures = {"startup_s": time.perf_counter() - start}
-    if generate:
-        params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-        prompt = {"prompt_token_ids": list(range(100, 132))}
-        llm.generate(
-            prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
-        )  # warm-up
-        output = llm.generate(prompt, params, use_tqdm=False)[0]
-        metrics = output.metrics
-        decode_seconds = metrics.model_execute_time - metrics.first_token_time
-        figures["decode_tok_s"] = (new_tokens - 1) / decode_seconds
-        prompts = [{"prompt_token_ids": list(range(100 + i, 132 + i))} for i in range(batch)]
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        figures["batch_tok_s"] = sum(len(o.outputs.token_ids) for o in outputs) / (
-            time.perf_counter() - start
-        )
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds of the ended child processes (and theirs) so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure_startup(
+    model: str | None, tps: tuple[int, int], threads: int, batch: int, repeats: int
+) -> list[dict]:
+    """Median start-up seconds and CPU seconds of each of `tps`, built alternately `repeats` times."""
+    runs: dict[int, list[tuple[float, float]]] = {tp: [] for tp in tps}
+    for _ in range(repeats):
+        for tp in tps:
+            children, cpu, start = children_cpu_seconds(), time.process_time(), time.perf_counter()
+            llm = build(model, tp, max(1, threads // tp), batch)
+            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+            llm.shutdown()  # its processes end, so their CPU seconds are counted
+            runs[tp].append((seconds, cpu + children_cpu_seconds() - children))
+    return [
+        {
+            "startup_s": statistics.median(s for s, _ in runs[tp]),
+            "startup_cpu_s": statistics.median(c for _, c in runs[tp]),
+        }
+        for tp in tps
+    ]
+
+
+def measure_speed(model: str, tp: int, threads: int, batch: int, new_tokens: int) -> dict[str, float]:
+    llm = build(model, tp, threads, batch)
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    prompt = {"prompt_token_ids": list(range(100, 132))}
+    llm.generate(
+        prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
+    )  # warm-up
+    output = llm.generate(prompt, params, use_tqdm=False)[0]
+    metrics = output.metrics
+    figures = {"decode_tok_s": (new_tokens - 1) / (metrics.model_execute_time - metrics.first_token_time)}
+    prompts = [{"prompt_token_ids": list(range(100 + i, 132 + i))} for i in range(batch)]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    figures["batch_tok_s"] = sum(len(o.outputs.token_ids) for o in outputs) / (time.perf_counter() - start)
     llm.shutdown()
     return figures
 
@@ -134,6 +162,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads of TP=1 (TP=2 ranks get half each)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--startup-repeats", type=int, default=3, help="builds per start-up figure (median)")
     parser.add_argument(
         "--skip-embedded", action="store_true", help="skip the embedded model's start-up figures"
     )
@@ -141,12 +170,12 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="fastdeploy-tp-bench-") as directory:
         write_checkpoint(directory)
-        one = measure(directory, 1, args.threads, args.batch, args.new_tokens, True)
-        two = measure(directory, 2, max(1, args.threads // 2), args.batch, args.new_tokens, True)
+        one, two = measure_startup(directory, (1, 2), args.threads, args.batch, args.startup_repeats)
+        one.update(measure_speed(directory, 1, args.threads, args.batch, args.new_tokens))
+        two.update(measure_speed(directory, 2, max(1, args.threads // 2), args.batch, args.new_tokens))
         rows.append(("random SmolLM2-size, TP=2 / TP=1", one, two))
     if not args.skip_embedded:
-        one = measure(None, 1, args.threads, args.batch, args.new_tokens, False)
-        three = measure(None, 3, max(1, args.threads // 3), args.batch, args.new_tokens, False)
+        one, three = measure_startup(None, (1, 3), args.threads, args.batch, args.startup_repeats)
         rows.append(("embedded SmolLM2, TP=3 / TP=1", one, three))
     print(f"{'figure':<40}{'TP=1':>12}{'TP=N':>12}{'ratio':>9}")
     for label, base, other in rows:

@@ -19,7 +19,7 @@ TP=2 / TP=1 is printed for each figure, and the bytes each rank all-reduces per 
 in the logits all-gather.
 
     python benchmarks/tensor_parallel.py [--threads 2] [--batch 8] [--new-tokens 64]
-        [--startup-repeats 3] [--skip-embedded]
+        [--startup-repeats 3] [--skip-speed] [--skip-embedded]
 """
 
 from __future__ import annotations
@@ -163,6 +163,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--startup-repeats", type=int, default=3, help="builds per start-up figure (median)")
+    parser.add_argument("--skip-speed", action="store_true", help="start-up figures only")
     parser.add_argument(
         "--skip-embedded", action="store_true", help="skip the embedded model's start-up figures"
     )
@@ -171,8 +172,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fastdeploy-tp-bench-") as directory:
         write_checkpoint(directory)
         one, two = measure_startup(directory, (1, 2), args.threads, args.batch, args.startup_repeats)
-        one.update(measure_speed(directory, 1, args.threads, args.batch, args.new_tokens))
-        two.update(measure_speed(directory, 2, max(1, args.threads // 2), args.batch, args.new_tokens))
+        if not args.skip_speed:
+            one.update(measure_speed(directory, 1, args.threads, args.batch, args.new_tokens))
+            two.update(measure_speed(directory, 2, max(1, args.threads // 2), args.batch, args.new_tokens))
         rows.append(("random SmolLM2-size, TP=2 / TP=1", one, two))
     if not args.skip_embedded:
         one, three = measure_startup(None, (1, 3), args.threads, args.batch, args.startup_repeats)

@@ -187,7 +187,7 @@ class DistributedExecutor:
         endpoints = [f"127.0.0.1:{free_port()}" for _ in range(world)]
         ranks_env = [backend_class.rank_environment(self.device_offset + rank) for rank in range(world)]
         server = None
-        if envs.dist_fork_server() and hasattr(os, "fork") and not any(ranks_env):
+        if envs.dist_fork_server() and sys.platform.startswith("linux") and not any(ranks_env):
             log = os.path.join(self._log_dir, f"forkserver.{self.device_offset // world}.log")
             server = ForkServer(
                 backend_class.name, self.layout.distributed, self._spec.model_path, self._base_env(), log

@@ -9,8 +9,9 @@ straight to loading their shards.
 Forking is safe here because the server does nothing else: it is a fresh interpreter (not the
 engine, whose threads, OpenMP and BLAS pools a fork would copy half-way), it has only imported,
 and the one thread an import starts (OpenBLAS's pool, which OpenBLAS stops around a fork) runs
-no work. Only host backends use it: a device backend's rank needs its `rank_environment` (its
-GPU) before it imports anything, and CUDA cannot be forked once initialised.
+no work. Only host backends use it, on Linux: a device backend's rank needs its
+`rank_environment` (its GPU) before it imports anything, and CUDA cannot be forked once
+initialised; the parent-death signal that ends the ranks with their server is Linux's.
 
 Supervision stays as for any child (`processes.py`): the server dies with the engine and each
 rank with the server (`worker.die_with_parent`); the ranks stay in the server's process group,
@@ -217,7 +218,7 @@ def _become_rank(
         os.environ[worker.PARENT_ENV] = str(parent)
         code = worker.main(argv)
     except SystemExit as exc:
-        code = exc.code
+        code = 0 if exc.code is None else exc.code
     except BaseException:
         traceback.print_exc()
     finally:

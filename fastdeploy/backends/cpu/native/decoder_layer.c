@@ -129,6 +129,14 @@ static int get_residual(PyObject *residual_obj, PyObject *sum_obj, Py_buffer *re
     return 1;
 }
 
+/* A half's intermediate rows: `floats` per token; NULL with MemoryError set when out of memory. */
+static float *token_rows(Py_ssize_t tokens, Py_ssize_t floats)
+{
+    float *rows = PyMem_RawMalloc((size_t)(tokens > 0 ? tokens : 1) * (size_t)floats * sizeof(float));
+    if (rows == NULL) PyErr_NoMemory();
+    return rows;
+}
+
 static void release(Py_buffer *buffers[], int count)
 {
     for (int i = 0; i < count; i++)
@@ -194,12 +202,8 @@ PyObject *native_attention_block(PyObject *self, PyObject *args)
         !check_linear(&o, hidden, q_size, "attention_block o_proj"))
         goto done;
     /* normed [tokens, hidden] | qkv [tokens, qkv_cols] | q and attention output [tokens, q_size] | k [tokens, kv_size] */
-    scratch = PyMem_RawMalloc((size_t)(tokens > 0 ? tokens : 1) * (size_t)(hidden + qkv_cols + 2 * q_size + kv_size) *
-                              sizeof(float));
-    if (scratch == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    scratch = token_rows(tokens, hidden + qkv_cols + 2 * q_size + kv_size);
+    if (scratch == NULL) goto done;
     struct layer_job job = {
         .kernels = kernels, .tokens = tokens, .hidden = hidden, .eps = (float)eps, .x = x.buf,
         .residual = residual.buf, .norm = norm.buf, .normed = scratch, .sum_out = sum_out.buf,
@@ -277,11 +281,8 @@ PyObject *native_mlp_block(PyObject *self, PyObject *args)
         !check_linear(&down, hidden, inner, "mlp_block down"))
         goto done;
     /* normed [tokens, hidden] | gate_up [tokens, 2 * inner] | act [tokens, inner] */
-    scratch = PyMem_RawMalloc((size_t)(tokens > 0 ? tokens : 1) * (size_t)(hidden + 3 * inner) * sizeof(float));
-    if (scratch == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    scratch = token_rows(tokens, hidden + 3 * inner);
+    if (scratch == NULL) goto done;
     struct layer_job job = {
         .kernels = kernels, .tokens = tokens, .hidden = hidden, .eps = (float)eps, .x = x.buf,
         .residual = residual.buf, .norm = norm.buf, .normed = scratch, .sum_out = sum_out.buf,

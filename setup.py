@@ -23,6 +23,7 @@ native_kernels = Extension(
             "attention",
             "encoder_attention",
             "elementwise",
+            "decoder_layer",
             "row_kernels_avx2",
             "row_kernels_avx512",
         )

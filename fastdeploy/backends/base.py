@@ -96,6 +96,51 @@ def apply_token_bitmask_numpy(logits: np.ndarray, bitmask: np.ndarray, rows: np.
         np.copyto(logits[row], -np.inf, where=~keep)
 
 
+@dataclass(eq=False)
+class AttentionBlock:
+    """A decoder layer's attention half, computed by `Backend.attention_block`: RMSNorm of
+    (x + residual), the fused q/k/v projection, per-head q/k RMSNorm where given (Qwen3), the
+    rotate-half rotary embedding, paged attention, the output projection.
+
+    Weights are this backend's arrays (`linear_weight`, `linear_bias`, `from_numpy`). `qkv`
+    stacks the rows of the q heads, then the k heads, then the v heads (`num_heads` and
+    `num_kv_heads` of this rank); the q and k rows are in the rotate-half layout.
+    """
+
+    input_norm: Any
+    qkv: Any
+    o_proj: Any
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    #: of the input RMSNorm and the per-head q/k norms
+    eps: float
+    #: attention softmax scale (usually head_dim ** -0.5)
+    scale: float
+    qkv_bias: Any | None = None
+    o_bias: Any | None = None
+    #: per-head RMSNorm weights [head_dim] of queries and keys, applied before rotary (both or neither)
+    q_norm: Any | None = None
+    k_norm: Any | None = None
+    #: the backend's own form of the block (e.g. its kernels' arguments), made at first use
+    prepared: Any = field(default=None, repr=False, compare=False)
+
+
+@dataclass(eq=False)
+class MLPBlock:
+    """A decoder layer's SwiGLU half, computed by `Backend.mlp_block`: RMSNorm of (x + residual),
+    the fused gate/up projection (gate rows first), silu(gate) * up, the down projection."""
+
+    norm: Any
+    gate_up: Any
+    down: Any
+    eps: float
+    gate_up_bias: Any | None = None
+    down_bias: Any | None = None
+    #: the backend's own form of the block (e.g. its kernels' arguments), made at first use
+    prepared: Any = field(default=None, repr=False, compare=False)
+
+
 class PendingTokens:
     """Greedy tokens of a pass on their way to the host (async scheduling, `Backend.greedy_tokens`).
 
@@ -281,6 +326,45 @@ class Backend(ABC):
     @abstractmethod
     def gather_rows(self, x: Any, indices: Any) -> Any:
         """x[indices] along the token axis."""
+
+    # --- a decoder layer's halves (concrete defaults from the ops above; backends fuse them) ----
+    def attention_block(
+        self,
+        x: Any,
+        residual: Any | None,
+        block: AttentionBlock,
+        positions: Any,
+        cos: Any,
+        sin: Any,
+        batch: Any,
+        kv_cache: Any,
+    ) -> tuple[Any, Any]:
+        """A decoder layer's attention half on hidden states x [tokens, hidden]: returns (the output
+        projection [tokens, hidden], x + residual). Under tensor parallelism the output is this
+        rank's partial sum. `cos`/`sin` [rows, rotary_dim / 2] are the rotary tables `positions`
+        index. The default runs the ops one by one; a backend that fuses them must give the same
+        results."""
+        normed, residual = self.rms_norm(x, block.input_norm, block.eps, residual)
+        qkv = self.linear(normed, block.qkv, block.qkv_bias)
+        tokens, dim = qkv.shape[0], block.head_dim
+        q_size, kv_size = block.num_heads * dim, block.num_kv_heads * dim
+        q = qkv[:, :q_size].reshape(tokens, block.num_heads, dim)
+        k = qkv[:, q_size : q_size + kv_size].reshape(tokens, block.num_kv_heads, dim)
+        v = qkv[:, q_size + kv_size :].reshape(tokens, block.num_kv_heads, dim)
+        if block.q_norm is not None:
+            q = self.rms_norm(q.reshape(-1, dim), block.q_norm, block.eps)[0].reshape(tokens, -1, dim)
+            k = self.rms_norm(k.reshape(-1, dim), block.k_norm, block.eps)[0].reshape(tokens, -1, dim)
+        q = self.rotary_embedding(q, positions, cos, sin)
+        k = self.rotary_embedding(k, positions, cos, sin)
+        out = self.attention(q, k, v, kv_cache, batch, block.scale)
+        return self.linear(out.reshape(tokens, q_size), block.o_proj, block.o_bias), residual
+
+    def mlp_block(self, x: Any, residual: Any | None, block: MLPBlock) -> tuple[Any, Any]:
+        """A decoder layer's SwiGLU half on x [tokens, hidden]: returns (the down projection
+        [tokens, hidden], this rank's partial sum under tensor parallelism; x + residual)."""
+        normed, residual = self.rms_norm(x, block.norm, block.eps, residual)
+        up = self.silu_and_mul(self.linear(normed, block.gate_up, block.gate_up_bias))
+        return self.linear(up, block.down, block.down_bias), residual
 
     def argmax_rows(self, logits: Any) -> np.ndarray:
         """Greedy tokens: the index of each row's largest logit (the first among equals), as a

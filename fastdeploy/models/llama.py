@@ -6,8 +6,9 @@ each so a layer runs five matmuls for the whole batch.
 The class is also the base of the other Llama-shaped decoders (Qwen2/Qwen3, ERNIE-4.5): they
 differ only in which projections carry biases, extra per-head norms, how q/k rows are laid out
 for rotary, and what the feed-forward block of a layer is. Those are the methods a subclass
-overrides (`projection_biases`, `qk_transform`, `preprocess_weights`, `mlp_names`, `load_mlp`,
-`mlp_block`); the attention and the layer loop stay here.
+overrides (`projection_biases`, `preprocess_weights`, `mlp_names`, `load_mlp`, `mlp_block`); the
+attention and the layer loop stay here. Each layer's attention half and dense SwiGLU half are
+`Backend.attention_block` / `Backend.mlp_block` calls, which a backend may fuse.
 
 Split over ranks (`parallel=`, see docs/architecture.md "Parallelism"), a rank holds the query
 and KV heads of its shard (q/k/v column-parallel), the matching input columns of o_proj
@@ -24,8 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastdeploy.plugins.api import (
+    AttentionBlock,
     Backend,
     CausalLM,
+    MLPBlock,
     ModelConfig,
     ModelParallel,
     check_weight_names,
@@ -62,17 +65,14 @@ class DenseMLPWeights:
 
 @dataclass
 class LlamaLayerWeights:
-    input_norm: Any
-    qkv: Any
-    qkv_bias: Any | None
-    o_proj: Any
+    #: input norm through the output projection (`Backend.attention_block`)
+    attention: AttentionBlock
     post_norm: Any
     #: the feed-forward block: `DenseMLPWeights`, or whatever a subclass's `load_mlp` returns
     mlp: Any
-    o_bias: Any | None = None
-    #: per-head RMSNorm weights of queries and keys (Qwen3), applied before rotary
-    q_norm: Any | None = None
-    k_norm: Any | None = None
+    #: a `DenseMLPWeights` feed-forward block with its norm, run by `Backend.mlp_block` (None for
+    #: other blocks, which `mlp_block` runs after the norm)
+    dense_block: MLPBlock | None = None
 
 
 class LlamaForCausalLM(CausalLM):
@@ -254,26 +254,43 @@ class LlamaForCausalLM(CausalLM):
         backend = self.backend
         p = f"model.layers.{i}."
         attn = p + "self_attn."
-        layer = LlamaLayerWeights(
+        attention = AttentionBlock(
             input_norm=backend.from_numpy(host[p + "input_layernorm.weight"]),
             qkv=backend.linear_weight(*self._qkv_rows(attn, "weight", host)),
-            qkv_bias=None,
             o_proj=backend.linear_weight(
                 take_columns(
                     host[attn + "o_proj.weight"],
                     range(self.q_heads.start * self.head_dim, self.q_heads.stop * self.head_dim),
                 )
             ),
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            eps=self.config.rms_norm_eps,
+            scale=self.scale,
+        )
+        if self.biases.qkv:
+            attention.qkv_bias = backend.linear_bias(*self._qkv_rows(attn, "bias", host))
+        if self.biases.o_proj:
+            attention.o_bias = self._row_parallel_bias(host[attn + "o_proj.bias"])
+        if self.has_qk_norm():
+            attention.q_norm = backend.from_numpy(host[attn + "q_norm.weight"])
+            attention.k_norm = backend.from_numpy(host[attn + "k_norm.weight"])
+        layer = LlamaLayerWeights(
+            attention=attention,
             post_norm=backend.from_numpy(host[p + "post_attention_layernorm.weight"]),
             mlp=self.load_mlp(i, p, host),
         )
-        if self.biases.qkv:
-            layer.qkv_bias = backend.linear_bias(*self._qkv_rows(attn, "bias", host))
-        if self.biases.o_proj:
-            layer.o_bias = self._row_parallel_bias(host[attn + "o_proj.bias"])
-        if self.has_qk_norm():
-            layer.q_norm = backend.from_numpy(host[attn + "q_norm.weight"])
-            layer.k_norm = backend.from_numpy(host[attn + "k_norm.weight"])
+        if type(layer.mlp) is DenseMLPWeights:
+            mlp = layer.mlp
+            layer.dense_block = MLPBlock(
+                layer.post_norm,
+                mlp.gate_up,
+                mlp.down,
+                self.config.rms_norm_eps,
+                mlp.gate_up_bias,
+                mlp.down_bias,
+            )
         return layer
 
     def _qkv_rows(self, attn: str, kind: str, host: dict[str, Any]) -> tuple[Any, Any, Any]:
@@ -291,34 +308,30 @@ class LlamaForCausalLM(CausalLM):
         return self.num_kv_heads
 
     # --- forward ------------------------------------------------------------------------------
-    def attention_block(
-        self, layer: LlamaLayerWeights, x: Any, positions: Any, batch: Any, kv_cache: Any
-    ) -> Any:
-        ops = self.backend
-        qkv = ops.linear(x, layer.qkv, layer.qkv_bias)
-        tokens = qkv.shape[0]
-        q = qkv[:, : self.q_size].reshape(tokens, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(tokens, self.num_kv_heads, self.head_dim)
-        v = qkv[:, self.q_size + self.kv_size :].reshape(tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.qk_transform(layer, q, k, positions)
-        out = ops.attention(q, k, v, kv_cache, batch, self.scale)
-        return ops.linear(out.reshape(tokens, self.q_size), layer.o_proj, layer.o_bias)
-
-    def qk_transform(self, layer: LlamaLayerWeights, q: Any, k: Any, positions: Any) -> tuple[Any, Any]:
-        """Per-head q/k RMSNorm where the layer has one (Qwen3), then the rotary embedding."""
-        ops = self.backend
-        if layer.q_norm is not None:
-            q = self._head_norm(q, layer.q_norm)
-            k = self._head_norm(k, layer.k_norm)
-        return (
-            ops.rotary_embedding(q, positions, self.rope_cos, self.rope_sin),
-            ops.rotary_embedding(k, positions, self.rope_cos, self.rope_sin),
+    def layer_forward(
+        self,
+        layer: LlamaLayerWeights,
+        hidden: Any,
+        residual: Any | None,
+        positions: Any,
+        cos: Any,
+        sin: Any,
+        batch: Any,
+        kv_cache: Any,
+    ) -> tuple[Any, Any]:
+        """One decoder layer: (its output, the residual stream); `cos`/`sin` are the rotary tables
+        `positions` index (a model with its own positions passes its own)."""
+        ops, parallel = self.backend, self.parallel
+        hidden, residual = ops.attention_block(
+            hidden, residual, layer.attention, positions, cos, sin, batch, kv_cache
         )
-
-    def _head_norm(self, x: Any, weight: Any) -> Any:
-        tokens, heads, dim = x.shape
-        normed, _ = self.backend.rms_norm(x.reshape(tokens * heads, dim), weight, self.config.rms_norm_eps)
-        return normed.reshape(tokens, heads, dim)
+        hidden = parallel.all_reduce(hidden)
+        if layer.dense_block is not None:
+            hidden, residual = ops.mlp_block(hidden, residual, layer.dense_block)
+        else:
+            normed, residual = ops.rms_norm(hidden, layer.post_norm, self.config.rms_norm_eps, residual)
+            hidden = self.mlp_block(layer, normed)
+        return parallel.all_reduce(hidden), residual
 
     def forward(self, input_ids: Any, positions: Any, batch: Any, kv_caches: list[Any]) -> Any:
         ops = self.backend
@@ -330,17 +343,15 @@ class LlamaForCausalLM(CausalLM):
             shape = (input_ids.shape[0], self.config.hidden_size)
             hidden = parallel.recv_from_previous_stage(ops, shape)
             residual = parallel.recv_from_previous_stage(ops, shape)
-        eps = self.config.rms_norm_eps
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            normed, residual = ops.rms_norm(hidden, layer.input_norm, eps, residual)
-            hidden = parallel.all_reduce(self.attention_block(layer, normed, positions, batch, kv_cache))
-            normed, residual = ops.rms_norm(hidden, layer.post_norm, eps, residual)
-            hidden = parallel.all_reduce(self.mlp_block(layer, normed))
+            hidden, residual = self.layer_forward(
+                layer, hidden, residual, positions, self.rope_cos, self.rope_sin, batch, kv_cache
+            )
         if not parallel.is_last_stage:
             parallel.send_to_next_stage(hidden)
             parallel.send_to_next_stage(residual)
             return None
-        normed, _ = ops.rms_norm(hidden, self.final_norm, eps, residual)
+        normed, _ = ops.rms_norm(hidden, self.final_norm, self.config.rms_norm_eps, residual)
         return normed
 
     def compute_logits(self, hidden: Any) -> Any:

@@ -11,7 +11,15 @@ The names are defined where the engine uses them and re-exported here: this modu
 and defines nothing itself.
 """
 
-from fastdeploy.backends.base import Backend, BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
+from fastdeploy.backends.base import (
+    AttentionBlock,
+    Backend,
+    BackendOptions,
+    BatchLayout,
+    KVCacheSpec,
+    MLPBlock,
+    PendingTokens,
+)
 from fastdeploy.backends.conformance import OP_CHECKS, build_backend, check_greedy_generation
 from fastdeploy.config import ModelConfig
 from fastdeploy.distributed.communicator import Communicator, RendezvousInfo
@@ -52,6 +60,8 @@ __all__ = [
     "BatchLayout",
     "KVCacheSpec",
     "PendingTokens",
+    "AttentionBlock",
+    "MLPBlock",
     # models
     "CausalLM",
     "ModelConfig",

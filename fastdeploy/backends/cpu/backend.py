@@ -9,10 +9,12 @@ import numpy as np
 
 from fastdeploy import envs
 from fastdeploy.backends.base import (
+    AttentionBlock,
     Backend,
     BackendOptions,
     BatchLayout,
     KVCacheSpec,
+    MLPBlock,
     apply_token_bitmask_numpy,
 )
 from fastdeploy.backends.cpu import native
@@ -249,6 +251,30 @@ class CpuBackend(Backend):
         sigmoid += np.float32(1.0)
         sigmoid *= np.float32(0.5)
         return gate * sigmoid * up
+
+    def attention_block(
+        self,
+        x: np.ndarray,
+        residual: np.ndarray | None,
+        block: AttentionBlock,
+        positions: np.ndarray,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        batch: CpuAttentionMetadata | native.AttentionBatch,
+        kv_cache: LayerKVCache,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if not self.native_isa:
+            return super().attention_block(x, residual, block, positions, cos, sin, batch, kv_cache)
+        return native.attention_block(
+            x, residual, block, positions, cos, sin, kv_cache, batch, self.native_isa, self.threads
+        )
+
+    def mlp_block(
+        self, x: np.ndarray, residual: np.ndarray | None, block: MLPBlock
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if not self.native_isa:
+            return super().mlp_block(x, residual, block)
+        return native.mlp_block(x, residual, block, self.native_isa, self.threads)
 
     def layer_norm(
         self,

@@ -192,23 +192,14 @@ class Ernie4_5_VLMoeForConditionalGeneration(Ernie4_5ForCausalLM):
         self._step = step
         try:
             residual = None
-            eps = self.config.rms_norm_eps
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                normed, residual = ops.rms_norm(hidden, layer.input_norm, eps, residual)
-                hidden = self.attention_block(layer, normed, positions, batch, kv_cache)
-                normed, residual = ops.rms_norm(hidden, layer.post_norm, eps, residual)
-                hidden = self.mlp_block(layer, normed)
-            normed, _ = ops.rms_norm(hidden, self.final_norm, eps, residual)
+                hidden, residual = self.layer_forward(
+                    layer, hidden, residual, step.positions, step.cos, step.sin, batch, kv_cache
+                )
+            normed, _ = ops.rms_norm(hidden, self.final_norm, self.config.rms_norm_eps, residual)
         finally:
             self._step = None
         return normed
-
-    def qk_transform(self, layer: LlamaLayerWeights, q: Any, k: Any, positions: Any) -> tuple[Any, Any]:
-        ops, step = self.backend, self._step
-        return (
-            ops.rotary_embedding(q, step.positions, step.cos, step.sin),
-            ops.rotary_embedding(k, step.positions, step.cos, step.sin),
-        )
 
     def _routed(self, moe: MoEWeights, x: Any) -> Any:
         ops = self.backend

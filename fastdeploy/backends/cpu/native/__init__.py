@@ -16,7 +16,7 @@ from functools import cached_property
 
 import numpy as np
 
-from fastdeploy.backends.base import BatchLayout
+from fastdeploy.backends.base import AttentionBlock, BatchLayout, MLPBlock
 from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
 
@@ -163,6 +163,19 @@ class AttentionBatch:
     block_tables: np.ndarray
     block_size: int
 
+    @cached_property
+    def block_arguments(self) -> tuple:
+        """The batch as `attention_block` takes it (built once per pass, used by every layer)."""
+        tables = self.block_tables
+        return (
+            self.slot_mapping,
+            self.query_starts,
+            self.context_lens,
+            tables,
+            self.block_size,
+            tables.shape[1],
+        )
+
 
 def attention_batch(layout: BatchLayout) -> AttentionBatch:
     starts = np.zeros(len(layout.query_lens) + 1, np.int64)
@@ -216,6 +229,102 @@ def attention(
         threads,
     )
     return out
+
+
+def attention_block(
+    x: np.ndarray,
+    residual: np.ndarray | None,
+    block: AttentionBlock,
+    positions: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    kv_cache: LayerKVCache,
+    batch: AttentionBatch,
+    isa: str,
+    threads: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`Backend.attention_block` in one call (decoder_layer.c); the block's weights are packed."""
+    if block.prepared is None:
+        qkv, o_proj = block.qkv, block.o_proj
+        block.prepared = (
+            _floats(block.input_norm),
+            qkv.kind,
+            qkv.packed,
+            _floats(block.qkv_bias),
+            _floats(block.q_norm),
+            _floats(block.k_norm),
+            o_proj.kind,
+            o_proj.packed,
+            _floats(block.o_bias),
+            qkv.in_features,
+            block.num_heads,
+            block.num_kv_heads,
+            block.head_dim,
+            block.eps,
+            block.scale,
+        )
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    total, residual = _residual_sum(x, residual)
+    cache = (
+        kv_cache.keys,
+        kv_cache.values,
+        kv_cache.key_scales,
+        kv_cache.value_scales,
+        KV_TYPES[kv_cache.kv_dtype],
+    )
+    _native.attention_block(
+        x,
+        residual,
+        out,
+        total if residual is not None else None,
+        np.ascontiguousarray(positions, np.int64),
+        _floats(cos),
+        _floats(sin),
+        cos.shape[-1],
+        block.prepared,
+        cache,
+        batch.block_arguments,
+        isa,
+        threads,
+    )
+    return out, total
+
+
+def mlp_block(
+    x: np.ndarray, residual: np.ndarray | None, block: MLPBlock, isa: str, threads: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`Backend.mlp_block` in one call (decoder_layer.c); the block's weights are packed."""
+    if block.prepared is None:
+        gate_up, down = block.gate_up, block.down
+        block.prepared = (
+            _floats(block.norm),
+            gate_up.kind,
+            gate_up.packed,
+            _floats(block.gate_up_bias),
+            down.kind,
+            down.packed,
+            _floats(block.down_bias),
+            gate_up.in_features,
+            gate_up.out_features // 2,
+            block.eps,
+        )
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    total, residual = _residual_sum(x, residual)
+    _native.mlp_block(x, residual, out, total if residual is not None else None, block.prepared, isa, threads)
+    return out, total
+
+
+def _floats(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else np.ascontiguousarray(array, np.float32)
+
+
+def _residual_sum(x: np.ndarray, residual: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(where x + residual goes: x itself when there is no residual; the residual, contiguous)."""
+    if residual is None:
+        return x, None
+    return np.empty_like(x), np.ascontiguousarray(residual, np.float32)
 
 
 def encoder_attention(

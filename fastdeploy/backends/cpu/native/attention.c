@@ -14,15 +14,10 @@
 #define KV_WRITES_PER_TASK 64 /* (token, kv head) rows written to the cache per task */
 
 struct attention_job {
+    struct paged_attention call;
     void (*kernel)(ATTEND_ARGS);
-    const struct attn_item *items;
-    const float *q, *k, *v;
-    float *out, *key_scales, *value_scales;
-    char *key_cache, *value_cache;
-    int kv_type;
-    const int64_t *slot_of, *query_starts, *context_lens, *block_tables;
-    Py_ssize_t tokens, width, block_size, heads, kv_heads, head_dim, longest;
-    float scale;
+    struct attn_item *items;
+    Py_ssize_t count, longest;
     _Atomic int out_of_memory;
 };
 
@@ -48,7 +43,7 @@ static uint16_t to_bf16(float x)
 
 /* Writes one kv head's vector `x` into the cache at element `index`, `stride` elements apart (keys are
  * transposed: stride block_size; values: 1); int8 also writes its scale (max|x| / 127). */
-static void store_vector(const struct attention_job *job, char *cache, float *scales, Py_ssize_t index,
+static void store_vector(const struct paged_attention *job, char *cache, float *scales, Py_ssize_t index,
                          Py_ssize_t stride, Py_ssize_t scale_index, const float *x)
 {
     const Py_ssize_t n = job->head_dim;
@@ -78,18 +73,18 @@ static void store_vector(const struct attention_job *job, char *cache, float *sc
 /* Rows index * KV_WRITES_PER_TASK.. of the step's keys and values into their cache slots. */
 static void write_kv_task(void *ctx, Py_ssize_t index, int slot)
 {
-    struct attention_job *job = ctx;
+    const struct paged_attention *job = &((struct attention_job *)ctx)->call;
     const Py_ssize_t head_dim = job->head_dim, block_size = job->block_size, kv_heads = job->kv_heads;
     const Py_ssize_t end = (index + 1) * KV_WRITES_PER_TASK < job->tokens * kv_heads ? (index + 1) * KV_WRITES_PER_TASK
                                                                                      : job->tokens * kv_heads;
     for (Py_ssize_t w = index * KV_WRITES_PER_TASK; w < end; w++) {
         const Py_ssize_t t = w / kv_heads, h = w % kv_heads;
-        const Py_ssize_t block = job->slot_of[t] / block_size, offset = job->slot_of[t] % block_size;
+        const Py_ssize_t block = job->slot_mapping[t] / block_size, offset = job->slot_mapping[t] % block_size;
         const Py_ssize_t position = (block * kv_heads + h) * block_size + offset;
         store_vector(job, job->key_cache, job->key_scales, (block * kv_heads + h) * head_dim * block_size + offset,
-                     block_size, position, job->k + w * head_dim);
+                     block_size, position, job->k + t * job->k_stride + h * head_dim);
         store_vector(job, job->value_cache, job->value_scales, position * head_dim, 1, position,
-                     job->v + w * head_dim);
+                     job->v + t * job->v_stride + h * head_dim);
     }
     (void)slot;
 }
@@ -97,16 +92,95 @@ static void write_kv_task(void *ctx, Py_ssize_t index, int slot)
 static void attend_task(void *ctx, Py_ssize_t index, int slot)
 {
     struct attention_job *job = ctx;
-    float *scratch = fd_thread_scratch((size_t)HEADS_AT_ONCE * (size_t)(job->head_dim + job->longest) * sizeof(float));
+    const struct paged_attention *c = &job->call;
+    float *scratch = fd_thread_scratch((size_t)HEADS_AT_ONCE * (size_t)(c->head_dim + job->longest) * sizeof(float));
     if (scratch == NULL) {
         job->out_of_memory = 1;
         return;
     }
-    job->kernel(&job->items[index], job->q, job->out, job->key_cache, job->value_cache, job->key_scales,
-                job->value_scales, job->query_starts,
-                job->context_lens, job->block_tables, job->width, job->block_size, job->heads, job->kv_heads,
-                job->head_dim, job->scale, scratch, scratch + HEADS_AT_ONCE * job->head_dim, job->longest);
+    job->kernel(&job->items[index], c->q, c->out, c->key_cache, c->value_cache, c->key_scales, c->value_scales,
+                c->query_starts, c->context_lens, c->block_tables, c->width, c->block_size, c->heads, c->kv_heads,
+                c->head_dim, c->scale, scratch, scratch + HEADS_AT_ONCE * c->head_dim, job->longest);
     (void)slot;
+}
+
+struct attention_job *paged_attention_plan(const struct paged_attention *call, const struct row_kernels *kernels)
+{
+    const struct paged_attention *c = call;
+    if (c->kv_type < 0 || c->kv_type >= KV_TYPES) {
+        PyErr_Format(PyExc_ValueError, "attention: unknown KV-cache type %d", c->kv_type);
+        return NULL;
+    }
+    const Py_ssize_t element = KV_BYTES[c->kv_type];
+    const Py_ssize_t row_bytes = c->kv_heads * c->head_dim * element;
+    const Py_ssize_t slots = c->kv_heads > 0 && c->head_dim > 0 ? c->cache_bytes / row_bytes : 0;
+    const Py_ssize_t scale_bytes = c->kv_type == KV_I8 ? slots * c->kv_heads * (Py_ssize_t)sizeof(float) : 0;
+    if (c->kv_heads <= 0 || c->heads % c->kv_heads != 0 || c->head_dim <= 0 || c->block_size <= 0 ||
+        c->cache_bytes % row_bytes != 0 || c->scale_bytes != scale_bytes || c->seqs < 0 || c->tokens < 0) {
+        PyErr_SetString(PyExc_ValueError, "attention: buffer sizes do not match the given shapes");
+        return NULL;
+    }
+    Py_ssize_t longest = 1, count = 0;
+    for (Py_ssize_t s = 0; s < c->seqs; s++) {
+        const int64_t queries = c->query_starts[s + 1] - c->query_starts[s];
+        const Py_ssize_t blocks = (c->context_lens[s] + c->block_size - 1) / c->block_size;
+        int bad = queries < 0 || queries > c->context_lens[s] || c->query_starts[s + 1] > c->tokens || blocks > c->width;
+        for (Py_ssize_t b = 0; !bad && b < blocks; b++) {
+            const int64_t block = c->block_tables[s * c->width + b];
+            bad = block < 0 || (block + 1) * c->block_size > slots;
+        }
+        if (bad) {
+            PyErr_SetString(PyExc_ValueError,
+                            "attention: query_starts/context_lens/block_tables disagree with each other or the cache");
+            return NULL;
+        }
+        longest = c->context_lens[s] > longest ? c->context_lens[s] : longest;
+        count += (queries + ATTN_TILE - 1) / ATTN_TILE * c->kv_heads;
+    }
+    for (Py_ssize_t t = 0; t < c->tokens; t++)
+        if (c->slot_mapping[t] < 0 || c->slot_mapping[t] >= slots) {
+            PyErr_Format(PyExc_ValueError, "attention: slot %lld of token %zd is outside the cache",
+                         (long long)c->slot_mapping[t], t);
+            return NULL;
+        }
+    struct attention_job *job = PyMem_RawCalloc(1, sizeof(*job));
+    struct attn_item *items = PyMem_RawMalloc((size_t)(count > 0 ? count : 1) * sizeof(struct attn_item));
+    if (job == NULL || items == NULL) {
+        PyMem_RawFree(job);
+        PyMem_RawFree(items);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    Py_ssize_t n = 0;
+    for (Py_ssize_t s = 0; s < c->seqs; s++)
+        for (int64_t t0 = c->query_starts[s]; t0 < c->query_starts[s + 1]; t0 += ATTN_TILE)
+            for (Py_ssize_t h = 0; h < c->kv_heads; h++) {
+                const Py_ssize_t left = c->query_starts[s + 1] - t0;
+                items[n++] = (struct attn_item){s, h, t0, left < ATTN_TILE ? left : ATTN_TILE};
+            }
+    job->call = *c;
+    if (c->kv_type != KV_I8) job->call.key_scales = job->call.value_scales = NULL;
+    job->kernel = kernels->attend[c->kv_type][c->head_dim == 64 ? 0 : c->head_dim == 128 ? 1 : 2];
+    job->items = items;
+    job->count = count;
+    job->longest = longest;
+    return job;
+}
+
+int paged_attention_run(struct attention_job *job, int threads)
+{
+    /* the new keys and values first (strided key stores miss the cache; several threads overlap
+     * the misses), then attention, once every position is written */
+    const Py_ssize_t writes = job->call.tokens * job->call.kv_heads;
+    fd_parallel_for((writes + KV_WRITES_PER_TASK - 1) / KV_WRITES_PER_TASK, threads, write_kv_task, job);
+    fd_parallel_for(job->count, threads, attend_task, job);
+    return job->out_of_memory ? -1 : 0;
+}
+
+void paged_attention_free(struct attention_job *job)
+{
+    if (job != NULL) PyMem_RawFree(job->items);
+    PyMem_RawFree(job);
 }
 
 /* attention(q, k, v, slot_mapping, key_cache, value_cache, key_scales, value_scales, out, query_starts,
@@ -130,84 +204,35 @@ PyObject *native_attention(PyObject *self, PyObject *args)
                           &scale, &kv_type, &isa_str, &threads))
         return NULL;
     PyObject *result = NULL;
-    struct attn_item *items = NULL;
+    struct attention_job *job = NULL;
     const struct row_kernels *kernels = native_row_kernels(isa_str);
     if (kernels == NULL) goto done;
     const Py_ssize_t seqs = lens.len / (Py_ssize_t)sizeof(int64_t);
     const Py_ssize_t row = heads * head_dim * (Py_ssize_t)sizeof(float);
-    if (kv_type < 0 || kv_type >= KV_TYPES) {
-        PyErr_Format(PyExc_ValueError, "attention: unknown KV-cache type %d", kv_type);
-        goto done;
-    }
-    const Py_ssize_t element = KV_BYTES[kv_type];
-    const Py_ssize_t slots = kv_heads > 0 && head_dim > 0 ? kc.len / (kv_heads * head_dim * element) : 0;
-    const Py_ssize_t scale_bytes = kv_type == KV_I8 ? slots * kv_heads * (Py_ssize_t)sizeof(float) : 0;
-    if (kv_heads <= 0 || heads % kv_heads != 0 || head_dim <= 0 || block_size <= 0 || q.len != tokens * row ||
-        out.len != q.len || starts.len != (seqs + 1) * (Py_ssize_t)sizeof(int64_t) ||
-        tables.len != seqs * width * (Py_ssize_t)sizeof(int64_t) || kc.len != vc.len ||
-        kc.len % (kv_heads * head_dim * element) != 0 || ks.len != scale_bytes || vs.len != scale_bytes ||
+    if (q.len != tokens * row || out.len != q.len || starts.len != (seqs + 1) * (Py_ssize_t)sizeof(int64_t) ||
+        tables.len != seqs * width * (Py_ssize_t)sizeof(int64_t) || kc.len != vc.len || ks.len != vs.len ||
         k.len != tokens * kv_heads * head_dim * (Py_ssize_t)sizeof(float) || v.len != k.len ||
         slot_mapping.len != tokens * (Py_ssize_t)sizeof(int64_t)) {
         PyErr_SetString(PyExc_ValueError, "attention: buffer sizes do not match the given shapes");
         goto done;
     }
-    const int64_t *query_starts = starts.buf, *context_lens = lens.buf, *block_tables = tables.buf;
-    Py_ssize_t longest = 1, count = 0;
-    for (Py_ssize_t s = 0; s < seqs; s++) {
-        const int64_t queries = query_starts[s + 1] - query_starts[s];
-        const Py_ssize_t blocks = (context_lens[s] + block_size - 1) / block_size;
-        int bad = queries < 0 || queries > context_lens[s] || query_starts[s + 1] > tokens || blocks > width;
-        for (Py_ssize_t b = 0; !bad && b < blocks; b++)
-            bad = block_tables[s * width + b] < 0 || (block_tables[s * width + b] + 1) * block_size > slots;
-        if (bad) {
-            PyErr_SetString(PyExc_ValueError,
-                            "attention: query_starts/context_lens/block_tables disagree with each other or the cache");
-            goto done;
-        }
-        longest = context_lens[s] > longest ? context_lens[s] : longest;
-        count += (queries + ATTN_TILE - 1) / ATTN_TILE * kv_heads;
-    }
-    items = PyMem_RawMalloc((size_t)(count > 0 ? count : 1) * sizeof(struct attn_item));
-    if (items == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    const int64_t *slot_of = slot_mapping.buf;
-    for (Py_ssize_t t = 0; t < tokens; t++)
-        if (slot_of[t] < 0 || slot_of[t] >= slots) {
-            PyErr_Format(PyExc_ValueError, "attention: slot %lld of token %zd is outside the cache", (long long)slot_of[t], t);
-            goto done;
-        }
-    Py_ssize_t n = 0;
-    for (Py_ssize_t s = 0; s < seqs; s++)
-        for (int64_t t0 = query_starts[s]; t0 < query_starts[s + 1]; t0 += ATTN_TILE)
-            for (Py_ssize_t h = 0; h < kv_heads; h++) {
-                const Py_ssize_t left = query_starts[s + 1] - t0;
-                items[n++] = (struct attn_item){s, h, t0, left < ATTN_TILE ? left : ATTN_TILE};
-            }
-    struct attention_job job = {
-        .kernel = kernels->attend[kv_type][head_dim == 64 ? 0 : head_dim == 128 ? 1 : 2],
-        .items = items, .q = q.buf, .k = k.buf, .v = v.buf, .out = out.buf, .key_cache = kc.buf,
-        .value_cache = vc.buf, .key_scales = kv_type == KV_I8 ? ks.buf : NULL,
-        .value_scales = kv_type == KV_I8 ? vs.buf : NULL, .kv_type = kv_type,
-        .slot_of = slot_mapping.buf, .query_starts = query_starts,
-        .context_lens = context_lens, .block_tables = block_tables, .width = width, .block_size = block_size,
-        .tokens = tokens, .heads = heads, .kv_heads = kv_heads, .head_dim = head_dim, .longest = longest,
-        .scale = (float)scale,
+    const struct paged_attention call = {
+        .q = q.buf, .k = k.buf, .v = v.buf, .k_stride = kv_heads * head_dim, .v_stride = kv_heads * head_dim, .out = out.buf,
+        .key_cache = kc.buf, .value_cache = vc.buf, .key_scales = ks.buf, .value_scales = vs.buf,
+        .cache_bytes = kc.len, .scale_bytes = ks.len, .slot_mapping = slot_mapping.buf, .query_starts = starts.buf,
+        .context_lens = lens.buf, .block_tables = tables.buf, .seqs = seqs, .tokens = tokens, .heads = heads,
+        .kv_heads = kv_heads, .head_dim = head_dim, .block_size = block_size, .width = width,
+        .scale = (float)scale, .kv_type = kv_type,
     };
+    job = paged_attention_plan(&call, kernels);
+    if (job == NULL) goto done;
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    /* the new keys and values first (strided key stores miss the cache; several threads overlap
-     * the misses), then attention, once every position is written */
-    const Py_ssize_t writes = tokens * kv_heads;
-    fd_parallel_for((writes + KV_WRITES_PER_TASK - 1) / KV_WRITES_PER_TASK, threads, write_kv_task, &job);
-    fd_parallel_for(count, threads, attend_task, &job);
+    failed = paged_attention_run(job, threads);
     Py_END_ALLOW_THREADS
-    if (job.out_of_memory)
-        PyErr_NoMemory();
-    else
-        result = Py_NewRef(Py_None);
+    result = failed ? PyErr_NoMemory() : Py_NewRef(Py_None);
 done:
-    PyMem_RawFree(items);
+    paged_attention_free(job);
     PyBuffer_Release(&q);
     PyBuffer_Release(&k);
     PyBuffer_Release(&v);

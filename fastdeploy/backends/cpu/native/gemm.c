@@ -431,7 +431,7 @@ static AVX2_TARGET void avx2_pair(const struct gemm_args *a, Py_ssize_t p)
 }
 
 /* ----------------------------------------------------------- dispatching */
-static Py_ssize_t packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
+Py_ssize_t fd_packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
 {
     if (kind == KIND_F32) return (cols + 2 * PANEL - 1) / (2 * PANEL) * depth * 2 * PANEL * (Py_ssize_t)sizeof(float);
     const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
@@ -462,6 +462,15 @@ static void gemm_task(void *ctx, Py_ssize_t pair, int slot)
     (void)slot;
 }
 
+int fd_gemm(const struct gemm_args *a, int isa, int threads)
+{
+    if (a->rows <= 0) return 0;
+    if (a->kind == KIND_Q4_1_I8 || a->kind == KIND_Q8_0_I8) return gemm_int8(a, isa, threads);
+    struct gemm_job job = {*a, (a->cols + PANEL - 1) / PANEL, isa};
+    fd_parallel_for((job.panels + 1) / 2, threads, gemm_task, &job);
+    return 0;
+}
+
 /* gemm(kind, x, packed, out, rows, cols, depth, isa, threads[, bias or None]) */
 PyObject *native_gemm(PyObject *self, PyObject *args)
 {
@@ -489,18 +498,14 @@ PyObject *native_gemm(PyObject *self, PyObject *args)
                      depth, QBLOCK);
     } else if (x.len != rows * depth * (Py_ssize_t)sizeof(float) ||
                out.len != rows * cols * (Py_ssize_t)sizeof(float) ||
-               packed.len != packed_bytes(kind, cols, depth)) {
+               packed.len != fd_packed_bytes(kind, cols, depth)) {
         PyErr_Format(PyExc_ValueError, "buffer sizes do not match rows=%zd cols=%zd depth=%zd", rows, cols,
                      depth);
     } else {
-        struct gemm_job job = {{x.buf, packed.buf, out.buf, rows, cols, depth, kind, bias.obj ? bias.buf : NULL},
-                               (cols + PANEL - 1) / PANEL, isa};
-        int failed = 0;
+        const struct gemm_args a = {x.buf, packed.buf, out.buf, rows, cols, depth, kind, bias.obj ? bias.buf : NULL};
+        int failed;
         Py_BEGIN_ALLOW_THREADS
-        if (rows > 0 && (kind == KIND_Q4_1_I8 || kind == KIND_Q8_0_I8))
-            failed = gemm_int8(&job.a, isa, threads);
-        else if (rows > 0)
-            fd_parallel_for((job.panels + 1) / 2, threads, gemm_task, &job);
+        failed = fd_gemm(&a, isa, threads);
         Py_END_ALLOW_THREADS
         result = failed ? PyErr_NoMemory() : Py_NewRef(Py_None);
     }

@@ -9,6 +9,7 @@
  * attention.c         paged causal attention over block tables (entry point)
  * encoder_attention.c bidirectional attention within segments, no cache (vision encoders' entry point)
  * elementwise.c       RMSNorm / LayerNorm (+ residual), SiLU-and-mul, GELUs, rotary embedding (entry points)
+ * decoder_layer.c     a decoder layer's attention half and MLP half, one call each
  * isa.c               which instruction sets this CPU runs
  * threadpool.c        the parallel loops every kernel runs on (why not OpenMP: see there)
  * module.c            the Python module
@@ -94,6 +95,32 @@ enum kv_type { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2, KV_I8 = 3, KV_TYPES = 4 };
         Py_ssize_t heads, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float *q_scaled, float *scores, \
         Py_ssize_t stride
 
+/* One paged-attention call (attention.c): the step's keys and values written into the cache, then
+ * causal attention of each sequence's query rows over its blocks. q/out [tokens, heads, head_dim];
+ * token t's k row ([kv_heads, head_dim]) starts k_stride floats after token t-1's, its v row v_stride
+ * floats after (the fused layer reads v in place from its qkv rows); the caches
+ * and batch arrays as `attention` (module.c) documents them; cache_bytes/scale_bytes the key cache's and
+ * key scales' sizes (the value cache's are the same). */
+struct paged_attention {
+    const float *q, *k, *v;
+    Py_ssize_t k_stride, v_stride;
+    float *out;
+    void *key_cache, *value_cache;
+    float *key_scales, *value_scales;
+    Py_ssize_t cache_bytes, scale_bytes;
+    const int64_t *slot_mapping, *query_starts, *context_lens, *block_tables;
+    Py_ssize_t seqs, tokens, heads, kv_heads, head_dim, block_size, width;
+    float scale;
+    int kv_type;
+};
+struct attention_job;
+struct row_kernels;
+/* Checks the call against its cache and splits it into work items (with the GIL: NULL with a Python
+ * error set when the call is inconsistent); runs it (without the GIL: -1 when out of memory); frees it. */
+struct attention_job *paged_attention_plan(const struct paged_attention *call, const struct row_kernels *kernels);
+int paged_attention_run(struct attention_job *job, int threads);
+void paged_attention_free(struct attention_job *job);
+
 /* Up to ENCODER_ROWS_AT_ONCE query rows of one head go through each key and value row together in the
  * encoder kernels (the row kernels take fewer at once where registers are fewer). */
 #define ENCODER_ROWS_AT_ONCE 6
@@ -137,6 +164,10 @@ struct gemm_args {
     int kind;
     const float *bias; /* NULL: none; else added to each row as the tile is stored */
 };
+/* gemm.c: the product for any weight kind on the caller's threads (the GIL released); -1 when out of
+ * memory. The bytes of a packed [cols, depth] weight of `kind`. */
+int fd_gemm(const struct gemm_args *a, int isa, int threads);
+Py_ssize_t fd_packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth);
 /* gemm_int8.c: the product for the KIND_*_I8 layouts, activations quantised to int8 (with the
  * caller's threads; the GIL released); -1 when out of memory. */
 int gemm_int8(const struct gemm_args *a, int isa, int threads);
@@ -149,6 +180,8 @@ PyObject *native_pack_blocks(PyObject *self, PyObject *args);
 PyObject *native_attention(PyObject *self, PyObject *args);
 PyObject *native_encoder_attention(PyObject *self, PyObject *args);
 PyObject *native_rms_norm(PyObject *self, PyObject *args);
+PyObject *native_attention_block(PyObject *self, PyObject *args);
+PyObject *native_mlp_block(PyObject *self, PyObject *args);
 PyObject *native_layer_norm(PyObject *self, PyObject *args);
 PyObject *native_activation(PyObject *self, PyObject *args);
 PyObject *native_silu_and_mul(PyObject *self, PyObject *args);

@@ -20,6 +20,7 @@ from fastdeploy.backends.base import (
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.attention import CpuAttentionMetadata, build_metadata, paged_attention
 from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache, allocate_native, allocate_numpy
+from fastdeploy.backends.cpu.native.weight_arena import WeightArena
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
@@ -121,6 +122,8 @@ class CpuBackend(Backend):
         self.dtype = np.float32
         self.native_isa = _native_isa()
         self.activations = _activations(self.native_isa)
+        #: packed weights on huge pages (native kernels only: the numpy path keeps numpy's arrays)
+        self.weight_arena = WeightArena()
         # With the native kernels every op of a forward pass runs on their threads and BLAS is not
         # used; a BLAS pool would only spin beside them (measured: 170 -> 26 tok/s).
         _set_blas_threads(1 if self.native_isa else self.threads)
@@ -185,7 +188,7 @@ class CpuBackend(Backend):
 
     def linear_weight(self, *parts: np.ndarray | GGMLTensor) -> np.ndarray | native.PackedWeight:
         if self.native_isa:
-            return native.pack(parts, self.activations)
+            return native.pack(parts, self.activations, self.weight_arena)
         stacked = np.concatenate([np.asarray(part, dtype=self.dtype) for part in parts], axis=0)
         # [in, out] contiguous: x @ W runs as a plain (non-transposed) sgemm.
         return np.ascontiguousarray(stacked.T)

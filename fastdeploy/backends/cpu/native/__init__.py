@@ -10,7 +10,7 @@ says why and the backend keeps its numpy path.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from fastdeploy.backends.base import AttentionBlock, BatchLayout, MLPBlock
 from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache
+from fastdeploy.backends.cpu.native.weight_arena import WeightArena
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
 
 try:
@@ -76,13 +77,16 @@ class PackedWeight:
         return getattr(_native, f"KIND_{self.type_name}{suffix}")
 
 
-def pack(parts: Sequence[GGMLTensor | np.ndarray], activations: str = "float32") -> PackedWeight:
+def pack(
+    parts: Sequence[GGMLTensor | np.ndarray], activations: str = "float32", arena: WeightArena | None = None
+) -> PackedWeight:
     """One packed weight from [out, in] parts stacked along `out` (a fused qkv or gate/up projection).
 
     Parts that share a block type with a kernel stay in their blocks, in the layout of the
     `activations` kernels; anything else (float checkpoints, other GGUF types, mixed types) is
-    packed as float32.
+    packed as float32. The packed bytes come from `arena` when given (huge pages), else numpy.
     """
+    empty = arena.empty if arena is not None else lambda nbytes: np.empty(nbytes, np.uint8)
     in_features = {part.shape[1] for part in parts}
     if not parts or len(in_features) != 1 or any(len(part.shape) != 2 for part in parts):
         raise ValueError(
@@ -94,22 +98,24 @@ def pack(parts: Sequence[GGMLTensor | np.ndarray], activations: str = "float32")
         block_bytes = _FORMATS[type_name][1]
         rows = np.ascontiguousarray(np.concatenate([part.rows for part in parts], axis=0), np.uint8)
         out_features, depth = rows.shape[0], in_features.pop()
-        packed = np.empty(-(-out_features // PANEL) * (depth // 32) * block_bytes, np.uint8)
+        packed = empty(-(-out_features // PANEL) * (depth // 32) * block_bytes)
         weight = PackedWeight(type_name, packed, out_features, depth, activations)
         _native.pack_blocks(weight.kind, rows, packed, out_features, depth)
         return weight
     matrix = np.concatenate([np.asarray(part, dtype=np.float32) for part in parts], axis=0)
-    return PackedWeight("F32", _pack_f32(matrix), matrix.shape[0], in_features.pop())
+    return PackedWeight("F32", _pack_f32(matrix, empty), matrix.shape[0], in_features.pop())
 
 
-def _pack_f32(matrix: np.ndarray) -> np.ndarray:
+def _pack_f32(matrix: np.ndarray, empty: Callable[[int], np.ndarray]) -> np.ndarray:
     """Panel pairs [pairs, in, 32] float32 of an [out, in] float matrix (out padded with zero rows):
-    already the kernels' float buffer layout (gemm.c)."""
+    already the kernels' float buffer layout (gemm.c); `empty(nbytes)` gives the memory."""
     out, depth = matrix.shape
     pairs = -(-out // (2 * PANEL))
     padded = np.zeros((pairs * 2 * PANEL, depth), np.float32)
     padded[:out] = matrix
-    return np.ascontiguousarray(padded.reshape(pairs, 2 * PANEL, depth).transpose(0, 2, 1))
+    panels = empty(pairs * 2 * PANEL * depth * 4).view(np.float32).reshape(pairs, depth, 2 * PANEL)
+    panels[...] = padded.reshape(pairs, 2 * PANEL, depth).transpose(0, 2, 1)
+    return panels
 
 
 def set_spin_us(microseconds: float) -> None:

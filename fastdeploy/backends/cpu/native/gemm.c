@@ -35,6 +35,15 @@
 #define Q4_1_PANEL_BLOCK_BYTES (PANEL * 2 * 2 + PANEL * QBLOCK / 2)
 #define Q8_0_PANEL_BLOCK_BYTES (PANEL * 2 + PANEL * QBLOCK)
 
+/* The few-rows kernels read each weight once, as fast as they compute, and their loads wait on memory:
+ * the next blocks of each panel are asked for PREFETCH_BLOCKS blocks ahead (1-4 measured alike,
+ * +6-9% decode on SmolLM2; 8 was slower). A prefetch past a panel's end never faults. */
+#define PREFETCH_BLOCKS 2
+static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *block, Py_ssize_t bytes)
+{
+    for (Py_ssize_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)block + line, _MM_HINT_T0);
+}
+
 /* Each instruction set has: dequantisation of one k row of a panel block (16 columns), a tile
  * kernel multiplying up to ROWS activation rows by one panel straight from its blocks (few rows:
  * every weight is used by few rows, so it is dequantised where it is used), and a tile kernel over
@@ -113,6 +122,7 @@ avx512_tile_blocks(const struct gemm_args *a, const uint8_t *panel, int width, P
     for (Py_ssize_t b = 0; b < blocks; b++) {
         const float *xb = x + b * QBLOCK;
         const uint8_t *blk[2] = {panel + b * block_bytes, panel + (blocks + b) * block_bytes};
+        for (int i = 0; i < width; i++) prefetch_block(blk[i] + PREFETCH_BLOCKS * block_bytes, block_bytes);
         __m512 d[2], m[2];
         for (int i = 0; i < width; i++) {
             d[i] = avx512_scales(blk[i], 0);
@@ -320,6 +330,7 @@ avx2_tile_blocks(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row
     const float *x = a->x + row0 * depth;
     for (Py_ssize_t b = 0; b < depth / QBLOCK; b++) {
         const uint8_t *blk = panel + b * BLOCK_BYTES(kind);
+        prefetch_block(blk + PREFETCH_BLOCKS * BLOCK_BYTES(kind), BLOCK_BYTES(kind));
         const struct avx2_scales sc = avx2_block_scales(kind, blk);
         /* unrolled: the Q4_1 nibble choice (j % 2) and load offset (j / 2) become constants */
 #pragma GCC unroll 32
@@ -365,6 +376,8 @@ static inline __attribute__((always_inline)) AVX2_TARGET void avx2_pair_blocks(c
     const uint8_t *panel = a->packed + p * blocks * block_bytes;
     for (Py_ssize_t b = 0; b < blocks; b++) {
         const uint8_t *blk0 = panel + b * block_bytes, *blk1 = panel + (blocks + b) * block_bytes;
+        prefetch_block(blk0 + PREFETCH_BLOCKS * block_bytes, block_bytes);
+        prefetch_block(blk1 + PREFETCH_BLOCKS * block_bytes, block_bytes);
         const struct avx2_scales sc0 = avx2_block_scales(kind, blk0), sc1 = avx2_block_scales(kind, blk1);
 #pragma GCC unroll 32
         for (int j = 0; j < QBLOCK; j++) {

@@ -19,9 +19,11 @@ native_kernels = Extension(
             "thread_adapt",
             "gemm",
             "gemm_int8",
+            "gemm_bf16",
             "packing",
             "attention",
             "encoder_attention",
+            "encoder_attention_bf16",
             "elementwise",
             "decoder_layer",
             "row_kernels_avx2",
@@ -30,7 +32,7 @@ native_kernels = Extension(
     ],
     depends=[
         f"fastdeploy/backends/cpu/native/{name}.h"
-        for name in ("native", "row_kernels", "attention_kernels", "thread_adapt")
+        for name in ("native", "row_kernels", "attention_kernels", "thread_adapt", "bf16")
     ],
     # -fno-trapping-math: nothing here reads floating-point exception flags, and without it GCC will
     # not turn the float selects of the AVX2 kernels (exp's clamp) into vector blends. Results are

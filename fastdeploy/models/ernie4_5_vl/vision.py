@@ -89,7 +89,7 @@ class VisionEncoder:
         def linear(prefix: str) -> _Linear:
             bias = host.get(prefix + ".bias")
             return _Linear(
-                backend.linear_weight(host[prefix + ".weight"]),
+                backend.encoder_linear_weight(host[prefix + ".weight"]),
                 None if bias is None else backend.linear_bias(bias),
             )
 
@@ -101,14 +101,14 @@ class VisionEncoder:
             width = fc1.shape[1] // parts
             slices = [fc1[:, i * width : (i + 1) * width] for i in range(parts)]
             return _MergeMLP(
-                [backend.linear_weight(part) for part in slices],
-                backend.linear_weight(np.sum(slices, axis=0)) if parts > 1 else None,
+                [backend.encoder_linear_weight(part) for part in slices],
+                backend.encoder_linear_weight(np.sum(slices, axis=0)) if parts > 1 else None,
                 backend.linear_bias(host[prefix + ".0.bias"]),
                 linear(prefix + ".2"),
                 norm(prefix + ".3"),
             )
 
-        self.patch_embed = backend.linear_weight(host[VISION + "patch_embed.proj.weight"])
+        self.patch_embed = backend.encoder_linear_weight(host[VISION + "patch_embed.proj.weight"])
         self.blocks = [
             _Block(
                 norm(f"{VISION}blocks.{i}.norm1"),

@@ -89,15 +89,15 @@ def test_both_kernels_agree_and_the_weight_is_packed_once():
 
 
 def attention_reference(q, k, v, cu_seqlens, scale):
-    """The kernel's numerics in float64: q * scale, k, v rounded to bfloat16; softmax numerators
-    exp(s - max) rounded to bfloat16 and normalised by their sum."""
+    """The kernel's numerics in float64: q * scale, k, v rounded to bfloat16; the softmax numerators
+    e = exp(s - max) multiply the values rounded to bfloat16 and are summed unrounded."""
     out = np.empty(q.shape)
     q, k, v = rounded(q * np.float32(scale)), rounded(k), rounded(v)
     for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True):
         for head in range(q.shape[1]):
             scores = q[start:end, head] @ k[start:end, head].T
-            weights = rounded(np.exp(scores - scores.max(axis=-1, keepdims=True)))
-            out[start:end, head] = weights @ v[start:end, head] / weights.sum(axis=-1, keepdims=True)
+            weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            out[start:end, head] = rounded(weights) @ v[start:end, head] / weights.sum(axis=-1, keepdims=True)
     return out
 
 

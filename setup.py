@@ -32,7 +32,7 @@ native_kernels = Extension(
     ],
     depends=[
         f"fastdeploy/backends/cpu/native/{name}.h"
-        for name in ("native", "row_kernels", "attention_kernels", "thread_adapt", "bf16")
+        for name in ("native", "row_kernels", "attention_kernels", "thread_adapt")
     ],
     # -fno-trapping-math: nothing here reads floating-point exception flags, and without it GCC will
     # not turn the float selects of the AVX2 kernels (exp's clamp) into vector blends. Results are

@@ -366,8 +366,8 @@ def _residual_sum(x: np.ndarray, residual: np.ndarray | None) -> tuple[np.ndarra
 
 def encoder_attention_bf16_runs(head_dim: int, isa: str) -> bool:
     """Whether `encoder_attention(..., bf16=True)` takes the bfloat16 kernel (AVX512_BF16, head_dim a
-    multiple of 16) rather than the float32 one."""
-    return isa == "avx512" and has_bf16() and head_dim % 16 == 0
+    multiple of 16 up to 512) rather than the float32 one."""
+    return isa == "avx512" and has_bf16() and head_dim % 16 == 0 and head_dim <= 512
 
 
 def encoder_attention(

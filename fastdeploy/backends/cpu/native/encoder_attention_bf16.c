@@ -6,9 +6,9 @@
  * of a 1024-patch image's encoding. Its two products (scores q.k, then probabilities times values)
  * are as arithmetic-bound as the linear layers, and bfloat16 pairs halve their instructions.
  *
- * Numerics: q * scale, k and v rounded to bfloat16 (to nearest even, bf16.h); scores summed in
- * float32; softmax in float32 (max, exp); out = (sum_j bf16(e_j) v_j) / sum_j e_j with
- * e_j = exp(s_j - max), the sums in float32.
+ * Numerics: q * scale, k and v rounded to bfloat16 (to nearest even by vcvtneps2bf16, as gemm_bf16.c
+ * rounds); scores summed in float32; softmax in float32 (max, exp); out = (sum_j bf16(e_j) v_j) /
+ * sum_j e_j with e_j = exp(s_j - max), the sums in float32.
  *
  * Layout, per (segment, head), in the pairs `vdpbf16ps` multiplies (32 bits: two bfloat16 values):
  *   keys   [padded / CHUNK][head_dim / 2][CHUNK]: pair (k[j][2i], k[j][2i+1]) at [j / CHUNK][i][j % CHUNK],
@@ -19,11 +19,10 @@
  *          probabilities times one load of 16 dims adds two keys' products to 16 outputs.
  * Padding (keys past the segment, up to a multiple of CHUNK) is zero, and so are their probabilities.
  * Up to ROWS query rows of one head share every key and value load (24 accumulators of 32 registers).
- * head_dim must be a multiple of 16 (whole vectors). The Python side uses the float32 kernel for other
+ * head_dim must be a multiple of 16 (whole vectors), at most 512. The Python side uses the float32 kernel for other
  * head_dims and on CPUs without AVX512_BF16, where widened bfloat16 would be slower than float32.
  */
 #include "native.h"
-#include "bf16.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -34,6 +33,7 @@
 #define CHUNK 64 /* keys scored at once: 4 vectors x ROWS rows = 24 accumulators */
 #define TILE 48  /* query tokens of one head of one segment per work item (a multiple of ROWS) */
 #define DIMS 64  /* output dims accumulated at once: 4 vectors x ROWS rows */
+#define MAX_HEAD_DIM 512
 
 struct item {
     Py_ssize_t segment, head, token0, tokens;
@@ -54,10 +54,23 @@ struct job {
 /* A segment's key count rounded up to whole chunks. */
 static Py_ssize_t padded_length(Py_ssize_t count) { return (count + CHUNK - 1) / CHUNK * CHUNK; }
 
-static inline uint32_t pair_of(float low, float high) { return bf16_of(low) | (uint32_t)bf16_of(high) << 16; }
+/* 16 floats times `scale`, rounded to bfloat16 (vcvtneps2bf16: to nearest even, NaN kept). */
+static inline __attribute__((always_inline)) BF16_TARGET __m256i round16(const float *x, __m512 scale)
+{
+    return (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(x), scale));
+}
+
+/* A row of head_dim floats times `scale` as head_dim / 2 pairs: bfloat16 values in order are
+ * already the pairs (x[2i], x[2i+1]). */
+static inline __attribute__((always_inline)) BF16_TARGET void
+row_pairs(const float *x, float scale, Py_ssize_t head_dim, uint32_t *pairs)
+{
+    for (Py_ssize_t d = 0; d < head_dim; d += 16)
+        _mm256_storeu_si256((__m256i *)(pairs + d / 2), round16(x + d, _mm512_set1_ps(scale)));
+}
 
 /* Keys and values of segment index / heads, head index % heads, into their pair layouts. */
-static void layout_task(void *ctx, Py_ssize_t index, int slot)
+static BF16_TARGET void layout_task(void *ctx, Py_ssize_t index, int slot)
 {
     struct job *job = ctx;
     const Py_ssize_t s = index / job->heads, h = index % job->heads, head_dim = job->head_dim;
@@ -65,14 +78,20 @@ static void layout_task(void *ctx, Py_ssize_t index, int slot)
     const Py_ssize_t row = job->heads * head_dim, pairs = head_dim / 2;
     uint32_t *keys = job->keys + job->offsets[s] + h * pairs * padded;
     uint32_t *values = job->values + job->offsets[s] + h * pairs * padded;
+    uint32_t key_pairs[MAX_HEAD_DIM / 2];
     for (Py_ssize_t j = 0; j < count; j++) {
-        const float *key = job->k + (start + j) * row + h * head_dim;
-        for (Py_ssize_t i = 0; i < pairs; i++) keys[j / CHUNK * pairs * CHUNK + i * CHUNK + j % CHUNK] = pair_of(key[2 * i], key[2 * i + 1]);
+        row_pairs(job->k + (start + j) * row + h * head_dim, 1.0f, head_dim, key_pairs);
+        uint32_t *chunk = keys + j / CHUNK * pairs * CHUNK + j % CHUNK;
+        for (Py_ssize_t i = 0; i < pairs; i++) chunk[i * CHUNK] = key_pairs[i];
     }
+    const __m512 one = _mm512_set1_ps(1.0f);
     for (Py_ssize_t j = 0; j < count; j += 2) {
         const float *first = job->v + (start + j) * row + h * head_dim;
-        const float *second = j + 1 < count ? first + row : NULL;
-        for (Py_ssize_t d = 0; d < head_dim; d++) values[j / 2 * head_dim + d] = pair_of(first[d], second ? second[d] : 0.0f);
+        for (Py_ssize_t d = 0; d < head_dim; d += 16) {
+            const __m512i low = _mm512_cvtepu16_epi32(round16(first + d, one));
+            const __m512i high = j + 1 < count ? _mm512_cvtepu16_epi32(round16(first + row + d, one)) : _mm512_setzero_si512();
+            _mm512_storeu_si512(values + j / 2 * head_dim + d, _mm512_or_si512(low, _mm512_slli_epi32(high, 16)));
+        }
     }
     (void)slot;
 }
@@ -173,10 +192,7 @@ static BF16_TARGET void attend(const float *q, float *out, Py_ssize_t tokens, Py
     const uint32_t *probs32 = (const uint32_t *)probs;
     for (Py_ssize_t t0 = 0; t0 < tokens; t0 += ROWS) {
         const int n = tokens - t0 < ROWS ? (int)(tokens - t0) : ROWS;
-        for (int r = 0; r < n; r++) {
-            const float *row = q + (t0 + r) * row_stride;
-            for (Py_ssize_t i = 0; i < pairs; i++) q_pairs[r * pairs + i] = pair_of(row[2 * i] * scale, row[2 * i + 1] * scale);
-        }
+        for (int r = 0; r < n; r++) row_pairs(q + (t0 + r) * row_stride, scale, head_dim, q_pairs + r * pairs);
         for (Py_ssize_t c = 0; c < padded; c += CHUNK)
             switch (n) { SCORE_CASE(1) SCORE_CASE(2) SCORE_CASE(3) SCORE_CASE(4) SCORE_CASE(5) SCORE_CASE(6) }
         float inverse[ROWS];
@@ -232,13 +248,13 @@ PyObject *native_encoder_attention_bf16(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "encoder_attention_bf16: this CPU has no AVX512_BF16");
         goto done;
     }
-    int bad = heads <= 0 || head_dim <= 0 || head_dim % 16 != 0 || q.len != bytes || k.len != bytes ||
+    int bad = heads <= 0 || head_dim <= 0 || head_dim % 16 != 0 || head_dim > MAX_HEAD_DIM || q.len != bytes || k.len != bytes ||
               v.len != bytes || out.len != bytes || segments < 0 ||
               (segments == 0 ? tokens != 0 : starts[0] != 0 || starts[segments] != tokens);
     for (Py_ssize_t s = 0; !bad && s < segments; s++) bad = starts[s + 1] < starts[s];
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "encoder_attention_bf16: buffer sizes do not match the shapes, head_dim is "
-                                          "not a multiple of 16, or cu_seqlens is not 0 .. tokens ascending");
+                                          "not a multiple of 16 up to 512, or cu_seqlens is not 0 .. tokens ascending");
         goto done;
     }
     Py_ssize_t longest = 1, laid_out = 0, count = 0;

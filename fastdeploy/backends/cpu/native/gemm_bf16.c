@@ -28,13 +28,21 @@
  * order (vdpbf16ps may also flush denormal products to zero).
  */
 #include "native.h"
-#include "bf16.h"
 
 #include <immintrin.h>
 #include <string.h>
 
 #define PAIR_COLS (2 * PANEL)
 #define CONVERT_ROWS_PER_TASK 16
+
+/* float32 -> bfloat16 bits, rounded to nearest even; NaN quieted (rounding could make it inf). */
+static inline uint16_t bf16_of(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof(bits));
+    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    return (uint16_t)((bits & 0x7FFFFFFFu) > 0x7F800000u ? (bits >> 16) | 0x0040u : rounded);
+}
 
 /* Compiled for AVX2 and AVX-512 as well (chosen at load by the dynamic linker): it runs over every
  * activation of a product. */

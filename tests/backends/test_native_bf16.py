@@ -18,6 +18,8 @@ from fastdeploy.backends.base import BackendOptions
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.plugins.environment import collect_environment
+from fastdeploy.plugins.registry import get_registry
 
 pytestmark = pytest.mark.skipif(
     native.unavailable_reason() is not None, reason=f"native kernels: {native.unavailable_reason()}"
@@ -141,7 +143,10 @@ def test_the_setting_is_checked_at_construction_and_described(monkeypatch):
         CpuBackend(BackendOptions(threads=1))
     monkeypatch.setenv("FD_CPU_VISION_MATMUL", "bfloat16")
     assert "vision encoder matmuls in bfloat16" in CpuBackend(BackendOptions(threads=1)).describe()
-    assert "vision encoder matmuls in bfloat16" in CpuBackend.runtime_details()
+    report = collect_environment(get_registry())  # what `fastdeploy env` prints
+    assert report.env["FD_CPU_VISION_MATMUL"] == "bfloat16"
+    cpu = next(status for status in report.backends if status.name == "cpu")
+    assert "vision encoder matmuls in bfloat16" in cpu.details
     monkeypatch.setenv("FD_CPU_KERNELS", "numpy")
     with pytest.raises(
         InvalidArgumentError, match="FD_CPU_VISION_MATMUL=bfloat16 needs the cpu backend's native kernels"

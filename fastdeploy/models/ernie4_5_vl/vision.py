@@ -13,6 +13,8 @@ is done without a concatenation: fc1 of [a | b] is a @ W1[:, :n]^T + b @ W1[:, n
 for an image (a = b) it is a @ (W1[:, :n] + W1[:, n:])^T + bias: one product instead of two.
 
 Each residual addition is fused into the LayerNorm that follows it (`layer_norm(..., residual=)`).
+Linear weights come from `encoder_linear_weight`, so a backend may keep them in another precision
+on request (the cpu backend's FD_CPU_VISION_MATMUL=bfloat16).
 """
 
 from __future__ import annotations

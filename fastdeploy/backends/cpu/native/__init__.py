@@ -37,7 +37,8 @@ PANEL = 16
 ISAS = ("avx512", "avx2")
 #: what the activations are multiplied in: float32 (exact) or int8 (gemm_int8.c, opt-in)
 ACTIVATIONS = ("float32", "int8")
-#: what a vision encoder's linear layers multiply in: float32 (exact) or bfloat16 (gemm_bf16.c, opt-in)
+#: what a vision encoder's linear layers and attention multiply in: float32 (exact) or bfloat16
+#: (gemm_bf16.c, encoder_attention_bf16.c; opt-in)
 VISION_MATMULS = ("float32", "bfloat16")
 
 

@@ -107,10 +107,12 @@ def attention_reference(q, k, v, cu_seqlens, scale):
 
 @pytest.mark.skipif(not native.has_bf16(), reason=NO_BF16)
 @pytest.mark.parametrize(
-    ("lengths", "heads", "head_dim"), [([7], 1, 16), ([100, 33], 2, 64), ([65, 130], 3, 48), ([20], 1, 128)]
+    ("lengths", "heads", "head_dim"),
+    [([7], 1, 16), ([100, 33], 2, 64), ([65, 130], 3, 48), ([20], 1, 128), ([90], 2, 80)],
 )
 def test_encoder_attention_matches_the_reference(lengths, heads, head_dim):
-    """Segments of odd and unpadded lengths; head_dim with 1, 3, 4 and 2 x 4 vectors of output."""
+    """Segments of odd and unpadded lengths; head_dim with 1, 3, 4, 2 x 4 and 4 + 1 vectors of
+    output (80: ERNIE-4.5-VL's vision tower)."""
     rng = np.random.default_rng(sum(lengths) + head_dim)
     cu_seqlens = np.cumsum([0, *lengths]).astype(np.int64)
     q, k, v = (rng.standard_normal((cu_seqlens[-1], heads, head_dim)).astype(np.float32) for _ in range(3))

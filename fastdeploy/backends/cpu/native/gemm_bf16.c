@@ -44,13 +44,25 @@ static inline uint16_t bf16_of(float x)
     return (uint16_t)((bits & 0x7FFFFFFFu) > 0x7F800000u ? (bits >> 16) | 0x0040u : rounded);
 }
 
-/* Compiled for AVX2 and AVX-512 as well (chosen at load by the dynamic linker): it runs over every
- * activation of a product. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void round_row(const float *x, uint16_t *out,
-                                                                                  Py_ssize_t count)
+/* Rounds a run of floats; compiled for AVX-512 too (it runs over every activation of a product),
+ * and chosen by the CPU's instruction set (not an ifunc: the build must not need one). */
+static inline __attribute__((always_inline)) void round_run(const float *x, uint16_t *out, Py_ssize_t count)
 {
 #pragma omp simd
     for (Py_ssize_t i = 0; i < count; i++) out[i] = bf16_of(x[i]);
+}
+
+static void round_row_any(const float *x, uint16_t *out, Py_ssize_t count) { round_run(x, out, count); }
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2"))) static void round_row_avx512(const float *x, uint16_t *out,
+                                                                                       Py_ssize_t count)
+{
+    round_run(x, out, count);
+}
+
+static void round_row(const float *x, uint16_t *out, Py_ssize_t count)
+{
+    (native_cpu_isa() == ISA_AVX512 ? round_row_avx512 : round_row_any)(x, out, count);
 }
 
 /* The operands of one product: activations already rounded, [rows][x_stride >= k2] 32-bit pairs. */

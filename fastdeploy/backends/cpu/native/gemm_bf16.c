@@ -17,7 +17,7 @@
  * Weights, packed once at load (native/__init__.py), as pairs of 16-column panels:
  *   [pairs][k2 = ceil(depth / 2)][32 columns][2]: element [p][j][n][i] = W[32p + n][2j + i]
  * with columns past `cols` and an odd depth's last k padded with zeros. Activations are rounded into
- * [rows][k2][2] (the same k pairs), so one 32-bit broadcast of a row's pair (x[2j], x[2j+1]) times
+ * [rows][k2][2] (the same k pairs; rows padded apart, `row_stride`), so one 32-bit broadcast of a row's pair (x[2j], x[2j+1]) times
  * one 64-byte weight load gives 16 columns' two products each.
  *
  * Kernels: AVX-512 with AVX512_BF16, tiles of 12 rows x 32 columns (24 accumulators of 32 zmm
@@ -25,8 +25,8 @@
  * in registers (a 16-bit shift or a mask) and float32 FMAs, tiles of 4 rows x 16 columns: correct,
  * no faster than float32 (a CPU without BF16 should keep the float32 default). Work is split over
  * pairs of panels, and for a narrow weight (few pairs) over blocks of rows too (threadpool.c), the
- * GIL released. The two kernels' sums differ only in rounding
- * order (vdpbf16ps may also flush denormal products to zero).
+ * GIL released. The two kernels' sums differ only in rounding order (vdpbf16ps may also flush
+ * denormal products to zero).
  */
 #include "native.h"
 

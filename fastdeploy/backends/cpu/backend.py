@@ -224,7 +224,7 @@ class CpuBackend(Backend):
 
     def encoder_linear_weight(self, *parts: np.ndarray | GGMLTensor) -> np.ndarray | native.PackedWeight:
         if self.vision_matmul == "bfloat16":
-            return native.pack_bf16(parts)
+            return native.pack_bf16(parts, self.weight_arena)
         return self.linear_weight(*parts)
 
     def linear_bias(self, *parts: np.ndarray) -> np.ndarray:

@@ -134,16 +134,23 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def pack_bf16(parts: Sequence[GGMLTensor | np.ndarray]) -> PackedWeight:
+def pack_bf16(parts: Sequence[GGMLTensor | np.ndarray], arena: WeightArena | None = None) -> PackedWeight:
     """One weight from [out, in] parts stacked along `out`, rounded to bfloat16 once, for
-    gemm_bf16.c: [pairs of 16-column panels][in/2][32 columns][2 consecutive k] (zero padded)."""
+    gemm_bf16.c: [pairs of 16-column panels][in/2][32 columns][2 consecutive k] (zero padded);
+    the packed bytes come from `arena` when given (huge pages), else numpy."""
     matrix = np.concatenate([np.asarray(part, dtype=np.float32) for part in parts], axis=0)
     out, depth = matrix.shape
     pairs, k2 = -(-out // (2 * PANEL)), -(-depth // 2)
     padded = np.zeros((pairs * 2 * PANEL, 2 * k2), np.uint16)
     padded[:out, :depth] = round_bf16(matrix)
-    layout = padded.reshape(pairs, 2 * PANEL, k2, 2).transpose(0, 2, 1, 3)
-    return PackedWeight("BF16", np.ascontiguousarray(layout), out, depth)
+    shape = (pairs, k2, 2 * PANEL, 2)
+    packed = (
+        np.empty(shape, np.uint16)
+        if arena is None
+        else arena.empty(padded.nbytes).view(np.uint16).reshape(shape)
+    )
+    packed[...] = padded.reshape(pairs, 2 * PANEL, k2, 2).transpose(0, 2, 1, 3)
+    return PackedWeight("BF16", packed, out, depth)
 
 
 def set_spin_us(microseconds: float) -> None:

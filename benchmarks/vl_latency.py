@@ -4,16 +4,22 @@ For each random-weight config (`tiny`: the test model; `mid`: hidden 512, 6 laye
 512-wide vision tower), the script writes a -PT checkpoint, then measures, greedy with EOS ignored:
 
   * image encoding: vision tower + resampler for one 448x448 image (1024 patches -> 256 tokens),
-    best of 3 (fastdeploy: `VisionEncoder.encode`; transformers: `get_image_features`);
+    best of 5 (fastdeploy: `VisionEncoder.encode`; transformers: `get_image_features`);
   * end-to-end latency: processing, prefill and 64 output tokens for one prompt with that image
     (fastdeploy: `LLM.generate` with `multimodal_data`; transformers: its processor + `generate`);
   * fastdeploy's output tokens/s for 8 concurrent chats, each with its own image.
 
-transformers (float32) runs in this process when installed
-(`pip install torch==2.13.0 transformers==5.23.0`); ratios are fastdeploy's speed over
+`--variant LABEL:KEY=VALUE,...` adds a fastdeploy row (FD_* keys are environment variables set
+while its `LLM` is built, others `LLM` arguments), e.g. `--variant bf16:FD_CPU_VISION_MATMUL=bfloat16`,
+and prints its accuracy against the default row: the encoder output's max and mean relative error
+(max |a - b| / max |b|, mean |a - b| / mean |b|) and how many of the latency run's greedy tokens
+are the same. transformers runs in this process when installed
+(`pip install torch==2.13.0 transformers==5.23.0`), once per `--peer-dtypes` entry (default
+float32; `float32,bfloat16` adds torch's bfloat16 run); ratios are fastdeploy's speed over
 transformers'. Threads: both use `--threads` (default: the cores this process may use).
 
     python benchmarks/vl_latency.py [--configs tiny,mid] [--new-tokens 64] [--skip-peer]
+        [--variant LABEL:KEY=VALUE,...] [--peer-dtypes float32,bfloat16]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "models"))
 import tiny_checkpoints  # noqa: E402
 import tiny_vl_checkpoint as tiny  # noqa: E402
+from throughput import variant_settings  # noqa: E402  (benchmarks/ is the script directory)
 
 IMAGE_SIDE = 448
 
@@ -70,35 +77,66 @@ def best_of(runs: int, fn) -> float:
 PROMPT = [1, 17, 42, tiny.IMAGE_START, tiny.IMAGE_TOKEN, tiny.IMAGE_END, 99, 5, 63]
 
 
-def ours(directory: str, new_tokens: int, threads: int) -> dict[str, float]:
+def ours(directory: str, new_tokens: int, threads: int, options: dict) -> dict:
+    """fastdeploy's figures, its encoder output and greedy tokens; FD_* `options` are set in the
+    environment while the `LLM` is built (the backend reads them there), the rest passed to it."""
+    import numpy as np
+
     from fastdeploy import LLM, SamplingParams
 
-    llm = LLM(model=directory, max_model_len=1024, cpu_threads=threads)
+    env = {key: str(value) for key, value in options.items() if key.startswith("FD_")}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        llm = LLM(
+            model=directory,
+            max_model_len=1024,
+            cpu_threads=threads,
+            **{k: v for k, v in options.items() if k not in env},
+        )
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key)
+            else:
+                os.environ[key] = value
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     image = photo(0)
     prompt = engine.mm_processor.process(PROMPT, [image])
     item = prompt.items[0]
-    encode = best_of(3, lambda: engine.model.vision.encode(item.patches, item.grid_thw))
+    embeddings = engine.backend.to_numpy(engine.model.vision.encode(item.patches, item.grid_thw))
+    encode = best_of(5, lambda: engine.model.vision.encode(item.patches, item.grid_thw))
     request = {"prompt_token_ids": PROMPT, "multimodal_data": {"image": [image]}}
     llm.generate(request, params, use_tqdm=False)  # warm-up
-    latency = best_of(2, lambda: llm.generate(request, params, use_tqdm=False))
+    tokens = []
+    latency = best_of(
+        2, lambda: tokens.append(llm.generate(request, params, use_tqdm=False)[0].outputs.token_ids)
+    )
     batch = [{"prompt_token_ids": PROMPT, "multimodal_data": {"image": [photo(i + 1)]}} for i in range(8)]
     start = time.perf_counter()
     outputs = llm.generate(batch, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     generated = sum(len(output.outputs.token_ids) for output in outputs)
-    return {"encode": encode, "latency": latency, "batch_tok_s": generated / elapsed}
+    return {
+        "encode": encode,
+        "latency": latency,
+        "batch_tok_s": generated / elapsed,
+        "embeddings": np.array(embeddings, dtype=np.float64),
+        "tokens": list(tokens[-1]),
+    }
 
 
-def peer(directory: str, new_tokens: int, threads: int) -> dict[str, float] | None:
+def peer(directory: str, new_tokens: int, threads: int, dtype: str) -> dict[str, float] | None:
     try:
         import torch
         from transformers import Ernie4_5_VLMoeForConditionalGeneration, Ernie4_5_VLMoeImageProcessorPil
     except ImportError:
         return None
     torch.set_num_threads(threads)
-    model = Ernie4_5_VLMoeForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).eval()
+    model = Ernie4_5_VLMoeForConditionalGeneration.from_pretrained(
+        directory, dtype=getattr(torch, dtype)
+    ).eval()
     processor = Ernie4_5_VLMoeImageProcessorPil()
     image = photo(0)
 
@@ -118,7 +156,7 @@ def peer(directory: str, new_tokens: int, threads: int) -> dict[str, float] | No
     features = inputs()
     with torch.no_grad():
         encode = best_of(
-            3, lambda: model.get_image_features(features["pixel_values"], features["image_grid_thw"])
+            5, lambda: model.get_image_features(features["pixel_values"], features["image_grid_thw"])
         )
 
     def generate() -> None:
@@ -130,33 +168,62 @@ def peer(directory: str, new_tokens: int, threads: int) -> dict[str, float] | No
     return {"encode": encode, "latency": latency}
 
 
+def accuracy(variant: dict, default: dict) -> str:
+    """A variant's encoder output and greedy tokens against the default (float32) row's."""
+    ours, exact = variant["embeddings"], default["embeddings"]
+    difference = abs(ours - exact)
+    same = sum(a == b for a, b in zip(variant["tokens"], default["tokens"], strict=True))
+    return (
+        f"encoder output max rel. error {difference.max() / abs(exact).max():.2e}, "
+        f"mean {difference.mean() / abs(exact).mean():.2e}; greedy tokens {same}/{len(default['tokens'])} same"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="tiny,mid")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument(
+        "--variant", action="append", default=[], help="LABEL:KEY=VALUE,... an extra fastdeploy row"
+    )
+    parser.add_argument("--peer-dtypes", default="float32", help="transformers' dtypes, comma-separated")
     args = parser.parse_args()
+    variants = [("fastdeploy", {})] + [
+        (f"fastdeploy {label}", options) for label, _, options in map(variant_settings, args.variant)
+    ]
+    dtypes = [] if args.skip_peer else [dtype for dtype in args.peer_dtypes.split(",") if dtype]
     rows = []
     for name in args.configs.split(","):
         with tempfile.TemporaryDirectory() as directory:
             tiny.write_checkpoint(directory, "pt", CONFIGS[name]())
             tiny_checkpoints.write_ernie_tokenizer(directory)
-            mine = ours(directory, args.new_tokens, args.threads)
-            theirs = None if args.skip_peer else peer(directory, args.new_tokens, args.threads)
-        rows.append((name, mine, theirs))
-    print(
-        f"one {IMAGE_SIDE}x{IMAGE_SIDE} image, {args.new_tokens} output tokens, {args.threads} threads, float32"
-    )
-    print(f"{'config':6} {'figure':26} {'fastdeploy':>12} {'transformers':>13} {'speed-up':>9}")
+            mine = {
+                label: ours(directory, args.new_tokens, args.threads, options) for label, options in variants
+            }
+            theirs = {
+                f"transformers {dtype}": peer(directory, args.new_tokens, args.threads, dtype)
+                for dtype in dtypes
+            }
+        rows.append(
+            (name, mine, {label: figures for label, figures in theirs.items() if figures is not None})
+        )
+    print(f"one {IMAGE_SIDE}x{IMAGE_SIDE} image, {args.new_tokens} output tokens, {args.threads} threads")
     for name, mine, theirs in rows:
-        for key, label, unit in (("encode", "image encoding", "ms"), ("latency", "end-to-end latency", "ms")):
-            ours_ms = mine[key] * 1000
-            line = f"{name:6} {label:26} {ours_ms:10.1f}{unit}"
-            if theirs is not None:
-                line += f" {theirs[key] * 1000:11.1f}{unit} {theirs[key] / mine[key]:8.2f}x"
-            print(line)
-        print(f"{name:6} {'8 image chats, tok/s':26} {mine['batch_tok_s']:12.1f}")
+        engines = {**mine, **theirs}
+        print(f"\n{name}: " + " | ".join(engines))
+        for key, label in (("encode", "image encoding"), ("latency", "end-to-end latency")):
+            times = " | ".join(f"{figures[key] * 1000:.1f} ms" for figures in engines.values())
+            print(f"  {label:20} {times}")
+            for ours_label, figures in mine.items():
+                for their_label, peer_figures in theirs.items():
+                    ratio = peer_figures[key] / figures[key]
+                    print(f"    {ours_label} vs {their_label}: {ratio:.2f}x")
+        for label, figures in mine.items():
+            print(f"  8 image chats, {label}: {figures['batch_tok_s']:.1f} tok/s")
+        for label, figures in list(mine.items())[1:]:
+            print(f"  accuracy, {label} vs fastdeploy: {accuracy(figures, mine['fastdeploy'])}")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,17 @@ def cpu_activations() -> str:
     return os.environ.get("FD_CPU_ACTIVATIONS", "float32").strip().lower() or "float32"
 
 
+def cpu_vision_matmul() -> str:
+    """What the cpu backend multiplies vision encoders' linear layers and attention products in
+    (`FD_CPU_VISION_MATMUL`).
+
+    float32 (default): exact. bfloat16: opt-in faster numerics, weights rounded to bfloat16 once at
+    load and activations (queries, keys, values, probabilities) per product, products summed in
+    float32 (AVX512_BF16's `vdpbf16ps` where the CPU has it, about twice the float32 rate).
+    """
+    return os.environ.get("FD_CPU_VISION_MATMUL", "float32").strip().lower() or "float32"
+
+
 def cpu_kernels() -> str:
     """Kernels of the cpu backend (`FD_CPU_KERNELS`): auto, avx512, avx2 or numpy.
 

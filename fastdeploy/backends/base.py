@@ -276,6 +276,12 @@ class Backend(ABC):
     def linear_weight(self, *parts: np.ndarray) -> Any:
         """Device weight for `linear` from [out, in] matrices stacked along `out` (fused projections)."""
 
+    def encoder_linear_weight(self, *parts: np.ndarray) -> Any:
+        """`linear_weight` for a vision encoder's linear layers (default: the same). A backend may
+        keep these in another precision on request (the cpu backend's `FD_CPU_VISION_MATMUL`):
+        an encoder runs once per image, so its products are large and arithmetic-bound."""
+        return self.linear_weight(*parts)
+
     @abstractmethod
     def linear_bias(self, *parts: np.ndarray) -> Any:
         """Device bias for `linear` from 1-D parts concatenated (matching `linear_weight`'s fusion)."""

@@ -22,6 +22,7 @@ from PIL import Image  # noqa: E402
 
 from fastdeploy import LLM, SamplingParams  # noqa: E402
 from fastdeploy.backends.base import BackendOptions  # noqa: E402
+from fastdeploy.backends.cpu import native  # noqa: E402
 from fastdeploy.backends.selection import create_backend  # noqa: E402
 from fastdeploy.errors import InvalidArgumentError  # noqa: E402
 from fastdeploy.input.multimodal.options import ProcessorOptions  # noqa: E402
@@ -227,3 +228,41 @@ def test_a_model_in_rank_processes_refuses_images_saying_why(checkpoints, refere
         llm.shutdown()
     assert output.error_code == 400
     assert "runs in rank processes here" in output.error_msg and "engine process" in output.error_msg
+
+
+@pytest.mark.skipif(
+    native.unavailable_reason() is not None, reason=f"native kernels: {native.unavailable_reason()}"
+)
+def test_bfloat16_vision_matmuls_stay_within_bfloat16_error_of_float32(checkpoints, reference, monkeypatch):
+    """The opt-in: every image and video item's encoder output within bfloat16's error of the float32
+    default's, yet not equal to it; the text-only case untouched; and the greedy choices of the
+    one-image and video cases unchanged. (The two-image case's first two candidates are closer
+    than bfloat16 can tell apart in this random-weight model: its first token changes.)"""
+    cases = {case["name"]: case for case in reference["cases"]}
+    outputs = {}
+    for setting in ("float32", "bfloat16"):
+        monkeypatch.setenv("FD_CPU_VISION_MATMUL", setting)
+        registry = get_registry()
+        checkpoint = inspect_checkpoint(checkpoints["pt"], registry)
+        backend = create_backend("cpu", BackendOptions(threads=2), registry)
+        model = build_model(checkpoint, backend, 512, registry)
+        factory = registry.multimodal_processors()[checkpoint.config.architecture]
+        processor = factory(None, checkpoint.config, ProcessorOptions(mm_processor_kwargs=VIDEO_KWARGS))
+        items = []
+        for name in ("one_image", "two_images", "video"):
+            data = media(cases[name])
+            prompt = processor.process(
+                cases[name]["prompt_token_ids"], data.get("image", []), data.get("video", [])
+            )
+            items += [
+                backend.to_numpy(model.vision.encode(item.patches, item.grid_thw)) for item in prompt.items
+            ]
+        outputs[setting] = items
+    for exact, approximate in zip(outputs["float32"], outputs["bfloat16"], strict=True):
+        error = np.abs(approximate - exact).max() / np.abs(exact).max()
+        assert 1e-4 < error < 5e-2
+    llm = LLM(model=checkpoints["pt"], max_model_len=256, mm_processor_kwargs=VIDEO_KWARGS)
+    assert "vision encoder matmuls in bfloat16" in llm.llm_engine.backend.describe()
+    for name in ("text", "one_image", "video"):
+        output = llm.generate(prompt_of(cases[name]), GREEDY, use_tqdm=False)[0]
+        assert output.outputs.token_ids == cases[name]["output_token_ids"], name

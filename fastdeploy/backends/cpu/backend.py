@@ -81,6 +81,32 @@ def _activations(isa: str | None) -> str:
     return value
 
 
+def _vision_matmul(isa: str | None) -> str:
+    """What `FD_CPU_VISION_MATMUL` asks for, checked against the kernels that will run."""
+    value = envs.cpu_vision_matmul()
+    if value not in native.VISION_MATMULS:
+        raise InvalidArgumentError(
+            f"FD_CPU_VISION_MATMUL must be one of {', '.join(native.VISION_MATMULS)}; got {value!r}"
+        )
+    if value == "bfloat16" and isa is None:
+        raise InvalidArgumentError(
+            "FD_CPU_VISION_MATMUL=bfloat16 needs the cpu backend's native kernels, which do not run here "
+            f"({native.unavailable_reason() or 'FD_CPU_KERNELS=numpy'})"
+        )
+    return value
+
+
+def _vision_note(isa: str, vision_matmul: str) -> str:
+    if vision_matmul == "float32":
+        return "vision encoder matmuls in float32 (exact)"
+    instructions = (
+        "AVX512_BF16"
+        if isa == "avx512" and native.has_bf16()
+        else "widened to float32: no faster than float32"
+    )
+    return f"vision encoder matmuls in bfloat16 ({instructions}; FD_CPU_VISION_MATMUL)"
+
+
 def _activations_note(isa: str, activations: str) -> str:
     if activations == "float32":
         return "float32 activations (exact)"
@@ -124,6 +150,7 @@ class CpuBackend(Backend):
         self.activations = _activations(self.native_isa)
         #: packed weights on huge pages (native kernels only: the numpy path keeps numpy's arrays)
         self.weight_arena = WeightArena()
+        self.vision_matmul = _vision_matmul(self.native_isa)
         # With the native kernels every op of a forward pass runs on their threads and BLAS is not
         # used; a BLAS pool would only spin beside them (measured: 170 -> 26 tok/s).
         _set_blas_threads(1 if self.native_isa else self.threads)
@@ -138,14 +165,16 @@ class CpuBackend(Backend):
             if isa is None:
                 return f"numpy kernels ({native.unavailable_reason() or 'FD_CPU_KERNELS=numpy'})"
             adaptive = envs.cpu_threads() is None and envs.cpu_adaptive_threads()
-            return f"native kernels, {isa}; {_activations_note(isa, _activations(isa))}; {_waiting_policy(adaptive)}"
+            notes = f"{_activations_note(isa, _activations(isa))}; {_vision_note(isa, _vision_matmul(isa))}"
+            return f"native kernels, {isa}; {notes}; {_waiting_policy(adaptive)}"
         except InvalidArgumentError as exc:
             return str(exc)
 
     def describe(self) -> str:
         kernels = (
             f"native kernels ({self.native_isa}; {'/'.join(native.SUPPORTED_TYPES)} weights kept in blocks; "
-            f"{_activations_note(self.native_isa, self.activations)}; {_waiting_policy(self.adaptive_threads)})"
+            f"{_activations_note(self.native_isa, self.activations)}; "
+            f"{_vision_note(self.native_isa, self.vision_matmul)}; {_waiting_policy(self.adaptive_threads)})"
             if self.native_isa
             else "numpy"
         )
@@ -192,6 +221,11 @@ class CpuBackend(Backend):
         stacked = np.concatenate([np.asarray(part, dtype=self.dtype) for part in parts], axis=0)
         # [in, out] contiguous: x @ W runs as a plain (non-transposed) sgemm.
         return np.ascontiguousarray(stacked.T)
+
+    def encoder_linear_weight(self, *parts: np.ndarray | GGMLTensor) -> np.ndarray | native.PackedWeight:
+        if self.vision_matmul == "bfloat16":
+            return native.pack_bf16(parts, self.weight_arena)
+        return self.linear_weight(*parts)
 
     def linear_bias(self, *parts: np.ndarray) -> np.ndarray:
         return np.concatenate(parts).astype(self.dtype)
@@ -331,7 +365,8 @@ class CpuBackend(Backend):
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray, scale: float
     ) -> np.ndarray:
         if self.native_isa:
-            return native.encoder_attention(q, k, v, cu_seqlens, scale, self.native_isa, self.threads)
+            bf16 = self.vision_matmul == "bfloat16"
+            return native.encoder_attention(q, k, v, cu_seqlens, scale, self.native_isa, self.threads, bf16)
         return super().encoder_attention(q, k, v, cu_seqlens, scale)
 
     def gather_rows(self, x: np.ndarray, indices: np.ndarray) -> np.ndarray:

@@ -13,6 +13,8 @@ is done without a concatenation: fc1 of [a | b] is a @ W1[:, :n]^T + b @ W1[:, n
 for an image (a = b) it is a @ (W1[:, :n] + W1[:, n:])^T + bias: one product instead of two.
 
 Each residual addition is fused into the LayerNorm that follows it (`layer_norm(..., residual=)`).
+Linear weights come from `encoder_linear_weight`, so a backend may keep them in another precision
+on request (the cpu backend's FD_CPU_VISION_MATMUL=bfloat16).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class VisionEncoder:
         def linear(prefix: str) -> _Linear:
             bias = host.get(prefix + ".bias")
             return _Linear(
-                backend.linear_weight(host[prefix + ".weight"]),
+                backend.encoder_linear_weight(host[prefix + ".weight"]),
                 None if bias is None else backend.linear_bias(bias),
             )
 
@@ -101,14 +103,14 @@ class VisionEncoder:
             width = fc1.shape[1] // parts
             slices = [fc1[:, i * width : (i + 1) * width] for i in range(parts)]
             return _MergeMLP(
-                [backend.linear_weight(part) for part in slices],
-                backend.linear_weight(np.sum(slices, axis=0)) if parts > 1 else None,
+                [backend.encoder_linear_weight(part) for part in slices],
+                backend.encoder_linear_weight(np.sum(slices, axis=0)) if parts > 1 else None,
                 backend.linear_bias(host[prefix + ".0.bias"]),
                 linear(prefix + ".2"),
                 norm(prefix + ".3"),
             )
 
-        self.patch_embed = backend.linear_weight(host[VISION + "patch_embed.proj.weight"])
+        self.patch_embed = backend.encoder_linear_weight(host[VISION + "patch_embed.proj.weight"])
         self.blocks = [
             _Block(
                 norm(f"{VISION}blocks.{i}.norm1"),

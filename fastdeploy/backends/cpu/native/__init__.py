@@ -37,6 +37,9 @@ PANEL = 16
 ISAS = ("avx512", "avx2")
 #: what the activations are multiplied in: float32 (exact) or int8 (gemm_int8.c, opt-in)
 ACTIVATIONS = ("float32", "int8")
+#: what a vision encoder's linear layers and attention multiply in: float32 (exact) or bfloat16
+#: (gemm_bf16.c, encoder_attention_bf16.c; opt-in)
+VISION_MATMULS = ("float32", "bfloat16")
 
 
 def unavailable_reason() -> str | None:
@@ -53,6 +56,11 @@ def has_vnni() -> bool:
     return _native is not None and _native.has_vnni()
 
 
+def has_bf16() -> bool:
+    """Whether the bfloat16 products use AVX512_BF16 here (else bfloat16 widened to float32 FMAs)."""
+    return _native is not None and _native.has_bf16()
+
+
 def best_isa() -> str:
     """The widest instruction set the kernels use on this CPU (avx512, avx2 or none)."""
     return _native.best_isa() if _native is not None else "none"
@@ -61,8 +69,8 @@ def best_isa() -> str:
 @dataclass(frozen=True)
 class PackedWeight:
     """A [out_features, in_features] weight in the kernels' panel layout; `type_name` is the GGML
-    block type kept (Q4_1, Q8_0) or F32; `activations` what the kernel quantises x to (block
-    weights only: float weights are always multiplied in float32)."""
+    block type kept (Q4_1, Q8_0), F32 or BF16 (`pack_bf16`); `activations` what the kernel quantises
+    x to (block weights only: float32 weights multiply in float32, bfloat16 ones in bfloat16)."""
 
     type_name: str
     packed: np.ndarray
@@ -118,6 +126,33 @@ def _pack_f32(matrix: np.ndarray, empty: Callable[[int], np.ndarray]) -> np.ndar
     return panels
 
 
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """The bfloat16 bits (uint16) of float32 x, rounded to nearest even as the kernels round."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty(x.shape, np.uint16)
+    _native.round_bf16(x, out)
+    return out
+
+
+def pack_bf16(parts: Sequence[GGMLTensor | np.ndarray], arena: WeightArena | None = None) -> PackedWeight:
+    """One weight from [out, in] parts stacked along `out`, rounded to bfloat16 once, for
+    gemm_bf16.c: [pairs of 16-column panels][in/2][32 columns][2 consecutive k] (zero padded);
+    the packed bytes come from `arena` when given (huge pages), else numpy."""
+    matrix = np.concatenate([np.asarray(part, dtype=np.float32) for part in parts], axis=0)
+    out, depth = matrix.shape
+    pairs, k2 = -(-out // (2 * PANEL)), -(-depth // 2)
+    padded = np.zeros((pairs * 2 * PANEL, 2 * k2), np.uint16)
+    padded[:out, :depth] = round_bf16(matrix)
+    shape = (pairs, k2, 2 * PANEL, 2)
+    packed = (
+        np.empty(shape, np.uint16)
+        if arena is None
+        else arena.empty(padded.nbytes).view(np.uint16).reshape(shape)
+    )
+    packed[...] = padded.reshape(pairs, 2 * PANEL, k2, 2).transpose(0, 2, 1, 3)
+    return PackedWeight("BF16", packed, out, depth)
+
+
 def set_spin_us(microseconds: float) -> None:
     """How long the kernels' idle threads spin before they sleep (process-wide)."""
     _native.set_spin_us(microseconds)
@@ -144,6 +179,10 @@ def matmul(
     out = np.empty((x.shape[0], weight.out_features), np.float32)
     if bias is not None:
         bias = np.ascontiguousarray(bias, np.float32)
+    if weight.type_name == "BF16":
+        rows, cols, depth = x.shape[0], weight.out_features, weight.in_features
+        _native.gemm_bf16(x, weight.packed, out, rows, cols, depth, isa, threads, bias)
+        return out
     _native.gemm(
         weight.kind,
         x,
@@ -333,13 +372,32 @@ def _residual_sum(x: np.ndarray, residual: np.ndarray | None) -> tuple[np.ndarra
     return np.empty_like(x), np.ascontiguousarray(residual, np.float32)
 
 
+def encoder_attention_bf16_runs(head_dim: int, isa: str) -> bool:
+    """Whether `encoder_attention(..., bf16=True)` takes the bfloat16 kernel (AVX512_BF16, head_dim a
+    multiple of 16 up to 512) rather than the float32 one."""
+    return isa == "avx512" and has_bf16() and head_dim % 16 == 0 and head_dim <= 512
+
+
 def encoder_attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray, scale: float, isa: str, threads: int
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    cu_seqlens: np.ndarray,
+    scale: float,
+    isa: str,
+    threads: int,
+    bf16: bool = False,
 ) -> np.ndarray:
-    """`Backend.encoder_attention`: tokens `cu_seqlens[i]:cu_seqlens[i+1]` attend to each other only."""
+    """`Backend.encoder_attention`: tokens `cu_seqlens[i]:cu_seqlens[i+1]` attend to each other only;
+    `bf16`: with bfloat16 products (encoder_attention_bf16.c) where `encoder_attention_bf16_runs`."""
     q = np.ascontiguousarray(q, np.float32)
     tokens, heads, head_dim = q.shape
     out = np.empty_like(q)
+    if bf16 and encoder_attention_bf16_runs(head_dim, isa):
+        k, v = np.ascontiguousarray(k, np.float32), np.ascontiguousarray(v, np.float32)
+        cu_seqlens = np.ascontiguousarray(cu_seqlens, np.int64)
+        _native.encoder_attention_bf16(q, k, v, out, cu_seqlens, tokens, heads, head_dim, scale, threads)
+        return out
     _native.encoder_attention(
         q,
         np.ascontiguousarray(k, np.float32),

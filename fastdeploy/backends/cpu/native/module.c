@@ -121,6 +121,12 @@ static PyMethodDef methods[] = {
      "pack_blocks(kind, rows, out, out_features, in_features): GGUF rows into gemm's column panels."},
     {"gemm", native_gemm, METH_VARARGS,
      "gemm(kind, x, packed, out, rows, cols, depth, isa, threads): out = x @ dequant(packed).T"},
+    {"has_bf16", native_has_bf16, METH_NOARGS, "Whether the bfloat16 products use AVX512_BF16 on this CPU."},
+    {"round_bf16", native_round_bf16, METH_VARARGS, "round_bf16(x, out): float32 -> bfloat16 bits, to nearest even."},
+    {"gemm_bf16", native_gemm_bf16, METH_VARARGS,
+     "gemm_bf16(x, packed, out, rows, cols, depth, isa, threads, bias): bfloat16 product (see gemm_bf16.c)."},
+    {"encoder_attention_bf16", native_encoder_attention_bf16, METH_VARARGS,
+     "encoder_attention with bfloat16 products on AVX512_BF16 (see encoder_attention_bf16.c)."},
     {NULL, NULL, 0, NULL},
 };
 

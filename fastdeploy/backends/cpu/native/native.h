@@ -4,6 +4,8 @@
  * gemm.c              matrix products on GGUF Q4_1/Q8_0 blocks (dequantised in registers) and float32 panels
  * packing.c           GGUF Q4_1/Q8_0 rows repacked into gemm.c's column panels
  * gemm_int8.c         the same blocks times int8-quantised activations (FD_CPU_ACTIVATIONS=int8)
+ * gemm_bf16.c         bfloat16 weights times activations rounded to bfloat16 (FD_CPU_VISION_MATMUL=bfloat16)
+ * encoder_attention_bf16.c  encoder_attention.c's work with bfloat16 products (the same opt-in, AVX512_BF16)
  * row_kernels.h       attention and element-wise kernels, compiled per instruction set by
  *                     row_kernels_avx2.c and row_kernels_avx512.c
  * attention.c         paged causal attention over block tables (entry point)
@@ -186,5 +188,11 @@ PyObject *native_layer_norm(PyObject *self, PyObject *args);
 PyObject *native_activation(PyObject *self, PyObject *args);
 PyObject *native_silu_and_mul(PyObject *self, PyObject *args);
 PyObject *native_rotary(PyObject *self, PyObject *args);
+/* gemm_bf16.c: whether vdpbf16ps runs here (else bfloat16 is widened to float32), rounding, the product */
+int native_cpu_has_bf16(void);
+PyObject *native_has_bf16(PyObject *self, PyObject *noargs);
+PyObject *native_round_bf16(PyObject *self, PyObject *args);
+PyObject *native_gemm_bf16(PyObject *self, PyObject *args);
+PyObject *native_encoder_attention_bf16(PyObject *self, PyObject *args);
 
 #endif

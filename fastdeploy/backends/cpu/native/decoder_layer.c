@@ -4,8 +4,9 @@
  *
  * Why: op by op, a decode step of a small model is ~10 Python-to-C calls per layer, each converting
  * its arguments, allocating its output and starting its own thread loop (about 300 per token for
- * SmolLM2; a few percent of its decode on the 2-core EPYC). Here each half is one call: the GEMMs and the attention still
- * run on the thread pool, while the one-row ops of a decode step (norms, rotary, SiLU) run inline.
+ * SmolLM2; a few percent of its decode on the 2-core EPYC). Here each half is one call: the GEMMs
+ * and the attention still run on the thread pool, while the one-row ops of a decode step (norms,
+ * rotary, SiLU) run inline.
  *
  * Each step runs the same kernels on the same data in the same order as the op-by-op path
  * (rms_norm_row, gemm.c, rotary_row, attention.c, silu_mul_row), so the results are bit-identical.

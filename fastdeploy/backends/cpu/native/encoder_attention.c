@@ -9,12 +9,7 @@
 
 #include <string.h>
 
-#define ENCODER_TILE 48 /* query tokens of one head of one segment per work item (a multiple of ENCODER_ROWS) */
-#define ENCODER_PAD 64  /* segment lengths round up to this (a multiple of every ATTN_CHUNK) */
-
-struct encoder_item {
-    Py_ssize_t segment, head, token0, tokens;
-};
+#define ENCODER_PAD 64 /* segment lengths round up to this (a multiple of every ATTN_CHUNK) */
 
 struct encoder_job {
     void (*kernel)(ENCODER_ARGS);
@@ -72,6 +67,45 @@ static void attend_task(void *ctx, Py_ssize_t index, int slot)
     (void)slot;
 }
 
+int encoder_segments_valid(const int64_t *starts, Py_ssize_t segments, Py_ssize_t tokens)
+{
+    if (segments < 0 || (segments == 0 ? tokens != 0 : starts[0] != 0 || starts[segments] != tokens)) return 0;
+    for (Py_ssize_t s = 0; s < segments; s++)
+        if (starts[s + 1] < starts[s]) return 0;
+    return 1;
+}
+
+int encoder_plan_build(struct encoder_plan *plan, const int64_t *starts, Py_ssize_t segments, Py_ssize_t heads,
+                       Py_ssize_t per_key, Py_ssize_t (*padded_length)(Py_ssize_t))
+{
+    *plan = (struct encoder_plan){.longest = 1};
+    plan->offsets = PyMem_RawMalloc((size_t)(segments > 0 ? segments : 1) * sizeof(Py_ssize_t));
+    if (plan->offsets == NULL) return -1;
+    for (Py_ssize_t s = 0; s < segments; s++) {
+        const Py_ssize_t length = starts[s + 1] - starts[s], padded = padded_length(length);
+        plan->offsets[s] = plan->laid_out;
+        plan->laid_out += padded * heads * per_key;
+        plan->longest = padded > plan->longest ? padded : plan->longest;
+        plan->count += (length + ENCODER_TILE - 1) / ENCODER_TILE * heads;
+    }
+    plan->items = PyMem_RawMalloc((size_t)(plan->count > 0 ? plan->count : 1) * sizeof(struct encoder_item));
+    if (plan->items == NULL) return -1;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t s = 0; s < segments; s++)
+        for (Py_ssize_t h = 0; h < heads; h++)
+            for (Py_ssize_t t0 = 0; t0 < starts[s + 1] - starts[s]; t0 += ENCODER_TILE) {
+                const Py_ssize_t left = starts[s + 1] - starts[s] - t0;
+                plan->items[n++] = (struct encoder_item){s, h, t0, left < ENCODER_TILE ? left : ENCODER_TILE};
+            }
+    return 0;
+}
+
+void encoder_plan_free(struct encoder_plan *plan)
+{
+    PyMem_RawFree(plan->items);
+    PyMem_RawFree(plan->offsets);
+}
+
 /* encoder_attention(q, k, v, out, cu_seqlens, tokens, heads, head_dim, scale, isa, threads)
  * q/k/v/out [tokens, heads, head_dim] float32; tokens cu_seqlens[i]..cu_seqlens[i+1] attend to each other. */
 PyObject *native_encoder_attention(PyObject *self, PyObject *args)
@@ -85,53 +119,33 @@ PyObject *native_encoder_attention(PyObject *self, PyObject *args)
                           &isa_str, &threads))
         return NULL;
     PyObject *result = NULL;
-    struct encoder_item *items = NULL;
-    Py_ssize_t *offsets = NULL;
+    struct encoder_plan plan = {0};
     float *keys_t = NULL, *values = NULL;
     const struct row_kernels *kernels = native_row_kernels(isa_str);
     if (kernels == NULL) goto done;
     const Py_ssize_t segments = cu.len / (Py_ssize_t)sizeof(int64_t) - 1;
     const int64_t *starts = cu.buf;
     const Py_ssize_t bytes = tokens * heads * head_dim * (Py_ssize_t)sizeof(float);
-    int bad = heads <= 0 || head_dim <= 0 || q.len != bytes || k.len != bytes || v.len != bytes || out.len != bytes ||
-              segments < 0 || (segments == 0 ? tokens != 0 : starts[0] != 0 || starts[segments] != tokens);
-    for (Py_ssize_t s = 0; !bad && s < segments; s++) bad = starts[s + 1] < starts[s];
-    if (bad) {
+    if (heads <= 0 || head_dim <= 0 || q.len != bytes || k.len != bytes || v.len != bytes || out.len != bytes ||
+        !encoder_segments_valid(starts, segments, tokens)) {
         PyErr_SetString(PyExc_ValueError,
                         "encoder_attention: buffer sizes do not match the shapes, or cu_seqlens is not 0 .. tokens ascending");
         goto done;
     }
-    Py_ssize_t longest = 1, laid_out = 0, count = 0;
-    offsets = PyMem_RawMalloc((size_t)(segments > 0 ? segments : 1) * sizeof(Py_ssize_t));
-    if (offsets == NULL) goto no_memory;
-    for (Py_ssize_t s = 0; s < segments; s++) {
-        const Py_ssize_t length = starts[s + 1] - starts[s], padded = padded_length(length);
-        offsets[s] = laid_out;
-        laid_out += padded * heads * head_dim;
-        longest = padded > longest ? padded : longest;
-        count += (length + ENCODER_TILE - 1) / ENCODER_TILE * heads;
-    }
+    if (encoder_plan_build(&plan, starts, segments, heads, head_dim, padded_length) < 0) goto no_memory;
     /* zeroed: the padding past a segment's keys is read (and its scores dropped) by the score loop */
-    keys_t = PyMem_RawCalloc((size_t)(laid_out > 0 ? laid_out : 1), sizeof(float));
-    values = PyMem_RawMalloc((size_t)(laid_out > 0 ? laid_out : 1) * sizeof(float));
-    items = PyMem_RawMalloc((size_t)(count > 0 ? count : 1) * sizeof(struct encoder_item));
-    if (keys_t == NULL || values == NULL || items == NULL) goto no_memory;
-    Py_ssize_t n = 0;
-    for (Py_ssize_t s = 0; s < segments; s++)
-        for (Py_ssize_t h = 0; h < heads; h++)
-            for (Py_ssize_t t0 = 0; t0 < starts[s + 1] - starts[s]; t0 += ENCODER_TILE) {
-                const Py_ssize_t left = starts[s + 1] - starts[s] - t0;
-                items[n++] = (struct encoder_item){s, h, t0, left < ENCODER_TILE ? left : ENCODER_TILE};
-            }
+    keys_t = PyMem_RawCalloc((size_t)(plan.laid_out > 0 ? plan.laid_out : 1), sizeof(float));
+    values = PyMem_RawMalloc((size_t)(plan.laid_out > 0 ? plan.laid_out : 1) * sizeof(float));
+    if (keys_t == NULL || values == NULL) goto no_memory;
     struct encoder_job job = {
         .kernel = head_dim == 64 ? kernels->encoder_attend_d64 : kernels->encoder_attend_any,
-        .items = items, .q = q.buf, .k = k.buf, .v = v.buf, .out = out.buf, .keys_t = keys_t, .values = values,
-        .starts = starts, .offsets = offsets, .heads = heads, .head_dim = head_dim, .longest = longest,
+        .items = plan.items, .q = q.buf, .k = k.buf, .v = v.buf, .out = out.buf, .keys_t = keys_t, .values = values,
+        .starts = starts, .offsets = plan.offsets, .heads = heads, .head_dim = head_dim, .longest = plan.longest,
         .scale = (float)scale,
     };
     Py_BEGIN_ALLOW_THREADS
     fd_parallel_for(segments * heads, threads, layout_task, &job);
-    fd_parallel_for(count, threads, attend_task, &job);
+    fd_parallel_for(plan.count, threads, attend_task, &job);
     Py_END_ALLOW_THREADS
     if (job.out_of_memory) goto no_memory;
     result = Py_NewRef(Py_None);
@@ -139,8 +153,7 @@ PyObject *native_encoder_attention(PyObject *self, PyObject *args)
 no_memory:
     PyErr_NoMemory();
 done:
-    PyMem_RawFree(items);
-    PyMem_RawFree(offsets);
+    encoder_plan_free(&plan);
     PyMem_RawFree(keys_t);
     PyMem_RawFree(values);
     PyBuffer_Release(&q);

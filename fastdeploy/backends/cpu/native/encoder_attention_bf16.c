@@ -31,16 +31,11 @@
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 #define ROWS 6   /* query rows sharing each key / value load */
 #define CHUNK 64 /* keys scored at once: 4 vectors x ROWS rows = 24 accumulators */
-#define TILE 48  /* query tokens of one head of one segment per work item (a multiple of ROWS) */
 #define DIMS 64  /* output dims accumulated at once: 4 vectors x ROWS rows */
 #define MAX_HEAD_DIM 512
 
-struct item {
-    Py_ssize_t segment, head, token0, tokens;
-};
-
 struct job {
-    const struct item *items;
+    const struct encoder_item *items;
     const float *q, *k, *v;
     float *out;
     uint32_t *keys, *values;   /* laid out pairs, per (segment, head) */
@@ -211,7 +206,7 @@ static BF16_TARGET void attend(const float *q, float *out, Py_ssize_t tokens, Py
 static void attend_task(void *ctx, Py_ssize_t index, int slot)
 {
     struct job *job = ctx;
-    const struct item *item = &job->items[index];
+    const struct encoder_item *item = &job->items[index];
     const Py_ssize_t head_dim = job->head_dim, row = job->heads * head_dim, pairs = head_dim / 2;
     /* query pairs, float scores and bfloat16 probabilities of ROWS rows */
     void *scratch = fd_thread_scratch((size_t)ROWS * ((size_t)pairs * 4 + (size_t)job->longest * 6));
@@ -238,8 +233,7 @@ PyObject *native_encoder_attention_bf16(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*y*w*y*nnndi", &q, &k, &v, &out, &cu, &tokens, &heads, &head_dim, &scale, &threads))
         return NULL;
     PyObject *result = NULL;
-    struct item *items = NULL;
-    Py_ssize_t *offsets = NULL;
+    struct encoder_plan plan = {0};
     uint32_t *keys = NULL, *values = NULL;
     const Py_ssize_t segments = cu.len / (Py_ssize_t)sizeof(int64_t) - 1;
     const int64_t *starts = cu.buf;
@@ -248,45 +242,25 @@ PyObject *native_encoder_attention_bf16(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "encoder_attention_bf16: this CPU has no AVX512_BF16");
         goto done;
     }
-    int bad = heads <= 0 || head_dim <= 0 || head_dim % 16 != 0 || head_dim > MAX_HEAD_DIM || q.len != bytes || k.len != bytes ||
-              v.len != bytes || out.len != bytes || segments < 0 ||
-              (segments == 0 ? tokens != 0 : starts[0] != 0 || starts[segments] != tokens);
-    for (Py_ssize_t s = 0; !bad && s < segments; s++) bad = starts[s + 1] < starts[s];
-    if (bad) {
+    if (heads <= 0 || head_dim <= 0 || head_dim % 16 != 0 || head_dim > MAX_HEAD_DIM || q.len != bytes ||
+        k.len != bytes || v.len != bytes || out.len != bytes || !encoder_segments_valid(starts, segments, tokens)) {
         PyErr_SetString(PyExc_ValueError, "encoder_attention_bf16: buffer sizes do not match the shapes, head_dim is "
                                           "not a multiple of 16 up to 512, or cu_seqlens is not 0 .. tokens ascending");
         goto done;
     }
-    Py_ssize_t longest = 1, laid_out = 0, count = 0;
-    offsets = PyMem_RawMalloc((size_t)(segments > 0 ? segments : 1) * sizeof(Py_ssize_t));
-    if (offsets == NULL) goto no_memory;
-    for (Py_ssize_t s = 0; s < segments; s++) {
-        const Py_ssize_t length = starts[s + 1] - starts[s], padded = padded_length(length);
-        offsets[s] = laid_out;
-        laid_out += padded * heads * head_dim / 2;
-        longest = padded > longest ? padded : longest;
-        count += (length + TILE - 1) / TILE * heads;
-    }
+    if (encoder_plan_build(&plan, starts, segments, heads, head_dim / 2, padded_length) < 0) goto no_memory;
     /* zeroed: padding keys and values are read (with zero probabilities) */
-    keys = PyMem_RawCalloc((size_t)(laid_out > 0 ? laid_out : 1), sizeof(uint32_t));
-    values = PyMem_RawCalloc((size_t)(laid_out > 0 ? laid_out : 1), sizeof(uint32_t));
-    items = PyMem_RawMalloc((size_t)(count > 0 ? count : 1) * sizeof(struct item));
-    if (keys == NULL || values == NULL || items == NULL) goto no_memory;
-    Py_ssize_t n = 0;
-    for (Py_ssize_t s = 0; s < segments; s++)
-        for (Py_ssize_t h = 0; h < heads; h++)
-            for (Py_ssize_t t0 = 0; t0 < starts[s + 1] - starts[s]; t0 += TILE) {
-                const Py_ssize_t left = starts[s + 1] - starts[s] - t0;
-                items[n++] = (struct item){s, h, t0, left < TILE ? left : TILE};
-            }
+    keys = PyMem_RawCalloc((size_t)(plan.laid_out > 0 ? plan.laid_out : 1), sizeof(uint32_t));
+    values = PyMem_RawCalloc((size_t)(plan.laid_out > 0 ? plan.laid_out : 1), sizeof(uint32_t));
+    if (keys == NULL || values == NULL) goto no_memory;
     struct job job = {
-        .items = items, .q = q.buf, .k = k.buf, .v = v.buf, .out = out.buf, .keys = keys, .values = values,
-        .starts = starts, .offsets = offsets, .heads = heads, .head_dim = head_dim, .longest = longest,
+        .items = plan.items, .q = q.buf, .k = k.buf, .v = v.buf, .out = out.buf, .keys = keys, .values = values,
+        .starts = starts, .offsets = plan.offsets, .heads = heads, .head_dim = head_dim, .longest = plan.longest,
         .scale = (float)scale,
     };
     Py_BEGIN_ALLOW_THREADS
     fd_parallel_for(segments * heads, threads, layout_task, &job);
-    fd_parallel_for(count, threads, attend_task, &job);
+    fd_parallel_for(plan.count, threads, attend_task, &job);
     Py_END_ALLOW_THREADS
     if (job.out_of_memory) goto no_memory;
     result = Py_NewRef(Py_None);
@@ -294,8 +268,7 @@ PyObject *native_encoder_attention_bf16(PyObject *self, PyObject *args)
 no_memory:
     PyErr_NoMemory();
 done:
-    PyMem_RawFree(items);
-    PyMem_RawFree(offsets);
+    encoder_plan_free(&plan);
     PyMem_RawFree(keys);
     PyMem_RawFree(values);
     PyBuffer_Release(&q);

@@ -134,6 +134,26 @@ void paged_attention_free(struct attention_job *job);
     const float *q, float *out, Py_ssize_t tokens, Py_ssize_t row_stride, const float *keys_t,                \
         const float *values, Py_ssize_t padded, Py_ssize_t count, Py_ssize_t head_dim, float scale, float *scratch
 
+/* Encoder attention's work (encoder_attention.c, encoder_attention_bf16.c): items of up to ENCODER_TILE
+ * query tokens of one head of one segment; each segment's first element in the laid-out keys (and
+ * values), `per_key` elements per padded key and head; the longest padded segment. */
+#define ENCODER_TILE 48 /* a multiple of both kernels' rows at once */
+struct encoder_item {
+    Py_ssize_t segment, head, token0, tokens;
+};
+struct encoder_plan {
+    struct encoder_item *items;
+    Py_ssize_t *offsets;
+    Py_ssize_t count, laid_out, longest;
+};
+/* Whether cu_seqlens `starts` ([segments + 1]) runs 0 .. tokens ascending. */
+int encoder_segments_valid(const int64_t *starts, Py_ssize_t segments, Py_ssize_t tokens);
+/* Fills `plan` for segments padded to `padded_length(count)` keys; -1 when out of memory (no error set).
+ * encoder_plan_free releases what it holds (also after a failure). */
+int encoder_plan_build(struct encoder_plan *plan, const int64_t *starts, Py_ssize_t segments, Py_ssize_t heads,
+                       Py_ssize_t per_key, Py_ssize_t (*padded_length)(Py_ssize_t));
+void encoder_plan_free(struct encoder_plan *plan);
+
 /* Element-wise activations of the `activation` entry point (vision encoders' MLPs). */
 enum activation { ACT_QUICK_GELU = 0, ACT_GELU_ERF = 1, ACTIVATIONS = 2 };
 

@@ -66,34 +66,27 @@ def _native_isa() -> str | None:
     return native.best_isa() if requested == "auto" else requested
 
 
-def _activations(isa: str | None) -> str:
-    """What `FD_CPU_ACTIVATIONS` asks for, checked against the kernels that will run."""
-    value = envs.cpu_activations()
-    if value not in native.ACTIVATIONS:
+def _opt_in(variable: str, value: str, allowed: tuple[str, ...], isa: str | None) -> str:
+    """`value` of the opt-in numerics setting `variable`, checked against its `allowed` values (the
+    first is the exact default) and the kernels that will run (the others need the native ones)."""
+    if value not in allowed:
+        raise InvalidArgumentError(f"{variable} must be one of {', '.join(allowed)}; got {value!r}")
+    if value != allowed[0] and isa is None:
         raise InvalidArgumentError(
-            f"FD_CPU_ACTIVATIONS must be one of {', '.join(native.ACTIVATIONS)}; got {value!r}"
-        )
-    if value == "int8" and isa is None:
-        raise InvalidArgumentError(
-            "FD_CPU_ACTIVATIONS=int8 needs the cpu backend's native kernels, which do not run here "
+            f"{variable}={value} needs the cpu backend's native kernels, which do not run here "
             f"({native.unavailable_reason() or 'FD_CPU_KERNELS=numpy'})"
         )
     return value
+
+
+def _activations(isa: str | None) -> str:
+    """What `FD_CPU_ACTIVATIONS` asks for."""
+    return _opt_in("FD_CPU_ACTIVATIONS", envs.cpu_activations(), native.ACTIVATIONS, isa)
 
 
 def _vision_matmul(isa: str | None) -> str:
-    """What `FD_CPU_VISION_MATMUL` asks for, checked against the kernels that will run."""
-    value = envs.cpu_vision_matmul()
-    if value not in native.VISION_MATMULS:
-        raise InvalidArgumentError(
-            f"FD_CPU_VISION_MATMUL must be one of {', '.join(native.VISION_MATMULS)}; got {value!r}"
-        )
-    if value == "bfloat16" and isa is None:
-        raise InvalidArgumentError(
-            "FD_CPU_VISION_MATMUL=bfloat16 needs the cpu backend's native kernels, which do not run here "
-            f"({native.unavailable_reason() or 'FD_CPU_KERNELS=numpy'})"
-        )
-    return value
+    """What `FD_CPU_VISION_MATMUL` asks for."""
+    return _opt_in("FD_CPU_VISION_MATMUL", envs.cpu_vision_matmul(), native.VISION_MATMULS, isa)
 
 
 def _vision_note(isa: str, vision_matmul: str) -> str:

@@ -29,6 +29,16 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def tiny_llama_tp2(tiny_model_dirs) -> LLM:
+    return LLM(
+        model=tiny_model_dirs["llama"],
+        tensor_parallel_size=2,
+        max_model_len=64,
+        num_gpu_blocks_override=16,
+        block_size=16,
+    )
+
+
 def rank_pids(llm: LLM) -> list[int]:
     return [child.pid for child in llm.llm_engine.executor._children.processes]
 
@@ -38,13 +48,7 @@ def test_a_rank_killed_mid_generation_fails_the_call_and_leaves_no_process(
     tiny_model_dirs, monkeypatch, fork_server
 ):
     monkeypatch.setenv("FD_DIST_FORK_SERVER", fork_server)
-    llm = LLM(
-        model=tiny_model_dirs["llama"],
-        tensor_parallel_size=2,
-        max_model_len=64,
-        num_gpu_blocks_override=16,
-        block_size=16,
-    )
+    llm = tiny_llama_tp2(tiny_model_dirs)
     pids = rank_pids(llm)
     executor = llm.llm_engine.executor
     assert len(executor._children.servers) == int(fork_server)
@@ -74,13 +78,7 @@ def test_a_rank_killed_mid_generation_fails_the_call_and_leaves_no_process(
 
 
 def test_ranks_die_with_their_fork_server_and_the_next_call_says_so(tiny_model_dirs):
-    llm = LLM(
-        model=tiny_model_dirs["llama"],
-        tensor_parallel_size=2,
-        max_model_len=64,
-        num_gpu_blocks_override=16,
-        block_size=16,
-    )
+    llm = tiny_llama_tp2(tiny_model_dirs)
     (server,) = llm.llm_engine.executor._children.servers
     pids = rank_pids(llm)
     os.kill(server.pid, signal.SIGKILL)

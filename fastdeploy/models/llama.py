@@ -99,8 +99,6 @@ class LlamaForCausalLM(CausalLM):
         self.num_heads = len(self.q_heads)
         self.num_kv_heads = len(self.kv_heads)
         self.head_dim = config.head_dim
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
         self.biases = self.projection_biases()
         self.lm_head_bias: Any | None = None

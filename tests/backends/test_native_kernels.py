@@ -98,11 +98,12 @@ def test_many_rows_path_equals_few_rows_path_bit_for_bit(isa, type_name):
 @requires_native
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("type_name", TYPES)
-@pytest.mark.parametrize("rows", range(1, 10))
+@pytest.mark.parametrize("rows", range(1, 18))
 def test_few_rows_tiles_equal_the_many_rows_path_bit_for_bit(isa, type_name, rows):
-    """Few rows go through both panels of a pair at once (up to 8 rows with AVX-512, 2 with AVX2),
-    more rows one panel at a time; every row count must give the sums of the dequantised buffer path.
-    90 columns: two full pairs, then a pair whose second panel is partial (10 columns)."""
+    """One Q4_1 row goes through four panels at once, few rows through both panels of a pair (up to
+    4 rows with AVX-512, 2 with AVX2), more rows one panel at a time in tiles of 8 (AVX-512) or 4
+    (AVX2); every row count must give the sums of the dequantised buffer path. 90 columns: four full
+    panels, then a pair whose second panel is partial (10 columns)."""
     tensor = ggml_matrix(type_name, 90, 192, seed=rows)
     packed = native.pack([tensor])
     x = np.random.default_rng(rows).standard_normal((4 * rows, 192)).astype(np.float32)

@@ -2,10 +2,19 @@
  * Matrix products out = x @ W.T on weights kept in GGUF blocks or float32 panels.
  *
  * Why: a decode step of a small model reads every weight once. Read as float32 that is four
- * bytes a weight; read in the GGUF's own Q4_1/Q8_0 blocks it is 0.625/1.06 bytes. The blocks are
- * dequantised in registers to exactly the float32 values `gguf.quants.dequantize` produces
- * (d*q+m and d*q are exact products rounded once), then multiplied in float32 with float32
- * activations, so results equal a float32 matmul on the dequantised weights up to summation order.
+ * bytes a weight; read in the GGUF's own Q4_1/Q8_0 blocks it is 0.625/1.06 bytes. Activations stay
+ * float32 and every product is float32 arithmetic on the blocks' exact values.
+ *
+ * Fold: a block's weights are d*q + m (Q4_1; d*q for Q8_0) with q small integers, so for each row,
+ * column and block of 32 k the kernels compute the sum s = x.q (a chain of FMAs along k, q as
+ * floats) and fold it into the column's total:
+ *     total = fma(d, s, total);  then, Q4_1 only:  total = fma(m, sum of the block's 32 x, total)
+ * starting from total = 0, block after block. Scaling whole block sums instead of each weight
+ * saves one FMA per weight, which one-row products (decode) are short of. The block sums of x are
+ * computed once per product (block_sums_rows), in one fixed order. Every kernel below does exactly
+ * these operations in this order, so a row's result does not depend on how many rows share the
+ * call (batch invariance) nor on the ISA; tests check both bit for bit. The result equals a float32
+ * product of the dequantised weights up to rounding (a float64 reference test bounds it).
  *
  * Weights are repacked at load time (packing.c; float32 in native/__init__.py) into panels of 16
  * output columns:
@@ -14,16 +23,18 @@
  *   Q8_0 panel block (544 bytes): d[16] fp16, then 32 rows k of 16 int8 q[k][n]
  * A panel's blocks follow each other along k, panels along n.
  *   float32 weights (KIND_F32, any depth) are stored as pairs of panels, [pairs][k][32 columns],
- *   with the columns padded to a multiple of 32: already the kernels' float buffer layout.
+ *   with the columns padded to a multiple of 32: already the kernels' float buffer layout; they
+ *   have no blocks and sum along the whole depth in one chain.
  *
  * Two instruction sets are compiled with target attributes and chosen at run time: AVX-512
- * (16 columns in one register; tiles of 16 rows from the blocks, 12 rows x 2 panels from floats)
- * and AVX2+FMA+F16C (two registers per panel; 4 rows from the blocks, 6 from floats). Work is
- * split over pairs of panels (threadpool.c); the GIL is released. With few rows (decode) a panel
- * alone is one chain of dependent FMAs per row and column block, bound by the FMA latency rather
- * than by reading the weights: up to 8 rows (AVX-512) or 2 (AVX2) take both panels of the pair
- * in one pass, twice the independent chains, the same sums in the same order (one row, one
- * thread, weights in L2: +10-30% weights per second on either instruction set).
+ * (16 columns in one register) and AVX2+FMA+F16C (two registers per panel). Work is split over
+ * tasks of two panels (threadpool.c); the GIL is released. Kernel shapes, by rows:
+ *   - one Q4_1 row: four panels at once (each column's block sum is a chain of dependent FMAs, so
+ *     one panel alone waits on the FMA latency; four give four to eight independent chains);
+ *   - few rows (up to 4 with AVX-512, 2 with AVX2): both panels of the pair at once; up to 16
+ *     (AVX-512) or 4 (AVX2) rows: one panel at a time, straight from the blocks;
+ *   - more rows: the pair's integers are converted once into a per-thread float buffer, which every
+ *     row tile then reads.
  */
 #include "native.h"
 
@@ -44,32 +55,34 @@ static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *
     for (Py_ssize_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)block + line, _MM_HINT_T0);
 }
 
-/* Each instruction set has: dequantisation of one k row of a panel block (16 columns), a tile
- * kernel multiplying up to ROWS activation rows by one panel straight from its blocks (few rows:
- * every weight is used by few rows, so it is dequantised where it is used), and a tile kernel over
- * a panel dequantised once into a float buffer (many rows: the buffer is reused by every row
- * tile). Both produce the same float32 weights and sum over k in the same order. */
+/* Each instruction set has: the integers of one k row of a panel block as floats (16 columns), the
+ * fold, a tile kernel straight from the blocks (few rows: each weight is converted where it is
+ * used) and one over the float buffer (many rows: the buffer is reused by every row tile). */
 #define BLOCK_BYTES(kind) ((kind) == KIND_Q4_1 || (kind) == KIND_Q4_1_I8 ? Q4_1_PANEL_BLOCK_BYTES : Q8_0_PANEL_BLOCK_BYTES)
 
 /* ---------------------------------------------------------------- AVX-512 */
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-#define AVX512_ROWS 16
+#define AVX512_FEW_ROWS 16  /* up to this many rows read the blocks directly */
+#define AVX512_TILE_ROWS 8  /* rows per tile from the blocks, one panel: 8 block sums + 8 totals */
+#define AVX512_WIDE_ROWS 4  /* up to this many rows go through both panels of a pair at once */
+#define AVX512_MAX_WIDTH 4  /* one row goes through four panels at once (QUAD_PANELS) */
+#define AVX512_PAIR_ROWS 6  /* rows per tile over two dequantised panels: 12 block sums + 12 totals */
+#define AVX512_F32_ROWS 12  /* rows per tile over two float32 panels (no block totals): 24 sums */
 
-/* The weights of a panel block's k rows 2j and 2j+1 (Q4_1, both from one 16-byte load) or of
- * row k (Q8_0); `d` and `m` are the block's scales and minimums as floats. */
-static inline __attribute__((always_inline)) AVX512_TARGET void
-avx512_q4_1_pair(const uint8_t *blk, int j, __m512 d, __m512 m, __m512 *even, __m512 *odd)
+/* The integers q of a panel block's k rows 2j and 2j+1 (Q4_1, both from one 16-byte load) or of
+ * row k (Q8_0), as floats: the scales are applied to whole block sums (fold). */
+static inline __attribute__((always_inline)) AVX512_TARGET void avx512_q4_1_pair(const uint8_t *blk, int j,
+                                                                                __m512 *even, __m512 *odd)
 {
     const __m128i low = _mm_set1_epi8(0x0F);
     const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * j));
-    *even = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low))), d, m);
-    *odd = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low))), d, m);
+    *even = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
+    *odd = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
 }
 
-static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_q8_0_row(const uint8_t *blk, int k, __m512 d)
+static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_q8_0_row(const uint8_t *blk, int k)
 {
-    const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * k));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * k))));
 }
 
 static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_scales(const uint8_t *blk, int offset)
@@ -77,24 +90,31 @@ static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_scales(
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + offset)));
 }
 
-/* Calls STEP(k, w) for the 32 k rows of a panel block, in order, with their weights w. */
-#define AVX512_FOR_BLOCK_ROWS(kind, blk, STEP)                                         \
-    do {                                                                               \
-        const __m512 d_ = avx512_scales(blk, 0);                                       \
-        if ((kind) == KIND_Q4_1) {                                                     \
-            const __m512 m_ = avx512_scales(blk, 32);                                  \
-            for (int j_ = 0; j_ < QBLOCK / 2; j_++) {                                  \
-                __m512 even_, odd_;                                                    \
-                avx512_q4_1_pair(blk, j_, d_, m_, &even_, &odd_);                      \
-                STEP(2 * j_, even_);                                                   \
-                STEP(2 * j_ + 1, odd_);                                                \
-            }                                                                          \
-        } else {                                                                       \
-            for (int k_ = 0; k_ < QBLOCK; k_++) STEP(k_, avx512_q8_0_row(blk, k_, d_)); \
-        }                                                                              \
+/* A block's sums x.q folded into the totals of its 16 columns (see fold in the header comment). */
+static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_fold(int kind, const uint8_t *blk,
+                                                                             __m512 total, __m512 sum,
+                                                                             float block_sum)
+{
+    total = _mm512_fmadd_ps(avx512_scales(blk, 0), sum, total);
+    return kind == KIND_Q4_1 ? _mm512_fmadd_ps(avx512_scales(blk, 32), _mm512_set1_ps(block_sum), total) : total;
+}
+
+/* Calls STEP(k, q) for the 32 k rows of a panel block, in order, with their integers q as floats. */
+#define AVX512_FOR_BLOCK_ROWS(kind, blk, STEP)                                      \
+    do {                                                                            \
+        if ((kind) == KIND_Q4_1) {                                                  \
+            for (int j_ = 0; j_ < QBLOCK / 2; j_++) {                               \
+                __m512 even_, odd_;                                                 \
+                avx512_q4_1_pair(blk, j_, &even_, &odd_);                           \
+                STEP(2 * j_, even_);                                                \
+                STEP(2 * j_ + 1, odd_);                                             \
+            }                                                                       \
+        } else {                                                                    \
+            for (int k_ = 0; k_ < QBLOCK; k_++) STEP(k_, avx512_q8_0_row(blk, k_)); \
+        }                                                                           \
     } while (0)
 
-/* Stores acc[r * width + i], the rows' sums for panel i of the tile starting at column col0. */
+/* Stores acc[r * width + i], the rows' totals for panel i of the tile starting at column col0. */
 static inline __attribute__((always_inline)) AVX512_TARGET void
 avx512_store(const struct gemm_args *a, const __m512 *acc, Py_ssize_t row0, int rows, Py_ssize_t col0, int width)
 {
@@ -108,202 +128,214 @@ avx512_store(const struct gemm_args *a, const __m512 *acc, Py_ssize_t row0, int 
     }
 }
 
-/* `width` panels (1 or 2, adjacent in memory, the first at `panel`) straight from their blocks for
- * `rows` rows. Each output column is one chain of FMAs along k; with one row a panel's chain alone
- * waits on the FMA latency, so few rows take two panels at once (two independent chains per row). */
+/* sum[r * width + i] += x[r][k] * w[i] for the tile's rows */
+#define AVX512_ACCUMULATE(sum, x, depth, rows, width, k, w)                                                       \
+    for (int r_ = 0; r_ < (rows); r_++) {                                                                         \
+        const __m512 xv_ = _mm512_set1_ps((x)[r_ * (depth) + (k)]);                                               \
+        for (int i_ = 0; i_ < (width); i_++) (sum)[r_ * (width) + i_] = _mm512_fmadd_ps(xv_, (w)[i_], (sum)[r_ * (width) + i_]); \
+    }
+
+/* `width` panels (1, 2 or 4, adjacent in memory, the first at `panel`) straight from their blocks
+ * for `rows` rows. Each column's block sum is one chain of FMAs; with one row a panel's chain alone
+ * waits on the FMA latency, so few rows take several panels at once (independent chains per row). */
 static inline __attribute__((always_inline)) AVX512_TARGET void
 avx512_tile_blocks(const struct gemm_args *a, const uint8_t *panel, int width, Py_ssize_t row0, int rows,
                    Py_ssize_t col0)
 {
-    __m512 acc[AVX512_ROWS];
-    for (int i = 0; i < rows * width; i++) acc[i] = _mm512_setzero_ps();
-    const float *x = a->x + row0 * a->depth;
-    const Py_ssize_t blocks = a->depth / QBLOCK, block_bytes = BLOCK_BYTES(a->kind);
+    __m512 total[AVX512_TILE_ROWS];
+    for (int i = 0; i < rows * width; i++) total[i] = _mm512_setzero_ps();
+    const Py_ssize_t depth = a->depth, blocks = depth / QBLOCK, block_bytes = BLOCK_BYTES(a->kind);
+    const float *x = a->x + row0 * depth, *block_sums = a->block_sums + row0 * blocks;
     for (Py_ssize_t b = 0; b < blocks; b++) {
         const float *xb = x + b * QBLOCK;
-        const uint8_t *blk[2] = {panel + b * block_bytes, panel + (blocks + b) * block_bytes};
-        for (int i = 0; i < width; i++) prefetch_block(blk[i] + PREFETCH_BLOCKS * block_bytes, block_bytes);
-        __m512 d[2], m[2];
+        const uint8_t *blk[AVX512_MAX_WIDTH];
         for (int i = 0; i < width; i++) {
-            d[i] = avx512_scales(blk[i], 0);
-            m[i] = a->kind == KIND_Q4_1 ? avx512_scales(blk[i], 32) : _mm512_setzero_ps();
+            blk[i] = panel + (i * blocks + b) * block_bytes;
+            prefetch_block(blk[i] + PREFETCH_BLOCKS * block_bytes, block_bytes);
         }
-#define ACCUMULATE(k, w)                                                                                    \
-    for (int r = 0; r < rows; r++) {                                                                         \
-        const __m512 xv_ = _mm512_set1_ps(xb[r * a->depth + (k)]);                                          \
-        for (int i = 0; i < width; i++) acc[r * width + i] = _mm512_fmadd_ps(xv_, (w)[i], acc[r * width + i]); \
-    }
+        __m512 sum[AVX512_TILE_ROWS];
+        for (int i = 0; i < rows * width; i++) sum[i] = _mm512_setzero_ps();
         if (a->kind == KIND_Q4_1) {
             for (int j = 0; j < QBLOCK / 2; j++) {
-                __m512 even[2], odd[2];
-                for (int i = 0; i < width; i++) avx512_q4_1_pair(blk[i], j, d[i], m[i], &even[i], &odd[i]);
-                ACCUMULATE(2 * j, even);
-                ACCUMULATE(2 * j + 1, odd);
+                __m512 even[AVX512_MAX_WIDTH], odd[AVX512_MAX_WIDTH];
+                for (int i = 0; i < width; i++) avx512_q4_1_pair(blk[i], j, &even[i], &odd[i]);
+                AVX512_ACCUMULATE(sum, xb, depth, rows, width, 2 * j, even);
+                AVX512_ACCUMULATE(sum, xb, depth, rows, width, 2 * j + 1, odd);
             }
         } else {
             for (int k = 0; k < QBLOCK; k++) {
-                __m512 w[2];
-                for (int i = 0; i < width; i++) w[i] = avx512_q8_0_row(blk[i], k, d[i]);
-                ACCUMULATE(k, w);
+                __m512 w[AVX512_MAX_WIDTH];
+                for (int i = 0; i < width; i++) w[i] = avx512_q8_0_row(blk[i], k);
+                AVX512_ACCUMULATE(sum, xb, depth, rows, width, k, w);
             }
         }
-#undef ACCUMULATE
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < width; i++)
+                total[r * width + i] = avx512_fold(a->kind, blk[i], total[r * width + i], sum[r * width + i],
+                                                   a->kind == KIND_Q4_1 ? block_sums[r * blocks + b] : 0.0f);
     }
-    avx512_store(a, acc, row0, rows, col0, width);
+    avx512_store(a, total, row0, rows, col0, width);
 }
 
-/* `width` panels (16 columns each) from float weights whose row k starts at weights + k * ld. */
+/* `width` panels whose integers were written as floats to `weights` (row k at weights + k * ld), for
+ * up to AVX512_PAIR_ROWS rows; the scales are read from the panels' blocks at `panel`. */
+static inline __attribute__((always_inline)) AVX512_TARGET void
+avx512_tile_dequantised(const struct gemm_args *a, const float *weights, Py_ssize_t ld, const uint8_t *panel,
+                        int width, Py_ssize_t row0, int rows, Py_ssize_t col0)
+{
+    __m512 total[AVX512_PAIR_ROWS * 2];
+    for (int i = 0; i < rows * width; i++) total[i] = _mm512_setzero_ps();
+    const Py_ssize_t depth = a->depth, blocks = depth / QBLOCK, block_bytes = BLOCK_BYTES(a->kind);
+    const float *x = a->x + row0 * depth, *block_sums = a->block_sums + row0 * blocks;
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        __m512 sum[AVX512_PAIR_ROWS * 2];
+        for (int i = 0; i < rows * width; i++) sum[i] = _mm512_setzero_ps();
+        for (Py_ssize_t k = b * QBLOCK; k < (b + 1) * QBLOCK; k++) {
+            __m512 w[2];
+            for (int i = 0; i < width; i++) w[i] = _mm512_loadu_ps(weights + k * ld + i * PANEL);
+            AVX512_ACCUMULATE(sum, x, depth, rows, width, k, w);
+        }
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < width; i++)
+                total[r * width + i] =
+                    avx512_fold(a->kind, panel + (i * blocks + b) * block_bytes, total[r * width + i],
+                                sum[r * width + i], a->kind == KIND_Q4_1 ? block_sums[r * blocks + b] : 0.0f);
+    }
+    avx512_store(a, total, row0, rows, col0, width);
+}
+
+/* `width` panels (16 columns each) from float32 weights whose row k starts at weights + k * ld. */
 static inline __attribute__((always_inline)) AVX512_TARGET void
 avx512_tile_floats(const struct gemm_args *a, const float *weights, Py_ssize_t ld, int width, Py_ssize_t row0,
                    int rows, Py_ssize_t col0)
 {
-    __m512 acc[AVX512_ROWS * 2];
+    __m512 acc[AVX512_F32_ROWS * 2];
     for (int i = 0; i < rows * width; i++) acc[i] = _mm512_setzero_ps();
     const float *x = a->x + row0 * a->depth;
     for (Py_ssize_t k = 0; k < a->depth; k++) {
         __m512 w[2];
         for (int i = 0; i < width; i++) w[i] = _mm512_loadu_ps(weights + k * ld + i * PANEL);
-        for (int r = 0; r < rows; r++) {
-            const __m512 xv = _mm512_set1_ps(x[r * a->depth + k]);
-            for (int i = 0; i < width; i++) acc[r * width + i] = _mm512_fmadd_ps(xv, w[i], acc[r * width + i]);
-        }
+        AVX512_ACCUMULATE(acc, x, a->depth, rows, width, k, w);
     }
     avx512_store(a, acc, row0, rows, col0, width);
 }
 
+/* constant row counts let the compiler keep every accumulator in a register */
+#define AVX512_CASES_4(CASE, w) CASE(1, w) CASE(2, w) CASE(3, w) CASE(4, w)
+#define AVX512_CASES_6(CASE, w) AVX512_CASES_4(CASE, w) CASE(5, w) CASE(6, w)
+#define AVX512_CASES_8(CASE, w) AVX512_CASES_6(CASE, w) CASE(7, w) CASE(8, w)
+#define AVX512_CASES_12(CASE, w) AVX512_CASES_8(CASE, w) CASE(9, w) CASE(10, w) CASE(11, w) CASE(12, w)
 #define AVX512_BLOCKS_CASE(n, width) case n: avx512_tile_blocks(a, panel, width, row0, n, col0); break;
+#define AVX512_DEQUANTISED_CASE(n, width) case n: avx512_tile_dequantised(a, weights, ld, panel, width, row0, n, col0); break;
 #define AVX512_FLOATS_CASE(n, width) case n: avx512_tile_floats(a, weights, ld, width, row0, n, col0); break;
-/* rows per tile: 16 accumulators for one panel, 24 for two (12 rows) */
-#define AVX512_PAIR_ROWS 12
-/* up to this many rows go through both panels of a pair at once straight from the blocks */
-#define AVX512_WIDE_ROWS 8
 
 /* Panels p .. p+count-1 (count 1 or 2, p even) for all rows; `weights` is a depth x 32 float scratch
  * buffer for dequantised blocks. */
 static AVX512_TARGET void avx512_panels(const struct gemm_args *a, Py_ssize_t p, int count, float *weights)
 {
-    const Py_ssize_t blocks = a->depth / QBLOCK;
-    Py_ssize_t ld = count * PANEL;
+    const Py_ssize_t blocks = a->depth / QBLOCK, col0 = p * PANEL;
     if (a->kind == KIND_F32) {
         weights = (float *)a->packed + p / 2 * a->depth * 2 * PANEL;
-        ld = 2 * PANEL;
-    } else if (a->rows <= AVX512_ROWS || weights == NULL) { /* few rows (or no scratch): straight from the blocks */
+        const Py_ssize_t ld = 2 * PANEL;
+        for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX512_F32_ROWS) {
+            const int rows = a->rows - row0 < AVX512_F32_ROWS ? (int)(a->rows - row0) : AVX512_F32_ROWS;
+            if (count == 2)
+                switch (rows) { AVX512_CASES_12(AVX512_FLOATS_CASE, 2) }
+            else
+                switch (rows) { AVX512_CASES_12(AVX512_FLOATS_CASE, 1) }
+        }
+        return;
+    }
+    const uint8_t *panel = a->packed + p * blocks * BLOCK_BYTES(a->kind);
+    if (a->rows <= AVX512_FEW_ROWS || weights == NULL) { /* few rows (or no scratch): straight from the blocks */
         if (count == 2 && a->rows <= AVX512_WIDE_ROWS) {
-            const uint8_t *panel = a->packed + p * blocks * BLOCK_BYTES(a->kind);
-            const Py_ssize_t row0 = 0, col0 = p * PANEL;
-            switch ((int)a->rows) {
-                AVX512_BLOCKS_CASE(1, 2) AVX512_BLOCKS_CASE(2, 2) AVX512_BLOCKS_CASE(3, 2) AVX512_BLOCKS_CASE(4, 2)
-                AVX512_BLOCKS_CASE(5, 2) AVX512_BLOCKS_CASE(6, 2) AVX512_BLOCKS_CASE(7, 2) AVX512_BLOCKS_CASE(8, 2)
-            }
+            const Py_ssize_t row0 = 0;
+            switch ((int)a->rows) { AVX512_CASES_4(AVX512_BLOCKS_CASE, 2) }
             return;
         }
-        for (int i = 0; i < count; i++) {
-            const uint8_t *panel = a->packed + (p + i) * blocks * BLOCK_BYTES(a->kind);
+        for (int i = 0; i < count; i++, panel += blocks * BLOCK_BYTES(a->kind)) {
             const Py_ssize_t col0 = (p + i) * PANEL;
-            for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX512_ROWS) {
+            for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX512_TILE_ROWS) {
                 const Py_ssize_t left = a->rows - row0;
-                /* constant row counts let the compiler keep every accumulator in a register */
-                switch (left < AVX512_ROWS ? (int)left : AVX512_ROWS) {
-                    AVX512_BLOCKS_CASE(1, 1) AVX512_BLOCKS_CASE(2, 1) AVX512_BLOCKS_CASE(3, 1) AVX512_BLOCKS_CASE(4, 1)
-                    AVX512_BLOCKS_CASE(5, 1) AVX512_BLOCKS_CASE(6, 1) AVX512_BLOCKS_CASE(7, 1) AVX512_BLOCKS_CASE(8, 1)
-                    AVX512_BLOCKS_CASE(9, 1) AVX512_BLOCKS_CASE(10, 1) AVX512_BLOCKS_CASE(11, 1)
-                    AVX512_BLOCKS_CASE(12, 1) AVX512_BLOCKS_CASE(13, 1) AVX512_BLOCKS_CASE(14, 1)
-                    AVX512_BLOCKS_CASE(15, 1) AVX512_BLOCKS_CASE(16, 1)
-                }
+                switch (left < AVX512_TILE_ROWS ? (int)left : AVX512_TILE_ROWS) { AVX512_CASES_8(AVX512_BLOCKS_CASE, 1) }
             }
         }
         return;
     }
-    for (int i = 0; i < count && a->kind != KIND_F32; i++) {
-        const uint8_t *panel = a->packed + (p + i) * blocks * BLOCK_BYTES(a->kind);
+    const Py_ssize_t ld = count * PANEL;
+    for (int i = 0; i < count; i++) {
+        const uint8_t *blocks_i = panel + i * blocks * BLOCK_BYTES(a->kind);
         for (Py_ssize_t b = 0; b < blocks; b++) {
             float *wb = weights + (b * QBLOCK * count + i) * PANEL;
-#define STORE(k, w) _mm512_storeu_ps(wb + (k) * count * PANEL, (w))
-            AVX512_FOR_BLOCK_ROWS(a->kind, panel + b * BLOCK_BYTES(a->kind), STORE);
+#define STORE(k, q) _mm512_storeu_ps(wb + (k) * count * PANEL, (q))
+            AVX512_FOR_BLOCK_ROWS(a->kind, blocks_i + b * BLOCK_BYTES(a->kind), STORE);
 #undef STORE
         }
     }
-    const Py_ssize_t col0 = p * PANEL;
-    const int tile = count == 2 ? AVX512_PAIR_ROWS : AVX512_ROWS;
-    for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += tile) {
-        const int rows = a->rows - row0 < tile ? (int)(a->rows - row0) : tile;
-        if (count == 2) {
-            switch (rows) {
-                AVX512_FLOATS_CASE(1, 2) AVX512_FLOATS_CASE(2, 2) AVX512_FLOATS_CASE(3, 2)
-                AVX512_FLOATS_CASE(4, 2) AVX512_FLOATS_CASE(5, 2) AVX512_FLOATS_CASE(6, 2)
-                AVX512_FLOATS_CASE(7, 2) AVX512_FLOATS_CASE(8, 2) AVX512_FLOATS_CASE(9, 2)
-                AVX512_FLOATS_CASE(10, 2) AVX512_FLOATS_CASE(11, 2) AVX512_FLOATS_CASE(12, 2)
-            }
-        } else {
-            switch (rows) {
-                AVX512_FLOATS_CASE(1, 1) AVX512_FLOATS_CASE(2, 1) AVX512_FLOATS_CASE(3, 1)
-                AVX512_FLOATS_CASE(4, 1) AVX512_FLOATS_CASE(5, 1) AVX512_FLOATS_CASE(6, 1)
-                AVX512_FLOATS_CASE(7, 1) AVX512_FLOATS_CASE(8, 1) AVX512_FLOATS_CASE(9, 1)
-                AVX512_FLOATS_CASE(10, 1) AVX512_FLOATS_CASE(11, 1) AVX512_FLOATS_CASE(12, 1)
-                AVX512_FLOATS_CASE(13, 1) AVX512_FLOATS_CASE(14, 1) AVX512_FLOATS_CASE(15, 1)
-                AVX512_FLOATS_CASE(16, 1)
-            }
-        }
+    for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX512_PAIR_ROWS) {
+        const int rows = a->rows - row0 < AVX512_PAIR_ROWS ? (int)(a->rows - row0) : AVX512_PAIR_ROWS;
+        if (count == 2)
+            switch (rows) { AVX512_CASES_6(AVX512_DEQUANTISED_CASE, 2) }
+        else
+            switch (rows) { AVX512_CASES_6(AVX512_DEQUANTISED_CASE, 1) }
     }
+}
+
+/* Four panels (adjacent, the first at `panel`) for one row: four independent FMA chains. */
+static AVX512_TARGET void avx512_quad(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t col0)
+{
+    avx512_tile_blocks(a, panel, 4, 0, 1, col0);
 }
 
 /* ------------------------------------------------------------------- AVX2 */
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
-#define AVX2_ROWS 4       /* rows per tile straight from the blocks: 8 accumulators + dequantisation */
-#define AVX2_FLOAT_ROWS 6 /* rows per tile from float weights: 12 accumulators (of 16 registers) */
+#define AVX2_ROWS 4       /* rows per tile straight from the blocks: 8 block sums + dequantisation */
+#define AVX2_FLOAT_ROWS 6 /* rows per tile from float weights or the buffer: 12 sums (of 16 registers) */
 #define AVX2_WIDE_ROWS 2  /* up to this many rows go through both panels of a pair at once */
+#define AVX2_MAX_WIDTH 4  /* one row goes through four panels at once (QUAD_PANELS) */
 
-/* A panel block's scales (and Q4_1 minimums) as floats, columns 0-7 and 8-15. */
-struct avx2_scales {
-    __m256 d_lo, d_hi, m_lo, m_hi;
-};
-
-static inline __attribute__((always_inline)) AVX2_TARGET struct avx2_scales avx2_block_scales(int kind,
-                                                                                            const uint8_t *blk)
-{
-    struct avx2_scales sc;
-    sc.d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-    sc.d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
-    sc.m_lo = sc.m_hi = _mm256_setzero_ps();
-    if (kind == KIND_Q4_1) {
-        sc.m_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32)));
-        sc.m_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48)));
-    }
-    return sc;
-}
-
-/* the 16 weights of row k (0..31) of a panel block, as columns 0-7 and 8-15 */
-static inline __attribute__((always_inline)) AVX2_TARGET void
-avx2_weights(int kind, const uint8_t *blk, int k, const struct avx2_scales *sc, __m256 *lo, __m256 *hi)
+/* The integers q of row k (0..31) of a panel block as floats, columns 0-7 and 8-15. */
+static inline __attribute__((always_inline)) AVX2_TARGET void avx2_integers(int kind, const uint8_t *blk, int k,
+                                                                           __m256 *lo, __m256 *hi)
 {
     if (kind == KIND_Q4_1) {
         __m128i q = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * (k / 2)));
         if (k % 2) q = _mm_srli_epi16(q, 4);
         q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
-        *lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), sc->d_lo, sc->m_lo);
-        *hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), sc->d_hi, sc->m_hi);
+        *lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+        *hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)));
         return;
     }
-    const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 32 + 16 * k));
-    *lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), sc->d_lo);
-    *hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), sc->d_hi);
+    /* two 8-byte loads: each widening reads its bytes straight from memory, no shift between */
+    *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + 16 * k))));
+    *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 40 + 16 * k))));
 }
 
-static inline __attribute__((always_inline)) AVX2_TARGET void
-avx2_store(const struct gemm_args *a, const __m256 *lo, const __m256 *hi, Py_ssize_t row0, int rows, Py_ssize_t col0)
+/* A block's sums x.q of one row folded into that row's 16 totals, kept in memory: with AVX2's 16
+ * registers the block sums need them all (the same operations as avx512_fold). */
+static inline __attribute__((always_inline)) AVX2_TARGET void avx2_fold(int kind, const uint8_t *blk, float *total,
+                                                                       __m256 lo, __m256 hi, float block_sum)
+{
+    __m256 t_lo = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)), lo, _mm256_loadu_ps(total));
+    __m256 t_hi =
+        _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))), hi, _mm256_loadu_ps(total + 8));
+    if (kind == KIND_Q4_1) {
+        const __m256 s = _mm256_set1_ps(block_sum);
+        t_lo = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32))), s, t_lo);
+        t_hi = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48))), s, t_hi);
+    }
+    _mm256_storeu_ps(total, t_lo);
+    _mm256_storeu_ps(total + 8, t_hi);
+}
+
+/* Stores totals[r * PANEL ...], the tile's rows for the panel at column col0. */
+static inline __attribute__((always_inline)) AVX2_TARGET void avx2_store(const struct gemm_args *a, const float *totals,
+                                                                        Py_ssize_t row0, int rows, Py_ssize_t col0)
 {
     const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
-    float bias[PANEL] = {0};
-    if (a->bias) memcpy(bias, a->bias + col0, (size_t)valid * sizeof(float));
-    const __m256 bias_lo = _mm256_loadu_ps(bias), bias_hi = _mm256_loadu_ps(bias + 8);
-    /* unrolled, so lo[r] and hi[r] are registers rather than an array GCC must keep in memory */
-#pragma GCC unroll 8
     for (int r = 0; r < rows; r++) {
         float *dst = a->out + (row0 + r) * a->cols + col0;
-        float tmp[PANEL];
-        _mm256_storeu_ps(tmp, _mm256_add_ps(lo[r], bias_lo));
-        _mm256_storeu_ps(tmp + 8, _mm256_add_ps(hi[r], bias_hi));
-        memcpy(dst, tmp, (size_t)valid * sizeof(float));
+        for (Py_ssize_t n = 0; n < valid; n++) dst[n] = totals[r * PANEL + n] + (a->bias ? a->bias[col0 + n] : 0.0f);
     }
 }
 
@@ -319,32 +351,58 @@ avx2_accumulate(__m256 *lo, __m256 *hi, const float *x, Py_ssize_t depth, int ro
     }
 }
 
-static inline __attribute__((always_inline)) AVX2_TARGET void
-avx2_tile_blocks(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t row0, int rows, Py_ssize_t col0)
+/* `width` panels (1, 2 or 4, adjacent in memory, the first at `panel`) for `rows` rows, each block's
+ * integers either read straight from the blocks or, when `buffered` (a constant at every call, so
+ * each case compiles without the other), from the float buffer `weights` (row k at weights + k * ld,
+ * panel i at + i * PANEL). */
+static inline __attribute__((always_inline)) AVX2_TARGET void avx2_tile(const struct gemm_args *a,
+                                                                       const uint8_t *panel, int buffered,
+                                                                       const float *weights, Py_ssize_t ld,
+                                                                       int width, Py_ssize_t row0,
+                                                                       int rows, Py_ssize_t col0)
 {
-    __m256 lo[AVX2_ROWS], hi[AVX2_ROWS];
-#pragma GCC unroll 8
-    for (int r = 0; r < rows; r++) lo[r] = hi[r] = _mm256_setzero_ps();
-    const Py_ssize_t depth = a->depth;
+    float totals[AVX2_MAX_WIDTH][AVX2_FLOAT_ROWS * PANEL] __attribute__((aligned(32)));
+    for (int i = 0; i < width; i++) memset(totals[i], 0, (size_t)rows * PANEL * sizeof(float));
     const int kind = a->kind;
-    const float *x = a->x + row0 * depth;
-    for (Py_ssize_t b = 0; b < depth / QBLOCK; b++) {
-        const uint8_t *blk = panel + b * BLOCK_BYTES(kind);
-        prefetch_block(blk + PREFETCH_BLOCKS * BLOCK_BYTES(kind), BLOCK_BYTES(kind));
-        const struct avx2_scales sc = avx2_block_scales(kind, blk);
+    const Py_ssize_t depth = a->depth, blocks = depth / QBLOCK, block_bytes = BLOCK_BYTES(kind);
+    const float *x = a->x + row0 * depth, *block_sums = a->block_sums + row0 * blocks;
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        const uint8_t *blk[AVX2_MAX_WIDTH];
+        __m256 lo[AVX2_MAX_WIDTH][AVX2_FLOAT_ROWS], hi[AVX2_MAX_WIDTH][AVX2_FLOAT_ROWS];
+#pragma GCC unroll 4
+        for (int i = 0; i < width; i++) {
+            blk[i] = panel + (i * blocks + b) * block_bytes;
+            if (!buffered) prefetch_block(blk[i] + PREFETCH_BLOCKS * block_bytes, block_bytes);
+#pragma GCC unroll 8
+            for (int r = 0; r < rows; r++) lo[i][r] = hi[i][r] = _mm256_setzero_ps();
+        }
         /* unrolled: the Q4_1 nibble choice (j % 2) and load offset (j / 2) become constants */
 #pragma GCC unroll 32
         for (int j = 0; j < QBLOCK; j++) {
             const Py_ssize_t k = b * QBLOCK + j;
-            __m256 w_lo, w_hi;
-            avx2_weights(kind, blk, j, &sc, &w_lo, &w_hi);
-            avx2_accumulate(lo, hi, x + k, depth, rows, w_lo, w_hi);
+#pragma GCC unroll 4
+            for (int i = 0; i < width; i++) {
+                __m256 w_lo, w_hi;
+                if (buffered) {
+                    w_lo = _mm256_loadu_ps(weights + k * ld + i * PANEL);
+                    w_hi = _mm256_loadu_ps(weights + k * ld + i * PANEL + 8);
+                } else {
+                    avx2_integers(kind, blk[i], j, &w_lo, &w_hi);
+                }
+                avx2_accumulate(lo[i], hi[i], x + k, depth, rows, w_lo, w_hi);
+            }
         }
+#pragma GCC unroll 4
+        for (int i = 0; i < width; i++)
+#pragma GCC unroll 8
+            for (int r = 0; r < rows; r++)
+                avx2_fold(kind, blk[i], totals[i] + r * PANEL, lo[i][r], hi[i][r],
+                          kind == KIND_Q4_1 ? block_sums[r * blocks + b] : 0.0f);
     }
-    avx2_store(a, lo, hi, row0, rows, col0);
+    for (int i = 0; i < width; i++) avx2_store(a, totals[i], row0, rows, col0 + i * PANEL);
 }
 
-/* One panel from float weights whose row k starts at weights + k * ld. */
+/* One panel of float32 weights whose row k starts at weights + k * ld (no blocks: one chain per column). */
 static inline __attribute__((always_inline)) AVX2_TARGET void
 avx2_tile_floats(const struct gemm_args *a, const float *weights, Py_ssize_t ld, Py_ssize_t row0, int rows,
                  Py_ssize_t col0)
@@ -358,63 +416,50 @@ avx2_tile_floats(const struct gemm_args *a, const float *weights, Py_ssize_t ld,
         const __m256 w_lo = _mm256_loadu_ps(weights + k * ld), w_hi = _mm256_loadu_ps(weights + k * ld + 8);
         avx2_accumulate(lo, hi, x + k, depth, rows, w_lo, w_hi);
     }
-    avx2_store(a, lo, hi, row0, rows, col0);
-}
-
-/* Both panels of pair p (adjacent in memory) straight from their blocks for `rows` <= AVX2_WIDE_ROWS
- * rows: four independent FMA chains per row where one panel alone has two, which wait on the FMA
- * latency (the sums are those of avx2_tile_blocks, in the same order). */
-static inline __attribute__((always_inline)) AVX2_TARGET void avx2_pair_blocks(const struct gemm_args *a,
-                                                                               Py_ssize_t p, int rows)
-{
-    __m256 lo0[AVX2_WIDE_ROWS], hi0[AVX2_WIDE_ROWS], lo1[AVX2_WIDE_ROWS], hi1[AVX2_WIDE_ROWS];
+    float totals[AVX2_FLOAT_ROWS * PANEL] __attribute__((aligned(32)));
 #pragma GCC unroll 8
-    for (int r = 0; r < rows; r++) lo0[r] = hi0[r] = lo1[r] = hi1[r] = _mm256_setzero_ps();
-    const Py_ssize_t depth = a->depth, blocks = depth / QBLOCK;
-    const int kind = a->kind;
-    const Py_ssize_t block_bytes = BLOCK_BYTES(kind);
-    const uint8_t *panel = a->packed + p * blocks * block_bytes;
-    for (Py_ssize_t b = 0; b < blocks; b++) {
-        const uint8_t *blk0 = panel + b * block_bytes, *blk1 = panel + (blocks + b) * block_bytes;
-        prefetch_block(blk0 + PREFETCH_BLOCKS * block_bytes, block_bytes);
-        prefetch_block(blk1 + PREFETCH_BLOCKS * block_bytes, block_bytes);
-        const struct avx2_scales sc0 = avx2_block_scales(kind, blk0), sc1 = avx2_block_scales(kind, blk1);
-#pragma GCC unroll 32
-        for (int j = 0; j < QBLOCK; j++) {
-            const float *xk = a->x + b * QBLOCK + j;
-            __m256 w_lo0, w_hi0, w_lo1, w_hi1;
-            avx2_weights(kind, blk0, j, &sc0, &w_lo0, &w_hi0);
-            avx2_weights(kind, blk1, j, &sc1, &w_lo1, &w_hi1);
-            avx2_accumulate(lo0, hi0, xk, depth, rows, w_lo0, w_hi0);
-            avx2_accumulate(lo1, hi1, xk, depth, rows, w_lo1, w_hi1);
-        }
+    for (int r = 0; r < rows; r++) {
+        _mm256_store_ps(totals + r * PANEL, lo[r]);
+        _mm256_store_ps(totals + r * PANEL + 8, hi[r]);
     }
-    avx2_store(a, lo0, hi0, 0, rows, p * PANEL);
-    avx2_store(a, lo1, hi1, 0, rows, (p + 1) * PANEL);
+    avx2_store(a, totals, row0, rows, col0);
 }
 
-#define AVX2_BLOCKS_CASE(n) case n: avx2_tile_blocks(a, panel, row0, n, col0); break;
+/* Four panels (adjacent, the first at `panel`) for one row: eight independent FMA chains. */
+static AVX2_TARGET void avx2_quad(const struct gemm_args *a, const uint8_t *panel, Py_ssize_t col0)
+{
+    avx2_tile(a, panel, 0, NULL, 0, 4, 0, 1, col0);
+}
+
+#define AVX2_BLOCKS_CASE(n) case n: avx2_tile(a, panel, 0, NULL, 0, 1, row0, n, col0); break;
+#define AVX2_DEQUANTISED_CASE(n) case n: avx2_tile(a, panel, 1, weights, PANEL, 1, row0, n, col0); break;
 #define AVX2_FLOATS_CASE(n) case n: avx2_tile_floats(a, weights, ld, row0, n, col0); break;
 
 static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p, float *weights)
 {
     const uint8_t *panel = a->packed + p * (a->depth / QBLOCK) * BLOCK_BYTES(a->kind);
     const Py_ssize_t col0 = p * PANEL;
-    Py_ssize_t ld = PANEL;
     if (a->kind == KIND_F32) {
         weights = (float *)a->packed + (p / 2 * a->depth * 2 + p % 2) * PANEL;
-        ld = 2 * PANEL;
-    } else if (a->rows <= AVX2_ROWS || weights == NULL) {
-        weights = NULL;
-    } else {
+        const Py_ssize_t ld = 2 * PANEL;
+        for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX2_FLOAT_ROWS) {
+            const int rows = a->rows - row0 < AVX2_FLOAT_ROWS ? (int)(a->rows - row0) : AVX2_FLOAT_ROWS;
+            switch (rows) {
+                AVX2_FLOATS_CASE(1) AVX2_FLOATS_CASE(2) AVX2_FLOATS_CASE(3)
+                AVX2_FLOATS_CASE(4) AVX2_FLOATS_CASE(5) AVX2_FLOATS_CASE(6)
+            }
+        }
+        return;
+    }
+    if (a->rows <= AVX2_ROWS) weights = NULL; /* few rows (or no scratch): straight from the blocks */
+    if (weights) {
         for (Py_ssize_t b = 0; b < a->depth / QBLOCK; b++) {
             const uint8_t *blk = panel + b * BLOCK_BYTES(a->kind);
-            const struct avx2_scales sc = avx2_block_scales(a->kind, blk);
             /* unrolled: the Q4_1 nibble choice (j % 2) and load offset (j / 2) become constants */
 #pragma GCC unroll 32
             for (int j = 0; j < QBLOCK; j++) {
                 __m256 w_lo, w_hi;
-                avx2_weights(a->kind, blk, j, &sc, &w_lo, &w_hi);
+                avx2_integers(a->kind, blk, j, &w_lo, &w_hi);
                 _mm256_storeu_ps(weights + (b * QBLOCK + j) * PANEL, w_lo);
                 _mm256_storeu_ps(weights + (b * QBLOCK + j) * PANEL + 8, w_hi);
             }
@@ -425,8 +470,8 @@ static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p, floa
         const int rows = a->rows - row0 < tile ? (int)(a->rows - row0) : tile;
         if (weights) {
             switch (rows) {
-                AVX2_FLOATS_CASE(1) AVX2_FLOATS_CASE(2) AVX2_FLOATS_CASE(3)
-                AVX2_FLOATS_CASE(4) AVX2_FLOATS_CASE(5) AVX2_FLOATS_CASE(6)
+                AVX2_DEQUANTISED_CASE(1) AVX2_DEQUANTISED_CASE(2) AVX2_DEQUANTISED_CASE(3)
+                AVX2_DEQUANTISED_CASE(4) AVX2_DEQUANTISED_CASE(5) AVX2_DEQUANTISED_CASE(6)
             }
         } else {
             switch (rows) { AVX2_BLOCKS_CASE(1) AVX2_BLOCKS_CASE(2) AVX2_BLOCKS_CASE(3) AVX2_BLOCKS_CASE(4) }
@@ -434,13 +479,16 @@ static AVX2_TARGET void avx2_panel(const struct gemm_args *a, Py_ssize_t p, floa
     }
 }
 
-/* Pair p from its blocks for up to AVX2_WIDE_ROWS rows (constant row counts: accumulators in registers). */
+/* Both panels of pair p (adjacent in memory) straight from their blocks for up to AVX2_WIDE_ROWS
+ * rows: four independent FMA chains per row where one panel alone has two, which wait on the FMA
+ * latency (the same sums as one panel at a time, in the same order). */
 static AVX2_TARGET void avx2_pair(const struct gemm_args *a, Py_ssize_t p)
 {
+    const uint8_t *panel = a->packed + p * (a->depth / QBLOCK) * BLOCK_BYTES(a->kind);
     if (a->rows == 1)
-        avx2_pair_blocks(a, p, 1);
+        avx2_tile(a, panel, 0, NULL, 0, 2, 0, 1, p * PANEL);
     else
-        avx2_pair_blocks(a, p, 2);
+        avx2_tile(a, panel, 0, NULL, 0, 2, 0, 2, p * PANEL);
 }
 
 /* ----------------------------------------------------------- dispatching */
@@ -451,27 +499,73 @@ Py_ssize_t fd_packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
     return panels * (depth / QBLOCK) * BLOCK_BYTES(kind);
 }
 
-/* One task: a pair of panels (the AVX-512 many-rows kernel computes two at once). */
+/* Panels per task: a pair (the AVX-512 many-rows kernel computes two at once), or four for one
+ * row of block weights, whose sums then run as four independent FMA chains (per panel, a block's sum
+ * is a chain of 32 dependent FMAs: with two chains one row waited on the FMA latency). */
+#define PAIR_PANELS 2
+#define QUAD_PANELS 4
+
 struct gemm_job {
     struct gemm_args a;
     Py_ssize_t panels;
-    int isa;
+    int isa, panels_per_task;
 };
 
-static void gemm_task(void *ctx, Py_ssize_t pair, int slot)
+static void gemm_task(void *ctx, Py_ssize_t task, int slot)
 {
     struct gemm_job *job = ctx;
     const struct gemm_args *a = &job->a;
+    const Py_ssize_t first = task * job->panels_per_task;
+    if (job->panels_per_task == QUAD_PANELS && first + QUAD_PANELS <= job->panels) {
+        const uint8_t *panel = a->packed + first * (a->depth / QBLOCK) * BLOCK_BYTES(a->kind);
+        if (job->isa == ISA_AVX512)
+            avx512_quad(a, panel, first * PANEL);
+        else
+            avx2_quad(a, panel, first * PANEL);
+        return;
+    }
     float *weights = NULL;
     /* without scratch memory the kernels read the blocks directly */
     if (a->kind != KIND_F32 && a->rows > AVX2_ROWS) weights = fd_thread_scratch((size_t)a->depth * 2 * PANEL * sizeof(float));
-    const int count = 2 * pair + 1 < job->panels ? 2 : 1;
-    if (job->isa == ISA_AVX512)
-        avx512_panels(a, 2 * pair, count, weights);
-    else if (count == 2 && a->kind != KIND_F32 && a->rows <= AVX2_WIDE_ROWS)
-        avx2_pair(a, 2 * pair);
-    else
-        for (int i = 0; i < count; i++) avx2_panel(a, 2 * pair + i, weights);
+    const Py_ssize_t end = first + job->panels_per_task < job->panels ? first + job->panels_per_task : job->panels;
+    for (Py_ssize_t p = first; p < end; p += PAIR_PANELS) {
+        const int count = p + 1 < end ? 2 : 1;
+        if (job->isa == ISA_AVX512)
+            avx512_panels(a, p, count, weights);
+        else if (count == 2 && a->kind != KIND_F32 && a->rows <= AVX2_WIDE_ROWS)
+            avx2_pair(a, p);
+        else
+            for (int i = 0; i < count; i++) avx2_panel(a, p + i, weights);
+    }
+    (void)slot;
+}
+
+/* The sum of each 32 activations of rows first..end-1, in one fixed order (AVX2 code, which the
+ * AVX-512 machines run too), so every kernel folds the same value into the Q4_1 minimums' term. */
+static AVX2_TARGET void block_sums_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_ssize_t depth,
+                                        float *sums)
+{
+    const Py_ssize_t blocks = depth / QBLOCK;
+    for (Py_ssize_t r = first; r < end; r++)
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            const float *v = x + r * depth + b * QBLOCK;
+            const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8)),
+                                           _mm256_add_ps(_mm256_loadu_ps(v + 16), _mm256_loadu_ps(v + 24)));
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            sums[r * blocks + b] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        }
+}
+
+#define BLOCK_SUM_ROWS_PER_TASK 16
+#define BLOCK_SUMS_ON_STACK 1024 /* floats: up to 21 rows of the deepest SmolLM2 product */
+
+static void block_sums_task(void *ctx, Py_ssize_t index, int slot)
+{
+    const struct gemm_args *a = ctx;
+    const Py_ssize_t first = index * BLOCK_SUM_ROWS_PER_TASK;
+    const Py_ssize_t end = first + BLOCK_SUM_ROWS_PER_TASK < a->rows ? first + BLOCK_SUM_ROWS_PER_TASK : a->rows;
+    block_sums_rows(a->x, first, end, a->depth, (float *)a->block_sums);
     (void)slot;
 }
 
@@ -479,8 +573,23 @@ int fd_gemm(const struct gemm_args *a, int isa, int threads)
 {
     if (a->rows <= 0) return 0;
     if (a->kind == KIND_Q4_1_I8 || a->kind == KIND_Q8_0_I8) return gemm_int8(a, isa, threads);
-    struct gemm_job job = {*a, (a->cols + PANEL - 1) / PANEL, isa};
-    fd_parallel_for((job.panels + 1) / 2, threads, gemm_task, &job);
+    const Py_ssize_t panels = (a->cols + PANEL - 1) / PANEL;
+    const int quad = a->rows == 1 && a->kind == KIND_Q4_1;
+    struct gemm_job job = {*a, panels, isa, quad ? QUAD_PANELS : PAIR_PANELS};
+    float on_stack[BLOCK_SUMS_ON_STACK], *sums = NULL;
+    if (a->kind == KIND_Q4_1) {
+        const Py_ssize_t count = a->rows * (a->depth / QBLOCK);
+        sums = count <= BLOCK_SUMS_ON_STACK ? on_stack : PyMem_RawMalloc((size_t)count * sizeof(float));
+        if (sums == NULL) return -1;
+        job.a.block_sums = sums;
+        if (a->rows <= BLOCK_SUM_ROWS_PER_TASK)
+            block_sums_rows(a->x, 0, a->rows, a->depth, sums);
+        else
+            fd_parallel_for((a->rows + BLOCK_SUM_ROWS_PER_TASK - 1) / BLOCK_SUM_ROWS_PER_TASK, threads,
+                            block_sums_task, &job.a);
+    }
+    fd_parallel_for((panels + job.panels_per_task - 1) / job.panels_per_task, threads, gemm_task, &job);
+    if (sums != on_stack) PyMem_RawFree(sums);
     return 0;
 }
 

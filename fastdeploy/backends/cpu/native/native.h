@@ -185,6 +185,7 @@ struct gemm_args {
     Py_ssize_t rows, cols, depth;
     int kind;
     const float *bias; /* NULL: none; else added to each row as the tile is stored */
+    const float *block_sums; /* fd_gemm's own: Q4_1's per-row sums of each 32 activations */
 };
 /* gemm.c: the product for any weight kind on the caller's threads (the GIL released); -1 when out of
  * memory. The bytes of a packed [cols, depth] weight of `kind`. */

@@ -43,7 +43,9 @@ def assert_beams_match(output, case) -> None:
         # then differ by up to 1.2e-3)
         length = len(sample.token_ids)
         scale = length ** -case["length_penalty"]
-        assert sample.cumulative_logprob * scale == pytest.approx(beam["score"], abs=SCORE_TOLERANCE * max(1.0, scale))
+        assert sample.cumulative_logprob * scale == pytest.approx(
+            beam["score"], abs=SCORE_TOLERANCE * max(1.0, scale)
+        )
     assert [sample.index for sample in got] == list(range(len(expected)))
 
 

@@ -69,15 +69,15 @@ static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *
 #define AVX512_PAIR_ROWS 6  /* rows per tile over two dequantised panels: 12 block sums + 12 totals */
 #define AVX512_F32_ROWS 12  /* rows per tile over two float32 panels (no block totals): 24 sums */
 
-/* The integers q of a panel block's k rows 2j and 2j+1 (Q4_1, both from one 16-byte load) or of
- * row k (Q8_0), as floats: the scales are applied to whole block sums (fold). */
+/* The integers q of a panel block's k rows 2j and 2j+1 (Q4_1) or of row k (Q8_0), as floats: the
+ * scales are applied to whole block sums (fold). Q4_1's 16 bytes are widened once to 32-bit lanes,
+ * byte = q[2j] | q[2j+1] << 4, which a mask and a shift then split (no masking before widening). */
 static inline __attribute__((always_inline)) AVX512_TARGET void avx512_q4_1_pair(const uint8_t *blk, int j,
                                                                                 __m512 *even, __m512 *odd)
 {
-    const __m128i low = _mm_set1_epi8(0x0F);
-    const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 64 + 16 * j));
-    *even = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
-    *odd = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + 16 * j)));
+    *even = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)));
+    *odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
 }
 
 static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_q8_0_row(const uint8_t *blk, int k)

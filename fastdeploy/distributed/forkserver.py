@@ -24,87 +24,146 @@ order of the requests, and `("exited", pid, returncode)` when a rank ends.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
-from fastdeploy.distributed.processes import ChildProcess, describe_exit, start_child
+from fastdeploy import envs
+from fastdeploy.backends.base import Backend
+from fastdeploy.distributed.processes import ChildProcess, describe_exit, start_child, stop_children
 
 
 class ForkServer:
-    """The engine's side: starts the server, asks it for ranks, learns how they end."""
+    """The engine's side: starts the server, asks it for ranks, learns how they end.
+
+    Thread-safe: the replicas of a server share it and are built on threads of their own.
+    """
 
     def __init__(
-        self, backend: str, collectives: bool, model_path: str, env: dict[str, str], log_path: str
+        self,
+        backend: str,
+        collectives: bool,
+        env: dict[str, str],
+        log_path: str,
+        model_path: str | None = None,
     ) -> None:
         ours, theirs = socket.socketpair()
         with theirs:
             command = [sys.executable, "-m", __name__, "--fd", str(theirs.fileno()), "--backend", backend]
-            command += ["--model", model_path] + (["--collectives"] if collectives else [])
+            command += (["--model", model_path] if model_path else []) + (
+                ["--collectives"] if collectives else []
+            )
             self.child = start_child("fork server", [], command, env, log_path, (theirs.fileno(),))
+        self.backend = backend
+        self.collectives = collectives
         self.log_path = log_path
         self._conn = Connection(ours.detach())
-        self._pids: list[int] = []
-        self._requested = 0
+        self._lock = threading.RLock()
+        self._pids: dict[int, int] = {}
         self._codes: dict[int, int] = {}
+        self._requested = 0
         self.ended = False
 
     def fork(
-        self, label: str, ranks: list[int], argv: list[str], env: dict[str, str], log_path: str
+        self,
+        label: str,
+        ranks: list[int],
+        argv: list[str],
+        env: dict[str, str],
+        log_path: str,
+        model_path: str | None = None,
     ) -> ChildProcess:
         """Ask for a rank running `python -m fastdeploy.distributed.worker ARGV` with `env`, its
-        output in `log_path` (the server forks it once its imports are done)."""
-        try:
-            self._conn.send((argv, env, log_path))
-        except OSError:  # the server has ended: the rank reports it (ForkedProcess.describe)
-            self.ended = True
-        process = ForkedProcess(self, self._requested)
-        self._requested += 1
+        output in `log_path` (the server forks it once its imports are done, and reads
+        `model_path`'s configuration first if it has not yet)."""
+        with self._lock:
+            index = self._requested
+            self._requested += 1
+            self._send(("fork", index, argv, env, log_path, model_path))
+        process = ForkedProcess(self, index)
         logs = {rank: log_path for rank in ranks}
-        return ChildProcess(label, ranks, process, self.child.group, logs, process.describe)
+        return ChildProcess(label, ranks, process, None, logs, process.describe)
+
+    def kill(self, index: int) -> None:
+        """Have the server SIGKILL the rank's process group (it reaps the rank and reports it)."""
+        with self._lock:
+            self._send(("kill", index))
+
+    def _send(self, message: tuple) -> None:
+        if self.ended:
+            return
+        try:
+            self._conn.send(message)
+        except OSError:  # the server has ended: its ranks died with it (ForkedProcess.describe)
+            self._end()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the server still runs (it can fork more ranks)."""
+        self.receive(0.0)
+        return not self.ended and self.child.process.poll() is None
+
+    @property
+    def running_ranks(self) -> int:
+        """Ranks forked or asked for that have not been reported as ended."""
+        self.receive(0.0)
+        return self._requested - len(self._codes)
 
     def pid(self, index: int) -> int | None:
         self.receive(0.0)
-        return self._pids[index] if index < len(self._pids) else None
+        return self._pids.get(index)
 
     def reported(self, index: int) -> bool:
         """Whether the server has said how the rank ended."""
-        pid = self.pid(index)
-        return pid is not None and pid in self._codes
+        self.receive(0.0)
+        return index in self._codes
 
     def returncode(self, index: int) -> int | None:
         """The rank's return code once the server has reaped it; where the server has ended
         without saying, the signal its ranks die of when it ends (SIGKILL, `die_with_parent`)."""
         if self.reported(index):
-            return self._codes[self._pids[index]]
+            return self._codes[index]
         return -signal.SIGKILL if self.ended else None
 
     def receive(self, timeout: float) -> None:
         """Take in what the server has said, waiting up to `timeout` seconds for its first word."""
-        if self.ended:
-            return
-        try:
-            while self._conn.poll(timeout):
-                message = self._conn.recv()
-                if message[0] == "forked":
-                    self._pids.append(message[1])
-                else:
-                    self._codes[message[1]] = message[2]
-                timeout = 0.0
-        except (EOFError, OSError):
-            self.ended = True
-            self._conn.close()
+        with self._lock:
+            if self.ended:
+                return
+            try:
+                while self._conn.poll(timeout):
+                    message = self._conn.recv()
+                    if message[0] == "forked":
+                        self._pids[message[1]] = message[2]
+                    else:
+                        self._codes[message[1]] = message[2]
+                    timeout = 0.0
+            except (EOFError, OSError):
+                self._end()
+
+    def close(self, grace: float = 5.0) -> None:
+        """End the server (it kills and reaps the ranks it still has) and wait for it, killing
+        it after `grace` seconds."""
+        with self._lock:
+            self._end()
+        stop_children([self.child], grace)
+
+    def _end(self) -> None:
+        self.ended = True
+        self._conn.close()
 
 
 class ForkedProcess:
-    """A rank the fork server made, with `subprocess.Popen`'s `pid`, `poll` and `wait`."""
+    """A rank the fork server made, with `subprocess.Popen`'s `pid`, `poll`, `wait` and `kill`."""
 
     def __init__(self, server: ForkServer, index: int) -> None:
         self._server = server
@@ -116,6 +175,9 @@ class ForkedProcess:
 
     def poll(self) -> int | None:
         return self._server.returncode(self._index)
+
+    def kill(self) -> None:
+        self._server.kill(self._index)
 
     def describe(self, code: int) -> str:
         """How the rank ended, in words (saying so when it ended with its server)."""
@@ -131,13 +193,111 @@ class ForkedProcess:
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
-            remaining = 1.0 if deadline is None else deadline - time.monotonic()
+            remaining = _WAIT_STEP if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 raise subprocess.TimeoutExpired(f"rank {self._index} of the fork server", timeout or 0.0)
-            self._server.receive(min(remaining, 1.0))
+            self._server.receive(min(remaining, _WAIT_STEP))
         if self._server.ended:
             _wait_gone(self.pid)
         return code
+
+
+#: longest a waiting thread holds the server's connection (others ask it for pids meanwhile)
+_WAIT_STEP = 0.05
+
+
+def uses_fork_server(backend_class: type[Backend]) -> bool:
+    """Whether ranks of `backend_class` on one host are forked by a fork server: a host backend
+    (its ranks need no environment of their own) on Linux, unless `FD_DIST_FORK_SERVER=0`."""
+    return (
+        envs.dist_fork_server()
+        and sys.platform.startswith("linux")
+        and backend_class.device_count() is None
+        and not backend_class.rank_environment(0)
+    )
+
+
+def server_environment(log_dir: str) -> dict[str, str]:
+    """The environment a server starts with: this process's, its pid (the parent it must not
+    outlive) and the log directory."""
+    from fastdeploy.distributed.worker import PARENT_ENV
+
+    return dict(os.environ, **{PARENT_ENV: str(os.getpid()), "FD_LOG_DIR": log_dir})
+
+
+# --- one server per process and kind of rank ----------------------------------------------------
+_shared: dict[tuple, ForkServer] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_server(
+    backend: str, collectives: bool, env: dict[str, str], log_dir: str, model_path: str | None
+) -> ForkServer:
+    """This process's running fork server for ranks of `backend` started with `env`, or a new one.
+
+    Every engine of the process shares it (the replicas of `fastdeploy serve
+    --data-parallel-size`, LLMs built one after another), so only the first pays for its
+    imports. A server imports with the environment it started with: another environment gets
+    a server of its own, and a server that no longer matches and has no ranks left is closed.
+    """
+    key = (backend, collectives, log_dir, tuple(sorted(env.items())))
+    with _shared_lock:
+        server = _shared.get(key)
+        if server is not None and server.alive:
+            return server
+        for other_key, other in list(_shared.items()):
+            if other is server or other.running_ranks == 0:
+                other.close()
+                del _shared[other_key]
+        if not _started:
+            atexit.register(close_shared_servers)
+        log = os.path.join(log_dir, f"forkserver.{len(_started)}.log")
+        _started.append(log)
+        server = _shared[key] = ForkServer(backend, collectives, env, log, model_path)
+        return server
+
+
+def start_early(device: str | None, model: str | None, collectives: bool) -> ForkServer | None:
+    """Start the shared server that ranks of `device`'s backend on this host will be forked by,
+    before the caller imports what it needs next (the HTTP stack of `fastdeploy serve`), so the
+    server's imports overlap the caller's; the engine built later finds it running. None where
+    the ranks would not be forked; an error is left for the engine to report."""
+    from fastdeploy.backends.selection import select_backend_class
+    from fastdeploy.logger import get_logger
+    from fastdeploy.model_resolver import resolve_model
+    from fastdeploy.plugins.registry import get_registry
+
+    try:
+        backend_class = select_backend_class(device or envs.device() or "auto", get_registry())
+        if not uses_fork_server(backend_class):
+            return None
+        log_dir = os.path.abspath(envs.log_dir())
+        os.makedirs(log_dir, exist_ok=True)
+        return shared_server(
+            backend_class.name, collectives, server_environment(log_dir), log_dir, resolve_model(model)
+        )
+    except Exception:  # the engine meets the same error, and reports it where it should
+        get_logger(__name__).debug("no fork server started early", exc_info=True)
+        return None
+
+
+def shared_servers() -> list[ForkServer]:
+    """The shared servers this process has started and not closed."""
+    with _shared_lock:
+        return list(_shared.values())
+
+
+def close_shared_servers() -> None:
+    """Close every shared server (at exit: each is reaped rather than left to die of its
+    parent-death signal)."""
+    with _shared_lock:
+        for server in _shared.values():
+            server.close()
+        _shared.clear()
+
+
+#: log of each server started, so each server has a log of its own
+_started: list[str] = []
 
 
 def _wait_gone(pid: int | None, timeout: float = 5.0) -> None:
@@ -154,27 +314,37 @@ def _wait_gone(pid: int | None, timeout: float = 5.0) -> None:
 
 
 # --- the server -------------------------------------------------------------------------------
-def _serve(conn: Connection) -> None:
-    """Fork a rank per request and report each one's end, until the engine closes the connection."""
+def _serve(conn: Connection, backend: str, collectives: bool) -> None:
+    """Fork a rank per request, kill one when asked, report each one's end, until the engine
+    closes the connection."""
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
         os.set_blocking(fd, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD wakes the loop
-    children: set[int] = set()
+    children: dict[int, int] = {}  # pid -> request index
+    pids: dict[int, int] = {}  # request index -> pid, while the rank runs
     while True:
-        for ready in wait([conn, wake_read]):
-            if ready is conn:
+        for source in wait([conn, wake_read]):
+            if source is conn:
                 try:
-                    argv, env, log_path = conn.recv()
+                    request = conn.recv()
                 except EOFError:  # the engine is done: nothing may outlive it
                     for pid in children:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
+                        _kill_group(pid)
+                    for pid in children:
+                        os.waitpid(pid, 0)
                     return
+                if request[0] == "kill":
+                    if request[1] in pids:
+                        _kill_group(pids[request[1]])
+                    continue
+                _, index, argv, env, log_path, model_path = request
+                if model_path:
+                    _read_checkpoint(backend, collectives, model_path)
                 pid = _fork(argv, env, log_path, [conn.fileno(), wake_read, wake_write])
-                children.add(pid)
-                conn.send(("forked", pid))
+                children[pid], pids[index] = index, pid
+                conn.send(("forked", index, pid))
             else:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wake_read, 512):
@@ -183,8 +353,31 @@ def _serve(conn: Connection) -> None:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            children.discard(pid)
-            conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
+            index = children.pop(pid)
+            del pids[index]
+            conn.send(("exited", index, os.waitstatus_to_exitcode(status)))
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL a rank and what it started (it leads its own process group)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+_read: set[str] = set()
+
+
+def _read_checkpoint(backend: str, collectives: bool, model_path: str) -> None:
+    """Read a checkpoint's configuration once, before forking its first rank (see `worker.preload`)."""
+    if model_path in _read:
+        return
+    _read.add(model_path)
+    from fastdeploy.distributed import worker
+
+    try:
+        worker.preload(backend, collectives, model_path)
+    except Exception:  # each rank meets the error again where it is reported to the engine
+        traceback.print_exc()
 
 
 def _fork(argv: list[str], env: dict[str, str], log_path: str, inherited: list[int]) -> int:
@@ -203,6 +396,7 @@ def _become_rank(
     """In the forked child: the rank's output, environment and parent, then the worker's main."""
     code: Any = 1
     try:
+        os.setsid()  # a process group of its own, killed whole (`_kill_group`)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in inherited:
@@ -235,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="descriptor of the connection to the engine")
     parser.add_argument("--backend", required=True, help="registered name of the ranks' backend")
     parser.add_argument("--collectives", action="store_true", help="import the backend's collectives runtime")
-    parser.add_argument("--model", required=True, help="the checkpoint the ranks load")
+    parser.add_argument("--model", help="a checkpoint whose configuration to read before the first rank")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     from fastdeploy.distributed import worker
@@ -243,15 +437,15 @@ def main(argv: list[str] | None = None) -> int:
     worker.die_with_parent()
     conn = Connection(args.fd)
     try:
-        worker.preload(args.backend, args.collectives, args.model)
+        worker.preload(args.backend, args.collectives)
     except Exception:  # each rank meets the error again where it is reported to the engine
         traceback.print_exc()
+    if args.model:
+        _read_checkpoint(args.backend, args.collectives, args.model)
     from fastdeploy.logger import get_logger
 
-    get_logger(__name__).info(
-        "fork server: ranks' code imported, checkpoint read, in %.2f s", time.perf_counter() - started
-    )
-    _serve(conn)
+    get_logger(__name__).info("fork server: ranks' code imported in %.2f s", time.perf_counter() - started)
+    _serve(conn, args.backend, args.collectives)
     return 0
 
 

@@ -11,7 +11,6 @@ import pytest
 import tiny_checkpoints as tiny
 
 from fastdeploy.distributed.forkserver import ForkServer
-from fastdeploy.distributed.processes import kill_children
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ranks are forked on Linux")
 
@@ -23,9 +22,9 @@ RANK_ENV = dict(os.environ, FD_DIST_AUTHKEY="00" * 16)
 @pytest.fixture
 def server(tmp_path):
     tiny.write_checkpoint(tmp_path, "llama")
-    server = ForkServer("cpu", False, str(tmp_path), dict(os.environ), str(tmp_path / "forkserver.log"))
+    server = ForkServer("cpu", False, dict(os.environ), str(tmp_path / "forkserver.log"), str(tmp_path))
     yield server
-    kill_children([server.child])
+    server.close()
 
 
 def test_a_forked_rank_runs_the_worker_and_its_exit_code_comes_back(server, tmp_path):
@@ -35,7 +34,7 @@ def test_a_forked_rank_runs_the_worker_and_its_exit_code_comes_back(server, tmp_
     assert child.how_it_ended() == "exited with code 1"
     assert child.pid not in (None, os.getpid(), server.child.pid)
     assert "cannot reach the engine at 127.0.0.1:1" in log.read_text()
-    assert child.group == server.child.pid  # killed with the server's process group
+    assert child.group is None  # the server kills it (its own process group)
 
 
 def test_a_rank_asked_of_a_server_that_has_ended_did_not_start(server, tmp_path):

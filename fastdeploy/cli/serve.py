@@ -19,12 +19,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    ranks = args.tensor_parallel_size * args.pipeline_parallel_size
-    if not args.ips and (ranks > 1 or args.data_parallel_size > 1):
-        # the ranks' fork server imports paddle while this process imports the HTTP stack
-        from fastdeploy.distributed.forkserver import start_early
-
-        start_early(args.device, args.model_flag or args.model, collectives=ranks > 1)
     from fastdeploy.entrypoints.openai.api_server import run_server
 
     return run_server(args)

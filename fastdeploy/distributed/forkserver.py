@@ -233,14 +233,19 @@ _shared_lock = threading.Lock()
 def shared_server(
     backend: str, collectives: bool, env: dict[str, str], log_dir: str, model_path: str | None
 ) -> ForkServer:
-    """This process's running fork server for ranks of `backend` started with `env`, or a new one.
+    """This process's running fork server for ranks of `backend` logging to `log_dir`, or a new
+    one started with `env`.
 
     Every engine of the process shares it (the replicas of `fastdeploy serve
     --data-parallel-size`, LLMs built one after another), so only the first pays for its
-    imports. A server imports with the environment it started with: another environment gets
-    a server of its own, and a server that no longer matches and has no ranks left is closed.
+    imports. A rank runs with the environment its engine gives it, but what was imported before
+    the fork saw the server's: a variable read at import time (OpenBLAS's OMP_NUM_THREADS) keeps
+    its value of the first parallel engine, as with multiprocessing's forkserver (the
+    environment itself cannot be the key: imports such as threadpoolctl's add variables to it).
+    A server of another log directory, or one that has ended, is replaced, and closed when it
+    has no ranks left.
     """
-    key = (backend, collectives, log_dir, tuple(sorted(env.items())))
+    key = (backend, collectives, log_dir)
     with _shared_lock:
         server = _shared.get(key)
         if server is not None and server.alive:

@@ -171,3 +171,21 @@ def test_ranks_die_with_an_engine_that_is_killed(tiny_model_dirs):
     finally:
         engine.kill()
         engine.wait()
+
+
+def test_a_fork_server_that_fails_to_start_makes_llm_raise_naming_the_rank(
+    tiny_model_dirs, monkeypatch, tmp_path
+):
+    # a sitecustomize on the server's path ends every new interpreter at once, with code 3
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import os\nos._exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("FD_LOG_DIR", str(tmp_path / "log"))  # a fork server of its own
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as error:
+        tiny_llama_tp2(tiny_model_dirs)
+    assert time.monotonic() - started < 10
+    assert str(error.value).startswith(
+        "rank 0 did not start: its fork server exited with code 3 "
+        f"(its log: {tmp_path / 'log' / 'forkserver.'}"
+    )

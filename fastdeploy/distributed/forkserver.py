@@ -13,12 +13,20 @@ no work. Only host backends use it, on Linux: a device backend's rank needs its
 `rank_environment` (its GPU) before it imports anything, and CUDA cannot be forked once
 initialised; the parent-death signal that ends the ranks with their server is Linux's.
 
-Supervision stays as for any child (`processes.py`): the server dies with the engine and each
-rank with the server (`worker.die_with_parent`); the ranks stay in the server's process group,
-which the engine kills whole; the server reaps each rank and tells the engine how it ended.
+One server per process and kind of rank (`shared_server`) serves every engine the process
+builds: the replicas of `fastdeploy serve --data-parallel-size`, which fork their ranks from it
+side by side, and an LLM built after another, whose ranks then start without waiting for any
+import. `fastdeploy serve` starts it before importing its HTTP stack (`start_early`), so the two
+imports overlap. It lives until the process exits (`close_shared_servers` at exit).
 
-Engine to server: `(argv, env, log_path)` per rank. Server to engine: `("forked", pid)` in the
-order of the requests, and `("exited", pid, returncode)` when a rank ends.
+Supervision stays as for any child (`processes.py`): the server dies with the engine process
+and each rank with the server (`worker.die_with_parent`). Each rank leads a process group of its
+own, which the server kills when its engine asks (a failed rank's peers, a shutdown) without
+touching other engines' ranks; the server reaps each rank and tells the engines how it ended.
+
+Engine to server: `("fork", index, argv, env, log_path, model_path)` per rank, numbered in
+order, and `("kill", index)`. Server to engine: `("forked", index, pid)` and `("exited", index,
+returncode)` when a rank ends (by index: a long-lived server's pids are reused).
 """
 
 from __future__ import annotations

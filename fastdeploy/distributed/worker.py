@@ -63,7 +63,8 @@ def preload(backend: str, collectives: bool, model_path: str | None = None) -> N
     """Import what a rank of `backend` (a registered name) runs: the modules `Worker` uses, the
     plugins, the backend's module and, with `collectives`, its collectives runtime; and read the
     configuration of `model_path`, if given (a loader keeps what it parses: a GGUF header,
-    ~0.1 s). A fork server does this once for all its ranks."""
+    ~0.1 s), and what its loader reads tensors with. A fork server does this once for all its
+    ranks."""
     import fastdeploy.distributed.model_parallel  # noqa: F401
     import fastdeploy.engine.kv_cache_planner  # noqa: F401
     import fastdeploy.model_executor.model_runner  # noqa: F401
@@ -77,7 +78,7 @@ def preload(backend: str, collectives: bool, model_path: str | None = None) -> N
     if collectives:
         communicator_class(backend_class, registry).preload()
     if model_path is not None:
-        inspect_checkpoint(model_path, registry)
+        inspect_checkpoint(model_path, registry).loader.preload()
 
 
 class Worker:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -92,3 +93,16 @@ def test_engines_of_a_process_share_one_server_until_it_ends(tmp_path):
             if started.log_path.startswith(str(tmp_path)):
                 started.close()
     assert not second.alive
+
+
+def test_what_a_gguf_rank_loads_with_is_imported_before_the_fork():
+    probe = (
+        "import sys\n"
+        "from fastdeploy.distributed import worker\n"
+        "from fastdeploy.model_resolver import embedded_model_path\n"
+        "worker.preload('cpu', False, embedded_model_path())\n"
+        "print('gguf.quants' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"]

@@ -55,7 +55,7 @@ def children_running(pid: int, module: bytes) -> list[int]:
 
 
 def fork_servers(server_pid: int) -> list[int]:
-    return children_running(server_pid, b"fastdeploy.distributed.forkserver")
+    return children_running(server_pid, b"fastdeploy.distributed.forkserver_process")
 
 
 def rank_processes(server_pid: int) -> list[int]:

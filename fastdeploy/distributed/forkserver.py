@@ -32,6 +32,7 @@ returncode)` when a rank ends (by index: a long-lived server's pids are reused).
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import signal
 import socket
@@ -78,8 +79,6 @@ class ForkServer:
                 ["--collectives"] if collectives else []
             )
             self.child = start_child("fork server", [], command, env, log_path, (theirs.fileno(),))
-        self.backend = backend
-        self.collectives = collectives
         self.log_path = log_path
         self._conn = Connection(ours.detach())
         self._lock = threading.RLock()
@@ -243,6 +242,8 @@ def server_environment(log_dir: str) -> dict[str, str]:
 # --- one server per process and kind of rank ----------------------------------------------------
 _shared: dict[tuple, ForkServer] = {}
 _shared_lock = threading.Lock()
+#: servers started so far, each numbered for a log of its own
+_started = itertools.count()
 
 
 def shared_server(
@@ -269,10 +270,10 @@ def shared_server(
             if other is server or other.running_ranks == 0:
                 other.close()
                 del _shared[other_key]
-        if not _started:
+        number = next(_started)
+        if number == 0:
             atexit.register(close_shared_servers)
-        log = os.path.join(log_dir, f"forkserver.{len(_started)}.log")
-        _started.append(log)
+        log = os.path.join(log_dir, f"forkserver.{number}.log")
         server = _shared[key] = ForkServer(backend, collectives, env, log, model_path)
         return server
 
@@ -314,10 +315,6 @@ def close_shared_servers() -> None:
         for server in _shared.values():
             server.close()
         _shared.clear()
-
-
-#: log of each server started, so each server has a log of its own
-_started: list[str] = []
 
 
 def _wait_gone(pid: int | None, timeout: float = 5.0) -> None:

@@ -5,10 +5,15 @@ The model is a random-weight checkpoint of SmolLM2-135M's size and shape whose h
 embeddings; float32 safetensors, 0.54 GB), written to a temporary directory with SmolLM2's
 tokenizer. Greedy decoding with EOS ignored, so both runs generate the same tokens:
 
-  * start-up: seconds to build LLM(...), and the CPU seconds all its processes spent on it (the
-    engine, the ranks and their fork server; unlike the seconds, they do not grow when others
-    share the cores), the median of --startup-repeats builds, TP=1 and TP=N alternating (also
-    for the embedded SmolLM2, TP=1 against TP=3: its 9 heads do not divide by 2)
+  * start-up, cold: a fresh interpreter per build, as a script that builds one LLM is: the
+    seconds from the interpreter's start to a built LLM(...) (imports included) and those of
+    LLM(...) alone, and the CPU seconds of all its processes (the engine, the ranks and their
+    fork server; unlike the seconds, they do not grow when others share the cores); the median
+    of --startup-repeats runs, TP=1 and TP=N alternating (also for the embedded SmolLM2, TP=1
+    against TP=3: its 9 heads do not divide by 2)
+  * start-up, warm: LLM(...) built again in the same process, whose fork server (started by
+    the first TP=N build and shared by the engines of a process) has imported paddle already,
+    as for the replicas of `fastdeploy serve --data-parallel-size` or a notebook's next LLM
   * decode:   one stream, --new-tokens tokens (tokens/s after the first)
   * batch:    --batch prompts x --new-tokens tokens (output tokens/s over the whole call)
 
@@ -29,12 +34,15 @@ import json
 import os
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
 import numpy as np
 
 from fastdeploy import LLM, SamplingParams
+from fastdeploy.distributed.forkserver import shared_servers
 from fastdeploy.model_resolver import embedded_model_path
 
 CONFIG = {
@@ -111,30 +119,84 @@ def build(model: str | None, tp: int, threads: int, batch: int) -> LLM:
 
 
 def children_cpu_seconds() -> float:
-    """CPU seconds of the ended child processes (and theirs) so far."""
+    """CPU seconds of the ended child processes (and theirs) so far, and of the running fork
+    servers with the ranks they have reaped."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    servers = 0.0
+    for server in shared_servers():
+        with open(f"/proc/{server.child.pid}/stat", encoding="ascii") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        servers += sum(int(ticks) for ticks in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return usage.ru_utime + usage.ru_stime + servers
 
 
 def measure_startup(
     model: str | None, tps: tuple[int, int], threads: int, batch: int, repeats: int
 ) -> list[dict]:
-    """Median start-up seconds and CPU seconds of each of `tps`, built alternately `repeats` times."""
+    """Median warm start-up seconds and CPU seconds of each of `tps`, built alternately `repeats`
+    times after one build each (which starts the fork server)."""
     runs: dict[int, list[tuple[float, float]]] = {tp: [] for tp in tps}
-    for _ in range(repeats):
+    for repeat in range(repeats + 1):
         for tp in tps:
             children, cpu, start = children_cpu_seconds(), time.process_time(), time.perf_counter()
             llm = build(model, tp, max(1, threads // tp), batch)
             seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
             llm.shutdown()  # its processes end, so their CPU seconds are counted
-            runs[tp].append((seconds, cpu + children_cpu_seconds() - children))
+            if repeat:
+                runs[tp].append((seconds, cpu + children_cpu_seconds() - children))
     return [
         {
-            "startup_s": statistics.median(s for s, _ in runs[tp]),
-            "startup_cpu_s": statistics.median(c for _, c in runs[tp]),
+            "warm_startup_s": statistics.median(s for s, _ in runs[tp]),
+            "warm_startup_cpu_s": statistics.median(c for _, c in runs[tp]),
         }
         for tp in tps
     ]
+
+
+COLD = """
+import sys, time
+started = time.perf_counter()
+from fastdeploy import LLM
+before = time.perf_counter()
+LLM(model=sys.argv[1] or None, tensor_parallel_size=int(sys.argv[2]), cpu_threads=int(sys.argv[3]),
+    max_model_len=512, max_num_seqs=int(sys.argv[4]))
+done = time.perf_counter()
+print(done - started + float(sys.argv[5]), done - before)
+"""
+
+
+def measure_cold(
+    model: str | None, tps: tuple[int, int], threads: int, batch: int, repeats: int
+) -> list[dict]:
+    """Median cold start-up figures of each of `tps`: a fresh interpreter per build, alternating."""
+    # an interpreter's start before its first line runs, taken from a bare one
+    begin = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    interpreter = time.perf_counter() - begin
+    runs: dict[int, list[tuple[float, float, float]]] = {tp: [] for tp in tps}
+    for _ in range(repeats):
+        for tp in tps:
+            children = children_cpu_seconds()
+            args = [model or "", str(tp), str(max(1, threads // tp)), str(batch), str(interpreter)]
+            done = subprocess.run(
+                [sys.executable, "-c", COLD, *args], check=True, capture_output=True, text=True
+            )
+            total, llm = (float(x) for x in done.stdout.split()[-2:])
+            runs[tp].append((total, llm, children_cpu_seconds() - children))
+    return [
+        {
+            "cold_process_s": statistics.median(r[0] for r in runs[tp]),
+            "cold_llm_s": statistics.median(r[1] for r in runs[tp]),
+            "cold_cpu_s": statistics.median(r[2] for r in runs[tp]),
+        }
+        for tp in tps
+    ]
+
+
+def startup(model: str | None, tps: tuple[int, int], args: argparse.Namespace) -> list[dict]:
+    cold = measure_cold(model, tps, args.threads, args.batch, args.startup_repeats)
+    warm = measure_startup(model, tps, args.threads, args.batch, args.startup_repeats)
+    return [{**c, **w} for c, w in zip(cold, warm, strict=True)]
 
 
 def measure_speed(model: str, tp: int, threads: int, batch: int, new_tokens: int) -> dict[str, float]:
@@ -171,13 +233,13 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="fastdeploy-tp-bench-") as directory:
         write_checkpoint(directory)
-        one, two = measure_startup(directory, (1, 2), args.threads, args.batch, args.startup_repeats)
+        one, two = startup(directory, (1, 2), args)
         if not args.skip_speed:
             one.update(measure_speed(directory, 1, args.threads, args.batch, args.new_tokens))
             two.update(measure_speed(directory, 2, max(1, args.threads // 2), args.batch, args.new_tokens))
         rows.append(("random SmolLM2-size, TP=2 / TP=1", one, two))
     if not args.skip_embedded:
-        one, three = measure_startup(None, (1, 3), args.threads, args.batch, args.startup_repeats)
+        one, three = startup(None, (1, 3), args)
         rows.append(("embedded SmolLM2, TP=3 / TP=1", one, three))
     print(f"{'figure':<40}{'TP=1':>12}{'TP=N':>12}{'ratio':>9}")
     for label, base, other in rows:

@@ -33,7 +33,7 @@ from fastdeploy import envs
 from fastdeploy.backends.base import Backend
 from fastdeploy.config import EngineConfig
 from fastdeploy.distributed import protocol
-from fastdeploy.distributed.forkserver import ForkServer
+from fastdeploy.distributed.forkserver import server_environment, shared_server, uses_fork_server
 from fastdeploy.distributed.placement import Placement
 from fastdeploy.distributed.processes import ChildProcess, kill_children, start_child, stop_children, tail
 from fastdeploy.distributed.rendezvous import free_port, rendezvous_environment
@@ -79,7 +79,7 @@ class _Children:
     def __init__(self) -> None:
         #: the ranks, or the launcher of this host's ranks
         self.processes: list[ChildProcess] = []
-        #: the fork server of the ranks, if they were forked
+        #: the fork server of the ranks, if they were forked (shared: it outlives the ranks)
         self.servers: list[ChildProcess] = []
         self.conns: dict[int, Connection] = {}
 
@@ -87,7 +87,7 @@ class _Children:
         for conn in self.conns.values():
             conn.close()
         self.conns.clear()
-        kill_children(self.processes + self.servers)
+        kill_children(self.processes)
 
 
 class DistributedExecutor:
@@ -187,10 +187,13 @@ class DistributedExecutor:
         endpoints = [f"127.0.0.1:{free_port()}" for _ in range(world)]
         ranks_env = [backend_class.rank_environment(self.device_offset + rank) for rank in range(world)]
         server = None
-        if envs.dist_fork_server() and sys.platform.startswith("linux") and not any(ranks_env):
-            log = os.path.join(self._log_dir, f"forkserver.{self.device_offset // world}.log")
-            server = ForkServer(
-                backend_class.name, self.layout.distributed, self._spec.model_path, self._base_env(), log
+        if uses_fork_server(backend_class):
+            server = shared_server(
+                backend_class.name,
+                self.layout.distributed,
+                server_environment(self._log_dir),
+                self._log_dir,
+                self._spec.model_path,
             )
             self._children.servers.append(server.child)
         for rank in range(world):
@@ -199,7 +202,9 @@ class DistributedExecutor:
             env.update(ranks_env[rank])
             log = os.path.join(self._log_dir, f"workerlog.{rank}")
             if server is not None:
-                child = server.fork(f"rank {rank}", [rank], self._worker_args(), env, log)
+                child = server.fork(
+                    f"rank {rank}", [rank], self._worker_args(), env, log, self._spec.model_path
+                )
             else:
                 child = start_child(f"rank {rank}", [rank], self._worker_command(), env, log)
             self._children.processes.append(child)

@@ -13,98 +13,171 @@ no work. Only host backends use it, on Linux: a device backend's rank needs its
 `rank_environment` (its GPU) before it imports anything, and CUDA cannot be forked once
 initialised; the parent-death signal that ends the ranks with their server is Linux's.
 
-Supervision stays as for any child (`processes.py`): the server dies with the engine and each
-rank with the server (`worker.die_with_parent`); the ranks stay in the server's process group,
-which the engine kills whole; the server reaps each rank and tells the engine how it ended.
+One server per process and kind of rank (`shared_server`) serves every engine the process
+builds: the replicas of `fastdeploy serve --data-parallel-size`, which fork their ranks from it
+side by side, and an LLM built after another, whose ranks then start without waiting for any
+import. `fastdeploy serve` starts it before importing its HTTP stack (`start_early`), so the two
+imports overlap. It lives until the process exits (`close_shared_servers` at exit).
 
-Engine to server: `(argv, env, log_path)` per rank. Server to engine: `("forked", pid)` in the
-order of the requests, and `("exited", pid, returncode)` when a rank ends.
+Supervision stays as for any child (`processes.py`): the server dies with the engine process
+and each rank with the server (`worker.die_with_parent`). Each rank leads a process group of its
+own, which the server kills when its engine asks (a failed rank's peers, a shutdown) without
+touching other engines' ranks; the server reaps each rank and tells the engines how it ended.
+
+Engine to server: `("fork", index, argv, env, log_path, model_path)` per rank, numbered in
+order, and `("kill", index)`. Server to engine: `("forked", index, pid)` and `("exited", index,
+returncode)` when a rank ends (by index: a long-lived server's pids are reused).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
+import atexit
+import itertools
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-import traceback
-from multiprocessing.connection import Connection, wait
-from typing import Any, NoReturn
+from multiprocessing.connection import Connection
 
-from fastdeploy.distributed.processes import ChildProcess, describe_exit, start_child
+from fastdeploy import envs
+from fastdeploy.backends.base import Backend
+from fastdeploy.distributed.processes import ChildProcess, describe_exit, start_child, stop_children
+
+#: the module the server runs (`python -m`)
+SERVER_MODULE = "fastdeploy.distributed.forkserver_process"
 
 
 class ForkServer:
-    """The engine's side: starts the server, asks it for ranks, learns how they end."""
+    """The engine's side: starts the server, asks it for ranks, learns how they end.
+
+    Thread-safe: the replicas of a server share it and are built on threads of their own.
+    """
 
     def __init__(
-        self, backend: str, collectives: bool, model_path: str, env: dict[str, str], log_path: str
+        self,
+        backend: str,
+        collectives: bool,
+        env: dict[str, str],
+        log_path: str,
+        model_path: str | None = None,
     ) -> None:
         ours, theirs = socket.socketpair()
         with theirs:
-            command = [sys.executable, "-m", __name__, "--fd", str(theirs.fileno()), "--backend", backend]
-            command += ["--model", model_path] + (["--collectives"] if collectives else [])
+            command = [
+                sys.executable,
+                "-m",
+                SERVER_MODULE,
+                "--fd",
+                str(theirs.fileno()),
+                "--backend",
+                backend,
+            ]
+            command += (["--model", model_path] if model_path else []) + (
+                ["--collectives"] if collectives else []
+            )
             self.child = start_child("fork server", [], command, env, log_path, (theirs.fileno(),))
         self.log_path = log_path
         self._conn = Connection(ours.detach())
-        self._pids: list[int] = []
-        self._requested = 0
+        self._lock = threading.RLock()
+        self._pids: dict[int, int] = {}
         self._codes: dict[int, int] = {}
+        self._requested = 0
         self.ended = False
 
     def fork(
-        self, label: str, ranks: list[int], argv: list[str], env: dict[str, str], log_path: str
+        self,
+        label: str,
+        ranks: list[int],
+        argv: list[str],
+        env: dict[str, str],
+        log_path: str,
+        model_path: str | None = None,
     ) -> ChildProcess:
         """Ask for a rank running `python -m fastdeploy.distributed.worker ARGV` with `env`, its
-        output in `log_path` (the server forks it once its imports are done)."""
-        try:
-            self._conn.send((argv, env, log_path))
-        except OSError:  # the server has ended: the rank reports it (ForkedProcess.describe)
-            self.ended = True
-        process = ForkedProcess(self, self._requested)
-        self._requested += 1
+        output in `log_path` (the server forks it once its imports are done, and reads
+        `model_path`'s configuration first if it has not yet)."""
+        with self._lock:
+            index = self._requested
+            self._requested += 1
+            self._send(("fork", index, argv, env, log_path, model_path))
+        process = ForkedProcess(self, index)
         logs = {rank: log_path for rank in ranks}
-        return ChildProcess(label, ranks, process, self.child.group, logs, process.describe)
+        return ChildProcess(label, ranks, process, None, logs, process.describe)
+
+    def kill(self, index: int) -> None:
+        """Have the server SIGKILL the rank's process group (it reaps the rank and reports it)."""
+        with self._lock:
+            self._send(("kill", index))
+
+    def _send(self, message: tuple) -> None:
+        if self.ended:
+            return
+        try:
+            self._conn.send(message)
+        except OSError:  # the server has ended: its ranks died with it (ForkedProcess.describe)
+            self._end()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the server still runs (it can fork more ranks)."""
+        self.receive(0.0)
+        return not self.ended and self.child.process.poll() is None
+
+    @property
+    def running_ranks(self) -> int:
+        """Ranks forked or asked for that have not been reported as ended."""
+        self.receive(0.0)
+        return self._requested - len(self._codes)
 
     def pid(self, index: int) -> int | None:
         self.receive(0.0)
-        return self._pids[index] if index < len(self._pids) else None
+        return self._pids.get(index)
 
     def reported(self, index: int) -> bool:
         """Whether the server has said how the rank ended."""
-        pid = self.pid(index)
-        return pid is not None and pid in self._codes
+        self.receive(0.0)
+        return index in self._codes
 
     def returncode(self, index: int) -> int | None:
         """The rank's return code once the server has reaped it; where the server has ended
         without saying, the signal its ranks die of when it ends (SIGKILL, `die_with_parent`)."""
         if self.reported(index):
-            return self._codes[self._pids[index]]
+            return self._codes[index]
         return -signal.SIGKILL if self.ended else None
 
     def receive(self, timeout: float) -> None:
         """Take in what the server has said, waiting up to `timeout` seconds for its first word."""
-        if self.ended:
-            return
-        try:
-            while self._conn.poll(timeout):
-                message = self._conn.recv()
-                if message[0] == "forked":
-                    self._pids.append(message[1])
-                else:
-                    self._codes[message[1]] = message[2]
-                timeout = 0.0
-        except (EOFError, OSError):
-            self.ended = True
-            self._conn.close()
+        with self._lock:
+            if self.ended:
+                return
+            try:
+                while self._conn.poll(timeout):
+                    message = self._conn.recv()
+                    if message[0] == "forked":
+                        self._pids[message[1]] = message[2]
+                    else:
+                        self._codes[message[1]] = message[2]
+                    timeout = 0.0
+            except (EOFError, OSError):
+                self._end()
+
+    def close(self, grace: float = 5.0) -> None:
+        """End the server (it kills and reaps the ranks it still has) and wait for it, killing
+        it after `grace` seconds."""
+        with self._lock:
+            self._end()
+        stop_children([self.child], grace)
+
+    def _end(self) -> None:
+        self.ended = True
+        self._conn.close()
 
 
 class ForkedProcess:
-    """A rank the fork server made, with `subprocess.Popen`'s `pid`, `poll` and `wait`."""
+    """A rank the fork server made, with `subprocess.Popen`'s `pid`, `poll`, `wait` and `kill`."""
 
     def __init__(self, server: ForkServer, index: int) -> None:
         self._server = server
@@ -116,6 +189,9 @@ class ForkedProcess:
 
     def poll(self) -> int | None:
         return self._server.returncode(self._index)
+
+    def kill(self) -> None:
+        self._server.kill(self._index)
 
     def describe(self, code: int) -> str:
         """How the rank ended, in words (saying so when it ended with its server)."""
@@ -131,13 +207,114 @@ class ForkedProcess:
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
-            remaining = 1.0 if deadline is None else deadline - time.monotonic()
+            remaining = _WAIT_STEP if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 raise subprocess.TimeoutExpired(f"rank {self._index} of the fork server", timeout or 0.0)
-            self._server.receive(min(remaining, 1.0))
+            self._server.receive(min(remaining, _WAIT_STEP))
         if self._server.ended:
             _wait_gone(self.pid)
         return code
+
+
+#: longest a waiting thread holds the server's connection (others ask it for pids meanwhile)
+_WAIT_STEP = 0.05
+
+
+def uses_fork_server(backend_class: type[Backend]) -> bool:
+    """Whether ranks of `backend_class` on one host are forked by a fork server: a host backend
+    (its ranks need no environment of their own) on Linux, unless `FD_DIST_FORK_SERVER=0`."""
+    return (
+        envs.dist_fork_server()
+        and sys.platform.startswith("linux")
+        and backend_class.device_count() is None
+        and not backend_class.rank_environment(0)
+    )
+
+
+def server_environment(log_dir: str) -> dict[str, str]:
+    """The environment a server starts with: this process's, its pid (the parent it must not
+    outlive) and the log directory."""
+    from fastdeploy.distributed.worker import PARENT_ENV
+
+    return dict(os.environ, **{PARENT_ENV: str(os.getpid()), "FD_LOG_DIR": log_dir})
+
+
+# --- one server per process and kind of rank ----------------------------------------------------
+_shared: dict[tuple, ForkServer] = {}
+_shared_lock = threading.Lock()
+#: servers started so far, each numbered for a log of its own
+_started = itertools.count()
+
+
+def shared_server(
+    backend: str, collectives: bool, env: dict[str, str], log_dir: str, model_path: str | None
+) -> ForkServer:
+    """This process's running fork server for ranks of `backend` logging to `log_dir`, or a new
+    one started with `env`.
+
+    Every engine of the process shares it (the replicas of `fastdeploy serve
+    --data-parallel-size`, LLMs built one after another), so only the first pays for its
+    imports. A rank runs with the environment its engine gives it, but what was imported before
+    the fork saw the server's: a variable read at import time (OpenBLAS's OMP_NUM_THREADS) keeps
+    its value of the first parallel engine, as with multiprocessing's forkserver (the
+    environment itself cannot be the key: imports such as threadpoolctl's add variables to it).
+    A server of another log directory, or one that has ended, is replaced, and closed when it
+    has no ranks left.
+    """
+    key = (backend, collectives, log_dir)
+    with _shared_lock:
+        server = _shared.get(key)
+        if server is not None and server.alive:
+            return server
+        for other_key, other in list(_shared.items()):
+            if other is server or other.running_ranks == 0:
+                other.close()
+                del _shared[other_key]
+        number = next(_started)
+        if number == 0:
+            atexit.register(close_shared_servers)
+        log = os.path.join(log_dir, f"forkserver.{number}.log")
+        server = _shared[key] = ForkServer(backend, collectives, env, log, model_path)
+        return server
+
+
+def start_early(device: str | None, model: str | None, collectives: bool) -> ForkServer | None:
+    """Start the shared server that ranks of `device`'s backend on this host will be forked by,
+    before the caller imports what it needs next (the HTTP stack of `fastdeploy serve`), so the
+    server's imports overlap the caller's; the engine built later finds it running. None where
+    the ranks would not be forked; an error is left for the engine to report."""
+    from fastdeploy.backends.selection import select_backend_class
+    from fastdeploy.logger import get_logger
+    from fastdeploy.model_resolver import resolve_model
+    from fastdeploy.plugins.registry import get_registry
+
+    try:
+        backend_class = select_backend_class(device or envs.device() or "auto", get_registry())
+        if not uses_fork_server(backend_class):
+            return None
+        log_dir = os.path.abspath(envs.log_dir())
+        os.makedirs(log_dir, exist_ok=True)
+        return shared_server(
+            backend_class.name, collectives, server_environment(log_dir), log_dir, resolve_model(model)
+        )
+    except Exception:  # the engine meets the same error, and reports it where it should
+        get_logger(__name__).debug("no fork server started early", exc_info=True)
+        return None
+
+
+def shared_servers() -> list[ForkServer]:
+    """The shared servers this process has started and not closed."""
+    with _shared_lock:
+        return list(_shared.values())
+
+
+def close_shared_servers() -> None:
+    """Close every shared server (at exit: each is reaped rather than left to die of its
+    parent-death signal)."""
+    with _shared_lock:
+        for server in _shared.values():
+            server.close()
+        _shared.clear()
 
 
 def _wait_gone(pid: int | None, timeout: float = 5.0) -> None:
@@ -151,109 +328,3 @@ def _wait_gone(pid: int | None, timeout: float = 5.0) -> None:
         except (OSError, IndexError):
             return
         time.sleep(0.01)
-
-
-# --- the server -------------------------------------------------------------------------------
-def _serve(conn: Connection) -> None:
-    """Fork a rank per request and report each one's end, until the engine closes the connection."""
-    wake_read, wake_write = os.pipe()
-    for fd in (wake_read, wake_write):
-        os.set_blocking(fd, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD wakes the loop
-    children: set[int] = set()
-    while True:
-        for ready in wait([conn, wake_read]):
-            if ready is conn:
-                try:
-                    argv, env, log_path = conn.recv()
-                except EOFError:  # the engine is done: nothing may outlive it
-                    for pid in children:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
-                    return
-                pid = _fork(argv, env, log_path, [conn.fileno(), wake_read, wake_write])
-                children.add(pid)
-                conn.send(("forked", pid))
-            else:
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(wake_read, 512):
-                        pass
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            children.discard(pid)
-            conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
-
-
-def _fork(argv: list[str], env: dict[str, str], log_path: str, inherited: list[int]) -> int:
-    parent = os.getpid()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        _become_rank(argv, env, log_path, inherited, parent)
-    return pid
-
-
-def _become_rank(
-    argv: list[str], env: dict[str, str], log_path: str, inherited: list[int], parent: int
-) -> NoReturn:
-    """In the forked child: the rank's output, environment and parent, then the worker's main."""
-    code: Any = 1
-    try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in inherited:
-            os.close(fd)
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        from fastdeploy.distributed import worker
-
-        os.environ.clear()
-        os.environ.update(env)
-        os.environ[worker.PARENT_ENV] = str(parent)
-        code = worker.main(argv)
-    except SystemExit as exc:
-        code = 0 if exc.code is None else exc.code
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        if isinstance(code, str):  # SystemExit("message"), as the interpreter would show it
-            sys.stderr.write(code + "\n")
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code if isinstance(code, int) else 1)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
-    parser.add_argument("--fd", type=int, required=True, help="descriptor of the connection to the engine")
-    parser.add_argument("--backend", required=True, help="registered name of the ranks' backend")
-    parser.add_argument("--collectives", action="store_true", help="import the backend's collectives runtime")
-    parser.add_argument("--model", required=True, help="the checkpoint the ranks load")
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-    from fastdeploy.distributed import worker
-
-    worker.die_with_parent()
-    conn = Connection(args.fd)
-    try:
-        worker.preload(args.backend, args.collectives, args.model)
-    except Exception:  # each rank meets the error again where it is reported to the engine
-        traceback.print_exc()
-    from fastdeploy.logger import get_logger
-
-    get_logger(__name__).info(
-        "fork server: ranks' code imported, checkpoint read, in %.2f s", time.perf_counter() - started
-    )
-    _serve(conn)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,7 +16,9 @@ Two details make that hold:
   the engine, which then stops its ranks in order.
 
 Ranks of a host backend are forked by a fork server instead (`forkserver.py`), itself a fresh
-interpreter started here; they are children of the fork server, which reports how they end.
+interpreter started here and shared by the engines of this process; they are children of the
+fork server, each in a process group of its own, which the server kills when asked and reports
+how they end.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class Process(Protocol):
 
     def wait(self, timeout: float | None = None) -> int: ...
 
+    def kill(self) -> None: ...
+
 
 def describe_exit(code: int) -> str:
     """How a process with this return code ended, in words."""
@@ -75,8 +79,9 @@ class ChildProcess:
     label: str
     ranks: list[int]
     process: Process
-    #: the process group killed with it: its own, or its fork server's
-    group: int
+    #: the process group killed with it (its own); None: `process.kill()` kills it and its group
+    #: (a forked rank, which its fork server kills)
+    group: int | None
     #: log file of each of its ranks
     logs: dict[int, str] = field(default_factory=dict)
     #: its return code in words
@@ -197,9 +202,12 @@ def stop_children(children: list[ChildProcess], grace: float) -> None:
 def kill_children(children: list[ChildProcess]) -> None:
     """SIGKILL every child's process group and wait until each child is gone (a rank stuck in a
     collective ignores SIGTERM; what it forked goes too)."""
-    for group in {child.group for child in children}:
+    for group in {child.group for child in children if child.group is not None}:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
+    for child in children:
+        if child.group is None:
+            child.process.kill()
     for child in children:
         child.process.wait()
         child.close()

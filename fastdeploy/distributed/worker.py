@@ -59,11 +59,12 @@ def connect(address: str, authkey: bytes, timeout: float) -> Connection:
             time.sleep(0.05)
 
 
-def preload(backend: str, collectives: bool, model_path: str) -> None:
+def preload(backend: str, collectives: bool, model_path: str | None = None) -> None:
     """Import what a rank of `backend` (a registered name) runs: the modules `Worker` uses, the
     plugins, the backend's module and, with `collectives`, its collectives runtime; and read the
-    checkpoint's configuration (a loader keeps what it parses: a GGUF header, ~0.1 s). A fork
-    server does this once for all its ranks."""
+    configuration of `model_path`, if given (a loader keeps what it parses: a GGUF header,
+    ~0.1 s), and what its loader reads tensors with. A fork server does this once for all its
+    ranks."""
     import fastdeploy.distributed.model_parallel  # noqa: F401
     import fastdeploy.engine.kv_cache_planner  # noqa: F401
     import fastdeploy.model_executor.model_runner  # noqa: F401
@@ -76,7 +77,8 @@ def preload(backend: str, collectives: bool, model_path: str) -> None:
     backend_class = select_backend_class(backend, registry)
     if collectives:
         communicator_class(backend_class, registry).preload()
-    inspect_checkpoint(model_path, registry)
+    if model_path is not None:
+        inspect_checkpoint(model_path, registry).loader.preload()
 
 
 class Worker:

@@ -127,6 +127,22 @@ def test_fused_parts_pack_like_their_stacked_rows():
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("sizes", [(5, 70, 33), (32, 64), (1,), (31, 2)])
+def test_float32_parts_are_packed_in_the_kernels_panel_pairs(sizes):
+    """Layout of gemm.c's float buffer: [pairs][in][32], row r of the stacked parts in pair
+    r // 32, column r % 32, zeros past the last row (the memory comes uninitialised)."""
+    rng = np.random.default_rng(len(sizes))
+    parts = [rng.standard_normal((n, 24)).astype(np.float32) for n in sizes]
+    garbage = lambda nbytes: np.full(nbytes, 0xFF, np.uint8)  # noqa: E731 - NaN unless written
+    packed = native._pack_f32(parts, garbage)
+    stacked = np.concatenate(parts)
+    pairs = -(-len(stacked) // 32)
+    expected = np.zeros((pairs * 32, 24), np.float32)
+    expected[: len(stacked)] = stacked
+    expected = np.stack([expected[32 * p : 32 * p + 32].T for p in range(pairs)])
+    np.testing.assert_array_equal(packed, expected)
+
+
 @requires_native
 @pytest.mark.parametrize(
     "parts",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -39,19 +41,29 @@ def children_of(pid: int) -> list[int]:
     ]
 
 
-def rank_processes(server_pid: int) -> list[int]:
-    """Pids of the server's rank processes: its children running fastdeploy.distributed.worker,
-    or the children of its fork servers."""
-    ranks = []
-    for child in children_of(server_pid):
+def children_running(pid: int, module: bytes) -> list[int]:
+    """Pids of `pid`'s children running `python -m MODULE`."""
+    found = []
+    for child in children_of(pid):
         try:
             command = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"fastdeploy.distributed.worker" in command:
-            ranks.append(child)
-        elif b"fastdeploy.distributed.forkserver" in command:
-            ranks.extend(children_of(child))
+        if module in command:
+            found.append(child)
+    return found
+
+
+def fork_servers(server_pid: int) -> list[int]:
+    return children_running(server_pid, b"fastdeploy.distributed.forkserver_process")
+
+
+def rank_processes(server_pid: int) -> list[int]:
+    """Pids of the server's rank processes: its children running fastdeploy.distributed.worker,
+    or the children of its fork servers."""
+    ranks = children_running(server_pid, b"fastdeploy.distributed.worker")
+    for server in fork_servers(server_pid):
+        ranks.extend(children_of(server))
     return ranks
 
 
@@ -91,8 +103,9 @@ def test_two_replicas_behind_one_endpoint_answer_like_one_engine(tiny_model_dirs
         free_port(),
     )  # fmt: skip
     try:
-        # each replica's model runs in a rank process of its own
+        # each replica's model runs in a rank process of its own, forked by one fork server
         assert len(rank_processes(server.process.pid)) == 2
+        assert len(fork_servers(server.process.pid)) == 1
         answers: dict[int, tuple[int, dict]] = {}
         threads = [
             threading.Thread(target=lambda i=i: answers.__setitem__(i, completion(server, cases[i % 2]["prompt_token_ids"], 8)))
@@ -109,20 +122,26 @@ def test_two_replicas_behind_one_endpoint_answer_like_one_engine(tiny_model_dirs
         assert server.stop() == 0
 
 
-def tp2_server(path: str) -> ServerProcess:
+def tp2_server(path: str, env: dict[str, str] | None = None) -> ServerProcess:
     return ServerProcess(
         ["-m", "fastdeploy.entrypoints.openai.api_server", "--model", path, "--served-model-name", "tiny",
          "--tensor-parallel-size", "2", "--max-model-len", "256", "--block-size", "16",
          "--num-gpu-blocks-override", "16", "--max-num-seqs", "4"],
         free_port(),
+        env,
     )  # fmt: skip
 
 
-def test_a_rank_killed_mid_generation_makes_the_server_answer_503_and_exit_non_zero(tiny_model_dirs):
-    server = tp2_server(tiny_model_dirs["llama"])
+def test_a_rank_killed_mid_generation_makes_the_server_answer_503_and_exit_non_zero(
+    tiny_model_dirs, tmp_path
+):
+    server = tp2_server(tiny_model_dirs["llama"], {"FD_LOG_DIR": str(tmp_path)})
     try:
         ranks = rank_processes(server.process.pid)
         assert len(ranks) == 2
+        # one fork server, started before the HTTP stack and used by the engine (each has a log)
+        assert len(fork_servers(server.process.pid)) == 1
+        assert sorted(p.name for p in tmp_path.glob("forkserver.*")) == ["forkserver.0.log"]
         result: dict[str, tuple[int, dict]] = {}
         running = threading.Thread(target=lambda: result.__setitem__("r", completion(server, [1, 5, 9], 240)))
         running.start()
@@ -157,3 +176,35 @@ def test_a_rank_that_dies_while_the_server_is_idle_stops_it_within_seconds(tiny_
         wait_until(lambda: not any(alive(pid) for pid in ranks), 10, "the rank processes to be gone")
     finally:
         server.stop()
+
+
+EARLY_PROBE = """
+import json, sys
+from fastdeploy.distributed import forkserver
+
+def started(backend, collectives, env, log_dir, model_path):
+    loaded = [name for name in ("uvicorn", "fastapi", "fastdeploy.entrypoints.openai.app") if name in sys.modules]
+    print(json.dumps([backend, collectives, model_path, loaded]))
+    raise SystemExit(0)
+
+forkserver.shared_server = started
+from fastdeploy.entrypoints.openai.api_server import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize(
+    ("flags", "collectives"),
+    [(["--tensor-parallel-size", "2"], True), (["--data-parallel-size", "2"], False)],
+    ids=["tensor parallel", "data parallel"],
+)
+def test_the_fork_server_starts_before_the_http_stack_is_imported(tiny_model_dirs, flags, collectives):
+    path = tiny_model_dirs["llama"]
+    done = subprocess.run(
+        [sys.executable, "-c", EARLY_PROBE, "--model", path, *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == ["cpu", collectives, path, []]

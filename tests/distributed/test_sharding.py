@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
-from gguf.quants import quantize
+from gguf.quants import dequantize, quantize
 
 from fastdeploy.backends.base import Backend, BackendOptions
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.distributed.model_parallel import ModelParallel
-from fastdeploy.distributed.sharding import take_columns, take_rows
+from fastdeploy.distributed.sharding import pad_rows, take_columns, take_rows
 from fastdeploy.distributed.topology import ParallelLayout
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
 
@@ -39,6 +39,37 @@ def test_gguf_rows_and_block_aligned_columns_stay_in_blocks(kind):
     unaligned = take_columns(tensor, range(40, 100))
     assert isinstance(unaligned, np.ndarray)
     np.testing.assert_array_equal(unaligned, full[:, 40:100])
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.F16,
+    ],
+)
+def test_gguf_rows_are_padded_with_zero_rows_in_blocks(kind):
+    tensor = ggml(RNG.standard_normal((5, 64)).astype(np.float32), kind)
+    padded = pad_rows(tensor, 8)
+    assert isinstance(padded, GGMLTensor) and padded.shape == (8, 64)
+    expected = np.concatenate([np.asarray(tensor), np.zeros((3, 64), np.float32)])
+    np.testing.assert_array_equal(np.asarray(padded), expected)
+    # and as gguf itself reads the padded blocks
+    np.testing.assert_array_equal(dequantize(padded.rows, kind).reshape(8, 64), expected)
+
+
+@pytest.mark.parametrize("kind", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0])
+def test_a_gguf_vocabulary_shard_embeds_like_the_full_table(kind):
+    backend = CpuBackend(BackendOptions(threads=1))
+    table = ggml(RNG.standard_normal((96, 32)).astype(np.float32), kind)
+    ids = np.array([0, 95, 40, 31, 64], dtype=np.int64)
+    shares = [
+        parallel.vocab_embedding(backend, ids, parallel.vocab_embedding_table(backend, table))
+        for parallel in ranks(3)
+    ]
+    np.testing.assert_array_equal(sum(shares), np.asarray(table)[ids])
 
 
 class SumLater:

@@ -171,3 +171,44 @@ def test_ranks_die_with_an_engine_that_is_killed(tiny_model_dirs):
     finally:
         engine.kill()
         engine.wait()
+
+
+def test_a_fork_server_that_fails_to_start_makes_llm_raise_naming_the_rank(
+    tiny_model_dirs, monkeypatch, tmp_path
+):
+    # a sitecustomize on the server's path ends every new interpreter at once, with code 3
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import os\nos._exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("FD_LOG_DIR", str(tmp_path / "log"))  # a fork server of its own
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as error:
+        tiny_llama_tp2(tiny_model_dirs)
+    assert time.monotonic() - started < 10
+    assert str(error.value).startswith(
+        "rank 0 did not start: its fork server exited with code 3 "
+        f"(its log: {tmp_path / 'log' / 'forkserver.'}"
+    )
+
+
+def test_engines_sharing_a_fork_server_fail_alone(tiny_model_dirs):
+    """A rank of one engine dies: that engine raises and its ranks go; the other engine, whose
+    ranks the same fork server forked, keeps generating."""
+    first, second = tiny_llama_tp2(tiny_model_dirs), tiny_llama_tp2(tiny_model_dirs)
+    try:
+        (server,) = first.llm_engine.executor._children.servers
+        assert second.llm_engine.executor._children.servers == [server]
+        params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        expected = second.generate({"prompt_token_ids": [1, 5, 9]}, params, use_tqdm=False)[
+            0
+        ].outputs.token_ids
+        doomed = rank_pids(first)
+        os.kill(doomed[0], signal.SIGKILL)
+        with pytest.raises(WorkerFailedError, match="rank 0 was killed by signal SIGKILL"):
+            first.generate({"prompt_token_ids": [1, 5, 9]}, params, use_tqdm=False)
+        assert not any(alive(pid) for pid in doomed)
+        assert all(alive(pid) for pid in [*rank_pids(second), server.pid])
+        again = second.generate({"prompt_token_ids": [1, 5, 9]}, params, use_tqdm=False)[0].outputs.token_ids
+        assert again == expected
+    finally:
+        second.shutdown()

@@ -14,21 +14,19 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-from typing import Any
-
-import uvicorn
+from typing import TYPE_CHECKING, Any
 
 from fastdeploy.cli.engine_args import engine_kwargs
-from fastdeploy.distributed.serving import build_replicas, serve_follower_host, stop_replicas
-from fastdeploy.entrypoints.openai.app import build_app
 from fastdeploy.entrypoints.openai.cli_args import build_parser, no_effect_flags
-from fastdeploy.entrypoints.openai.graceful_server import GracefulServer
-from fastdeploy.entrypoints.openai.http_protocol import DeadlineH11Protocol
-from fastdeploy.entrypoints.openai.metrics import ServerMetrics
-from fastdeploy.entrypoints.openai.serving import ServingContext
 from fastdeploy.errors import FastDeployError, InvalidArgumentError
 from fastdeploy.logger import get_logger
 from fastdeploy.model_resolver import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from fastdeploy.entrypoints.openai.serving import ServingContext
+
+# The HTTP stack (uvicorn, the app) and the engine are imported where they are used, after
+# `start_ranks_early`: the ranks' fork server imports paddle meanwhile (~1 s each here).
 
 logger = get_logger(__name__)
 
@@ -49,6 +47,10 @@ def build_context(args: argparse.Namespace) -> ServingContext:
         raise InvalidArgumentError(
             "--enable-auto-tool-choice needs --tool-call-parser NAME (hermes, qwen3, ernie-x1) to read the calls"
         )
+    from fastdeploy.distributed.serving import build_replicas
+    from fastdeploy.entrypoints.openai.metrics import ServerMetrics
+    from fastdeploy.entrypoints.openai.serving import ServingContext
+
     check_server_flags(args)
     for flag, value in no_effect_flags(args).items():
         logger.info("%s=%r has no effect in this engine", flag, value)
@@ -107,8 +109,28 @@ def bind_server_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def start_ranks_early(args: argparse.Namespace) -> None:
+    """Start the fork server of this host's ranks (tensor / pipeline parallelism, or the
+    data-parallel replicas, whose models run in rank processes) before the HTTP stack is
+    imported; the engines find it running (`forkserver.start_early`)."""
+    ranks = args.tensor_parallel_size * args.pipeline_parallel_size
+    if args.ips or (ranks == 1 and args.data_parallel_size == 1):
+        return
+    from fastdeploy.distributed.forkserver import start_early
+
+    start_early(args.device, _llm_kwargs(args)["model"], collectives=ranks > 1)
+
+
 def run_server(args: argparse.Namespace) -> int:
     """Serve until SIGTERM / Ctrl+C; returns the exit status (1 when the engine died)."""
+    start_ranks_early(args)
+    import uvicorn
+
+    from fastdeploy.distributed.serving import serve_follower_host, stop_replicas
+    from fastdeploy.entrypoints.openai.app import build_app
+    from fastdeploy.entrypoints.openai.graceful_server import GracefulServer
+    from fastdeploy.entrypoints.openai.http_protocol import DeadlineH11Protocol
+
     sock = None
     try:
         follower_status = serve_follower_host(_llm_kwargs(args))

@@ -37,3 +37,8 @@ class WeightLoader(ABC):
     def load_tensors(self, model_path: str) -> Iterator[tuple[str, np.ndarray | GGMLTensor]]:
         """(name, host tensor) pairs: arrays (memory-mapped, any float dtype) or, for quantised
         matrices a backend may use as they are, `GGMLTensor`s (which convert with `np.asarray`)."""
+
+    def preload(self) -> None:
+        """Import what `load_tensors` reads with, ahead of it (a fork server does, once for all
+        its ranks, which would otherwise each import it while loading); nothing by default."""
+        return None

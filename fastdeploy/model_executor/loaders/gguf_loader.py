@@ -73,6 +73,9 @@ class GGUFLoader(WeightLoader):
     def load_config(self, model_path: str) -> dict[str, Any]:
         return config_from_gguf(read_gguf(model_path))
 
+    def preload(self) -> None:
+        import gguf.quants  # noqa: F401  (~0.05 s: gguf, yaml, sentencepiece)
+
     def load_tensors(self, model_path: str) -> Iterator[tuple[str, np.ndarray | GGMLTensor]]:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize

@@ -110,19 +110,38 @@ def pack(
         weight = PackedWeight(type_name, packed, out_features, depth, activations)
         _native.pack_blocks(weight.kind, rows, packed, out_features, depth)
         return weight
-    matrix = np.concatenate([np.asarray(part, dtype=np.float32) for part in parts], axis=0)
-    return PackedWeight("F32", _pack_f32(matrix, empty), matrix.shape[0], in_features.pop())
+    out_features = sum(part.shape[0] for part in parts)
+    return PackedWeight("F32", _pack_f32(parts, empty), out_features, in_features.pop())
 
 
-def _pack_f32(matrix: np.ndarray, empty: Callable[[int], np.ndarray]) -> np.ndarray:
-    """Panel pairs [pairs, in, 32] float32 of an [out, in] float matrix (out padded with zero rows):
-    already the kernels' float buffer layout (gemm.c); `empty(nbytes)` gives the memory."""
-    out, depth = matrix.shape
-    pairs = -(-out // (2 * PANEL))
-    padded = np.zeros((pairs * 2 * PANEL, depth), np.float32)
-    padded[:out] = matrix
-    panels = empty(pairs * 2 * PANEL * depth * 4).view(np.float32).reshape(pairs, depth, 2 * PANEL)
-    panels[...] = padded.reshape(pairs, 2 * PANEL, depth).transpose(0, 2, 1)
+def _pack_f32(parts: Sequence[GGMLTensor | np.ndarray], empty: Callable[[int], np.ndarray]) -> np.ndarray:
+    """Panel pairs [pairs, in, 32] float32 of [out, in] parts stacked along `out` (out padded
+    with zero rows): already the kernels' float buffer layout (gemm.c); `empty(nbytes)` gives
+    the memory. Each part's rows go straight to their panels: stacking the parts and padding
+    the stack first took three more passes over the weights, the larger part of loading a
+    float32 checkpoint (a rank loading its shard beside another does not go faster than that
+    memory traffic)."""
+    width = 2 * PANEL
+    out, depth = sum(part.shape[0] for part in parts), parts[0].shape[1]
+    pairs = -(-out // width)
+    panels = empty(pairs * width * depth * 4).view(np.float32).reshape(pairs, depth, width)
+    first = 0  # the stacked row of the part's first row
+    for part in parts:
+        matrix = np.asarray(part, dtype=np.float32)
+        done = 0
+        while done < len(matrix):
+            pair, column = divmod(first + done, width)
+            if column == 0 and len(matrix) - done >= width:  # whole pairs at once
+                count = (len(matrix) - done) // width
+                rows = matrix[done : done + count * width]
+                panels[pair : pair + count] = rows.reshape(count, width, depth).transpose(0, 2, 1)
+                done += count * width
+            else:  # the rows of a pair that the part begins or ends inside
+                take = min(width - column, len(matrix) - done)
+                panels[pair, :, column : column + take] = matrix[done : done + take].T
+                done += take
+        first += len(matrix)
+    panels[-1, :, out - (pairs - 1) * width :] = 0
     return panels
 
 

@@ -90,13 +90,14 @@ static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_scales(
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + offset)));
 }
 
-/* A block's sums x.q folded into the totals of its 16 columns (see fold in the header comment). */
-static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_fold(int kind, const uint8_t *blk,
+/* A block's sums x.q folded into the totals of its 16 columns (see fold in the header comment); d
+ * and m are the block's scales and minimums (avx512_scales at 0 and 32). */
+static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_fold(int kind, __m512 d, __m512 m,
                                                                              __m512 total, __m512 sum,
                                                                              float block_sum)
 {
-    total = _mm512_fmadd_ps(avx512_scales(blk, 0), sum, total);
-    return kind == KIND_Q4_1 ? _mm512_fmadd_ps(avx512_scales(blk, 32), _mm512_set1_ps(block_sum), total) : total;
+    total = _mm512_fmadd_ps(d, sum, total);
+    return kind == KIND_Q4_1 ? _mm512_fmadd_ps(m, _mm512_set1_ps(block_sum), total) : total;
 }
 
 /* Calls STEP(k, q) for the 32 k rows of a panel block, in order, with their integers q as floats. */
@@ -169,10 +170,12 @@ avx512_tile_blocks(const struct gemm_args *a, const uint8_t *panel, int width, P
                 AVX512_ACCUMULATE(sum, xb, depth, rows, width, k, w);
             }
         }
-        for (int r = 0; r < rows; r++)
-            for (int i = 0; i < width; i++)
-                total[r * width + i] = avx512_fold(a->kind, blk[i], total[r * width + i], sum[r * width + i],
+        for (int i = 0; i < width; i++) {
+            const __m512 d = avx512_scales(blk[i], 0), m = a->kind == KIND_Q4_1 ? avx512_scales(blk[i], 32) : d;
+            for (int r = 0; r < rows; r++)
+                total[r * width + i] = avx512_fold(a->kind, d, m, total[r * width + i], sum[r * width + i],
                                                    a->kind == KIND_Q4_1 ? block_sums[r * blocks + b] : 0.0f);
+        }
     }
     avx512_store(a, total, row0, rows, col0, width);
 }
@@ -195,11 +198,13 @@ avx512_tile_dequantised(const struct gemm_args *a, const float *weights, Py_ssiz
             for (int i = 0; i < width; i++) w[i] = _mm512_loadu_ps(weights + k * ld + i * PANEL);
             AVX512_ACCUMULATE(sum, x, depth, rows, width, k, w);
         }
-        for (int r = 0; r < rows; r++)
-            for (int i = 0; i < width; i++)
-                total[r * width + i] =
-                    avx512_fold(a->kind, panel + (i * blocks + b) * block_bytes, total[r * width + i],
-                                sum[r * width + i], a->kind == KIND_Q4_1 ? block_sums[r * blocks + b] : 0.0f);
+        for (int i = 0; i < width; i++) {
+            const uint8_t *blk = panel + (i * blocks + b) * block_bytes;
+            const __m512 d = avx512_scales(blk, 0), m = a->kind == KIND_Q4_1 ? avx512_scales(blk, 32) : d;
+            for (int r = 0; r < rows; r++)
+                total[r * width + i] = avx512_fold(a->kind, d, m, total[r * width + i], sum[r * width + i],
+                                                   a->kind == KIND_Q4_1 ? block_sums[r * blocks + b] : 0.0f);
+        }
     }
     avx512_store(a, total, row0, rows, col0, width);
 }
@@ -311,18 +316,39 @@ static inline __attribute__((always_inline)) AVX2_TARGET void avx2_integers(int 
     *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 40 + 16 * k))));
 }
 
+/* A panel block's scales (and Q4_1 minimums) as floats, columns 0-7 and 8-15. Read once per block
+ * into registers: read through the block's byte pointer, which may alias anything, they would be
+ * read again after every store of a total. */
+struct avx2_scales {
+    __m256 d_lo, d_hi, m_lo, m_hi;
+};
+
+static inline __attribute__((always_inline)) AVX2_TARGET struct avx2_scales avx2_block_scales(int kind,
+                                                                                            const uint8_t *blk)
+{
+    struct avx2_scales sc;
+    sc.d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+    sc.d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+    sc.m_lo = sc.m_hi = _mm256_setzero_ps();
+    if (kind == KIND_Q4_1) {
+        sc.m_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32)));
+        sc.m_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48)));
+    }
+    return sc;
+}
+
 /* A block's sums x.q of one row folded into that row's 16 totals, kept in memory: with AVX2's 16
  * registers the block sums need them all (the same operations as avx512_fold). */
-static inline __attribute__((always_inline)) AVX2_TARGET void avx2_fold(int kind, const uint8_t *blk, float *total,
-                                                                       __m256 lo, __m256 hi, float block_sum)
+static inline __attribute__((always_inline)) AVX2_TARGET void avx2_fold(int kind, const struct avx2_scales *sc,
+                                                                       float *total, __m256 lo, __m256 hi,
+                                                                       float block_sum)
 {
-    __m256 t_lo = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)), lo, _mm256_loadu_ps(total));
-    __m256 t_hi =
-        _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))), hi, _mm256_loadu_ps(total + 8));
+    __m256 t_lo = _mm256_fmadd_ps(sc->d_lo, lo, _mm256_loadu_ps(total));
+    __m256 t_hi = _mm256_fmadd_ps(sc->d_hi, hi, _mm256_loadu_ps(total + 8));
     if (kind == KIND_Q4_1) {
         const __m256 s = _mm256_set1_ps(block_sum);
-        t_lo = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32))), s, t_lo);
-        t_hi = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48))), s, t_hi);
+        t_lo = _mm256_fmadd_ps(sc->m_lo, s, t_lo);
+        t_hi = _mm256_fmadd_ps(sc->m_hi, s, t_hi);
     }
     _mm256_storeu_ps(total, t_lo);
     _mm256_storeu_ps(total + 8, t_hi);
@@ -393,11 +419,13 @@ static inline __attribute__((always_inline)) AVX2_TARGET void avx2_tile(const st
             }
         }
 #pragma GCC unroll 4
-        for (int i = 0; i < width; i++)
+        for (int i = 0; i < width; i++) {
+            const struct avx2_scales sc = avx2_block_scales(kind, blk[i]);
 #pragma GCC unroll 8
             for (int r = 0; r < rows; r++)
-                avx2_fold(kind, blk[i], totals[i] + r * PANEL, lo[i][r], hi[i][r],
+                avx2_fold(kind, &sc, totals[i] + r * PANEL, lo[i][r], hi[i][r],
                           kind == KIND_Q4_1 ? block_sums[r * blocks + b] : 0.0f);
+        }
     }
     for (int i = 0; i < width; i++) avx2_store(a, totals[i], row0, rows, col0 + i * PANEL);
 }

@@ -19,6 +19,7 @@ from fastdeploy.backends.base import (
 )
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.attention import CpuAttentionMetadata, build_metadata, paged_attention
+from fastdeploy.backends.cpu.host_memory import retain_freed_memory
 from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache, allocate_native, allocate_numpy
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
 from fastdeploy.errors import InvalidArgumentError
@@ -147,6 +148,7 @@ class CpuBackend(Backend):
         # With the native kernels every op of a forward pass runs on their threads and BLAS is not
         # used; a BLAS pool would only spin beside them (measured: 170 -> 26 tok/s).
         _set_blas_threads(1 if self.native_isa else self.threads)
+        retain_freed_memory()
         if self.native_isa:
             native.set_spin_us(envs.cpu_spin_us())
             native.set_adaptive_threads(self.adaptive_threads)

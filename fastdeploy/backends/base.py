@@ -491,6 +491,24 @@ class Backend(ABC):
             out[start:end] = (scores @ vh).transpose(1, 0, 2)
         return self.from_numpy(out)
 
+    def encoder_attention_qkv(
+        self, qkv: Any, cos: Any, sin: Any, cu_seqlens: np.ndarray, heads: int, scale: float
+    ) -> Any:
+        """A vision tower's attention from its fused projection: qkv [tokens, 3 * heads * head_dim]
+        (q, k, v side by side) -> [tokens, heads * head_dim]. q and k are rotated first (rotate-half,
+        with per-token cos/sin rows [tokens, rotary_dim / 2], as `rotary_embedding` at positions
+        0..tokens-1); then `encoder_attention`. The default runs those ops; a backend may rotate as
+        it lays out keys and queries and read the projection in place (the cpu backend does)."""
+        rows, width = qkv.shape
+        if width % (3 * heads):
+            raise ValueError(f"qkv's width {width} is not 3 x heads ({heads}) x head_dim")
+        hidden = width // 3
+        qk = qkv[:, : 2 * hidden].reshape(rows, 2 * heads, hidden // heads)
+        qk = self.rotary_embedding(qk, self.from_numpy(np.arange(rows, dtype=np.int64)), cos, sin)
+        v = qkv[:, 2 * hidden :].reshape(rows, heads, hidden // heads)
+        out = self.encoder_attention(qk[:, :heads], qk[:, heads:], v, cu_seqlens, scale)
+        return out.reshape(rows, hidden)
+
     def linear_activation(self, x: Any, weight: Any, bias: Any | None, activation: str) -> Any:
         """`activation(linear(x, weight, bias))`, `activation` one of ENCODER_ACTIVATIONS (a vision
         MLP's fc1). The default runs the two ops; a backend may apply the activation as the product

@@ -380,6 +380,23 @@ class CpuBackend(Backend):
             return native.encoder_attention(q, k, v, cu_seqlens, scale, self.native_isa, self.threads, bf16)
         return super().encoder_attention(q, k, v, cu_seqlens, scale)
 
+    def encoder_attention_qkv(
+        self,
+        qkv: np.ndarray,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        cu_seqlens: np.ndarray,
+        heads: int,
+        scale: float,
+    ) -> np.ndarray:
+        if not self.native_isa or qkv.shape[1] % (3 * heads):
+            return super().encoder_attention_qkv(qkv, cos, sin, cu_seqlens, heads, scale)
+        bf16 = self.vision_matmul == "bfloat16"
+        out = native.encoder_attention_qkv(
+            qkv, cos, sin, cu_seqlens, heads, scale, self.native_isa, self.threads, bf16
+        )
+        return out.reshape(qkv.shape[0], -1)
+
     def gather_rows(self, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
         return x[indices]
 

@@ -32,8 +32,7 @@ static Py_ssize_t padded_length(Py_ssize_t count)
     return padded % 1024 == 0 ? padded + ENCODER_PAD : padded;
 }
 
-/* Keys (rotated) and values of segment index / heads, head index % heads, into their layout; its
- * queries rotated (or gathered) where the kernels do not read q in place. */
+/* Keys and values of segment index / heads, head index % heads, into their layout. */
 static void layout_task(void *ctx, Py_ssize_t index, int slot)
 {
     struct encoder_job *job = ctx;
@@ -42,17 +41,11 @@ static void layout_task(void *ctx, Py_ssize_t index, int slot)
     const Py_ssize_t start = job->starts[s], count = job->starts[s + 1] - start, padded = padded_length(count);
     float *keys_t = job->keys_t + job->offsets[s] + h * head_dim * padded;
     float *values = job->values + job->offsets[s] + h * padded * head_dim;
-    float *tmp = fd_thread_scratch((size_t)head_dim * sizeof(float));
-    if (tmp == NULL) {
-        job->out_of_memory = 1;
-        return;
-    }
     for (Py_ssize_t j = 0; j < count; j++) {
-        const float *key = encoder_key_row(in, start + j, h, head_dim, tmp);
+        const float *key = encoder_key_row(in, start + j, h, head_dim);
         for (Py_ssize_t d = 0; d < head_dim; d++) keys_t[d * padded + j] = key[d];
         memcpy(values + j * head_dim, in->v0 + (start + j) * in->stride + h * head_dim, (size_t)head_dim * sizeof(float));
     }
-    encoder_store_queries(in, start, count, h, job->heads, head_dim);
     (void)slot;
 }
 
@@ -78,12 +71,12 @@ int encoder_input_get(struct encoder_input *in, PyObject *const objects[5], cons
                       Py_ssize_t stride, Py_ssize_t tokens, Py_ssize_t heads, Py_ssize_t head_dim, rotary_fn rotary,
                       const char *name)
 {
-    *in = (struct encoder_input){.stride = stride, .rotary = rotary};
+    *in = (struct encoder_input){.stride = stride, .width = heads * head_dim, .rotary = rotary};
     Py_buffer *buffers[5] = {&in->q, &in->k, &in->v, &in->cos, &in->sin};
     const int tables = objects[3] != Py_None;
     for (int i = 0; i < (tables ? 5 : 3); i++)
         if (PyObject_GetBuffer(objects[i], buffers[i], PyBUF_SIMPLE) < 0) return -1;
-    const Py_ssize_t width = heads * head_dim;
+    const Py_ssize_t width = in->width;
     int bad = heads <= 0 || head_dim <= 0 || tokens < 0 || stride < width;
     for (int i = 0; i < 3 && !bad; i++)
         bad = offsets[i] < 0 || (tokens > 0 && (offsets[i] + (tokens - 1) * stride + width) * (Py_ssize_t)sizeof(float) >
@@ -101,14 +94,13 @@ int encoder_input_get(struct encoder_input *in, PyObject *const objects[5], cons
     in->q0 = (const float *)in->q.buf + offsets[0];
     in->k0 = (const float *)in->k.buf + offsets[1];
     in->v0 = (const float *)in->v.buf + offsets[2];
-    if (tables || stride != width) {
-        in->queries = PyMem_RawMalloc((size_t)(tokens > 0 ? tokens : 1) * (size_t)width * sizeof(float));
-        if (in->queries == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-    }
+    const size_t bytes = (size_t)(tokens > 0 ? tokens : 1) * (size_t)width * sizeof(float);
+    if ((tables || stride != width) && (in->queries = PyMem_RawMalloc(bytes)) == NULL) goto no_memory;
+    if (tables && (in->keys = PyMem_RawMalloc(bytes)) == NULL) goto no_memory;
     return 0;
+no_memory:
+    PyErr_NoMemory();
+    return -1;
 }
 
 void encoder_input_release(struct encoder_input *in)
@@ -117,35 +109,46 @@ void encoder_input_release(struct encoder_input *in)
     for (int i = 0; i < 5; i++)
         if (buffers[i]->obj) PyBuffer_Release(buffers[i]);
     PyMem_RawFree(in->queries);
-    in->queries = NULL;
+    PyMem_RawFree(in->keys);
+    in->queries = in->keys = NULL;
 }
 
-/* Row (token t, head h) of q or k, into `out` rotated when there are tables, else copied. */
-static void rotated_row(const struct encoder_input *in, const float *x0, Py_ssize_t t, Py_ssize_t h,
-                        Py_ssize_t head_dim, float *out)
+#define PREPARE_TOKENS 32 /* tokens per task of encoder_input_prepare */
+
+/* Row t of x0 (all heads) into out: rotated when there are tables, else copied. */
+static void rotate_or_copy(const struct encoder_input *in, const float *x0, Py_ssize_t t, float *out,
+                           Py_ssize_t head_dim)
 {
-    const float *row = x0 + t * in->stride + h * head_dim;
+    const float *row = x0 + t * in->stride;
     if (in->cos.obj)
-        in->rotary(row, out, (const float *)in->cos.buf + t * in->half, (const float *)in->sin.buf + t * in->half, 1,
-                   head_dim, in->half);
+        in->rotary(row, out, (const float *)in->cos.buf + t * in->half, (const float *)in->sin.buf + t * in->half,
+                   in->width / head_dim, head_dim, in->half);
     else
-        memcpy(out, row, (size_t)head_dim * sizeof(float));
+        memcpy(out, row, (size_t)in->width * sizeof(float));
 }
 
-const float *encoder_key_row(const struct encoder_input *in, Py_ssize_t t, Py_ssize_t h, Py_ssize_t head_dim,
-                             float *tmp)
+struct prepare_job {
+    const struct encoder_input *in;
+    Py_ssize_t tokens, head_dim;
+};
+
+static void prepare_task(void *ctx, Py_ssize_t index, int slot)
 {
-    if (in->cos.obj == NULL) return in->k0 + t * in->stride + h * head_dim;
-    rotated_row(in, in->k0, t, h, head_dim, tmp);
-    return tmp;
+    const struct prepare_job *job = ctx;
+    const struct encoder_input *in = job->in;
+    const Py_ssize_t end = (index + 1) * PREPARE_TOKENS < job->tokens ? (index + 1) * PREPARE_TOKENS : job->tokens;
+    for (Py_ssize_t t = index * PREPARE_TOKENS; t < end; t++) {
+        if (in->queries) rotate_or_copy(in, in->q0, t, in->queries + t * in->width, job->head_dim);
+        if (in->keys) rotate_or_copy(in, in->k0, t, in->keys + t * in->width, job->head_dim);
+    }
+    (void)slot;
 }
 
-void encoder_store_queries(const struct encoder_input *in, Py_ssize_t start, Py_ssize_t count, Py_ssize_t h,
-                           Py_ssize_t heads, Py_ssize_t head_dim)
+void encoder_input_prepare(struct encoder_input *in, Py_ssize_t tokens, Py_ssize_t head_dim, int threads)
 {
-    if (in->queries == NULL) return;
-    for (Py_ssize_t t = start; t < start + count; t++)
-        rotated_row(in, in->q0, t, h, head_dim, in->queries + (t * heads + h) * head_dim);
+    if (in->queries == NULL && in->keys == NULL) return;
+    struct prepare_job job = {in, tokens, head_dim};
+    fd_parallel_for((tokens + PREPARE_TOKENS - 1) / PREPARE_TOKENS, threads, prepare_task, &job);
 }
 
 int encoder_segments_valid(const int64_t *starts, Py_ssize_t segments, Py_ssize_t tokens)
@@ -233,8 +236,9 @@ PyObject *native_encoder_attention(PyObject *self, PyObject *args)
         .scale = (float)scale,
     };
     Py_BEGIN_ALLOW_THREADS
+    encoder_input_prepare(&in, tokens, head_dim, threads);
     fd_parallel_for(segments * heads, threads, layout_task, &job);
-    if (!job.out_of_memory) fd_parallel_for(plan.count, threads, attend_task, &job);
+    fd_parallel_for(plan.count, threads, attend_task, &job);
     Py_END_ALLOW_THREADS
     if (job.out_of_memory) goto no_memory;
     result = Py_NewRef(Py_None);

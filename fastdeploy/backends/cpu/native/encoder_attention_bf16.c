@@ -75,9 +75,8 @@ static BF16_TARGET void layout_task(void *ctx, Py_ssize_t index, int slot)
     uint32_t *keys = job->keys + job->offsets[s] + h * pairs * padded;
     uint32_t *values = job->values + job->offsets[s] + h * pairs * padded;
     uint32_t key_pairs[MAX_HEAD_DIM / 2];
-    float rotated[MAX_HEAD_DIM];
     for (Py_ssize_t j = 0; j < count; j++) {
-        row_pairs(encoder_key_row(in, start + j, h, head_dim, rotated), 1.0f, head_dim, key_pairs);
+        row_pairs(encoder_key_row(in, start + j, h, head_dim), 1.0f, head_dim, key_pairs);
         uint32_t *chunk = keys + j / CHUNK * pairs * CHUNK + j % CHUNK;
         for (Py_ssize_t i = 0; i < pairs; i++) chunk[i * CHUNK] = key_pairs[i];
     }
@@ -90,7 +89,6 @@ static BF16_TARGET void layout_task(void *ctx, Py_ssize_t index, int slot)
             _mm512_storeu_si512(values + j / 2 * head_dim + d, _mm512_or_si512(low, _mm512_slli_epi32(high, 16)));
         }
     }
-    encoder_store_queries(in, start, count, h, job->heads, head_dim);
     (void)slot;
 }
 
@@ -269,6 +267,7 @@ PyObject *native_encoder_attention_bf16(PyObject *self, PyObject *args)
         .scale = (float)scale,
     };
     Py_BEGIN_ALLOW_THREADS
+    encoder_input_prepare(&in, tokens, head_dim, threads);
     fd_parallel_for(segments * heads, threads, layout_task, &job);
     fd_parallel_for(plan.count, threads, attend_task, &job);
     Py_END_ALLOW_THREADS

@@ -15,9 +15,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-#: the activations `Backend.linear_activation` takes (named as the Backend ops that compute them)
-ENCODER_ACTIVATIONS = ("quick_gelu", "gelu")
-
 
 @dataclass(frozen=True)
 class BackendOptions:
@@ -508,16 +505,6 @@ class Backend(ABC):
         v = qkv[:, 2 * hidden :].reshape(rows, heads, hidden // heads)
         out = self.encoder_attention(qk[:, :heads], qk[:, heads:], v, cu_seqlens, scale)
         return out.reshape(rows, hidden)
-
-    def linear_activation(self, x: Any, weight: Any, bias: Any | None, activation: str) -> Any:
-        """`activation(linear(x, weight, bias))`, `activation` one of ENCODER_ACTIVATIONS (a vision
-        MLP's fc1). The default runs the two ops; a backend may apply the activation as the product
-        stores each tile (the cpu backend does), saving a pass over the wide output."""
-        if activation not in ENCODER_ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {', '.join(ENCODER_ACTIVATIONS)}; got {activation!r}"
-            )
-        return getattr(self, activation)(self.linear(x, weight, bias))
 
     def quick_gelu(self, x: Any) -> Any:
         """x * sigmoid(1.702 x) (CLIP's and ERNIE-4.5-VL's vision MLP activation)."""

@@ -81,22 +81,6 @@ def test_gemm_matches_a_float64_product_of_the_rounded_inputs(isa, rows, cols, d
     assert np.abs(out - exact).max() > 100 * np.abs(out - expected).max()
 
 
-@pytest.mark.parametrize("isa", KERNELS)
-def test_a_fused_activation_follows_the_bfloat16_product(isa):
-    """quick GELU applied as each tile is stored (partial last pair: cols 40, rows past a 12-row
-    tile): the activation of the float64 product of the rounded inputs."""
-    rng = np.random.default_rng(11)
-    x = rng.standard_normal((29, 96)).astype(np.float32) * 0.3
-    weight = rng.standard_normal((40, 96)).astype(np.float32)
-    bias = rng.standard_normal(40).astype(np.float32)
-    packed = native.pack_bf16([weight])
-    out = native.matmul(x, packed, isa, threads=2, bias=bias, activation="quick_gelu")
-    h = rounded(x) @ rounded(weight).T + bias
-    np.testing.assert_allclose(out, h / (1 + np.exp(-1.702 * h)), rtol=1e-5, atol=1e-5)
-    plain = native.matmul(x, packed, isa, threads=2, bias=bias)
-    np.testing.assert_array_equal(out, native.activation(plain, "quick_gelu", isa, threads=1))
-
-
 def test_both_kernels_agree_and_the_weight_is_packed_once():
     if not native.has_bf16():
         pytest.skip(NO_BF16)

@@ -192,49 +192,6 @@ def test_bias_is_added_as_each_tile_is_stored(isa, weights, tokens):
         native.matmul(x, packed, isa, threads=1, bias=bias[:44])
 
 
-def activation_reference(kind: str, h: np.ndarray) -> np.ndarray:
-    """quick GELU or exact GELU (math.erf) of float64 values."""
-    if kind == "quick_gelu":
-        return h / (1 + np.exp(-1.702 * h))
-    return 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2.0)))
-
-
-@requires_native
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_1", "Q8_0 int8"])
-@pytest.mark.parametrize("tokens", [1, 13, 40])
-@pytest.mark.parametrize("kind", ["quick_gelu", "gelu_erf"])
-def test_activation_is_applied_as_each_tile_is_stored(isa, weights, tokens, kind):
-    """Every kernel family applies a fused activation to every stored tile (the last panel partly
-    filled: cols 45): the same values as the separate `activation` pass over the product, and the
-    activation of a float64 product (float weights)."""
-    type_name, _, activations = weights.partition(" ")
-    rng = np.random.default_rng(tokens + 7)
-    if type_name == "F32":
-        matrix = rng.standard_normal((45, 64)).astype(np.float32)
-        packed = native.pack([matrix])
-    else:
-        packed = native.pack(
-            [ggml_matrix(type_name, 45, 64, seed=tokens)], activations=activations or "float32"
-        )
-    x = rng.standard_normal((tokens, 64)).astype(np.float32) * 0.5
-    bias = rng.standard_normal(45).astype(np.float32)
-    fused = native.matmul(x, packed, isa, threads=2, bias=bias, activation=kind)
-    separate = native.activation(native.matmul(x, packed, isa, threads=2, bias=bias), kind, isa, threads=1)
-    np.testing.assert_array_equal(fused, separate)
-    if type_name == "F32":
-        expected = activation_reference(kind, x.astype(np.float64) @ matrix.T.astype(np.float64) + bias)
-        np.testing.assert_allclose(fused, expected, rtol=2e-5, atol=1e-4)
-
-
-@requires_native
-def test_an_unknown_fused_activation_is_refused():
-    packed = native.pack([np.ones((16, 32), np.float32)])
-    with pytest.raises(ValueError, match="unknown activation kind 7"):
-        native._native.gemm(packed.kind, np.ones((2, 32), np.float32), packed.packed, np.empty((2, 16), np.float32),
-                            2, 16, 32, native.best_isa(), 1, None, 7)  # fmt: skip
-
-
 def test_parts_must_share_their_input_size():
     with pytest.raises(ValueError, match="one `in`"):
         native.pack([np.ones((16, 64), np.float32), np.ones((16, 32), np.float32)])
@@ -446,25 +403,6 @@ def test_vision_element_wise_ops_on_each_instruction_set(backend_for_isa):
         )
         erf = np.vectorize(math.erf)(h / math.sqrt(2.0))
         np.testing.assert_allclose(backend.gelu(wide), 0.5 * h * (1 + erf), rtol=1e-6, atol=1e-6)
-
-
-@requires_native
-@pytest.mark.parametrize("activation", ["quick_gelu", "gelu"])
-def test_linear_activation_fuses_the_backend_ops(backend_for_isa, activation):
-    """`linear_activation` on packed weights equals the two backend ops it fuses, and a float64
-    product through the activation."""
-    backend = backend_for_isa
-    rng = np.random.default_rng(5)
-    matrix = rng.standard_normal((70, 48)).astype(np.float32)
-    weight, bias = backend.linear_weight(matrix), backend.linear_bias(rng.standard_normal(70))
-    x = rng.standard_normal((30, 48)).astype(np.float32) * 0.3
-    fused = backend.linear_activation(x, weight, bias, activation)
-    np.testing.assert_array_equal(fused, getattr(backend, activation)(backend.linear(x, weight, bias)))
-    expected = x.astype(np.float64) @ matrix.T.astype(np.float64) + bias
-    kind = "quick_gelu" if activation == "quick_gelu" else "gelu_erf"
-    np.testing.assert_allclose(fused, activation_reference(kind, expected), rtol=2e-5, atol=1e-4)
-    with pytest.raises(ValueError, match="activation must be one of quick_gelu, gelu; got 'relu'"):
-        backend.linear_activation(x, weight, bias, "relu")
 
 
 @requires_native

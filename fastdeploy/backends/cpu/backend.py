@@ -122,10 +122,6 @@ def _waiting_policy(adaptive: bool) -> str:
     )
 
 
-#: the native kernels' name of each `Backend.linear_activation` activation
-_NATIVE_ACTIVATIONS = {"quick_gelu": "quick_gelu", "gelu": "gelu_erf"}
-
-
 class CpuBackend(Backend):
     """Runs models with numpy on the host CPU; always available."""
 
@@ -333,26 +329,14 @@ class CpuBackend(Backend):
             out += bias
         return out, x
 
-    def linear_activation(
-        self,
-        x: np.ndarray,
-        weight: np.ndarray | native.PackedWeight,
-        bias: np.ndarray | None,
-        activation: str,
-    ) -> np.ndarray:
-        if activation not in _NATIVE_ACTIVATIONS or not isinstance(weight, native.PackedWeight):
-            return super().linear_activation(x, weight, bias, activation)
-        kind = _NATIVE_ACTIVATIONS[activation]
-        return native.matmul(x, weight, self.native_isa, self.threads, bias, kind)
-
     def quick_gelu(self, x: np.ndarray) -> np.ndarray:
         if self.native_isa:
-            return native.activation(x, _NATIVE_ACTIVATIONS["quick_gelu"], self.native_isa, self.threads)
+            return native.activation(x, "quick_gelu", self.native_isa, self.threads)
         return super().quick_gelu(x)
 
     def gelu(self, x: np.ndarray) -> np.ndarray:
         if self.native_isa:
-            return native.activation(x, _NATIVE_ACTIVATIONS["gelu"], self.native_isa, self.threads)
+            return native.activation(x, "gelu_erf", self.native_isa, self.threads)
         return super().gelu(x)
 
     def gelu_tanh(self, x: np.ndarray) -> np.ndarray:

@@ -146,8 +146,11 @@ class VisionEncoder:
             normed, x = self._add_and_norm(
                 x, ops.linear(attn, block.proj.weight, block.proj.bias), block.norm2
             )
-            hidden = ops.linear_activation(normed, block.fc1.weight, block.fc1.bias, "quick_gelu")
-            update = ops.linear(hidden, block.fc2.weight, block.fc2.bias)
+            update = ops.linear(
+                ops.quick_gelu(ops.linear(normed, block.fc1.weight, block.fc1.bias)),
+                block.fc2.weight,
+                block.fc2.bias,
+            )
         x, _ = self._add_and_norm(x, update, self.final_norm)
         return self.resample(x, grid_thw)
 
@@ -160,14 +163,12 @@ class VisionEncoder:
     def _merge_mlp(self, mlp: _MergeMLP, parts: list[Any]) -> Any:
         ops = self.backend
         if len(parts) > 1 and all(part is parts[0] for part in parts):
-            hidden = ops.linear_activation(parts[0], mlp.fc1_summed, mlp.fc1_bias, "gelu")
-        elif len(parts) == 1:
-            hidden = ops.linear_activation(parts[0], mlp.fc1_parts[0], mlp.fc1_bias, "gelu")
+            hidden = ops.linear(parts[0], mlp.fc1_summed, mlp.fc1_bias)
         else:
             hidden = ops.linear(parts[0], mlp.fc1_parts[0], mlp.fc1_bias)
             for part, weight in zip(parts[1:], mlp.fc1_parts[1:], strict=True):
                 hidden = hidden + ops.linear(part, weight)
-            hidden = ops.gelu(hidden)
+        hidden = ops.gelu(hidden)
         hidden = ops.linear(hidden, mlp.fc2.weight, mlp.fc2.bias)
         out, _ = ops.layer_norm(hidden, *mlp.norm, self.eps)
         return out

@@ -171,24 +171,17 @@ def set_step_shape(tokens: int, sequences: int) -> None:
 
 
 def matmul(
-    x: np.ndarray,
-    weight: PackedWeight,
-    isa: str,
-    threads: int,
-    bias: np.ndarray | None = None,
-    activation: str | None = None,
+    x: np.ndarray, weight: PackedWeight, isa: str, threads: int, bias: np.ndarray | None = None
 ) -> np.ndarray:
-    """x [tokens, in_features] float32 times the weight's transpose (+ bias), then `activation`
-    ("quick_gelu" or "gelu_erf", as `activation` takes; None: none), both applied as the kernel
-    stores each tile: [tokens, out_features] float32."""
+    """x [tokens, in_features] float32 times the weight's transpose (+ bias, added as the kernel
+    stores each tile): [tokens, out_features] float32."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty((x.shape[0], weight.out_features), np.float32)
     if bias is not None:
         bias = np.ascontiguousarray(bias, np.float32)
-    kind = -1 if activation is None else _activation_kind(activation)
     if weight.type_name == "BF16":
         rows, cols, depth = x.shape[0], weight.out_features, weight.in_features
-        _native.gemm_bf16(x, weight.packed, out, rows, cols, depth, isa, threads, bias, kind)
+        _native.gemm_bf16(x, weight.packed, out, rows, cols, depth, isa, threads, bias)
         return out
     _native.gemm(
         weight.kind,
@@ -201,7 +194,6 @@ def matmul(
         isa,
         threads,
         bias,
-        kind,
     )
     return out
 
@@ -491,12 +483,10 @@ def activation(x: np.ndarray, kind: str, isa: str, threads: int) -> np.ndarray:
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)
     rows = x.shape[0] if x.ndim > 1 else 1
-    _native.activation(_activation_kind(kind), x, out, rows, x.size // max(rows, 1), isa, threads)
+    _native.activation(
+        getattr(_native, f"ACT_{kind.upper()}"), x, out, rows, x.size // max(rows, 1), isa, threads
+    )
     return out
-
-
-def _activation_kind(kind: str) -> int:
-    return getattr(_native, f"ACT_{kind.upper()}")
 
 
 def silu_and_mul(x: np.ndarray, isa: str, threads: int) -> np.ndarray:

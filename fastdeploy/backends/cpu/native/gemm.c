@@ -106,8 +106,6 @@ avx512_store(const struct gemm_args *a, const __m512 *acc, Py_ssize_t row0, int 
         for (int r = 0; r < rows; r++)
             _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + start, mask, _mm512_add_ps(acc[r * width + i], bias));
     }
-    const Py_ssize_t end = col0 + width * PANEL < a->cols ? col0 + width * PANEL : a->cols;
-    activate_tile(a->activation, a->out + row0 * a->cols + col0, a->cols, rows, end - col0);
 }
 
 /* `width` panels (1 or 2, adjacent in memory, the first at `panel`) straight from their blocks for
@@ -307,7 +305,6 @@ avx2_store(const struct gemm_args *a, const __m256 *lo, const __m256 *hi, Py_ssi
         _mm256_storeu_ps(tmp + 8, _mm256_add_ps(hi[r], bias_hi));
         memcpy(dst, tmp, (size_t)valid * sizeof(float));
     }
-    activate_tile(a->activation, a->out + row0 * a->cols + col0, a->cols, rows, valid);
 }
 
 /* lo/hi[r] += x[r * depth] * (w_lo, w_hi) for the tile's rows (unrolled: registers, not memory). */
@@ -487,7 +484,7 @@ int fd_gemm(const struct gemm_args *a, int isa, int threads)
     return 0;
 }
 
-/* gemm(kind, x, packed, out, rows, cols, depth, isa, threads[, bias or None[, activation kind or -1]]) */
+/* gemm(kind, x, packed, out, rows, cols, depth, isa, threads[, bias or None]) */
 PyObject *native_gemm(PyObject *self, PyObject *args)
 {
     int kind, threads;
@@ -495,16 +492,12 @@ PyObject *native_gemm(PyObject *self, PyObject *args)
     PyObject *bias_obj = Py_None;
     Py_ssize_t rows, cols, depth;
     const char *isa_str;
-    int activation = -1;
-    activation_fn activation_row = NULL;
-    if (!PyArg_ParseTuple(args, "iy*y*w*nnnsi|Oi", &kind, &x, &packed, &out, &rows, &cols, &depth, &isa_str,
-                          &threads, &bias_obj, &activation))
+    if (!PyArg_ParseTuple(args, "iy*y*w*nnnsi|O", &kind, &x, &packed, &out, &rows, &cols, &depth, &isa_str,
+                          &threads, &bias_obj))
         return NULL;
     PyObject *result = NULL;
     const int isa = native_isa_checked(isa_str);
-    if (isa >= 0 && native_activation_checked(isa, activation, &activation_row) < 0) {
-        /* native_activation_checked set the error */
-    } else if (bias_obj != Py_None && PyObject_GetBuffer(bias_obj, &bias, PyBUF_SIMPLE) < 0) {
+    if (bias_obj != Py_None && PyObject_GetBuffer(bias_obj, &bias, PyBUF_SIMPLE) < 0) {
         /* PyObject_GetBuffer set the error */
     } else if (bias.obj && bias.len != cols * (Py_ssize_t)sizeof(float)) {
         PyErr_Format(PyExc_ValueError, "bias has %zd bytes, expected cols=%zd float32 values", bias.len, cols);
@@ -522,8 +515,7 @@ PyObject *native_gemm(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "buffer sizes do not match rows=%zd cols=%zd depth=%zd", rows, cols,
                      depth);
     } else {
-        const struct gemm_args a = {x.buf, packed.buf, out.buf, rows, cols, depth, kind, bias.obj ? bias.buf : NULL,
-                                    activation_row};
+        const struct gemm_args a = {x.buf, packed.buf, out.buf, rows, cols, depth, kind, bias.obj ? bias.buf : NULL};
         int failed;
         Py_BEGIN_ALLOW_THREADS
         failed = fd_gemm(&a, isa, threads);

@@ -74,7 +74,6 @@ struct bf16_job {
     const uint16_t *packed;
     float *out;
     const float *bias;
-    activation_fn activation; /* NULL: none; else applied to each stored tile (activate_tile) */
     Py_ssize_t rows, cols, depth, k2, x_stride, pairs, block_rows;
     int dpbf16;
 };
@@ -108,8 +107,6 @@ dpbf16_tile(const struct bf16_job *job, const uint16_t *weights, Py_ssize_t row0
         for (int r = 0; r < rows; r++)
             _mm512_mask_storeu_ps(job->out + (row0 + r) * job->cols + start, mask, _mm512_add_ps(acc[2 * r + i], bias));
     }
-    const Py_ssize_t end = col0 + PAIR_COLS < job->cols ? col0 + PAIR_COLS : job->cols;
-    activate_tile(job->activation, job->out + row0 * job->cols + col0, job->cols, rows, end - col0);
 }
 
 #define DPBF16_CASE(n) case n: dpbf16_tile(job, weights, row0, n, col0); break;
@@ -168,7 +165,6 @@ widen_tile(const struct bf16_job *job, const uint16_t *weights, Py_ssize_t row0,
         _mm256_storeu_ps(tmp + 8, _mm256_add_ps(hi[r], _mm256_loadu_ps(bias + 8)));
         memcpy(job->out + (row0 + r) * job->cols + col0, tmp, (size_t)valid * sizeof(float));
     }
-    activate_tile(job->activation, job->out + row0 * job->cols + col0, job->cols, rows, valid);
 }
 
 #define WIDEN_CASE(n) case n: widen_tile(job, weights, row0, n, col0); break;
@@ -262,7 +258,7 @@ PyObject *native_round_bf16(PyObject *self, PyObject *args)
     return result;
 }
 
-/* gemm_bf16(x, packed, out, rows, cols, depth, isa, threads, bias or None[, activation kind or -1]) */
+/* gemm_bf16(x, packed, out, rows, cols, depth, isa, threads, bias or None) */
 PyObject *native_gemm_bf16(PyObject *self, PyObject *args)
 {
     int threads;
@@ -270,17 +266,13 @@ PyObject *native_gemm_bf16(PyObject *self, PyObject *args)
     PyObject *bias_obj;
     Py_ssize_t rows, cols, depth;
     const char *isa_str;
-    int activation = -1;
-    activation_fn activation_row = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*w*nnnsiO|i", &x, &packed, &out, &rows, &cols, &depth, &isa_str, &threads,
-                          &bias_obj, &activation))
+    if (!PyArg_ParseTuple(args, "y*y*w*nnnsiO", &x, &packed, &out, &rows, &cols, &depth, &isa_str, &threads,
+                          &bias_obj))
         return NULL;
     PyObject *result = NULL;
     const int isa = native_isa_checked(isa_str);
     const Py_ssize_t k2 = (depth + 1) / 2, pairs = (cols + PAIR_COLS - 1) / PAIR_COLS;
-    if (isa >= 0 && native_activation_checked(isa, activation, &activation_row) < 0) {
-        /* native_activation_checked set the error */
-    } else if (bias_obj != Py_None && PyObject_GetBuffer(bias_obj, &bias, PyBUF_SIMPLE) < 0) {
+    if (bias_obj != Py_None && PyObject_GetBuffer(bias_obj, &bias, PyBUF_SIMPLE) < 0) {
         /* PyObject_GetBuffer set the error */
     } else if (bias.obj && bias.len != cols * (Py_ssize_t)sizeof(float)) {
         PyErr_Format(PyExc_ValueError, "bias has %zd bytes, expected cols=%zd float32 values", bias.len, cols);
@@ -299,7 +291,7 @@ PyObject *native_gemm_bf16(PyObject *self, PyObject *args)
         } else {
             struct bf16_job job = {
                 .x = x.buf, .x_pairs = (const uint32_t *)rounded, .rounded = rounded, .packed = packed.buf,
-                .out = out.buf, .bias = bias.obj ? bias.buf : NULL, .activation = activation_row, .rows = rows, .cols = cols, .depth = depth,
+                .out = out.buf, .bias = bias.obj ? bias.buf : NULL, .rows = rows, .cols = cols, .depth = depth,
                 .k2 = k2, .x_stride = x_stride, .pairs = pairs, .block_rows = block_rows(rows, pairs, threads),
                 .dpbf16 = isa == ISA_AVX512 && native_cpu_has_bf16(),
             };

@@ -114,7 +114,6 @@ vnni_tile(const struct gemm_args *a, const struct int8_rows *x, const uint8_t *p
     const __m512 bias = a->bias ? _mm512_maskz_loadu_ps(mask, a->bias + col0) : _mm512_setzero_ps();
     for (int r = 0; r < rows; r++)
         _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + col0, mask, _mm512_add_ps(acc[r], bias));
-    activate_tile(a->activation, a->out + row0 * a->cols + col0, a->cols, rows, valid);
 }
 
 #define VNNI_CASE(n) case n: vnni_tile(a, x, panel, row0, n, col0); break;
@@ -208,7 +207,6 @@ avx2_int8_tile(const struct gemm_args *a, const struct int8_rows *x, const uint8
         _mm256_storeu_ps(tmp + 8, acc_hi[r]);
         for (Py_ssize_t c = 0; c < valid; c++) a->out[(row0 + r) * a->cols + col0 + c] = tmp[c] + (a->bias ? a->bias[col0 + c] : 0.0f);
     }
-    activate_tile(a->activation, a->out + row0 * a->cols + col0, a->cols, rows, valid);
 }
 
 static AVX2_TARGET void avx2_int8_panel(const struct gemm_args *a, const struct int8_rows *x, Py_ssize_t p)

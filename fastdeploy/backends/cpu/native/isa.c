@@ -45,18 +45,6 @@ const struct row_kernels *native_row_kernels(const char *isa_name)
     return isa < 0 ? NULL : isa == ISA_AVX512 ? &row_kernels_avx512 : &row_kernels_avx2;
 }
 
-int native_activation_checked(int isa, int kind, activation_fn *fn)
-{
-    *fn = NULL;
-    if (kind == -1) return 0;
-    if (kind < 0 || kind >= ACTIVATIONS) {
-        PyErr_Format(PyExc_ValueError, "unknown activation kind %d", kind);
-        return -1;
-    }
-    *fn = (isa == ISA_AVX512 ? &row_kernels_avx512 : &row_kernels_avx2)->activation_row[kind];
-    return 0;
-}
-
 PyObject *native_best_isa(PyObject *self, PyObject *noargs)
 {
     return PyUnicode_FromString(native_isa_name(native_cpu_isa()));

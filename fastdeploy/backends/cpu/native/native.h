@@ -183,10 +183,8 @@ int encoder_plan_build(struct encoder_plan *plan, const int64_t *starts, Py_ssiz
                        Py_ssize_t per_key, Py_ssize_t (*padded_length)(Py_ssize_t));
 void encoder_plan_free(struct encoder_plan *plan);
 
-/* Element-wise activations of the `activation` entry point (vision encoders' MLPs), also fused into
- * a product's store (gemm, gemm_bf16). */
+/* Element-wise activations of the `activation` entry point (vision encoders' MLPs). */
 enum activation { ACT_QUICK_GELU = 0, ACT_GELU_ERF = 1, ACTIVATIONS = 2 };
-typedef void (*activation_fn)(const float *x, float *out, Py_ssize_t cols);
 
 /* The attention and element-wise kernels of one instruction set (row_kernels.h). */
 struct row_kernels {
@@ -201,23 +199,11 @@ struct row_kernels {
     void (*encoder_attend_any)(ENCODER_ARGS);
     void (*layer_norm_row)(const float *x, const float *residual, const float *weight, const float *bias, float *out,
                            float *sum_out, Py_ssize_t cols, float eps);
-    activation_fn activation_row[ACTIVATIONS];
+    void (*activation_row[ACTIVATIONS])(const float *x, float *out, Py_ssize_t cols);
 };
 extern const struct row_kernels row_kernels_avx2, row_kernels_avx512;
 /* The kernels for an instruction set named by Python, or NULL with a ValueError set. */
 const struct row_kernels *native_row_kernels(const char *isa_name);
-/* Activation `kind` (enum activation; -1: none, NULL) of `isa`'s row kernels, stored in *fn; -1 with a
- * ValueError set for another kind. */
-int native_activation_checked(int isa, int kind, activation_fn *fn);
-
-/* A product's fused activation: applied in place to a tile's `rows` rows of `count` outputs just
- * stored (still in L1), `stride` floats apart; the same function and values as a separate pass. */
-static inline __attribute__((always_inline)) void activate_tile(activation_fn fn, float *out, Py_ssize_t stride,
-                                                                int rows, Py_ssize_t count)
-{
-    if (fn == NULL) return;
-    for (int r = 0; r < rows; r++) fn(out + r * stride, out + r * stride, count);
-}
 #define PANEL 16 /* output columns per weight panel */
 
 /* Arguments of one product out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) (gemm.c, gemm_int8.c). */
@@ -228,7 +214,6 @@ struct gemm_args {
     Py_ssize_t rows, cols, depth;
     int kind;
     const float *bias; /* NULL: none; else added to each row as the tile is stored */
-    activation_fn activation; /* NULL: none; else applied to each tile after its bias (activate_tile) */
 };
 /* gemm.c: the product for any weight kind on the caller's threads (the GIL released); -1 when out of
  * memory. The bytes of a packed [cols, depth] weight of `kind`. */

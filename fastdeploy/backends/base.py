@@ -494,8 +494,9 @@ class Backend(ABC):
         """A vision tower's attention from its fused projection: qkv [tokens, 3 * heads * head_dim]
         (q, k, v side by side) -> [tokens, heads * head_dim]. q and k are rotated first (rotate-half,
         with per-token cos/sin rows [tokens, rotary_dim / 2], as `rotary_embedding` at positions
-        0..tokens-1); then `encoder_attention`. The default runs those ops; a backend may rotate as
-        it lays out keys and queries and read the projection in place (the cpu backend does)."""
+        0..tokens-1); then `encoder_attention`. The default runs those ops; a backend may read the
+        projection in place and rotate inside the attention call (the cpu backend does), without
+        the copies of q, k and v slices the ops need."""
         rows, width = qkv.shape
         if width % (3 * heads):
             raise ValueError(f"qkv's width {width} is not 3 x heads ({heads}) x head_dim")

@@ -61,9 +61,8 @@ class VisionEncoder:
 
     def __init__(self, vision: dict[str, Any], text_hidden: int, text_eps: float, backend: Backend) -> None:
         self.backend = backend
-        self.hidden = vision["hidden_size"]
         self.heads = vision["num_heads"]
-        self.head_dim = self.hidden // self.heads
+        self.head_dim = vision["hidden_size"] // self.heads
         self.depth = vision["depth"]
         self.eps = vision["rms_norm_eps"]
         self.theta = vision["rope_theta"]

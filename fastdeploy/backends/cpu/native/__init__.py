@@ -408,7 +408,7 @@ def encoder_attention_qkv(
     bf16: bool = False,
 ) -> np.ndarray:
     """`Backend.encoder_attention_qkv`: q, k and v read in place from the fused projection, q and k
-    rotated as the kernels lay them out; [tokens, heads, head_dim]."""
+    rotated by one pass over the tokens inside the call; [tokens, heads, head_dim]."""
     qkv = np.ascontiguousarray(qkv, np.float32)
     tokens, width = qkv.shape
     hidden = width // 3

@@ -3,7 +3,7 @@
 Why: numpy takes each large array (above glibc's mmap threshold, or past the top of the heap)
 from fresh pages and returns them on free, so every forward pass pays the kernel to fault in and
 zero its activations again: for one 448x448 image through the mid ERNIE-4.5-VL encoder, ~7,900
-page faults and 6% of the samples in `clear_page_erms`. Raising glibc's mmap threshold and its
+page faults and 13-58 ms of system CPU time per encode. Raising glibc's mmap threshold and its
 trim threshold keeps freed arrays in the heap, where the next pass reuses them already mapped.
 The heap then stays at its peak (the largest pass's activations) rather than shrinking between
 passes. Only glibc has `mallopt`; elsewhere this does nothing.

@@ -488,6 +488,25 @@ class Backend(ABC):
             out[start:end] = (scores @ vh).transpose(1, 0, 2)
         return self.from_numpy(out)
 
+    def encoder_attention_qkv(
+        self, qkv: Any, cos: Any, sin: Any, cu_seqlens: np.ndarray, heads: int, scale: float
+    ) -> Any:
+        """A vision tower's attention from its fused projection: qkv [tokens, 3 * heads * head_dim]
+        (q, k, v side by side) -> [tokens, heads * head_dim]. q and k are rotated first (rotate-half,
+        with per-token cos/sin rows [tokens, rotary_dim / 2], as `rotary_embedding` at positions
+        0..tokens-1); then `encoder_attention`. The default runs those ops; a backend may read the
+        projection in place and rotate inside the attention call (the cpu backend does), without
+        the copies of q, k and v slices the ops need."""
+        rows, width = qkv.shape
+        if width % (3 * heads):
+            raise ValueError(f"qkv's width {width} is not 3 x heads ({heads}) x head_dim")
+        hidden = width // 3
+        qk = qkv[:, : 2 * hidden].reshape(rows, 2 * heads, hidden // heads)
+        qk = self.rotary_embedding(qk, self.from_numpy(np.arange(rows, dtype=np.int64)), cos, sin)
+        v = qkv[:, 2 * hidden :].reshape(rows, heads, hidden // heads)
+        out = self.encoder_attention(qk[:, :heads], qk[:, heads:], v, cu_seqlens, scale)
+        return out.reshape(rows, hidden)
+
     def quick_gelu(self, x: Any) -> Any:
         """x * sigmoid(1.702 x) (CLIP's and ERNIE-4.5-VL's vision MLP activation)."""
         h = np.asarray(self.to_numpy(x), dtype=np.float32)

@@ -124,6 +124,35 @@ def test_encoder_attention_matches_the_reference(lengths, heads, head_dim):
     assert np.abs(out - float32).max() > 1e-3  # bfloat16, not the float32 kernel
 
 
+@pytest.mark.skipif(not native.has_bf16(), reason=NO_BF16)
+def test_encoder_attention_qkv_rotates_then_rounds():
+    """From a fused projection: q and k rotated in float32 (rotate-half, per-token tables), then the
+    bfloat16 numerics of `attention_reference`; bit for bit the rotary op, then the attention."""
+    rng = np.random.default_rng(21)
+    cu_seqlens, heads, head_dim = np.array([0, 64, 130]), 2, 64
+    tokens = cu_seqlens[-1]
+    qkv = rng.standard_normal((tokens, 3 * heads * head_dim)).astype(np.float32)
+    angles = rng.uniform(0, 20, (tokens, head_dim // 2))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    out = native.encoder_attention_qkv(qkv, cos, sin, cu_seqlens, heads, 0.125, "avx512", 2, bf16=True)
+    q, k, v = qkv.reshape(tokens, 3, heads, head_dim).transpose(1, 0, 2, 3)
+
+    def rotated(x):
+        c, s, a, b = cos[:, None], sin[:, None], x[..., : head_dim // 2], x[..., head_dim // 2 :]
+        return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+
+    expected = attention_reference(rotated(q), rotated(k), v, cu_seqlens, 0.125)
+    # numpy's rotation and the kernel's (fused multiply-adds) differ by float32 ulps, which flip a
+    # few bfloat16 roundings: outputs move by up to ~5e-4
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-3)
+    positions = np.arange(tokens)
+    q, k = (native.rotary_embedding(x, positions, cos, sin, "avx512", 2) for x in (q, k))
+    unfused = native.encoder_attention(q, k, v, cu_seqlens, 0.125, "avx512", 2, bf16=True)
+    np.testing.assert_array_equal(out, unfused)
+    float32 = native.encoder_attention_qkv(qkv, cos, sin, cu_seqlens, heads, 0.125, "avx512", 2)
+    assert np.abs(out - float32).max() > 1e-3  # bfloat16, not the float32 kernel
+
+
 def test_encoder_attention_keeps_float32_where_bf16_cannot_run():
     """AVX2, or a head_dim that is not whole vectors: the float32 kernel, not an error."""
     assert not native.encoder_attention_bf16_runs(64, "avx2")

@@ -423,6 +423,32 @@ def test_vision_element_wise_ops_on_each_instruction_set(backend_for_isa):
 
 
 @requires_native
+@pytest.mark.parametrize(("head_dim", "rotary_dim"), [(64, 64), (40, 40), (64, 32)])
+def test_encoder_attention_qkv_rotates_as_it_lays_out(backend_for_isa, head_dim, rotary_dim):
+    """From one fused projection (q, k, v read in place at their offsets), q and k rotated by
+    per-token tables (full and partial rotary), against float64 rotation and attention."""
+    from fastdeploy.backends.conformance import numpy_reference as ref
+
+    rng = np.random.default_rng(head_dim + rotary_dim)
+    bounds = [0, 5, 60, 113]
+    tokens, heads = bounds[-1], 3
+    qkv = rng.standard_normal((tokens, 3 * heads * head_dim)).astype(np.float32)
+    positions = rng.integers(0, 50, tokens)
+    inv_freq = 1.0 / 10000 ** (np.arange(0, rotary_dim, 2) / rotary_dim)
+    angles = np.outer(positions, inv_freq)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    out = backend_for_isa.encoder_attention_qkv(qkv, cos, sin, np.array(bounds), heads, 0.3)
+    q, k, v = qkv.reshape(tokens, 3, heads, head_dim).transpose(1, 0, 2, 3)
+    q, k = ref.rotary(q, positions, inv_freq), ref.rotary(k, positions, inv_freq)
+    expected = ref.segment_attention(q, k, v, bounds, 0.3).reshape(tokens, heads * head_dim)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="cos/sin are not"):
+        backend_for_isa.encoder_attention_qkv(qkv, cos[:-1], sin[:-1], np.array(bounds), heads, 0.3)
+    with pytest.raises(ValueError, match="qkv's width"):
+        backend_for_isa.encoder_attention_qkv(qkv[:, :-1], cos, sin, np.array(bounds), heads, 0.3)
+
+
+@requires_native
 @pytest.mark.parametrize("head_dim", [64, 40])
 def test_encoder_attention_covers_every_row_group(backend_for_isa, head_dim):
     """Segments of 1-6 tokens and of 48 + 1..6 (a work item is 48 query rows, taken up to 6 at a time):

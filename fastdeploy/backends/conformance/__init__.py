@@ -102,7 +102,8 @@ def check_activations(backend: Backend) -> None:
 
 
 def check_vision_ops(backend: Backend) -> None:
-    """The ops vision encoders use: exact and quick GELU, segment attention, merge_rows."""
+    """The ops vision encoders use: exact and quick GELU, segment attention (also from a fused
+    projection with rotary), merge_rows."""
     rng = np.random.default_rng(7)
     x = np.linspace(-9, 9, 48, dtype=np.float32).reshape(2, 24)
     _close("gelu", backend.to_numpy(backend.gelu(backend.from_numpy(x))), ref.gelu_erf(x))
@@ -112,6 +113,19 @@ def check_vision_ops(backend: Backend) -> None:
         q, k, v = (_random(rng, *shape) for _ in range(3))
         out = backend.encoder_attention(*(backend.from_numpy(t) for t in (q, k, v)), np.asarray(bounds), 0.35)
         _close("encoder_attention", backend.to_numpy(out), ref.segment_attention(q, k, v, bounds, 0.35))
+    # from a fused projection, q and k rotated by per-token tables (a vision tower's 2-D positions)
+    tokens, heads, head_dim = 75, 2, 64
+    qkv = _random(rng, tokens, 3 * heads * head_dim)
+    positions = rng.integers(0, 40, tokens)
+    inv_freq = 1.0 / 10000 ** (np.arange(0, head_dim, 2) / head_dim)
+    angles = np.outer(positions, inv_freq)
+    cos, sin = (backend.from_numpy(f(angles).astype(np.float32)) for f in (np.cos, np.sin))
+    bounds = [0, 70, 71, 75]
+    out = backend.encoder_attention_qkv(backend.from_numpy(qkv), cos, sin, np.asarray(bounds), heads, 0.35)
+    q, k, v = qkv.reshape(tokens, 3, heads, head_dim).transpose(1, 0, 2, 3)
+    q, k = ref.rotary(q, positions, inv_freq), ref.rotary(k, positions, inv_freq)
+    expected = ref.segment_attention(q, k, v, bounds, 0.35).reshape(tokens, heads * head_dim)
+    _close("encoder_attention_qkv", backend.to_numpy(out), expected)
     a, b = _random(rng, 3, 5), _random(rng, 2, 5)
     rows_a, rows_b = np.array([4, 0, 2]), np.array([1, 3])
     merged = backend.merge_rows([(backend.from_numpy(a), rows_a), (backend.from_numpy(b), rows_b)], 5)

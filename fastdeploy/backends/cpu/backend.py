@@ -19,6 +19,7 @@ from fastdeploy.backends.base import (
 )
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.attention import CpuAttentionMetadata, build_metadata, paged_attention
+from fastdeploy.backends.cpu.host_memory import retain_freed_memory
 from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache, allocate_native, allocate_numpy
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
 from fastdeploy.errors import InvalidArgumentError
@@ -147,6 +148,7 @@ class CpuBackend(Backend):
         # With the native kernels every op of a forward pass runs on their threads and BLAS is not
         # used; a BLAS pool would only spin beside them (measured: 170 -> 26 tok/s).
         _set_blas_threads(1 if self.native_isa else self.threads)
+        retain_freed_memory()
         if self.native_isa:
             native.set_spin_us(envs.cpu_spin_us())
             native.set_adaptive_threads(self.adaptive_threads)
@@ -361,6 +363,23 @@ class CpuBackend(Backend):
             bf16 = self.vision_matmul == "bfloat16"
             return native.encoder_attention(q, k, v, cu_seqlens, scale, self.native_isa, self.threads, bf16)
         return super().encoder_attention(q, k, v, cu_seqlens, scale)
+
+    def encoder_attention_qkv(
+        self,
+        qkv: np.ndarray,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        cu_seqlens: np.ndarray,
+        heads: int,
+        scale: float,
+    ) -> np.ndarray:
+        if not self.native_isa or qkv.shape[1] % (3 * heads):
+            return super().encoder_attention_qkv(qkv, cos, sin, cu_seqlens, heads, scale)
+        bf16 = self.vision_matmul == "bfloat16"
+        out = native.encoder_attention_qkv(
+            qkv, cos, sin, cu_seqlens, heads, scale, self.native_isa, self.threads, bf16
+        )
+        return out.reshape(qkv.shape[0], -1)
 
     def gather_rows(self, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
         return x[indices]

@@ -61,9 +61,8 @@ class VisionEncoder:
 
     def __init__(self, vision: dict[str, Any], text_hidden: int, text_eps: float, backend: Backend) -> None:
         self.backend = backend
-        self.hidden = vision["hidden_size"]
         self.heads = vision["num_heads"]
-        self.head_dim = self.hidden // self.heads
+        self.head_dim = vision["hidden_size"] // self.heads
         self.depth = vision["depth"]
         self.eps = vision["rms_norm_eps"]
         self.theta = vision["rope_theta"]
@@ -136,19 +135,13 @@ class VisionEncoder:
         cos, sin = vision_tables(grid_thw, self.head_dim, self.theta, self.merge)
         cos, sin = ops.from_numpy(cos), ops.from_numpy(sin)
         rows = patches.shape[0]
-        positions = ops.from_numpy(np.arange(rows, dtype=np.int64))
         cu_seqlens = np.arange(0, rows + 1, h * w, dtype=np.int64)  # one segment per frame
         x = ops.linear(ops.from_numpy(np.asarray(patches, dtype=np.float32)), self.patch_embed)
         update = None  # the last block's MLP output, added to x by the next LayerNorm
         for block in self.blocks:
             normed, x = self._add_and_norm(x, update, block.norm1)
             qkv = ops.linear(normed, block.qkv.weight, block.qkv.bias)
-            # q's and k's heads side by side: one rotary pass over both
-            qk = qkv[:, : 2 * self.hidden].reshape(rows, 2 * self.heads, self.head_dim)
-            qk = ops.rotary_embedding(qk, positions, cos, sin)
-            q, k = qk[:, : self.heads], qk[:, self.heads :]
-            v = qkv[:, 2 * self.hidden :].reshape(rows, self.heads, self.head_dim)
-            attn = ops.encoder_attention(q, k, v, cu_seqlens, self.scale).reshape(rows, self.hidden)
+            attn = ops.encoder_attention_qkv(qkv, cos, sin, cu_seqlens, self.heads, self.scale)
             normed, x = self._add_and_norm(
                 x, ops.linear(attn, block.proj.weight, block.proj.bias), block.norm2
             )

@@ -409,27 +409,46 @@ def encoder_attention(
 ) -> np.ndarray:
     """`Backend.encoder_attention`: tokens `cu_seqlens[i]:cu_seqlens[i+1]` attend to each other only;
     `bf16`: with bfloat16 products (encoder_attention_bf16.c) where `encoder_attention_bf16_runs`."""
-    q = np.ascontiguousarray(q, np.float32)
+    q, k, v = (np.ascontiguousarray(t, np.float32) for t in (q, k, v))
     tokens, heads, head_dim = q.shape
-    out = np.empty_like(q)
+    inputs = (q, k, v, (0, 0, 0), heads * head_dim, None, None)
+    return _encoder_attention(inputs, tokens, heads, head_dim, cu_seqlens, scale, isa, threads, bf16)
+
+
+def encoder_attention_qkv(
+    qkv: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    cu_seqlens: np.ndarray,
+    heads: int,
+    scale: float,
+    isa: str,
+    threads: int,
+    bf16: bool = False,
+) -> np.ndarray:
+    """`Backend.encoder_attention_qkv`: q, k and v read in place from the fused projection, q and k
+    rotated by one pass over the tokens inside the call; [tokens, heads, head_dim]."""
+    qkv = np.ascontiguousarray(qkv, np.float32)
+    tokens, width = qkv.shape
+    hidden = width // 3
+    head_dim = hidden // heads
+    cos, sin = np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32)
+    inputs = (qkv, qkv, qkv, (0, hidden, 2 * hidden), width, cos, sin)
+    return _encoder_attention(inputs, tokens, heads, head_dim, cu_seqlens, scale, isa, threads, bf16)
+
+
+def _encoder_attention(
+    inputs: tuple, tokens: int, heads: int, head_dim: int, cu_seqlens: np.ndarray, scale: float, isa: str,
+    threads: int, bf16: bool,
+) -> np.ndarray:  # fmt: skip
+    """The float32 or bfloat16 entry on `inputs` (q, k, v, their offsets, row stride, cos, sin)."""
+    out = np.empty((tokens, heads, head_dim), np.float32)
+    cu_seqlens = np.ascontiguousarray(cu_seqlens, np.int64)
+    shape = (out, cu_seqlens, tokens, heads, head_dim, scale)
     if bf16 and encoder_attention_bf16_runs(head_dim, isa):
-        k, v = np.ascontiguousarray(k, np.float32), np.ascontiguousarray(v, np.float32)
-        cu_seqlens = np.ascontiguousarray(cu_seqlens, np.int64)
-        _native.encoder_attention_bf16(q, k, v, out, cu_seqlens, tokens, heads, head_dim, scale, threads)
-        return out
-    _native.encoder_attention(
-        q,
-        np.ascontiguousarray(k, np.float32),
-        np.ascontiguousarray(v, np.float32),
-        out,
-        np.ascontiguousarray(cu_seqlens, np.int64),
-        tokens,
-        heads,
-        head_dim,
-        scale,
-        isa,
-        threads,
-    )
+        _native.encoder_attention_bf16(*inputs, *shape, threads)
+    else:
+        _native.encoder_attention(*inputs, *shape, isa, threads)
     return out
 
 

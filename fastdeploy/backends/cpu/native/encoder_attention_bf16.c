@@ -17,7 +17,8 @@
  *          ~4% slower);
  *   values [padded / 2][head_dim]: pair (v[2j][d], v[2j+1][d]) at [j][d], so one broadcast pair of
  *          probabilities times one load of 16 dims adds two keys' products to 16 outputs.
- * Padding (keys past the segment, up to a multiple of CHUNK) is zero, and so are their probabilities.
+ * Padding (keys past the segment, up to a multiple of CHUNK) is left unwritten: its scores are masked
+ * out of the softmax (their probabilities are zero) and the values are read up to the last key pair.
  * Up to ROWS query rows of one head share every key and value load (24 accumulators of 32 registers).
  * head_dim must be a multiple of 16 (whole vectors), at most 512. The Python side uses the float32 kernel for other
  * head_dims and on CPUs without AVX512_BF16, where widened bfloat16 would be slower than float32.
@@ -36,7 +37,7 @@
 
 struct job {
     const struct encoder_item *items;
-    const float *q, *k, *v;
+    const struct encoder_input *in;
     float *out;
     uint32_t *keys, *values;   /* laid out pairs, per (segment, head) */
     const int64_t *starts;     /* [segments + 1] first token of each segment, then the token count */
@@ -70,18 +71,19 @@ static BF16_TARGET void layout_task(void *ctx, Py_ssize_t index, int slot)
     struct job *job = ctx;
     const Py_ssize_t s = index / job->heads, h = index % job->heads, head_dim = job->head_dim;
     const Py_ssize_t start = job->starts[s], count = job->starts[s + 1] - start, padded = padded_length(count);
-    const Py_ssize_t row = job->heads * head_dim, pairs = head_dim / 2;
+    const struct encoder_input *in = job->in;
+    const Py_ssize_t row = in->stride, pairs = head_dim / 2;
     uint32_t *keys = job->keys + job->offsets[s] + h * pairs * padded;
     uint32_t *values = job->values + job->offsets[s] + h * pairs * padded;
     uint32_t key_pairs[MAX_HEAD_DIM / 2];
     for (Py_ssize_t j = 0; j < count; j++) {
-        row_pairs(job->k + (start + j) * row + h * head_dim, 1.0f, head_dim, key_pairs);
+        row_pairs(encoder_key_row(in, start + j, h, head_dim), 1.0f, head_dim, key_pairs);
         uint32_t *chunk = keys + j / CHUNK * pairs * CHUNK + j % CHUNK;
         for (Py_ssize_t i = 0; i < pairs; i++) chunk[i * CHUNK] = key_pairs[i];
     }
     const __m512 one = _mm512_set1_ps(1.0f);
     for (Py_ssize_t j = 0; j < count; j += 2) {
-        const float *first = job->v + (start + j) * row + h * head_dim;
+        const float *first = in->v0 + (start + j) * row + h * head_dim;
         for (Py_ssize_t d = 0; d < head_dim; d += 16) {
             const __m512i low = _mm512_cvtepu16_epi32(round16(first + d, one));
             const __m512i high = j + 1 < count ? _mm512_cvtepu16_epi32(round16(first + row + d, one)) : _mm512_setzero_si512();
@@ -217,48 +219,57 @@ static void attend_task(void *ctx, Py_ssize_t index, int slot)
     const Py_ssize_t start = job->starts[item->segment], count = job->starts[item->segment + 1] - start;
     const Py_ssize_t padded = padded_length(count), offset = job->offsets[item->segment] + item->head * pairs * padded;
     const Py_ssize_t first = (start + item->token0) * row + item->head * head_dim;
-    attend(job->q + first, job->out + first, item->tokens, row, job->keys + offset, job->values + offset, padded, count,
+    attend(encoder_query_rows(job->in) + first, job->out + first, item->tokens, row, job->keys + offset, job->values + offset, padded, count,
            head_dim, job->scale, scratch);
     (void)slot;
 }
 
-/* encoder_attention_bf16(q, k, v, out, cu_seqlens, tokens, heads, head_dim, scale, threads)
- * q/k/v/out [tokens, heads, head_dim] float32; tokens cu_seqlens[i]..cu_seqlens[i+1] attend to each other. */
+/* encoder_attention_bf16(q, k, v, (q, k, v offsets), stride, cos or None, sin or None, out, cu_seqlens, tokens,
+ * heads, head_dim, scale, threads): encoder_attention's arguments (encoder_attention.c), no isa. */
 PyObject *native_encoder_attention_bf16(PyObject *self, PyObject *args)
 {
-    Py_buffer q, k, v, out, cu;
+    PyObject *objects[5];
+    Py_ssize_t offsets[3], stride;
+    Py_buffer out, cu;
     Py_ssize_t tokens, heads, head_dim;
     double scale;
     int threads;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*y*nnndi", &q, &k, &v, &out, &cu, &tokens, &heads, &head_dim, &scale, &threads))
+    if (!PyArg_ParseTuple(args, "OOO(nnn)nOOw*y*nnndi", &objects[0], &objects[1], &objects[2], &offsets[0],
+                          &offsets[1], &offsets[2], &stride, &objects[3], &objects[4], &out, &cu, &tokens, &heads,
+                          &head_dim, &scale, &threads))
         return NULL;
     PyObject *result = NULL;
     struct encoder_plan plan = {0};
+    struct encoder_input in = {0};
     uint32_t *keys = NULL, *values = NULL;
     const Py_ssize_t segments = cu.len / (Py_ssize_t)sizeof(int64_t) - 1;
     const int64_t *starts = cu.buf;
-    const Py_ssize_t bytes = tokens * heads * head_dim * (Py_ssize_t)sizeof(float);
     if (!native_cpu_has_bf16()) {
         PyErr_SetString(PyExc_ValueError, "encoder_attention_bf16: this CPU has no AVX512_BF16");
         goto done;
     }
-    if (heads <= 0 || head_dim <= 0 || head_dim % 16 != 0 || head_dim > MAX_HEAD_DIM || q.len != bytes ||
-        k.len != bytes || v.len != bytes || out.len != bytes || !encoder_segments_valid(starts, segments, tokens)) {
-        PyErr_SetString(PyExc_ValueError, "encoder_attention_bf16: buffer sizes do not match the shapes, head_dim is "
+    if (encoder_input_get(&in, objects, offsets, stride, tokens, heads, head_dim, row_kernels_avx512.rotary_row,
+                          "encoder_attention_bf16") < 0)
+        goto done;
+    if (head_dim % 16 != 0 || head_dim > MAX_HEAD_DIM || out.len != tokens * heads * head_dim * (Py_ssize_t)sizeof(float) ||
+        !encoder_segments_valid(starts, segments, tokens)) {
+        PyErr_SetString(PyExc_ValueError, "encoder_attention_bf16: out does not match the shapes, head_dim is "
                                           "not a multiple of 16 up to 512, or cu_seqlens is not 0 .. tokens ascending");
         goto done;
     }
     if (encoder_plan_build(&plan, starts, segments, heads, head_dim / 2, padded_length) < 0) goto no_memory;
-    /* zeroed: padding keys and values are read (with zero probabilities) */
-    keys = PyMem_RawCalloc((size_t)(plan.laid_out > 0 ? plan.laid_out : 1), sizeof(uint32_t));
-    values = PyMem_RawCalloc((size_t)(plan.laid_out > 0 ? plan.laid_out : 1), sizeof(uint32_t));
+    /* not zeroed (calloc was 0.7% of a bfloat16 encode): padding keys' scores are never read (the
+     * softmax masks them) and values are read up to the segment's last pair only */
+    keys = PyMem_RawMalloc((size_t)(plan.laid_out > 0 ? plan.laid_out : 1) * sizeof(uint32_t));
+    values = PyMem_RawMalloc((size_t)(plan.laid_out > 0 ? plan.laid_out : 1) * sizeof(uint32_t));
     if (keys == NULL || values == NULL) goto no_memory;
     struct job job = {
-        .items = plan.items, .q = q.buf, .k = k.buf, .v = v.buf, .out = out.buf, .keys = keys, .values = values,
+        .items = plan.items, .in = &in, .out = out.buf, .keys = keys, .values = values,
         .starts = starts, .offsets = plan.offsets, .heads = heads, .head_dim = head_dim, .longest = plan.longest,
         .scale = (float)scale,
     };
     Py_BEGIN_ALLOW_THREADS
+    encoder_input_prepare(&in, tokens, head_dim, threads);
     fd_parallel_for(segments * heads, threads, layout_task, &job);
     fd_parallel_for(plan.count, threads, attend_task, &job);
     Py_END_ALLOW_THREADS
@@ -269,11 +280,9 @@ no_memory:
     PyErr_NoMemory();
 done:
     encoder_plan_free(&plan);
+    encoder_input_release(&in);
     PyMem_RawFree(keys);
     PyMem_RawFree(values);
-    PyBuffer_Release(&q);
-    PyBuffer_Release(&k);
-    PyBuffer_Release(&v);
     PyBuffer_Release(&out);
     PyBuffer_Release(&cu);
     return result;

@@ -146,6 +146,35 @@ struct encoder_plan {
     Py_ssize_t *offsets;
     Py_ssize_t count, laid_out, longest;
 };
+/* Encoder attention's inputs: q, k and v rows of `stride` floats (three arrays, or one fused qkv
+ * projection read in place), and optional rotate-half rotary tables for q and k (a vision tower's 2-D
+ * positions), applied by one pass over the tokens before the keys are laid out. */
+typedef void (*rotary_fn)(const float *x, float *out, const float *cos_row, const float *sin_row, Py_ssize_t heads,
+                          Py_ssize_t head_dim, Py_ssize_t half);
+struct encoder_input {
+    Py_buffer q, k, v, cos, sin; /* cos.obj NULL: no rotary */
+    const float *q0, *k0, *v0;   /* token 0, head 0 of each */
+    Py_ssize_t stride, half, width; /* floats from one token's row to the next; cos/sin row length; heads x head_dim */
+    rotary_fn rotary;
+    /* [tokens][width]: q rotated, or gathered from rows wider than that (NULL: q itself); k rotated (NULL: k) */
+    float *queries, *keys;
+};
+/* Gets q/k/v (each `offsets[i]` floats into its buffer) and cos/sin (None, or [tokens][half] float32) and
+ * checks them against the shapes; 0, or -1 with an error set (encoder_input_release in either case). */
+int encoder_input_get(struct encoder_input *in, PyObject *const objects[5], const Py_ssize_t offsets[3],
+                      Py_ssize_t stride, Py_ssize_t tokens, Py_ssize_t heads, Py_ssize_t head_dim, rotary_fn rotary,
+                      const char *name);
+void encoder_input_release(struct encoder_input *in);
+/* Fills in->queries and in->keys where they are used, on `threads` threads (no GIL needed). */
+void encoder_input_prepare(struct encoder_input *in, Py_ssize_t tokens, Py_ssize_t head_dim, int threads);
+/* The query rows the kernels read, width floats apart, and key row (token t, head h). */
+static inline const float *encoder_query_rows(const struct encoder_input *in) { return in->queries ? in->queries : in->q0; }
+static inline const float *encoder_key_row(const struct encoder_input *in, Py_ssize_t t, Py_ssize_t h,
+                                           Py_ssize_t head_dim)
+{
+    return in->keys ? in->keys + t * in->width + h * head_dim : in->k0 + t * in->stride + h * head_dim;
+}
+
 /* Whether cu_seqlens `starts` ([segments + 1]) runs 0 .. tokens ascending. */
 int encoder_segments_valid(const int64_t *starts, Py_ssize_t segments, Py_ssize_t tokens);
 /* Fills `plan` for segments padded to `padded_length(count)` keys; -1 when out of memory (no error set).

@@ -146,7 +146,7 @@ avx512_tile_blocks(const struct gemm_args *a, const uint8_t *panel, int width, P
     __m512 total[AVX512_TILE_ROWS];
     for (int i = 0; i < rows * width; i++) total[i] = _mm512_setzero_ps();
     const Py_ssize_t depth = a->depth, blocks = depth / QBLOCK, block_bytes = BLOCK_BYTES(a->kind);
-    const float *x = a->x + row0 * depth, *block_sums = a->block_sums + row0 * blocks;
+    const float *x = a->x + row0 * depth, *block_sums = a->block_sums ? a->block_sums + row0 * blocks : NULL;
     for (Py_ssize_t b = 0; b < blocks; b++) {
         const float *xb = x + b * QBLOCK;
         const uint8_t *blk[AVX512_MAX_WIDTH];
@@ -189,7 +189,7 @@ avx512_tile_dequantised(const struct gemm_args *a, const float *weights, Py_ssiz
     __m512 total[AVX512_PAIR_ROWS * 2];
     for (int i = 0; i < rows * width; i++) total[i] = _mm512_setzero_ps();
     const Py_ssize_t depth = a->depth, blocks = depth / QBLOCK, block_bytes = BLOCK_BYTES(a->kind);
-    const float *x = a->x + row0 * depth, *block_sums = a->block_sums + row0 * blocks;
+    const float *x = a->x + row0 * depth, *block_sums = a->block_sums ? a->block_sums + row0 * blocks : NULL;
     for (Py_ssize_t b = 0; b < blocks; b++) {
         __m512 sum[AVX512_PAIR_ROWS * 2];
         for (int i = 0; i < rows * width; i++) sum[i] = _mm512_setzero_ps();
@@ -391,7 +391,7 @@ static inline __attribute__((always_inline)) AVX2_TARGET void avx2_tile(const st
     for (int i = 0; i < width; i++) memset(totals[i], 0, (size_t)rows * PANEL * sizeof(float));
     const int kind = a->kind;
     const Py_ssize_t depth = a->depth, blocks = depth / QBLOCK, block_bytes = BLOCK_BYTES(kind);
-    const float *x = a->x + row0 * depth, *block_sums = a->block_sums + row0 * blocks;
+    const float *x = a->x + row0 * depth, *block_sums = a->block_sums ? a->block_sums + row0 * blocks : NULL;
     for (Py_ssize_t b = 0; b < blocks; b++) {
         const uint8_t *blk[AVX2_MAX_WIDTH];
         __m256 lo[AVX2_MAX_WIDTH][AVX2_FLOAT_ROWS], hi[AVX2_MAX_WIDTH][AVX2_FLOAT_ROWS];

@@ -13,7 +13,8 @@
  * saves one FMA per weight, which one-row products (decode) are short of. The block sums of x are
  * computed once per product (block_sums_rows), in one fixed order. Every kernel below does exactly
  * these operations in this order, so a row's result does not depend on how many rows share the
- * call (batch invariance) nor on the ISA; tests check both bit for bit. The result equals a float32
+ * call (batch invariance) nor on the ISA. Tests check every row count bit for bit against the
+ * many-rows path on each ISA; that the two ISAs agree is not tested. The result equals a float32
  * product of the dequantised weights up to rounding (a float64 reference test bounds it).
  *
  * Weights are repacked at load time (packing.c; float32 in native/__init__.py) into panels of 16

@@ -89,6 +89,10 @@ def _fork(argv: list[str], env: dict[str, str], log_path: str, inherited: list[i
     pid = os.fork()
     if pid == 0:
         _become_rank(argv, env, log_path, inherited, parent)
+    # both sides set the group, as shells do: the pid is reported (and may be killed as a group)
+    # before the child has run a line, and the group must exist by then
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.setpgid(pid, pid)
     return pid
 
 
@@ -98,7 +102,7 @@ def _become_rank(
     """In the forked child: the rank's output, environment and parent, then the worker's main."""
     code: Any = 1
     try:
-        os.setsid()  # a process group of its own, killed whole (`_kill_group`)
+        os.setpgid(0, 0)  # a process group of its own, killed whole (`_kill_group`)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in inherited:

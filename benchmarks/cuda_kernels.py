@@ -91,10 +91,11 @@ def bench_prefill(torch) -> dict:
     ]
     tiles = [put(meta.tile_seq), put(meta.tile_offset)]
     scale = head_dim**-0.5
+    shared_memory = device_shared_memory()  # once, as the backend does: not part of the timing
 
     def ours():
         attention.prefill_attention(
-            q, key_cache, value_cache, out, *args, *tiles, scale, block, device_shared_memory()
+            q, key_cache, value_cache, out, *args, *tiles, scale, block, shared_memory
         )
 
     sdpa_q = q.reshape(seqs, ctx, heads, head_dim).transpose(1, 2).contiguous()

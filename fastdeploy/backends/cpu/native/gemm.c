@@ -554,8 +554,9 @@ static void gemm_task(void *ctx, Py_ssize_t task, int slot)
         return;
     }
     float *weights = NULL;
-    /* without scratch memory the kernels read the blocks directly */
-    if (a->kind != KIND_F32 && a->rows > AVX2_ROWS) weights = fd_thread_scratch((size_t)a->depth * 2 * PANEL * sizeof(float));
+    /* the dequantised panels of many rows; without scratch memory the kernels read the blocks directly */
+    const int few_rows = job->isa == ISA_AVX512 ? AVX512_FEW_ROWS : AVX2_ROWS;
+    if (a->kind != KIND_F32 && a->rows > few_rows) weights = fd_thread_scratch((size_t)a->depth * 2 * PANEL * sizeof(float));
     const Py_ssize_t end = first + job->panels_per_task < job->panels ? first + job->panels_per_task : job->panels;
     for (Py_ssize_t p = first; p < end; p += PAIR_PANELS) {
         const int count = p + 1 < end ? 2 : 1;

@@ -37,7 +37,7 @@ from fastdeploy.distributed.forkserver import server_environment, shared_server,
 from fastdeploy.distributed.placement import Placement
 from fastdeploy.distributed.processes import ChildProcess, kill_children, start_child, stop_children, tail
 from fastdeploy.distributed.rendezvous import free_port, rendezvous_environment
-from fastdeploy.distributed.topology import ParallelLayout
+from fastdeploy.distributed.topology import ParallelLayout, rank_name
 from fastdeploy.distributed.worker import AUTHKEY_ENV, PARENT_ENV
 from fastdeploy.engine.scheduler import ScheduledBatch
 from fastdeploy.errors import DistributedInitError, WorkerFailedError
@@ -108,8 +108,10 @@ class DistributedExecutor:
         #: the ranks' backend class, for its capabilities (`copy_kv_blocks`)
         self.backend_class = backend_class
         self.block_size = config.block_size
-        #: a replica's ranks take the devices after those of the replicas before it
+        #: a replica's ranks take the devices, and the `workerlog.<index>` numbers, after those
+        #: of the replicas before it (as one launcher numbers all of a host's workers)
         self.device_offset = config.data_parallel_rank * layout.world_size
+        self.replica = config.data_parallel_rank
         self.timeout = config.dist_init_timeout
         self.phase = "while starting"
         self._failure: WorkerFailedError | None = None
@@ -200,7 +202,7 @@ class DistributedExecutor:
             env = self._base_env()
             env.update(rendezvous_environment(rank, world, master, endpoints, rank, world))
             env.update(ranks_env[rank])
-            log = os.path.join(self._log_dir, f"workerlog.{rank}")
+            log = os.path.join(self._log_dir, f"workerlog.{self.device_offset + rank}")
             if server is not None:
                 child = server.fork(
                     f"rank {rank}", [rank], self._worker_args(), env, log, self._spec.model_path
@@ -423,7 +425,7 @@ class DistributedExecutor:
             if child.exited():
                 how = child.how_it_ended()
         label = child.label if child is not None and len(child.ranks) > 1 else None
-        parts = [f"rank {rank}" + (f" ({label})" if label else "") + f" {how} {self.phase}"]
+        parts = [rank_name(rank, self.replica) + (f" ({label})" if label else "") + f" {how} {self.phase}"]
         if detail:
             parts.append(f"its error:\n{detail.rstrip()}")
         log = child.logs.get(rank) if child is not None else None

@@ -23,6 +23,12 @@ def split_evenly(size: int, parts: int, index: int) -> range:
     return range(start, start + base + (1 if index < extra else 0))
 
 
+def rank_name(rank: int, replica: int) -> str:
+    """How logs and errors name a rank: with the replica beyond the first of `fastdeploy serve
+    --data-parallel-size`, whose ranks are numbered from 0 again."""
+    return f"rank {rank}" + (f" of replica {replica}" if replica else "")
+
+
 @dataclass(frozen=True)
 class ParallelLayout:
     """The tensor x pipeline grid of one model replica."""

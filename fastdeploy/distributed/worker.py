@@ -91,6 +91,7 @@ class Worker:
         from fastdeploy.distributed.model_parallel import ModelParallel
         from fastdeploy.distributed.rendezvous import rendezvous_from_environment
         from fastdeploy.distributed.selection import communicator_class, create_communicator
+        from fastdeploy.distributed.topology import rank_name
         from fastdeploy.engine.kv_cache_planner import plan_kv_cache
         from fastdeploy.logger import get_logger
         from fastdeploy.model_executor.model_loader import (
@@ -146,7 +147,7 @@ class Worker:
             memory_share=1.0 / sharing,
         )
         laps.lap("KV plan")
-        get_logger(__name__).info("rank %d loaded in %s", self.rank, laps)
+        get_logger(__name__).info("%s loaded in %s", rank_name(self.rank, config.data_parallel_rank), laps)
 
     def serve(self) -> None:
         from fastdeploy.model_executor.model_runner import ModelRunner

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -120,6 +121,42 @@ def test_two_replicas_behind_one_endpoint_answer_like_one_engine(tiny_model_dirs
             assert body["choices"][0]["text"] == expected[index % 2]
     finally:
         assert server.stop() == 0
+
+
+def test_each_rank_of_each_replica_logs_to_a_file_of_its_own(tiny_model_dirs, tmp_path):
+    server = ServerProcess(
+        ["-m", "fastdeploy.entrypoints.openai.api_server", "--model", tiny_model_dirs["llama"],
+         "--served-model-name", "tiny", "--data-parallel-size", "2", "--tensor-parallel-size", "2",
+         *TINY_ARGS],
+        free_port(),
+        {"FD_LOG_DIR": str(tmp_path)},
+    )  # fmt: skip
+    try:
+        ranks = rank_processes(server.process.pid)
+        assert len(ranks) == 4
+        # the file each rank process writes its output to, as the kernel sees it
+        log_of = {pid: Path(os.readlink(f"/proc/{pid}/fd/2")) for pid in ranks}
+        assert sorted(log.name for log in log_of.values()) == [f"workerlog.{i}" for i in range(4)]
+        # numbered across the replicas, as one launcher numbers a host's workers
+        expected = {
+            "workerlog.0": "rank 0",
+            "workerlog.1": "rank 1",
+            "workerlog.2": "rank 0 of replica 1",
+            "workerlog.3": "rank 1 of replica 1",
+        }
+        for log in log_of.values():
+            loaded = re.findall(r"\] (rank \d+(?: of replica \d+)?) loaded in ", log.read_text())
+            assert loaded == [expected[log.name]], log
+        # the error of a replica's rank names that replica and quotes that rank's file
+        killed = next(pid for pid, log in log_of.items() if log.name == "workerlog.3")
+        os.kill(killed, signal.SIGKILL)
+        assert server.process.wait(timeout=30) == 1
+        output = server.output()
+        assert "error: the engine died: rank 1 of replica 1 was killed by signal SIGKILL" in output
+        assert f"last lines of {tmp_path / 'workerlog.3'}:" in output
+        wait_until(lambda: not any(alive(pid) for pid in ranks), 10, "the rank processes to be gone")
+    finally:
+        server.stop()
 
 
 def tp2_server(path: str, env: dict[str, str] | None = None) -> ServerProcess:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import platform
+import sys
 
 import numpy as np
 import pytest
@@ -353,6 +354,20 @@ def test_without_the_extension_auto_falls_back_and_explicit_choices_fail(monkeyp
         InvalidArgumentError, match="FD_CPU_KERNELS=avx2 cannot run: the native extension is not built"
     ):
         CpuBackend(BackendOptions(threads=1))
+
+
+def test_a_missing_extension_names_the_python_and_the_build_command(monkeypatch):
+    """What `fastdeploy env` shows on a machine whose Python has no build of the extension."""
+
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(native.importlib, "import_module", missing)
+    module, reason = native._import_extension()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert module is None
+    assert reason.startswith(f"the native extension is not built for this Python ({version})")
+    assert "python setup.py build_ext --inplace" in reason and "circular" not in reason
 
 
 @requires_native

@@ -10,9 +10,12 @@ says why and the backend keeps its numpy path.
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -21,13 +24,26 @@ from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
 
-try:
-    from fastdeploy.backends.cpu.native import _native
-except ImportError as error:  # not compiled: no C compiler at install time, or not x86-64
-    _native = None
-    _IMPORT_ERROR = f"the native extension is not built ({error})"
-else:
-    _IMPORT_ERROR = None
+
+def _import_extension() -> tuple[Any, str | None]:
+    """The compiled `_native` module, or None and why not. Imported by its full name: a missing
+    module then reads "no module named ...", not the "partially initialized module (most likely
+    due to a circular import)" that `from package import _native` says inside this package."""
+    try:
+        return importlib.import_module(f"{__name__}._native"), None
+    except (
+        ModuleNotFoundError
+    ):  # not compiled (no C compiler at install time, not x86-64), or not for this Python
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        return None, (
+            f"the native extension is not built for this Python ({version}); build it with "
+            "`pip install -e .` or `python setup.py build_ext --inplace`"
+        )
+    except ImportError as error:  # built, but it does not load here
+        return None, f"the native extension does not load ({error})"
+
+
+_native, _IMPORT_ERROR = _import_extension()
 
 #: GGML type name -> (kernel kind, bytes of one packed block: 16 columns x 32 k, see gemm.c) for the
 #: block types multiplied without dequantising

@@ -11,6 +11,13 @@ Steps (each a subprocess, its output kept in --out):
   4. the kernel benchmarks against torch (benchmarks/cuda_kernels.py);
   5. the engine against transformers (benchmarks/throughput.py --device cuda).
 `--quick` keeps the SmolLM2 shape only. Nothing is installed; a missing module is reported.
+
+On a GPU machine without a package registry (`pip install -e .` cannot fetch the build backend),
+install the missing dependencies from carried wheels with `pip install --no-deps --target DIR`,
+put DIR and the checkout on PYTHONPATH, and copy the package's `METADATA` and `entry_points.txt`
+(from a `fastdeploy-*.dist-info` made by an install elsewhere) into DIR/fastdeploy-0.1.0.dist-info:
+the built-in plugins, the `cuda` backend among them, are found through entry points, and without
+them `device="cuda"` is "not a registered backend". The cuda backend needs no compiled extension.
 """
 
 from __future__ import annotations

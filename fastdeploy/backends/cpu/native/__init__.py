@@ -31,9 +31,8 @@ def _import_extension() -> tuple[Any, str | None]:
     due to a circular import)" that `from package import _native` says inside this package."""
     try:
         return importlib.import_module(f"{__name__}._native"), None
-    except (
-        ModuleNotFoundError
-    ):  # not compiled (no C compiler at install time, not x86-64), or not for this Python
+    except ModuleNotFoundError:
+        # not compiled (no C compiler at install time, not x86-64), or not for this Python
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
         return None, (
             f"the native extension is not built for this Python ({version}); build it with "

@@ -91,14 +91,20 @@ static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_scales(
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + offset)));
 }
 
-/* A block's sums x.q folded into the totals of its 16 columns (see fold in the header comment); d
- * and m are the block's scales and minimums (avx512_scales at 0 and 32). */
-static inline __attribute__((always_inline)) AVX512_TARGET __m512 avx512_fold(int kind, __m512 d, __m512 m,
-                                                                             __m512 total, __m512 sum,
-                                                                             float block_sum)
+/* Block b's sums x.q of the tile's rows folded into their totals for panel i of `width` (see fold
+ * in the header comment); `blk` is that panel's block b, whose scales (and Q4_1 minimums) are read
+ * into registers once. Every AVX-512 tile folds through here, so all do the same arithmetic. */
+static inline __attribute__((always_inline)) AVX512_TARGET void
+avx512_fold(const struct gemm_args *a, const uint8_t *blk, const float *block_sums, Py_ssize_t b, int rows, int width,
+            int i, __m512 *total, const __m512 *sum)
 {
-    total = _mm512_fmadd_ps(d, sum, total);
-    return kind == KIND_Q4_1 ? _mm512_fmadd_ps(m, _mm512_set1_ps(block_sum), total) : total;
+    const Py_ssize_t blocks = a->depth / QBLOCK;
+    const __m512 d = avx512_scales(blk, 0), m = a->kind == KIND_Q4_1 ? avx512_scales(blk, 32) : d;
+    for (int r = 0; r < rows; r++) {
+        const __m512 t = _mm512_fmadd_ps(d, sum[r * width + i], total[r * width + i]);
+        total[r * width + i] =
+            a->kind == KIND_Q4_1 ? _mm512_fmadd_ps(m, _mm512_set1_ps(block_sums[r * blocks + b]), t) : t;
+    }
 }
 
 /* Calls STEP(k, q) for the 32 k rows of a panel block, in order, with their integers q as floats. */
@@ -171,12 +177,7 @@ avx512_tile_blocks(const struct gemm_args *a, const uint8_t *panel, int width, P
                 AVX512_ACCUMULATE(sum, xb, depth, rows, width, k, w);
             }
         }
-        for (int i = 0; i < width; i++) {
-            const __m512 d = avx512_scales(blk[i], 0), m = a->kind == KIND_Q4_1 ? avx512_scales(blk[i], 32) : d;
-            for (int r = 0; r < rows; r++)
-                total[r * width + i] = avx512_fold(a->kind, d, m, total[r * width + i], sum[r * width + i],
-                                                   a->kind == KIND_Q4_1 ? block_sums[r * blocks + b] : 0.0f);
-        }
+        for (int i = 0; i < width; i++) avx512_fold(a, blk[i], block_sums, b, rows, width, i, total, sum);
     }
     avx512_store(a, total, row0, rows, col0, width);
 }
@@ -199,13 +200,8 @@ avx512_tile_dequantised(const struct gemm_args *a, const float *weights, Py_ssiz
             for (int i = 0; i < width; i++) w[i] = _mm512_loadu_ps(weights + k * ld + i * PANEL);
             AVX512_ACCUMULATE(sum, x, depth, rows, width, k, w);
         }
-        for (int i = 0; i < width; i++) {
-            const uint8_t *blk = panel + (i * blocks + b) * block_bytes;
-            const __m512 d = avx512_scales(blk, 0), m = a->kind == KIND_Q4_1 ? avx512_scales(blk, 32) : d;
-            for (int r = 0; r < rows; r++)
-                total[r * width + i] = avx512_fold(a->kind, d, m, total[r * width + i], sum[r * width + i],
-                                                   a->kind == KIND_Q4_1 ? block_sums[r * blocks + b] : 0.0f);
-        }
+        for (int i = 0; i < width; i++)
+            avx512_fold(a, panel + (i * blocks + b) * block_bytes, block_sums, b, rows, width, i, total, sum);
     }
     avx512_store(a, total, row0, rows, col0, width);
 }

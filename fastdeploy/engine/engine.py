@@ -273,7 +273,7 @@ class LLMEngine:
         self.block_manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching)
         kv_caches = self._allocate_kv_cache(spec)
         graphs = None
-        if not config.enforce_eager:
+        if not config.enforce_eager and getattr(self.model, "supports_decode_graphs", True):
             graphs = self.backend.decode_graphs(
                 self.model, kv_caches, spec.block_size, config.max_num_seqs, self.max_model_len
             )

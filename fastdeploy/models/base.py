@@ -25,6 +25,9 @@ class CausalLM(ABC):
 
     #: whether the class takes `parallel=` and shards itself (tensor / pipeline parallelism)
     supports_parallel: bool = False
+    #: whether a backend may capture its decode steps in device graphs (CUDA graphs): `forward`
+    #: must then read no device value on the host and build no per-step host data
+    supports_decode_graphs: bool = True
 
     def __init__(
         self,

@@ -9,11 +9,14 @@ tools/make_vl_references.py and are committed in tests/fixtures/ernie4_5_vl_refe
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# the cuda backend's Triton kernels run interpreted on a CPU; triton reads this at their import
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("PIL")
 import tiny_checkpoints  # noqa: E402
@@ -33,13 +36,13 @@ from fastdeploy.plugins.registry import get_registry  # noqa: E402
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 IMAGES = FIXTURES / "images"
 ATOL = 1e-4
-VIDEO_KWARGS = {"video_min_pixels": 28 * 28 * 4, "video_max_pixels": 28 * 28 * 8}
+VIDEO_KWARGS = tiny.VIDEO_KWARGS
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def reference() -> dict:
-    return json.loads((FIXTURES / "ernie4_5_vl_references.json").read_text(encoding="utf-8"))
+    return tiny.load_references()
 
 
 @pytest.fixture(scope="module")
@@ -58,28 +61,6 @@ def llm(checkpoints) -> LLM:
     return LLM(model=checkpoints["pt"], max_model_len=256, mm_processor_kwargs=VIDEO_KWARGS)
 
 
-def media(case: dict) -> dict:
-    data = {}
-    if case.get("images"):
-        data["image"] = [Image.open(IMAGES / name) for name in case["images"]]
-    if case.get("video"):
-        spec = case["video"]
-        photo = np.asarray(Image.open(IMAGES / spec["source"]).convert("RGB"))
-        width, height = spec["size"]
-        step = spec["step"]
-        data["video"] = [
-            [photo[10 : 10 + height, i * step : i * step + width] for i in range(spec["frames"])]
-        ]
-    return data
-
-
-def prompt_of(case: dict) -> dict:
-    prompt = {"prompt_token_ids": case["prompt_token_ids"]}
-    if media(case):
-        prompt["multimodal_data"] = media(case)
-    return prompt
-
-
 def test_fixture_weights_are_the_ones_the_test_rebuilds(reference):
     assert reference["config"] == tiny.CONFIG
     assert reference["weights_sha256"] == tiny_checkpoints.weights_checksum(tiny.pt_tensors())
@@ -94,7 +75,7 @@ def teacher_forced_logits(model_dir: str, case: dict) -> tuple[list[int], np.nda
     model = build_model(checkpoint, backend, 512, registry)
     factory = registry.multimodal_processors()[checkpoint.config.architecture]
     processor = factory(None, checkpoint.config, ProcessorOptions(mm_processor_kwargs=VIDEO_KWARGS))
-    data = media(case)
+    data = tiny.case_media(case)
     prompt = processor.process(case["prompt_token_ids"], data.get("image", []), data.get("video", []))
     ids = prompt.token_ids + case["output_token_ids"][:-1]
     logits = tiny_checkpoints.prefill_logits(model, backend, ids, extra_inputs=[(prompt, 0, len(ids))])
@@ -115,12 +96,46 @@ def test_logits_match_transformers(name, layout, checkpoints, reference):
 def test_llm_generates_the_reference_greedy_tokens(layout, checkpoints, reference):
     llm = LLM(model=checkpoints[layout], max_model_len=256, mm_processor_kwargs=VIDEO_KWARGS)
     cases = reference["cases"]
-    outputs = llm.generate([prompt_of(case) for case in cases], GREEDY, use_tqdm=False)
+    outputs = llm.generate([tiny.case_prompt(case) for case in cases], GREEDY, use_tqdm=False)
     for output, case in zip(outputs, cases, strict=True):
         assert output.error_code == 200, output.error_msg
         assert output.prompt_token_ids == case["expanded_token_ids"]
         assert output.outputs.token_ids == case["output_token_ids"], case["name"]
     assert outputs[1].num_input_image_tokens == 24 and outputs[3].num_input_video_tokens == 18
+
+
+@pytest.mark.parametrize("device", ["torch-cpu", "torch-cpu+triton", "paddle-cpu"])
+def test_the_cuda_backends_code_generates_the_reference_greedy_tokens(
+    device, checkpoints, reference, monkeypatch
+):
+    """The cuda backend's own code (its CPU twins; "+triton": its Triton kernels, interpreted), with
+    the vision tower's ops on the device: encoding an image copies nothing back to the host."""
+    name, _, kernels = device.partition("+")
+    pytest.importorskip(name.split("-")[0], reason=f"the {name} backend needs {name.split('-')[0]}")
+    if kernels:
+        pytest.importorskip("triton", reason="the Triton kernels need triton")
+        monkeypatch.setenv("FD_CUDA_KERNELS", kernels)
+    llm = LLM(model=checkpoints["pt"], device=name, max_model_len=256, mm_processor_kwargs=VIDEO_KWARGS)
+    backend = llm.llm_engine.backend
+    host_copies = []
+    original_encode = VisionEncoder.encode
+
+    def encode_counting_host_copies(self, patches, grid_thw):
+        with monkeypatch.context() as patch:
+            patch.setattr(
+                backend,
+                "to_numpy",
+                lambda t: host_copies.append(t.shape) or type(backend).to_numpy(backend, t),
+            )
+            return original_encode(self, patches, grid_thw)
+
+    monkeypatch.setattr(VisionEncoder, "encode", encode_counting_host_copies)
+    cases = reference["cases"]
+    outputs = llm.generate([tiny.case_prompt(case) for case in cases], GREEDY, use_tqdm=False)
+    for output, case in zip(outputs, cases, strict=True):
+        assert output.error_code == 200, output.error_msg
+        assert output.outputs.token_ids == case["output_token_ids"], case["name"]
+    assert host_copies == []
 
 
 def count_encodes(monkeypatch) -> list[tuple]:
@@ -141,7 +156,7 @@ def test_chunked_prefill_encodes_each_image_once_and_places_it_right(checkpoints
     calls = count_encodes(monkeypatch)
     llm = LLM(model=checkpoints["pt"], max_model_len=256, max_num_batched_tokens=16)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=2)
-    output = llm.generate(prompt_of(case), params, use_tqdm=False)[0]
+    output = llm.generate(tiny.case_prompt(case), params, use_tqdm=False)[0]
     assert [sample.token_ids for sample in output.outputs] == [case["output_token_ids"]] * 2
     assert sorted(calls) == [(1, 6, 18), (1, 14, 6)]  # once per image, for both samples
 
@@ -150,11 +165,11 @@ def test_prefix_cache_keys_include_the_image(checkpoints, reference):
     """Two prompts that differ only in the image have equal token ids but must not share blocks."""
     case = next(case for case in reference["cases"] if case["name"] == "one_image")
     flipped = np.asarray(Image.open(IMAGES / "chelsea_180x120.png"))[::-1]
-    other = dict(prompt_of(case), multimodal_data={"image": [flipped]})
+    other = dict(tiny.case_prompt(case), multimodal_data={"image": [flipped]})
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=0)
     llm = LLM(model=checkpoints["pt"], max_model_len=256, block_size=16, enable_prefix_caching=True)
-    first = llm.generate(prompt_of(case), params, use_tqdm=False)[0]
-    same = llm.generate(prompt_of(case), params, use_tqdm=False)[0]
+    first = llm.generate(tiny.case_prompt(case), params, use_tqdm=False)[0]
+    same = llm.generate(tiny.case_prompt(case), params, use_tqdm=False)[0]
     different = llm.generate(other, params, use_tqdm=False)[0]
     uncached = LLM(model=checkpoints["pt"], max_model_len=256).generate(other, params, use_tqdm=False)[0]
     assert same.num_cached_tokens == 16 and same.outputs.token_ids == first.outputs.token_ids
@@ -176,7 +191,7 @@ def test_preemption_recomputes_multimodal_sequences(checkpoints, reference):
         num_gpu_blocks_override=7,
         mm_processor_kwargs=VIDEO_KWARGS,
     )
-    outputs = llm.generate([prompt_of(case) for case in cases], GREEDY, use_tqdm=False)
+    outputs = llm.generate([tiny.case_prompt(case) for case in cases], GREEDY, use_tqdm=False)
     assert llm.llm_engine.scheduler.num_preemptions > 0
     for output, case in zip(outputs, cases, strict=True):
         assert output.outputs.token_ids == case["output_token_ids"], case["name"]
@@ -184,11 +199,11 @@ def test_preemption_recomputes_multimodal_sequences(checkpoints, reference):
 
 def test_a_bad_image_fails_alone(llm, reference):
     case = next(case for case in reference["cases"] if case["name"] == "one_image")
-    bad = dict(prompt_of(case), multimodal_data={"image": [b"definitely not a png"]})
+    bad = dict(tiny.case_prompt(case), multimodal_data={"image": [b"definitely not a png"]})
     too_many = dict(
-        prompt_of(case), multimodal_data={"image": [Image.open(IMAGES / "camera_64x64_gray.png")] * 2}
+        tiny.case_prompt(case), multimodal_data={"image": [Image.open(IMAGES / "camera_64x64_gray.png")] * 2}
     )
-    outputs = llm.generate([bad, prompt_of(case), too_many], GREEDY, use_tqdm=False)
+    outputs = llm.generate([bad, tiny.case_prompt(case), too_many], GREEDY, use_tqdm=False)
     assert outputs[0].error_code == 400 and "image 0" in outputs[0].error_msg
     assert outputs[2].error_code == 400 and "placeholder" in outputs[2].error_msg
     assert outputs[1].error_code == 200 and outputs[1].outputs.token_ids == case["output_token_ids"]
@@ -197,7 +212,7 @@ def test_a_bad_image_fails_alone(llm, reference):
 def test_limit_mm_per_prompt_is_enforced_per_request(checkpoints, reference):
     case = next(case for case in reference["cases"] if case["name"] == "two_images")
     llm = LLM(model=checkpoints["pt"], max_model_len=256, limit_mm_per_prompt={"image": 1})
-    output = llm.generate(prompt_of(case), GREEDY, use_tqdm=False)[0]
+    output = llm.generate(tiny.case_prompt(case), GREEDY, use_tqdm=False)[0]
     assert output.error_code == 400 and "limit_mm_per_prompt" in output.error_msg
 
 
@@ -223,7 +238,7 @@ def test_a_model_in_rank_processes_refuses_images_saying_why(checkpoints, refere
     case = next(case for case in reference["cases"] if case["name"] == "one_image")
     llm = LLM(model=checkpoints["pt"], max_model_len=256, distributed_executor_backend="mp")
     try:
-        output = llm.generate(prompt_of(case), GREEDY, use_tqdm=False)[0]
+        output = llm.generate(tiny.case_prompt(case), GREEDY, use_tqdm=False)[0]
     finally:
         llm.shutdown()
     assert output.error_code == 400
@@ -250,7 +265,7 @@ def test_bfloat16_vision_matmuls_stay_within_bfloat16_error_of_float32(checkpoin
         processor = factory(None, checkpoint.config, ProcessorOptions(mm_processor_kwargs=VIDEO_KWARGS))
         items = []
         for name in ("one_image", "two_images", "video"):
-            data = media(cases[name])
+            data = tiny.case_media(cases[name])
             prompt = processor.process(
                 cases[name]["prompt_token_ids"], data.get("image", []), data.get("video", [])
             )
@@ -264,5 +279,5 @@ def test_bfloat16_vision_matmuls_stay_within_bfloat16_error_of_float32(checkpoin
     llm = LLM(model=checkpoints["pt"], max_model_len=256, mm_processor_kwargs=VIDEO_KWARGS)
     assert "vision encoder matmuls in bfloat16" in llm.llm_engine.backend.describe()
     for name in ("text", "one_image", "video"):
-        output = llm.generate(prompt_of(cases[name]), GREEDY, use_tqdm=False)[0]
+        output = llm.generate(tiny.case_prompt(cases[name]), GREEDY, use_tqdm=False)[0]
         assert output.outputs.token_ids == cases[name]["output_token_ids"], name

@@ -31,6 +31,9 @@ import numpy as np
 from tiny_checkpoints import write_safetensors
 
 SEED = 4545
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+#: mm_processor_kwargs of the reference cases' video (tools/make_vl_references.py's bounds)
+VIDEO_KWARGS = {"video_min_pixels": 28 * 28 * 4, "video_max_pixels": 28 * 28 * 8}
 IMAGE_START, IMAGE_END, IMAGE_TOKEN = 150, 151, 152
 VIDEO_START, VIDEO_END, VIDEO_TOKEN = 153, 154, 155
 
@@ -299,3 +302,35 @@ def write_vl_tokenizer(directory: str | os.PathLike[str], chat_template: str | N
             "normalized": False,
         }
     path.write_text(json.dumps(config, indent=1), encoding="utf-8")
+
+
+def load_references() -> dict[str, Any]:
+    """transformers' outputs for the reference cases (tests/fixtures/ernie4_5_vl_references.json)."""
+    return json.loads((FIXTURES / "ernie4_5_vl_references.json").read_text(encoding="utf-8"))
+
+
+def case_media(case: dict[str, Any]) -> dict[str, list]:
+    """A reference case's `multimodal_data`: its photographs, and its video as frames cut from one."""
+    from PIL import Image
+
+    images = FIXTURES / "images"
+    data: dict[str, list] = {}
+    if case.get("images"):
+        data["image"] = [Image.open(images / name) for name in case["images"]]
+    if case.get("video"):
+        spec = case["video"]
+        photo = np.asarray(Image.open(images / spec["source"]).convert("RGB"))
+        width, height = spec["size"]
+        step = spec["step"]
+        data["video"] = [
+            [photo[10 : 10 + height, i * step : i * step + width] for i in range(spec["frames"])]
+        ]
+    return data
+
+
+def case_prompt(case: dict[str, Any]) -> dict[str, Any]:
+    """A reference case as an `LLM.generate` prompt."""
+    prompt: dict[str, Any] = {"prompt_token_ids": case["prompt_token_ids"]}
+    if case_media(case):
+        prompt["multimodal_data"] = case_media(case)
+    return prompt

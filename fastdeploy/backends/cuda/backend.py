@@ -316,6 +316,40 @@ class TensorBackend(Backend):
     def gather_rows(self, x: Any, indices: Any) -> Any:
         return self.rt.index_select(x, indices)
 
+    # --- vision encoders (on the device; `Backend`'s defaults would run them on the host) --------
+    def encoder_attention(self, q: Any, k: Any, v: Any, cu_seqlens: np.ndarray, scale: float) -> Any:
+        """Segments of equal length (one image, or a video's frames) go as one batch to the
+        runtime's unmasked attention; unequal ones one by one."""
+        lengths = np.diff(np.asarray(cu_seqlens, dtype=np.int64))
+        if lengths.size and (lengths == lengths[0]).all():
+            groups = [(int(cu_seqlens[0]), int(lengths.size), int(lengths[0]))]
+        else:
+            groups = [(int(start), 1, int(length)) for start, length in zip(cu_seqlens[:-1], lengths, strict=True)]
+        heads, head_dim = q.shape[1], q.shape[2]
+        outputs = []
+        for start, segments, length in groups:
+            end = start + segments * length
+
+            def batched(t: Any) -> Any:
+                return self.rt.permute(t[start:end].reshape([segments, length, heads, head_dim]), [0, 2, 1, 3])
+
+            out = self.rt.bidirectional_attention(batched(q), batched(k), batched(v), scale)
+            outputs.append(self.rt.permute(out, [0, 2, 1, 3]).reshape([segments * length, heads, head_dim]))
+        return outputs[0] if len(outputs) == 1 else self.rt.concat(outputs, 0)
+
+    def quick_gelu(self, x: Any) -> Any:
+        return x * self.rt.sigmoid(x * 1.702)
+
+    def gelu(self, x: Any) -> Any:
+        return self.rt.gelu(x)
+
+    def merge_rows(self, parts: list[tuple[Any, np.ndarray]], num_rows: int) -> Any:
+        first = parts[0][0]
+        out = self.rt.empty([num_rows, *first.shape[1:]], self.rt.dtype_name(first))
+        for rows, indices in parts:
+            self.rt.index_copy_(out, self.rt.from_numpy(np.asarray(indices, dtype=np.int64)), rows)
+        return out
+
     def argmax_rows(self, logits: Any) -> np.ndarray:
         return self.rt.to_numpy(self.rt.argmax_rows(logits)).astype(np.int64)
 

@@ -63,6 +63,8 @@ class Ernie4_5_VLMoeForConditionalGeneration(Ernie4_5ForCausalLM):
     #: its own layer loop (vision experts, 3-D rotary) is not split over ranks: TP/PP > 1 is
     #: refused at start-up naming this architecture, rather than inherited from the text model
     supports_parallel = False
+    #: `forward` reads the step's positions on the host to build the 3-D rotary tables
+    supports_decode_graphs = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

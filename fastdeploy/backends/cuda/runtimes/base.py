@@ -126,6 +126,22 @@ class TensorRuntime(ABC):
     def gelu_tanh(self, x: Any) -> Any: ...
 
     @abstractmethod
+    def gelu(self, x: Any) -> Any:
+        """Exact GELU, with the error function."""
+
+    @abstractmethod
+    def sigmoid(self, x: Any) -> Any: ...
+
+    def bidirectional_attention(self, q: Any, k: Any, v: Any, scale: float) -> Any:
+        """Attention without a mask, q/k/v [batch, heads, n, head_dim] -> the same shape (a vision
+        tower's segments). This default forms the [n, n] scores, softmax in float32; a runtime with
+        a fused kernel overrides it."""
+        dtype = self.dtype_name(q)
+        scores = self.matmul(self.cast(q, "float32"), self.permute(self.cast(k, "float32"), [0, 1, 3, 2]))
+        probabilities = self.softmax(scores * scale, -1)
+        return self.cast(self.matmul(probabilities, self.cast(v, "float32")), dtype)
+
+    @abstractmethod
     def layer_norm(self, x: Any, weight: Any, bias: Any | None, eps: float) -> Any: ...
 
     @abstractmethod

@@ -231,6 +231,12 @@ class PaddleRuntime(TensorRuntime):
     def gelu_tanh(self, x: Any) -> Any:
         return self._functional.gelu(x, approximate=True)
 
+    def gelu(self, x: Any) -> Any:
+        return self._functional.gelu(x)
+
+    def sigmoid(self, x: Any) -> Any:
+        return self._functional.sigmoid(x)
+
     def layer_norm(self, x: Any, weight: Any, bias: Any | None, eps: float) -> Any:
         return self._functional.layer_norm(x, [x.shape[-1]], weight=weight, bias=bias, epsilon=eps)
 

@@ -265,6 +265,16 @@ class TorchRuntime(TensorRuntime):
     def gelu_tanh(self, x: Any) -> Any:
         return self._functional.gelu(x, approximate="tanh")
 
+    def gelu(self, x: Any) -> Any:
+        return self._functional.gelu(x)
+
+    def sigmoid(self, x: Any) -> Any:
+        return self.torch.sigmoid(x)
+
+    def bidirectional_attention(self, q: Any, k: Any, v: Any, scale: float) -> Any:
+        """torch's fused attention (flash or memory-efficient kernels on a GPU; float32 softmax)."""
+        return self._functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
     def layer_norm(self, x: Any, weight: Any, bias: Any | None, eps: float) -> Any:
         return self._functional.layer_norm(x, (x.shape[-1],), weight=weight, bias=bias, eps=eps)
 

@@ -68,6 +68,8 @@ def build_layout(batch: ScheduledBatch, block_size: int) -> tuple[BatchLayout, l
     a few attributes; positions, slots and sampling rows are computed for the whole batch at once.
     """
     seqs = batch.seqs
+    if all(count == 1 for count in batch.num_new_tokens) and not extra_logits_rows(batch, len(seqs)):
+        return _one_token_layout(batch, block_size)
     counts = np.asarray(batch.num_new_tokens, dtype=np.int64)
     starts = np.array([seq.num_computed_tokens for seq in seqs], dtype=np.int64)
     ends = starts + counts
@@ -106,13 +108,52 @@ def build_layout(batch: ScheduledBatch, block_size: int) -> tuple[BatchLayout, l
     return layout, sampling.tolist()
 
 
+def _one_token_layout(batch: ScheduledBatch, block_size: int) -> tuple[BatchLayout, list[int]]:
+    """`build_layout` of a pass in which every sequence computes one token and no extra rows (a
+    decode step, or one-token prompt chunks), from Python lists: a dozen fewer numpy calls, which
+    cost more than the arithmetic here (run right after a pass, numpy's code is out of the caches).
+    With one token each, sequence i's row is i, and drafts (which always add rows) cannot occur."""
+    seqs = batch.seqs
+    positions = [seq.num_computed_tokens for seq in seqs]
+    tables = [seq.block_table for seq in seqs]
+    sampling = [
+        i
+        for i, (seq, position) in enumerate(zip(seqs, positions, strict=True))
+        if position + 1 >= len(seq.token_ids)
+    ]
+    layout = BatchLayout(
+        input_ids=np.array(
+            [seq.token_ids[position] for seq, position in zip(seqs, positions, strict=True)], np.int64
+        ),
+        positions=np.array(positions, np.int64),
+        slot_mapping=np.array(
+            [
+                table[p // block_size] * block_size + p % block_size
+                for table, p in zip(tables, positions, strict=True)
+            ],
+            np.int64,
+        ),
+        query_lens=np.ones(len(seqs), np.int64),
+        context_lens=np.array([p + 1 for p in positions], np.int64),
+        block_tables=_block_tables(seqs),
+        logits_indices=np.array(sampling, np.int64),
+        block_size=block_size,
+        block_copies=np.asarray(batch.block_copies, dtype=np.int64).reshape(-1, 2),
+    )
+    return layout, sampling
+
+
 def _block_tables(seqs: list[Sequence]) -> np.ndarray:
     """[len(seqs), longest table] block ids, each row padded with 0."""
-    widths = np.array([len(seq.block_table) for seq in seqs], dtype=np.int64)
-    tables = np.zeros((len(seqs), int(widths.max())), dtype=np.int64)
-    flat = np.fromiter(chain.from_iterable(seq.block_table for seq in seqs), np.int64, int(widths.sum()))
-    tables[np.arange(tables.shape[1]) < widths[:, None]] = flat
-    return tables
+    tables = [seq.block_table for seq in seqs]
+    width = max(len(table) for table in tables)
+    if all(len(table) == width for table in tables):  # no padding (one sequence, say): 4x faster
+        return np.array(tables, dtype=np.int64).reshape(len(tables), width)
+    widths = np.array([len(table) for table in tables], dtype=np.int64)
+    padded = np.zeros((len(tables), width), dtype=np.int64)
+    flat = np.fromiter(chain.from_iterable(tables), np.int64, int(widths.sum()))
+    padded[np.arange(width) < widths[:, None]] = flat
+    return padded
 
 
 def extra_model_inputs(batch: ScheduledBatch) -> dict[str, Any]:

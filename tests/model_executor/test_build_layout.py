@@ -35,11 +35,12 @@ def reference_layout(batch: ScheduledBatch, block_size: int) -> tuple[dict[str, 
 
 
 def random_sequence(rng: np.random.Generator, seq_id: int, kind: str, block_size: int, free: list[int]):
-    """A sequence as the scheduler leaves it: decoding, mid-prefill, or recomputing after preemption."""
+    """A sequence as the scheduler leaves it: decoding, mid-prefill (`chunk1`: a one-token chunk), or
+    recomputing after preemption."""
     prompt = rng.integers(0, 1000, int(rng.integers(1, 5 * block_size))).tolist()
     seq = Sequence(seq_id, f"r{seq_id}", 0, prompt, SamplingParams(), 10_000, np.random.default_rng(0), 0.0)
     outputs = rng.integers(0, 1000, int(rng.integers(0, 3 * block_size))).tolist()
-    if kind == "prefill":
+    if kind in ("prefill", "chunk1"):
         outputs = []
     seq.token_ids.extend(outputs)
     total = len(seq.token_ids)
@@ -48,6 +49,8 @@ def random_sequence(rng: np.random.Generator, seq_id: int, kind: str, block_size
     elif kind == "prefill":  # a chunk somewhere in the prompt, maybe its last
         seq.num_computed_tokens = int(rng.integers(0, total))
         count = int(rng.integers(1, total - seq.num_computed_tokens + 1))
+    elif kind == "chunk1":
+        seq.num_computed_tokens, count = int(rng.integers(0, total)), 1
     else:  # preempted: recomputes prompt and outputs from scratch, maybe in a chunk
         seq.num_computed_tokens = 0
         count = int(rng.integers(1, total + 1))
@@ -57,7 +60,8 @@ def random_sequence(rng: np.random.Generator, seq_id: int, kind: str, block_size
 
 
 @pytest.mark.parametrize(
-    "kinds", [("decode",), ("prefill",), ("preempted",), ("decode", "prefill", "preempted")]
+    "kinds",
+    [("decode",), ("prefill",), ("preempted",), ("decode", "chunk1"), ("decode", "prefill", "preempted")],
 )
 @pytest.mark.parametrize("block_size", [1, 16, 64])
 def test_layout_matches_per_sequence_construction(kinds: tuple[str, ...], block_size: int) -> None:

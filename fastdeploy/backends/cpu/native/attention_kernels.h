@@ -21,41 +21,60 @@
 #define KV_GLUE(name, type) KV_GLUE2(name, type)
 #define KV_FN(name) KV_GLUE(name, KV_NAME)
 
+/* scores[h][c..c+n) for one chunk of positions from `vectors` loads per key row (the vectors that hold
+ * the n <= ATTN_CHUNK positions: a sequence's last, partly filled block reads only its filled rows). */
+static inline __attribute__((always_inline)) void
+KV_FN(score_chunk)(const float *q_scaled, int heads_now, const KV_T *keys_t, const float *key_scales,
+                   Py_ssize_t block_size, Py_ssize_t c, Py_ssize_t n, const Py_ssize_t head_dim, float *scores,
+                   Py_ssize_t stride, const int vectors)
+{
+    (void)key_scales;
+    vecf acc[ROWS_AT_ONCE][ATTN_CHUNK / LANES] = {{{0}}};
+    for (Py_ssize_t d = 0; d < head_dim; d++) {
+        const KV_T *row = keys_t + d * block_size + c;
+#pragma GCC unroll 4
+        for (int i = 0; i < vectors; i++) {
+            const vecf keys = KV_LOAD(row + i * LANES);
+            for (int h = 0; h < heads_now; h++) acc[h][i] += q_scaled[h * head_dim + d] * keys;
+        }
+    }
+#if KV_SCALED
+    for (int i = 0; i < vectors; i++) {
+        vecf scale;
+        memcpy(&scale, key_scales + c + i * LANES, sizeof(vecf));
+        for (int h = 0; h < heads_now; h++) acc[h][i] *= scale;
+    }
+#endif
+    for (int h = 0; h < heads_now; h++) {
+        if (n == ATTN_CHUNK) { /* a whole chunk: plain vector stores (a variable-length memcpy is a call) */
+            memcpy(scores + h * stride + c, acc[h], sizeof(acc[h]));
+            continue;
+        }
+        float chunk[ATTN_CHUNK];
+        memcpy(chunk, acc[h], sizeof(chunk));
+        memcpy(scores + h * stride + c, chunk, (size_t)n * sizeof(float));
+    }
+}
+
 /* scores[h][j] = q_h . key_j for the `count` positions of one cached key block ([head_dim][block_size]);
  * q_scaled [heads_now][head_dim], scores rows `stride` apart; `key_scales` the block's scales. */
 static inline __attribute__((always_inline)) void
 KV_FN(score_block)(const float *q_scaled, int heads_now, const KV_T *keys_t, const float *key_scales,
                    Py_ssize_t block_size, Py_ssize_t count, const Py_ssize_t head_dim, float *scores, Py_ssize_t stride)
 {
-    (void)key_scales;
+    _Static_assert(ATTN_CHUNK / LANES == 4, "score_block dispatches 1 to 4 vectors per chunk");
     if (block_size % ATTN_CHUNK == 0) {
         for (Py_ssize_t c = 0; c < count; c += ATTN_CHUNK) {
-            vecf acc[ROWS_AT_ONCE][ATTN_CHUNK / LANES] = {{{0}}};
-            for (Py_ssize_t d = 0; d < head_dim; d++) {
-                const KV_T *row = keys_t + d * block_size + c;
-#pragma GCC unroll 4
-                for (int i = 0; i < ATTN_CHUNK / LANES; i++) {
-                    const vecf keys = KV_LOAD(row + i * LANES);
-                    for (int h = 0; h < heads_now; h++) acc[h][i] += q_scaled[h * head_dim + d] * keys;
-                }
-            }
-#if KV_SCALED
-            for (int i = 0; i < ATTN_CHUNK / LANES; i++) {
-                vecf scale;
-                memcpy(&scale, key_scales + c + i * LANES, sizeof(vecf));
-                for (int h = 0; h < heads_now; h++) acc[h][i] *= scale;
-            }
-#endif
             const Py_ssize_t n = count - c < ATTN_CHUNK ? count - c : ATTN_CHUNK;
-            for (int h = 0; h < heads_now; h++) {
-                if (n == ATTN_CHUNK) { /* a whole chunk: plain vector stores (a variable-length memcpy is a call) */
-                    memcpy(scores + h * stride + c, acc[h], sizeof(acc[h]));
-                    continue;
-                }
-                float chunk[ATTN_CHUNK];
-                memcpy(chunk, acc[h], sizeof(chunk));
-                memcpy(scores + h * stride + c, chunk, (size_t)n * sizeof(float));
+#define SCORE_CHUNK(v) \
+    KV_FN(score_chunk)(q_scaled, heads_now, keys_t, key_scales, block_size, c, n, head_dim, scores, stride, v)
+            switch ((n + LANES - 1) / LANES) {
+            case 1: SCORE_CHUNK(1); break;
+            case 2: SCORE_CHUNK(2); break;
+            case 3: SCORE_CHUNK(3); break;
+            default: SCORE_CHUNK(4); break;
             }
+#undef SCORE_CHUNK
         }
         return;
     }

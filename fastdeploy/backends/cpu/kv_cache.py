@@ -14,6 +14,8 @@ bfloat16 for numpy.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 from typing import NamedTuple
 
 import numpy as np
@@ -56,17 +58,39 @@ def _storage_dtype(kv_dtype: str, native: bool) -> np.dtype:
     return np.dtype(kv_dtype)
 
 
+def _zeroed(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zeroed array on ordinary 4 KiB pages (an anonymous mapping advised `MADV_NOHUGEPAGE`).
+
+    Why: numpy advises transparent huge pages for large arrays. A cache's pages are first touched
+    during generation, one block at a time, and where the kernel's THP `defrag` setting is
+    `madvise` (the default) each such fault may compact memory synchronously, inside a decode
+    step. On the 2-core EPYC the native attention's key/value writes of a SmolLM2 decode step
+    took 15-20 thousand cycles a layer on a fresh cache advised huge pages, against 8-9.5 thousand
+    on ordinary pages and 6 thousand on a cache whose pages were all touched beforehand (touching
+    gigabytes at start-up is not an option). Elsewhere (no `mmap` advice) it is `np.zeros`.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    advise = getattr(mmap, "MADV_NOHUGEPAGE", None)
+    if advise is None or nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return np.zeros(shape, dtype)
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(OSError):  # a kernel without transparent huge pages: ordinary pages anyway
+        mapping.madvise(advise)
+    return np.frombuffer(mapping, dtype).reshape(shape)
+
+
 def allocate_native(
     num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, kv_dtype: str
 ) -> LayerKVCache:
     """One layer's cache in the native kernels' layout, zeroed."""
     dtype = _storage_dtype(kv_dtype, native=True)
-    keys = np.zeros((num_blocks, num_kv_heads, head_dim, block_size), dtype)
-    values = np.zeros((num_blocks, num_kv_heads, block_size, head_dim), dtype)
+    keys = _zeroed((num_blocks, num_kv_heads, head_dim, block_size), dtype)
+    values = _zeroed((num_blocks, num_kv_heads, block_size, head_dim), dtype)
     if kv_dtype != "int8":
         return LayerKVCache(keys, values)
     scales = (num_blocks, num_kv_heads, block_size)
-    return LayerKVCache(keys, values, np.zeros(scales, np.float32), np.zeros(scales, np.float32))
+    return LayerKVCache(keys, values, _zeroed(scales, np.float32), _zeroed(scales, np.float32))
 
 
 def allocate_numpy(num_slots: int, num_kv_heads: int, head_dim: int, kv_dtype: str) -> LayerKVCache:
@@ -74,13 +98,10 @@ def allocate_numpy(num_slots: int, num_kv_heads: int, head_dim: int, kv_dtype: s
     dtype = _storage_dtype(kv_dtype, native=False)
     shape = (num_slots, num_kv_heads, head_dim)
     if kv_dtype != "int8":
-        return LayerKVCache(np.zeros(shape, dtype), np.zeros(shape, dtype))
+        return LayerKVCache(_zeroed(shape, dtype), _zeroed(shape, dtype))
     scales = (num_slots, num_kv_heads)
     return LayerKVCache(
-        np.zeros(shape, dtype),
-        np.zeros(shape, dtype),
-        np.zeros(scales, np.float32),
-        np.zeros(scales, np.float32),
+        _zeroed(shape, dtype), _zeroed(shape, dtype), _zeroed(scales, np.float32), _zeroed(scales, np.float32)
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -371,6 +371,27 @@ class Backend(ABC):
         normed, residual = self.rms_norm(x, block.norm, block.eps, residual)
         up = self.silu_and_mul(self.linear(normed, block.gate_up, block.gate_up_bias))
         return self.linear(up, block.down, block.down_bias), residual
+
+    def decoder_layers(
+        self,
+        x: Any,
+        residual: Any | None,
+        layers: Sequence[tuple[AttentionBlock, MLPBlock]],
+        positions: Any,
+        cos: Any,
+        sin: Any,
+        batch: Any,
+        kv_caches: Sequence[Any],
+    ) -> tuple[Any, Any]:
+        """A run of whole decoder layers without tensor parallelism, each its `attention_block`
+        (with its cache in `kv_caches`) then its `mlp_block`: returns (the last layer's output,
+        the residual stream after it). The default calls those two layer by layer; a backend may
+        run the whole run in one call (the cpu backend does) and must give the same results.
+        `layers` and `kv_caches` are the same objects on every call of one model."""
+        for (attention, mlp), kv_cache in zip(layers, kv_caches, strict=True):
+            x, residual = self.attention_block(x, residual, attention, positions, cos, sin, batch, kv_cache)
+            x, residual = self.mlp_block(x, residual, mlp)
+        return x, residual
 
     def argmax_rows(self, logits: Any) -> np.ndarray:
         """Greedy tokens: the index of each row's largest logit (the first among equals), as a

@@ -103,6 +103,9 @@ class LlamaForCausalLM(CausalLM):
         self.biases = self.projection_biases()
         self.lm_head_bias: Any | None = None
         self.layers: list[LlamaLayerWeights] = []
+        #: (attention, MLP) blocks of every layer when all are dense and run on one rank, for
+        #: `Backend.decoder_layers`; None otherwise (layer by layer through `layer_forward`)
+        self.dense_layers: list[tuple[AttentionBlock, MLPBlock]] | None = None
         #: the decoder layers of this rank's pipeline stage
         self.layer_ids = self.parallel.stage_layers(config.num_hidden_layers)
 
@@ -243,6 +246,7 @@ class LlamaForCausalLM(CausalLM):
                 self.lm_head_bias = backend.linear_bias(parallel.vocab_rows_of(host["lm_head.bias"]))
             self.final_norm = backend.from_numpy(host["model.norm.weight"])
         self.layers = [self._load_layer(i, host) for i in self.layer_ids]
+        self.dense_layers = self._dense_layers()
         cos, sin = rope_tables(
             self.rope_theta(), self.head_dim, self.max_positions, self.config.rope_scaling, freq_factors
         )
@@ -331,6 +335,14 @@ class LlamaForCausalLM(CausalLM):
             hidden = self.mlp_block(layer, normed)
         return parallel.all_reduce(hidden), residual
 
+    def _dense_layers(self) -> list[tuple[AttentionBlock, MLPBlock]] | None:
+        """Whether this model's layers can run as one `decoder_layers` call: every one dense, no
+        tensor parallelism (no all-reduce between halves) and `layer_forward` as written here."""
+        plain = type(self).layer_forward is LlamaForCausalLM.layer_forward and self.parallel.tp_size == 1
+        if not plain or not self.layers or any(layer.dense_block is None for layer in self.layers):
+            return None
+        return [(layer.attention, layer.dense_block) for layer in self.layers]
+
     def forward(self, input_ids: Any, positions: Any, batch: Any, kv_caches: list[Any]) -> Any:
         ops = self.backend
         parallel = self.parallel
@@ -341,10 +353,15 @@ class LlamaForCausalLM(CausalLM):
             shape = (input_ids.shape[0], self.config.hidden_size)
             hidden = parallel.recv_from_previous_stage(ops, shape)
             residual = parallel.recv_from_previous_stage(ops, shape)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = self.layer_forward(
-                layer, hidden, residual, positions, self.rope_cos, self.rope_sin, batch, kv_cache
+        if self.dense_layers is not None:
+            hidden, residual = ops.decoder_layers(
+                hidden, residual, self.dense_layers, positions, self.rope_cos, self.rope_sin, batch, kv_caches
             )
+        else:
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                hidden, residual = self.layer_forward(
+                    layer, hidden, residual, positions, self.rope_cos, self.rope_sin, batch, kv_cache
+                )
         if not parallel.is_last_stage:
             parallel.send_to_next_stage(hidden)
             parallel.send_to_next_stage(residual)

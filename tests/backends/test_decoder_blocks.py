@@ -1,9 +1,11 @@
-"""`Backend.attention_block` and `Backend.mlp_block`, a decoder layer's two halves.
+"""`Backend.attention_block` and `Backend.mlp_block`, a decoder layer's two halves, and
+`Backend.decoder_layers`, a run of whole layers.
 
 The cpu backend runs each half in one native call (decoder_layer.c). It promises the results of
 `Backend`'s default, which runs the ops one by one (the path every other backend takes), bit for bit:
 both are compared over a sequence of mixed prefill/decode passes, outputs and KV caches. The default
-itself is checked against a float64 reference of the layer.
+itself is checked against a float64 reference of the layer. A run of layers in one native call
+promises the results of the halves called layer by layer (`Backend.decoder_layers`' default).
 """
 
 from __future__ import annotations
@@ -139,6 +141,55 @@ def test_native_halves_equal_the_op_by_op_default_bit_for_bit(monkeypatch, isa, 
                 np.testing.assert_array_equal(ours, theirs)
     for ours, theirs in zip(*caches, strict=True):
         np.testing.assert_array_equal(ours, theirs)
+
+
+@requires_native
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_run_of_layers_in_one_call_equals_the_halves_layer_by_layer_bit_for_bit(monkeypatch, isa, variant):
+    """Three layers of different weights over mixed passes, with and without an incoming residual;
+    a pass on other caches (as the engine's fault probe makes) in between must not disturb either."""
+    kind, activations, qwen = VARIANTS[variant]
+    backend = cpu_backend(monkeypatch, isa, activations)
+    layers = [make_blocks(backend, kind, qwen, 64, seed=seed)[:2] for seed in range(3)]
+    cos, sin = rope_tables(10000.0, 64, 64)
+    width = -(-max(sum(lens[s] for lens in PASSES) for s in range(2)) // BLOCK_SIZE)
+
+    def caches() -> list:
+        return [allocate_native(2 * width, BLOCK_SIZE, KV_HEADS, 64, "float32") for _ in layers]
+
+    ours_caches, default_caches, probe_caches = caches(), caches(), caches()
+    rng = np.random.default_rng(2)
+    for layout in layouts(PASSES, width):
+        batch = backend.prepare_batch(layout)
+        x = rng.standard_normal((len(layout.positions), HIDDEN)).astype(np.float32)
+        residual = rng.standard_normal(x.shape).astype(np.float32)
+        for given in (None, residual):
+            args = (layout.positions, cos, sin, batch)
+            ours = backend.decoder_layers(x, given, layers, *args, ours_caches)
+            backend.decoder_layers(x, given, layers, *args, probe_caches)
+            default = Backend.decoder_layers(backend, x, given, layers, *args, default_caches)
+            for mine, theirs in zip(ours, default, strict=True):
+                np.testing.assert_array_equal(mine, theirs)
+    for mine, theirs in zip(ours_caches, default_caches, strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@requires_native
+def test_a_run_of_layers_of_different_widths_is_refused_naming_the_layer(monkeypatch):
+    backend = cpu_backend(monkeypatch, native.best_isa(), "float32")
+    attention, mlp, _ = make_blocks(backend, "Q4_1", False, 64)
+    wide = np.zeros((2 * INNER, 2 * HIDDEN), np.float32)
+    wide_mlp = MLPBlock(
+        norm=backend.from_numpy(np.ones(2 * HIDDEN, np.float32)),
+        gate_up=backend.linear_weight(wide),
+        down=backend.linear_weight(np.zeros((2 * HIDDEN, INNER), np.float32)),
+        eps=EPS,
+    )
+    cache = allocate_native(2, BLOCK_SIZE, KV_HEADS, 64, "float32")
+    expected = f"layer 1's attention half is {HIDDEN} wide and its MLP half {2 * HIDDEN}"
+    with pytest.raises(ValueError, match=expected):
+        native.prepare_decoder_stack([(attention, mlp), (attention, wide_mlp)], [cache, cache])
 
 
 def rms_norm64(x: np.ndarray, weight: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -145,6 +146,8 @@ class CpuBackend(Backend):
         #: packed weights on huge pages (native kernels only: the numpy path keeps numpy's arrays)
         self.weight_arena = WeightArena()
         self.vision_matmul = _vision_matmul(self.native_isa)
+        #: (layers, kv_caches, native handle) of the latest `decoder_layers` run
+        self._decoder_stack: tuple[Any, Any, object] | None = None
         # With the native kernels every op of a forward pass runs on their threads and BLAS is not
         # used; a BLAS pool would only spin beside them (measured: 170 -> 26 tok/s).
         _set_blas_threads(1 if self.native_isa else self.threads)
@@ -307,6 +310,28 @@ class CpuBackend(Backend):
         if not self.native_isa:
             return super().mlp_block(x, residual, block)
         return native.mlp_block(x, residual, block, self.native_isa, self.threads)
+
+    def decoder_layers(
+        self,
+        x: np.ndarray,
+        residual: np.ndarray | None,
+        layers: Sequence[tuple[AttentionBlock, MLPBlock]],
+        positions: np.ndarray,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        batch: CpuAttentionMetadata | native.AttentionBatch,
+        kv_caches: Sequence[LayerKVCache],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One native call a pass (decoder_layer.c); the layers' weights and caches are parsed once
+        and kept for the latest `layers`/`kv_caches` pair (a probe pass on other caches replaces it)."""
+        if not self.native_isa:
+            return super().decoder_layers(x, residual, layers, positions, cos, sin, batch, kv_caches)
+        held = self._decoder_stack
+        if held is None or held[0] is not layers or held[1] is not kv_caches:
+            held = self._decoder_stack = (layers, kv_caches, native.prepare_decoder_stack(layers, kv_caches))
+        return native.decoder_stack(
+            x, residual, held[2], positions, cos, sin, batch, self.native_isa, self.threads
+        )
 
     def layer_norm(
         self,

@@ -324,16 +324,16 @@ class TensorBackend(Backend):
         if lengths.size and (lengths == lengths[0]).all():
             groups = [(int(cu_seqlens[0]), int(lengths.size), int(lengths[0]))]
         else:
-            groups = [(int(start), 1, int(length)) for start, length in zip(cu_seqlens[:-1], lengths, strict=True)]
+            groups = [
+                (int(start), 1, int(length)) for start, length in zip(cu_seqlens[:-1], lengths, strict=True)
+            ]
         heads, head_dim = q.shape[1], q.shape[2]
         outputs = []
         for start, segments, length in groups:
-            end = start + segments * length
-
-            def batched(t: Any) -> Any:
-                return self.rt.permute(t[start:end].reshape([segments, length, heads, head_dim]), [0, 2, 1, 3])
-
-            out = self.rt.bidirectional_attention(batched(q), batched(k), batched(v), scale)
+            end, shape = start + segments * length, [segments, length, heads, head_dim]
+            # [segments, heads, length, head_dim] each
+            batched = [self.rt.permute(t[start:end].reshape(shape), [0, 2, 1, 3]) for t in (q, k, v)]
+            out = self.rt.bidirectional_attention(*batched, scale)
             outputs.append(self.rt.permute(out, [0, 2, 1, 3]).reshape([segments * length, heads, head_dim]))
         return outputs[0] if len(outputs) == 1 else self.rt.concat(outputs, 0)
 

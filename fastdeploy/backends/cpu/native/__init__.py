@@ -310,19 +310,8 @@ def attention(
     return out
 
 
-def attention_block(
-    x: np.ndarray,
-    residual: np.ndarray | None,
-    block: AttentionBlock,
-    positions: np.ndarray,
-    cos: np.ndarray,
-    sin: np.ndarray,
-    kv_cache: LayerKVCache,
-    batch: AttentionBatch,
-    isa: str,
-    threads: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """`Backend.attention_block` in one call (decoder_layer.c); the block's weights are packed."""
+def _attention_weights(block: AttentionBlock) -> tuple:
+    """The attention half's weights as decoder_layer.c takes them (built once per block)."""
     if block.prepared is None:
         qkv, o_proj = block.qkv, block.o_proj
         block.prepared = (
@@ -342,38 +331,11 @@ def attention_block(
             block.eps,
             block.scale,
         )
-    x = np.ascontiguousarray(x, np.float32)
-    out = np.empty_like(x)
-    total, residual = _residual_sum(x, residual)
-    cache = (
-        kv_cache.keys,
-        kv_cache.values,
-        kv_cache.key_scales,
-        kv_cache.value_scales,
-        KV_TYPES[kv_cache.kv_dtype],
-    )
-    _native.attention_block(
-        x,
-        residual,
-        out,
-        total if residual is not None else None,
-        np.ascontiguousarray(positions, np.int64),
-        _floats(cos),
-        _floats(sin),
-        cos.shape[-1],
-        block.prepared,
-        cache,
-        batch.block_arguments,
-        isa,
-        threads,
-    )
-    return out, total
+    return block.prepared
 
 
-def mlp_block(
-    x: np.ndarray, residual: np.ndarray | None, block: MLPBlock, isa: str, threads: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """`Backend.mlp_block` in one call (decoder_layer.c); the block's weights are packed."""
+def _mlp_weights(block: MLPBlock) -> tuple:
+    """The MLP half's weights as decoder_layer.c takes them (built once per block)."""
     if block.prepared is None:
         gate_up, down = block.gate_up, block.down
         block.prepared = (
@@ -388,10 +350,108 @@ def mlp_block(
             gate_up.out_features // 2,
             block.eps,
         )
+    return block.prepared
+
+
+def _cache_arguments(kv_cache: LayerKVCache) -> tuple:
+    return (
+        kv_cache.keys,
+        kv_cache.values,
+        kv_cache.key_scales,
+        kv_cache.value_scales,
+        KV_TYPES[kv_cache.kv_dtype],
+    )
+
+
+def attention_block(
+    x: np.ndarray,
+    residual: np.ndarray | None,
+    block: AttentionBlock,
+    positions: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    kv_cache: LayerKVCache,
+    batch: AttentionBatch,
+    isa: str,
+    threads: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`Backend.attention_block` in one call (decoder_layer.c); the block's weights are packed."""
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)
     total, residual = _residual_sum(x, residual)
-    _native.mlp_block(x, residual, out, total if residual is not None else None, block.prepared, isa, threads)
+    _native.attention_block(
+        x,
+        residual,
+        out,
+        total if residual is not None else None,
+        np.ascontiguousarray(positions, np.int64),
+        _floats(cos),
+        _floats(sin),
+        cos.shape[-1],
+        _attention_weights(block),
+        _cache_arguments(kv_cache),
+        batch.block_arguments,
+        isa,
+        threads,
+    )
+    return out, total
+
+
+def mlp_block(
+    x: np.ndarray, residual: np.ndarray | None, block: MLPBlock, isa: str, threads: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`Backend.mlp_block` in one call (decoder_layer.c); the block's weights are packed."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    total, residual = _residual_sum(x, residual)
+    _native.mlp_block(
+        x, residual, out, total if residual is not None else None, _mlp_weights(block), isa, threads
+    )
+    return out, total
+
+
+def prepare_decoder_stack(
+    layers: Sequence[tuple[AttentionBlock, MLPBlock]], kv_caches: Sequence[LayerKVCache]
+) -> object:
+    """The native handle of a run of dense layers and their caches for `decoder_stack`: their
+    weights and caches parsed once (it keeps them alive)."""
+    return _native.decoder_stack_prepare(
+        [
+            (_attention_weights(attention), _cache_arguments(kv_cache), _mlp_weights(mlp))
+            for (attention, mlp), kv_cache in zip(layers, kv_caches, strict=True)
+        ]
+    )
+
+
+def decoder_stack(
+    x: np.ndarray,
+    residual: np.ndarray | None,
+    stack: object,
+    positions: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    batch: AttentionBatch,
+    isa: str,
+    threads: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`Backend.decoder_layers` in one call (decoder_layer.c) on a `prepare_decoder_stack` handle:
+    (the last layer's output, the residual stream)."""
+    x = np.ascontiguousarray(x, np.float32)
+    out, total = np.empty_like(x), np.empty_like(x)
+    _native.decoder_stack(
+        x,
+        None if residual is None else np.ascontiguousarray(residual, np.float32),
+        out,
+        total,
+        np.ascontiguousarray(positions, np.int64),
+        _floats(cos),
+        _floats(sin),
+        cos.shape[-1],
+        stack,
+        batch.block_arguments,
+        isa,
+        threads,
+    )
     return out, total
 
 

@@ -1,12 +1,15 @@
 /*
- * A decoder layer in two native calls: its attention half and its MLP half (`Backend.attention_block`
- * and `Backend.mlp_block`).
+ * A decoder layer in two native calls, its attention half and its MLP half (`Backend.attention_block`
+ * and `Backend.mlp_block`), or a run of whole layers in one (`Backend.decoder_layers`).
  *
  * Why: op by op, a decode step of a small model is ~10 Python-to-C calls per layer, each converting
  * its arguments, allocating its output and starting its own thread loop (about 300 per token for
  * SmolLM2; a few percent of its decode on the 2-core EPYC). Here each half is one call: the GEMMs
  * and the attention still run on the thread pool, while the one-row ops of a decode step (norms,
- * rotary, SiLU) run inline.
+ * rotary, SiLU) run inline. Between layers, Python still cost ~15 us a layer in the decode loop (its
+ * code and data are out of the caches after each layer's weights streamed through them), so a
+ * model's dense layers can also run as one call a step: `decoder_stack`, on the halves' weights and
+ * caches parsed once (`decoder_stack_prepare`, a capsule).
  *
  * Each step runs the same kernels on the same data in the same order as the op-by-op path
  * (rms_norm_row, gemm.c, rotary_row, attention.c, silu_mul_row), so the results are bit-identical.
@@ -144,6 +147,231 @@ static void release(Py_buffer *buffers[], int count)
         if (buffers[i]->obj) PyBuffer_Release(buffers[i]);
 }
 
+/* A decoder layer's attention half as the kernels take it: its weights and its KV cache. */
+struct attention_half {
+    Py_buffer norm, q_norm, k_norm, kc, vc, ks, vs;
+    struct linear qkv, o;
+    Py_ssize_t hidden, heads, kv_heads, head_dim;
+    double eps, scale;
+    int kv_type;
+};
+
+/* A decoder layer's SwiGLU half: gate_up [2 * inner, hidden] (gate rows first), down [hidden, inner]. */
+struct mlp_half {
+    Py_buffer norm;
+    struct linear gate_up, down;
+    Py_ssize_t hidden, inner;
+    double eps;
+};
+
+/* What the layers of one pass share: positions, rotary tables, the batch's cache layout, the kernels. */
+struct pass {
+    Py_buffer positions, cos, sin, slots, starts, lens, tables;
+    Py_ssize_t tokens, half, block_size, width;
+    const struct row_kernels *kernels;
+    int isa, threads;
+};
+
+static void release_attention_half(struct attention_half *h)
+{
+    Py_buffer *buffers[] = {&h->norm, &h->q_norm, &h->k_norm, &h->kc, &h->vc, &h->ks, &h->vs,
+                            &h->qkv.packed, &h->qkv.bias, &h->o.packed, &h->o.bias};
+    release(buffers, (int)(sizeof(buffers) / sizeof(buffers[0])));
+}
+
+static void release_mlp_half(struct mlp_half *m)
+{
+    Py_buffer *buffers[] = {&m->norm, &m->gate_up.packed, &m->gate_up.bias, &m->down.packed, &m->down.bias};
+    release(buffers, (int)(sizeof(buffers) / sizeof(buffers[0])));
+}
+
+static void release_pass(struct pass *p)
+{
+    Py_buffer *buffers[] = {&p->positions, &p->cos, &p->sin, &p->slots, &p->starts, &p->lens, &p->tables};
+    release(buffers, (int)(sizeof(buffers) / sizeof(buffers[0])));
+}
+
+static Py_ssize_t qkv_columns(const struct attention_half *h) { return (h->heads + 2 * h->kv_heads) * h->head_dim; }
+
+/* An attention half from its (weights, cache) tuples (see attention_block); 0 with an error set when
+ * they do not fit together. `h` starts zeroed; release it either way. */
+static int parse_attention_half(PyObject *weights, PyObject *cache, struct attention_half *h)
+{
+    /* the groups are parsed one by one: CPython 3.11's argument parser sizes its cleanup list by the
+     * top-level items only, and overruns it when nested tuples hold many buffers */
+    if (!PyTuple_Check(weights) || !PyTuple_Check(cache)) {
+        PyErr_SetString(PyExc_TypeError, "attention_block: weights and cache must be tuples");
+        return 0;
+    }
+    if (!PyArg_ParseTuple(weights, "y*iy*z*z*z*iy*z*nnnndd", &h->norm, &h->qkv.kind, &h->qkv.packed, &h->qkv.bias,
+                          &h->q_norm, &h->k_norm, &h->o.kind, &h->o.packed, &h->o.bias, &h->hidden, &h->heads,
+                          &h->kv_heads, &h->head_dim, &h->eps, &h->scale) ||
+        !PyArg_ParseTuple(cache, "w*w*w*w*i", &h->kc, &h->vc, &h->ks, &h->vs, &h->kv_type))
+        return 0;
+    const Py_ssize_t float_bytes = (Py_ssize_t)sizeof(float);
+    if (h->hidden <= 0 || h->heads <= 0 || h->kv_heads <= 0 || h->head_dim <= 0 ||
+        h->norm.len != h->hidden * float_bytes || (h->q_norm.buf == NULL) != (h->k_norm.buf == NULL) ||
+        (h->q_norm.buf != NULL && (h->q_norm.len != h->head_dim * float_bytes || h->k_norm.len != h->q_norm.len)) ||
+        h->kc.len != h->vc.len || h->ks.len != h->vs.len) {
+        PyErr_SetString(PyExc_ValueError, "attention_block: weight or cache sizes do not match the shapes");
+        return 0;
+    }
+    return check_linear(&h->qkv, qkv_columns(h), h->hidden, "attention_block qkv") &&
+           check_linear(&h->o, h->hidden, h->heads * h->head_dim, "attention_block o_proj");
+}
+
+/* An MLP half from its weights tuple (see mlp_block); as parse_attention_half. */
+static int parse_mlp_half(PyObject *weights, struct mlp_half *m)
+{
+    if (!PyTuple_Check(weights)) {
+        PyErr_SetString(PyExc_TypeError, "mlp_block: weights must be a tuple");
+        return 0;
+    }
+    if (!PyArg_ParseTuple(weights, "y*iy*z*iy*z*nnd", &m->norm, &m->gate_up.kind, &m->gate_up.packed,
+                          &m->gate_up.bias, &m->down.kind, &m->down.packed, &m->down.bias, &m->hidden, &m->inner,
+                          &m->eps))
+        return 0;
+    if (m->hidden <= 0 || m->inner <= 0 || m->norm.len != m->hidden * (Py_ssize_t)sizeof(float)) {
+        PyErr_SetString(PyExc_ValueError, "mlp_block: weight sizes do not match the shapes");
+        return 0;
+    }
+    return check_linear(&m->gate_up, 2 * m->inner, m->hidden, "mlp_block gate_up") &&
+           check_linear(&m->down, m->hidden, m->inner, "mlp_block down");
+}
+
+/* A pass from positions, cos, sin, half, the batch tuple (slot_mapping, query_starts, context_lens,
+ * block_tables, block_size, table_width) and the kernels; 0 with an error set when they disagree. */
+static int parse_pass(PyObject *args_positions, PyObject *args_cos, PyObject *args_sin, Py_ssize_t half,
+                      PyObject *batch, const char *isa_str, int threads, struct pass *p)
+{
+    if (!PyTuple_Check(batch)) {
+        PyErr_SetString(PyExc_TypeError, "the batch must be a tuple");
+        return 0;
+    }
+    if (PyObject_GetBuffer(args_positions, &p->positions, PyBUF_SIMPLE) < 0 ||
+        PyObject_GetBuffer(args_cos, &p->cos, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(args_sin, &p->sin, PyBUF_SIMPLE) < 0 ||
+        !PyArg_ParseTuple(batch, "y*y*y*y*nn", &p->slots, &p->starts, &p->lens, &p->tables, &p->block_size, &p->width))
+        return 0;
+    p->kernels = native_row_kernels(isa_str);
+    p->isa = p->kernels ? native_isa_checked(isa_str) : -1;
+    if (p->isa < 0) return 0;
+    p->threads = threads;
+    p->half = half;
+    p->tokens = p->positions.len / (Py_ssize_t)sizeof(int64_t);
+    const Py_ssize_t index_bytes = (Py_ssize_t)sizeof(int64_t), float_bytes = (Py_ssize_t)sizeof(float);
+    const Py_ssize_t table_rows = half > 0 ? p->cos.len / (half * float_bytes) : 0;
+    int bad = half <= 0 || p->cos.len != p->sin.len || p->cos.len != table_rows * half * float_bytes ||
+              p->starts.len < index_bytes || p->slots.len != p->positions.len ||
+              p->tables.len != (p->starts.len / index_bytes - 1) * p->width * index_bytes ||
+              p->lens.len != p->starts.len - index_bytes;
+    const int64_t *position = p->positions.buf;
+    for (Py_ssize_t t = 0; !bad && t < p->tokens; t++) bad = position[t] < 0 || position[t] >= table_rows;
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "attention_block: buffer sizes, positions or shapes do not match");
+        return 0;
+    }
+    return 1;
+}
+
+/* Floats of scratch an attention half needs: normed | qkv | q and the attention output | k, per token. */
+static Py_ssize_t attention_scratch(const struct attention_half *h)
+{
+    return h->hidden + qkv_columns(h) + 2 * h->heads * h->head_dim + h->kv_heads * h->head_dim;
+}
+
+/* Floats of scratch an MLP half needs: normed | gate_up | act, per token. */
+static Py_ssize_t mlp_scratch(const struct mlp_half *m) { return m->hidden + 3 * m->inner; }
+
+/* The attention of one half for the pass, planned on `scratch` (where run_attention_half puts q, k
+ * and the attention output); NULL with an error set when the cache and the batch disagree. */
+static struct attention_job *plan_attention(const struct attention_half *h, const struct pass *p, float *scratch)
+{
+    const Py_ssize_t tokens = p->tokens, q_size = h->heads * h->head_dim, kv_size = h->kv_heads * h->head_dim;
+    float *qkv = scratch + tokens * h->hidden, *q = qkv + tokens * qkv_columns(h), *attended = q + tokens * q_size;
+    const struct paged_attention call = {
+        .q = q, .k = attended + tokens * q_size, .v = qkv + q_size + kv_size, .k_stride = kv_size,
+        .v_stride = qkv_columns(h), .out = attended, .key_cache = h->kc.buf, .value_cache = h->vc.buf,
+        .key_scales = h->ks.buf, .value_scales = h->vs.buf, .cache_bytes = h->kc.len, .scale_bytes = h->ks.len,
+        .slot_mapping = p->slots.buf, .query_starts = p->starts.buf, .context_lens = p->lens.buf,
+        .block_tables = p->tables.buf, .seqs = p->lens.len / (Py_ssize_t)sizeof(int64_t), .tokens = tokens,
+        .heads = h->heads, .kv_heads = h->kv_heads, .head_dim = h->head_dim, .block_size = p->block_size,
+        .width = p->width, .scale = (float)h->scale, .kv_type = h->kv_type,
+    };
+    return paged_attention_plan(&call, p->kernels);
+}
+
+/* out = the half's output projection of x + residual's attention; sum_out = x + residual (residual
+ * NULL: none, and sum_out unused). Runs without the GIL; -1 when out of memory. */
+static int run_attention_half(const struct attention_half *h, const struct pass *p, struct attention_job *attention,
+                              const float *x, const float *residual, float *out, float *sum_out, float *scratch)
+{
+    const Py_ssize_t tokens = p->tokens, qkv_cols = qkv_columns(h), q_size = h->heads * h->head_dim;
+    struct layer_job job = {
+        .kernels = p->kernels, .tokens = tokens, .hidden = h->hidden, .eps = (float)h->eps, .x = x,
+        .residual = residual, .norm = h->norm.buf, .normed = scratch, .sum_out = sum_out,
+        .qkv = scratch + tokens * h->hidden, .q_norm = h->q_norm.buf, .k_norm = h->k_norm.buf, .cos = p->cos.buf,
+        .sin = p->sin.buf, .positions = p->positions.buf, .qkv_cols = qkv_cols, .heads = h->heads,
+        .kv_heads = h->kv_heads, .head_dim = h->head_dim, .half = p->half,
+    };
+    job.q = job.qkv + tokens * qkv_cols;
+    float *attended = job.q + tokens * q_size;
+    job.k = attended + tokens * q_size;
+    const struct gemm_args qkv_product = product(&h->qkv, job.normed, job.qkv, tokens, qkv_cols, h->hidden);
+    const struct gemm_args o_product = product(&h->o, attended, out, tokens, h->hidden, q_size);
+    run_rows(&job, norm_task, p->threads);
+    int failed = fd_gemm(&qkv_product, p->isa, p->threads);
+    if (!failed) {
+        run_rows(&job, rotary_task, p->threads);
+        failed = paged_attention_run(attention, p->threads);
+    }
+    return failed ? failed : fd_gemm(&o_product, p->isa, p->threads);
+}
+
+/* out = the half's down projection of silu(gate) * up of x + residual; sum_out as run_attention_half. */
+static int run_mlp_half(const struct mlp_half *m, const struct pass *p, const float *x, const float *residual,
+                        float *out, float *sum_out, float *scratch)
+{
+    const Py_ssize_t tokens = p->tokens;
+    struct layer_job job = {
+        .kernels = p->kernels, .tokens = tokens, .hidden = m->hidden, .eps = (float)m->eps, .x = x,
+        .residual = residual, .norm = m->norm.buf, .normed = scratch, .sum_out = sum_out,
+        .gate_up = scratch + tokens * m->hidden, .act = scratch + tokens * (m->hidden + 2 * m->inner), .inner = m->inner,
+    };
+    const struct gemm_args gate_up = product(&m->gate_up, job.normed, (float *)job.gate_up, tokens, 2 * m->inner, m->hidden);
+    const struct gemm_args down = product(&m->down, job.act, out, tokens, m->hidden, m->inner);
+    run_rows(&job, norm_task, p->threads);
+    int failed = fd_gemm(&gate_up, p->isa, p->threads);
+    if (!failed) {
+        run_rows(&job, silu_task, p->threads);
+        failed = fd_gemm(&down, p->isa, p->threads);
+    }
+    return failed;
+}
+
+/* x, residual (or None), out and sum_out (or None) of a call on [tokens, hidden] float32 rows. */
+struct rows {
+    Py_buffer x, out, residual, sum_out;
+};
+
+static int parse_rows(PyObject *x_obj, PyObject *residual_obj, PyObject *out_obj, PyObject *sum_obj, Py_ssize_t tokens,
+                      Py_ssize_t hidden, struct rows *r)
+{
+    if (PyObject_GetBuffer(x_obj, &r->x, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(out_obj, &r->out, PyBUF_WRITABLE) < 0)
+        return 0;
+    const Py_ssize_t bytes = tokens * hidden * (Py_ssize_t)sizeof(float);
+    if (r->x.len != bytes || r->out.len != bytes) {
+        PyErr_SetString(PyExc_ValueError, "x and out must be [tokens, hidden] float32 rows");
+        return 0;
+    }
+    return get_residual(residual_obj, sum_obj, &r->residual, &r->sum_out, bytes);
+}
+
+static void release_rows(struct rows *r)
+{
+    Py_buffer *buffers[] = {&r->x, &r->out, &r->residual, &r->sum_out};
+    release(buffers, 4);
+}
+
 /* attention_block(x, residual or None, out, sum_out or None, positions, cos, sin, half,
  *     (input_norm, qkv_kind, qkv, qkv_bias or None, q_norm or None, k_norm or None, o_kind, o_proj, o_bias or None,
  *      hidden, heads, kv_heads, head_dim, eps, scale),
@@ -153,95 +381,38 @@ static void release(Py_buffer *buffers[], int count)
  * `attention` takes them. out gets the o projection; sum_out x + residual. */
 PyObject *native_attention_block(PyObject *self, PyObject *args)
 {
-    Py_buffer x = {0}, out = {0}, residual = {0}, sum_out = {0}, positions = {0}, norm = {0}, q_norm = {0},
-              k_norm = {0}, cos = {0}, sin = {0}, kc = {0}, vc = {0}, ks = {0}, vs = {0}, slots = {0}, starts = {0},
-              lens = {0}, tables = {0};
-    struct linear qkv = {0}, o = {0};
-    Py_buffer *buffers[] = {&x, &out, &residual, &sum_out, &positions, &norm, &q_norm, &k_norm, &cos, &sin,
-                            &kc, &vc, &ks, &vs, &slots, &starts, &lens, &tables, &qkv.packed, &qkv.bias,
-                            &o.packed, &o.bias};
-    PyObject *residual_obj, *sum_obj, *weights, *cache, *batch, *result = NULL;
+    PyObject *x_obj, *residual_obj, *out_obj, *sum_obj, *positions, *cos, *sin, *weights, *cache, *batch, *result = NULL;
+    Py_ssize_t half;
+    const char *isa_str;
+    int threads;
+    struct attention_half h = {0};
+    struct pass p = {0};
+    struct rows r = {0};
     struct attention_job *attention = NULL;
     float *scratch = NULL;
-    Py_ssize_t hidden, heads, kv_heads, head_dim, half, block_size, width;
-    double eps, scale;
-    int kv_type, threads;
-    const char *isa_str;
-    /* the groups are parsed one by one: CPython 3.11's argument parser sizes its cleanup list by the
-     * top-level items only, and overruns it when nested tuples hold many buffers */
-    if (!PyArg_ParseTuple(args, "y*Ow*Oy*y*y*nO!O!O!si", &x, &residual_obj, &out, &sum_obj, &positions, &cos, &sin,
-                          &half, &PyTuple_Type, &weights, &PyTuple_Type, &cache, &PyTuple_Type, &batch, &isa_str,
-                          &threads))
+    if (!PyArg_ParseTuple(args, "OOOOOOOnOOOsi", &x_obj, &residual_obj, &out_obj, &sum_obj, &positions, &cos, &sin,
+                          &half, &weights, &cache, &batch, &isa_str, &threads))
         return NULL;
-    if (!PyArg_ParseTuple(weights, "y*iy*z*z*z*iy*z*nnnndd", &norm, &qkv.kind, &qkv.packed, &qkv.bias, &q_norm,
-                          &k_norm, &o.kind, &o.packed, &o.bias, &hidden, &heads, &kv_heads, &head_dim, &eps, &scale) ||
-        !PyArg_ParseTuple(cache, "w*w*w*w*i", &kc, &vc, &ks, &vs, &kv_type) ||
-        !PyArg_ParseTuple(batch, "y*y*y*y*nn", &slots, &starts, &lens, &tables, &block_size, &width))
+    if (!parse_attention_half(weights, cache, &h) || !parse_pass(positions, cos, sin, half, batch, isa_str, threads, &p) ||
+        !parse_rows(x_obj, residual_obj, out_obj, sum_obj, p.tokens, h.hidden, &r))
         goto done;
-    const struct row_kernels *kernels = native_row_kernels(isa_str);
-    const int isa = kernels ? native_isa_checked(isa_str) : -1;
-    const Py_ssize_t tokens = positions.len / (Py_ssize_t)sizeof(int64_t);
-    const Py_ssize_t float_bytes = (Py_ssize_t)sizeof(float), rows_bytes = tokens * hidden * float_bytes;
-    const Py_ssize_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, qkv_cols = q_size + 2 * kv_size;
-    if (isa < 0 || !get_residual(residual_obj, sum_obj, &residual, &sum_out, rows_bytes)) goto done;
-    const int64_t *position = positions.buf;
-    const Py_ssize_t table_rows = half > 0 ? cos.len / (half * float_bytes) : 0;
-    int bad = hidden <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0 || half <= 0 || 2 * half > head_dim ||
-              x.len != rows_bytes || out.len != rows_bytes || norm.len != hidden * float_bytes ||
-              cos.len != sin.len || cos.len != table_rows * half * float_bytes ||
-              (q_norm.buf == NULL) != (k_norm.buf == NULL) ||
-              (q_norm.buf != NULL && (q_norm.len != head_dim * float_bytes || k_norm.len != q_norm.len)) ||
-              starts.len < (Py_ssize_t)sizeof(int64_t) || slots.len != positions.len ||
-              tables.len != (starts.len / (Py_ssize_t)sizeof(int64_t) - 1) * width * (Py_ssize_t)sizeof(int64_t) ||
-              lens.len != starts.len - (Py_ssize_t)sizeof(int64_t) || kc.len != vc.len || ks.len != vs.len;
-    for (Py_ssize_t t = 0; !bad && t < tokens; t++) bad = position[t] < 0 || position[t] >= table_rows;
-    if (bad) {
-        PyErr_SetString(PyExc_ValueError, "attention_block: buffer sizes, positions or shapes do not match");
+    if (2 * half > h.head_dim) {
+        PyErr_SetString(PyExc_ValueError, "attention_block: the rotary tables are wider than a head");
         goto done;
     }
-    if (!check_linear(&qkv, qkv_cols, hidden, "attention_block qkv") ||
-        !check_linear(&o, hidden, q_size, "attention_block o_proj"))
-        goto done;
-    /* normed [tokens, hidden] | qkv [tokens, qkv_cols] | q and attention output [tokens, q_size] | k [tokens, kv_size] */
-    scratch = token_rows(tokens, hidden + qkv_cols + 2 * q_size + kv_size);
-    if (scratch == NULL) goto done;
-    struct layer_job job = {
-        .kernels = kernels, .tokens = tokens, .hidden = hidden, .eps = (float)eps, .x = x.buf,
-        .residual = residual.buf, .norm = norm.buf, .normed = scratch, .sum_out = sum_out.buf,
-        .qkv = scratch + tokens * hidden, .q_norm = q_norm.buf, .k_norm = k_norm.buf, .cos = cos.buf, .sin = sin.buf,
-        .positions = position, .qkv_cols = qkv_cols, .heads = heads, .kv_heads = kv_heads, .head_dim = head_dim,
-        .half = half,
-    };
-    job.q = job.qkv + tokens * qkv_cols;
-    float *attended = job.q + tokens * q_size;
-    job.k = attended + tokens * q_size;
-    const struct paged_attention call = {
-        .q = job.q, .k = job.k, .v = job.qkv + q_size + kv_size, .k_stride = kv_size, .v_stride = qkv_cols, .out = attended,
-        .key_cache = kc.buf, .value_cache = vc.buf, .key_scales = ks.buf, .value_scales = vs.buf,
-        .cache_bytes = kc.len, .scale_bytes = ks.len, .slot_mapping = slots.buf, .query_starts = starts.buf,
-        .context_lens = lens.buf, .block_tables = tables.buf, .seqs = lens.len / (Py_ssize_t)sizeof(int64_t),
-        .tokens = tokens, .heads = heads, .kv_heads = kv_heads, .head_dim = head_dim, .block_size = block_size,
-        .width = width, .scale = (float)scale, .kv_type = kv_type,
-    };
-    attention = paged_attention_plan(&call, kernels);
-    if (attention == NULL) goto done;
-    const struct gemm_args qkv_product = product(&qkv, job.normed, job.qkv, tokens, qkv_cols, hidden);
-    const struct gemm_args o_product = product(&o, attended, out.buf, tokens, hidden, q_size);
+    scratch = token_rows(p.tokens, attention_scratch(&h));
+    if (scratch == NULL || (attention = plan_attention(&h, &p, scratch)) == NULL) goto done;
     int failed;
     Py_BEGIN_ALLOW_THREADS
-    run_rows(&job, norm_task, threads);
-    failed = fd_gemm(&qkv_product, isa, threads);
-    if (!failed) {
-        run_rows(&job, rotary_task, threads);
-        failed = paged_attention_run(attention, threads);
-    }
-    if (!failed) failed = fd_gemm(&o_product, isa, threads);
+    failed = run_attention_half(&h, &p, attention, r.x.buf, r.residual.buf, r.out.buf, r.sum_out.buf, scratch);
     Py_END_ALLOW_THREADS
     result = failed ? PyErr_NoMemory() : Py_NewRef(Py_None);
 done:
     paged_attention_free(attention);
     PyMem_RawFree(scratch);
-    release(buffers, (int)(sizeof(buffers) / sizeof(buffers[0])));
+    release_attention_half(&h);
+    release_pass(&p);
+    release_rows(&r);
     return result;
 }
 
@@ -252,57 +423,181 @@ done:
  * [hidden, inner]. out gets the down projection; sum_out x + residual. */
 PyObject *native_mlp_block(PyObject *self, PyObject *args)
 {
-    Py_buffer x = {0}, out = {0}, residual = {0}, sum_out = {0}, norm = {0};
-    struct linear gate_up = {0}, down = {0};
-    Py_buffer *buffers[] = {&x, &out, &residual, &sum_out, &norm, &gate_up.packed, &gate_up.bias, &down.packed,
-                            &down.bias};
-    PyObject *residual_obj, *sum_obj, *weights, *result = NULL;
-    float *scratch = NULL;
-    Py_ssize_t hidden, inner;
-    double eps;
-    int threads;
+    PyObject *x_obj, *residual_obj, *out_obj, *sum_obj, *weights, *result = NULL;
     const char *isa_str;
-    if (!PyArg_ParseTuple(args, "y*Ow*OO!si", &x, &residual_obj, &out, &sum_obj, &PyTuple_Type, &weights, &isa_str,
-                          &threads))
+    int threads;
+    struct mlp_half m = {0};
+    struct pass p = {0};
+    struct rows r = {0};
+    float *scratch = NULL;
+    if (!PyArg_ParseTuple(args, "OOOOOsi", &x_obj, &residual_obj, &out_obj, &sum_obj, &weights, &isa_str, &threads))
         return NULL;
-    if (!PyArg_ParseTuple(weights, "y*iy*z*iy*z*nnd", &norm, &gate_up.kind, &gate_up.packed, &gate_up.bias,
-                          &down.kind, &down.packed, &down.bias, &hidden, &inner, &eps))
-        goto done;
-    const struct row_kernels *kernels = native_row_kernels(isa_str);
-    const int isa = kernels ? native_isa_checked(isa_str) : -1;
-    const Py_ssize_t float_bytes = (Py_ssize_t)sizeof(float);
-    const Py_ssize_t tokens = hidden > 0 ? x.len / (hidden * float_bytes) : 0;
-    if (isa < 0 || !get_residual(residual_obj, sum_obj, &residual, &sum_out, x.len)) goto done;
-    if (hidden <= 0 || inner <= 0 || x.len != tokens * hidden * float_bytes || out.len != x.len ||
-        norm.len != hidden * float_bytes) {
-        PyErr_SetString(PyExc_ValueError, "mlp_block: buffer sizes do not match the shapes");
-        goto done;
-    }
-    if (!check_linear(&gate_up, 2 * inner, hidden, "mlp_block gate_up") ||
-        !check_linear(&down, hidden, inner, "mlp_block down"))
-        goto done;
-    /* normed [tokens, hidden] | gate_up [tokens, 2 * inner] | act [tokens, inner] */
-    scratch = token_rows(tokens, hidden + 3 * inner);
+    if (!parse_mlp_half(weights, &m)) goto done;
+    p.kernels = native_row_kernels(isa_str);
+    p.isa = p.kernels ? native_isa_checked(isa_str) : -1;
+    p.threads = threads;
+    if (p.isa < 0 || PyObject_GetBuffer(x_obj, &r.x, PyBUF_SIMPLE) < 0) goto done;
+    p.tokens = r.x.len / (m.hidden * (Py_ssize_t)sizeof(float));
+    PyBuffer_Release(&r.x);
+    if (!parse_rows(x_obj, residual_obj, out_obj, sum_obj, p.tokens, m.hidden, &r)) goto done;
+    scratch = token_rows(p.tokens, mlp_scratch(&m));
     if (scratch == NULL) goto done;
-    struct layer_job job = {
-        .kernels = kernels, .tokens = tokens, .hidden = hidden, .eps = (float)eps, .x = x.buf,
-        .residual = residual.buf, .norm = norm.buf, .normed = scratch, .sum_out = sum_out.buf,
-        .gate_up = scratch + tokens * hidden, .act = scratch + tokens * (hidden + 2 * inner), .inner = inner,
-    };
-    const struct gemm_args gate_up_product = product(&gate_up, job.normed, (float *)job.gate_up, tokens, 2 * inner, hidden);
-    const struct gemm_args down_product = product(&down, job.act, out.buf, tokens, hidden, inner);
     int failed;
     Py_BEGIN_ALLOW_THREADS
-    run_rows(&job, norm_task, threads);
-    failed = fd_gemm(&gate_up_product, isa, threads);
-    if (!failed) {
-        run_rows(&job, silu_task, threads);
-        failed = fd_gemm(&down_product, isa, threads);
-    }
+    failed = run_mlp_half(&m, &p, r.x.buf, r.residual.buf, r.out.buf, r.sum_out.buf, scratch);
     Py_END_ALLOW_THREADS
     result = failed ? PyErr_NoMemory() : Py_NewRef(Py_None);
 done:
     PyMem_RawFree(scratch);
-    release(buffers, (int)(sizeof(buffers) / sizeof(buffers[0])));
+    release_mlp_half(&m);
+    release_rows(&r);
+    return result;
+}
+
+/* ---------------------------------------------------------------- a run of layers in one call */
+
+struct layer_halves {
+    struct attention_half attention;
+    struct mlp_half mlp;
+};
+
+struct stack {
+    Py_ssize_t count;
+    struct layer_halves layers[];
+};
+
+#define STACK_CAPSULE "fastdeploy.decoder_stack"
+
+static void free_stack(struct stack *stack)
+{
+    for (Py_ssize_t i = 0; i < stack->count; i++) {
+        release_attention_half(&stack->layers[i].attention);
+        release_mlp_half(&stack->layers[i].mlp);
+    }
+    PyMem_RawFree(stack);
+}
+
+static void stack_capsule_destructor(PyObject *capsule)
+{
+    free_stack(PyCapsule_GetPointer(capsule, STACK_CAPSULE));
+}
+
+/* decoder_stack_prepare([(attention weights, cache, mlp weights), ...]) -> a capsule holding the layers'
+ * halves parsed (each tuple as attention_block and mlp_block take it), for decoder_stack. */
+PyObject *native_decoder_stack_prepare(PyObject *self, PyObject *layers)
+{
+    if (!PyList_Check(layers) || PyList_GET_SIZE(layers) == 0) {
+        PyErr_SetString(PyExc_TypeError, "decoder_stack_prepare takes a non-empty list of layers");
+        return NULL;
+    }
+    const Py_ssize_t count = PyList_GET_SIZE(layers);
+    struct stack *stack = PyMem_RawCalloc(1, sizeof(struct stack) + (size_t)count * sizeof(struct layer_halves));
+    if (stack == NULL) return PyErr_NoMemory();
+    stack->count = count;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *layer = PyList_GET_ITEM(layers, i);
+        PyObject *attention, *cache, *mlp;
+        if (!PyArg_ParseTuple(layer, "O!O!O!", &PyTuple_Type, &attention, &PyTuple_Type, &cache, &PyTuple_Type, &mlp) ||
+            !parse_attention_half(attention, cache, &stack->layers[i].attention) ||
+            !parse_mlp_half(mlp, &stack->layers[i].mlp)) {
+            free_stack(stack);
+            return NULL;
+        }
+        if (stack->layers[i].mlp.hidden != stack->layers[i].attention.hidden ||
+            stack->layers[i].attention.hidden != stack->layers[0].attention.hidden) {
+            PyErr_Format(PyExc_ValueError,
+                         "decoder_stack_prepare: layer %zd's attention half is %zd wide and its MLP half %zd; "
+                         "layer 0 is %zd wide",
+                         i, stack->layers[i].attention.hidden, stack->layers[i].mlp.hidden,
+                         stack->layers[0].attention.hidden);
+            free_stack(stack);
+            return NULL;
+        }
+    }
+    PyObject *capsule = PyCapsule_New(stack, STACK_CAPSULE, stack_capsule_destructor);
+    if (capsule == NULL) free_stack(stack);
+    return capsule;
+}
+
+/* decoder_stack(x, residual or None, out, sum_out, positions, cos, sin, half, stack, batch, isa, threads)
+ * Every layer of `stack` (decoder_stack_prepare) in order, each its attention half then its MLP half,
+ * exactly as attention_block and mlp_block run them: out gets the last layer's MLP output, sum_out the
+ * residual stream after it. x/out/residual/sum_out [tokens, hidden] float32; the rest as attention_block. */
+PyObject *native_decoder_stack(PyObject *self, PyObject *args)
+{
+    PyObject *x_obj, *residual_obj, *out_obj, *sum_obj, *positions, *cos, *sin, *capsule, *batch, *result = NULL;
+    Py_ssize_t half;
+    const char *isa_str;
+    int threads;
+    struct pass p = {0};
+    struct rows r = {0};
+    struct attention_job **plans = NULL;
+    float *scratch = NULL;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnOOsi", &x_obj, &residual_obj, &out_obj, &sum_obj, &positions, &cos, &sin,
+                          &half, &capsule, &batch, &isa_str, &threads))
+        return NULL;
+    const struct stack *stack = PyCapsule_GetPointer(capsule, STACK_CAPSULE);
+    if (stack == NULL) return NULL;
+    if (sum_obj == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "decoder_stack: sum_out is required (the residual stream it returns)");
+        return NULL;
+    }
+    const Py_ssize_t hidden = stack->layers[0].attention.hidden, layers = stack->count;
+    if (!parse_pass(positions, cos, sin, half, batch, isa_str, threads, &p)) goto done;
+    /* with no residual, the first half's sum is x itself; sum_out is then written by the first MLP half */
+    if (residual_obj == Py_None) {
+        if (PyObject_GetBuffer(sum_obj, &r.sum_out, PyBUF_WRITABLE) < 0) goto done;
+        if (!parse_rows(x_obj, Py_None, out_obj, Py_None, p.tokens, hidden, &r)) goto done;
+        if (r.sum_out.len != r.x.len) {
+            PyErr_SetString(PyExc_ValueError, "residual and its sum must have x's shape");
+            goto done;
+        }
+    } else if (!parse_rows(x_obj, residual_obj, out_obj, sum_obj, p.tokens, hidden, &r)) {
+        goto done;
+    }
+    Py_ssize_t floats = 0;
+    for (Py_ssize_t i = 0; i < layers; i++) {
+        const struct layer_halves *l = &stack->layers[i];
+        if (2 * half > l->attention.head_dim) {
+            PyErr_SetString(PyExc_ValueError, "decoder_stack: the rotary tables are wider than a head");
+            goto done;
+        }
+        floats = attention_scratch(&l->attention) > floats ? attention_scratch(&l->attention) : floats;
+        floats = mlp_scratch(&l->mlp) > floats ? mlp_scratch(&l->mlp) : floats;
+    }
+    /* the halves' scratch | attention outputs | MLP outputs | two residual sums, alternating by half */
+    scratch = token_rows(p.tokens, floats + 4 * hidden);
+    plans = PyMem_RawCalloc((size_t)layers, sizeof(*plans));
+    if (scratch == NULL || plans == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < layers; i++)
+        if ((plans[i] = plan_attention(&stack->layers[i].attention, &p, scratch)) == NULL) goto done;
+    float *attended = scratch + p.tokens * floats, *mlp_out = attended + p.tokens * hidden;
+    float *sums[2] = {mlp_out + p.tokens * hidden, mlp_out + 2 * p.tokens * hidden};
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const float *x = r.x.buf, *residual = r.residual.buf;
+    for (Py_ssize_t i = 0; i < layers && !failed; i++) {
+        const int last = i == layers - 1;
+        float *attention_sum = residual ? sums[0] : NULL;
+        failed = run_attention_half(&stack->layers[i].attention, &p, plans[i], x, residual, attended, attention_sum,
+                                    scratch);
+        residual = residual ? attention_sum : x;
+        float *mlp_sum = last ? (float *)r.sum_out.buf : sums[1];
+        float *out = last ? (float *)r.out.buf : mlp_out;
+        if (!failed) failed = run_mlp_half(&stack->layers[i].mlp, &p, attended, residual, out, mlp_sum, scratch);
+        x = out;
+        residual = mlp_sum;
+    }
+    Py_END_ALLOW_THREADS
+    result = failed ? PyErr_NoMemory() : Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t i = 0; plans != NULL && i < layers; i++) paged_attention_free(plans[i]);
+    PyMem_RawFree(plans);
+    PyMem_RawFree(scratch);
+    release_pass(&p);
+    release_rows(&r);
     return result;
 }

@@ -11,7 +11,7 @@
  * attention.c         paged causal attention over block tables (entry point)
  * encoder_attention.c bidirectional attention within segments, no cache (vision encoders' entry point)
  * elementwise.c       RMSNorm / LayerNorm (+ residual), SiLU-and-mul, GELUs, rotary embedding (entry points)
- * decoder_layer.c     a decoder layer's attention half and MLP half, one call each
+ * decoder_layer.c     a decoder layer's attention half and MLP half, one call each, or whole layers in one
  * isa.c               which instruction sets this CPU runs
  * threadpool.c        the parallel loops every kernel runs on (why not OpenMP: see there)
  * module.c            the Python module
@@ -234,6 +234,8 @@ PyObject *native_encoder_attention(PyObject *self, PyObject *args);
 PyObject *native_rms_norm(PyObject *self, PyObject *args);
 PyObject *native_attention_block(PyObject *self, PyObject *args);
 PyObject *native_mlp_block(PyObject *self, PyObject *args);
+PyObject *native_decoder_stack_prepare(PyObject *self, PyObject *layers);
+PyObject *native_decoder_stack(PyObject *self, PyObject *args);
 PyObject *native_layer_norm(PyObject *self, PyObject *args);
 PyObject *native_activation(PyObject *self, PyObject *args);
 PyObject *native_silu_and_mul(PyObject *self, PyObject *args);

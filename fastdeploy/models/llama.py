@@ -336,8 +336,9 @@ class LlamaForCausalLM(CausalLM):
         return parallel.all_reduce(hidden), residual
 
     def _dense_layers(self) -> list[tuple[AttentionBlock, MLPBlock]] | None:
-        """Whether this model's layers can run as one `decoder_layers` call: every one dense, no
-        tensor parallelism (no all-reduce between halves) and `layer_forward` as written here."""
+        """The (attention, MLP) pairs of this rank's layers when they can run as one
+        `decoder_layers` call (every one dense, no tensor parallelism, so no all-reduce between
+        halves, and `layer_forward` as written here); None otherwise."""
         plain = type(self).layer_forward is LlamaForCausalLM.layer_forward and self.parallel.tp_size == 1
         if not plain or not self.layers or any(layer.dense_block is None for layer in self.layers):
             return None

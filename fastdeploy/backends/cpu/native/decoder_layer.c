@@ -118,21 +118,6 @@ static struct gemm_args product(const struct linear *w, const float *x, float *o
     return (struct gemm_args){x, w->packed.buf, out, rows, cols, depth, w->kind, w->bias.buf};
 }
 
-/* The residual input of a half: None, or a buffer whose sum with x goes to `sum_out`. Returns 0 with
- * an error set when they do not match x. */
-static int get_residual(PyObject *residual_obj, PyObject *sum_obj, Py_buffer *residual, Py_buffer *sum_out,
-                        Py_ssize_t bytes)
-{
-    if (residual_obj == Py_None) return 1;
-    if (PyObject_GetBuffer(residual_obj, residual, PyBUF_SIMPLE) < 0) return 0;
-    if (PyObject_GetBuffer(sum_obj, sum_out, PyBUF_WRITABLE) < 0) return 0;
-    if (residual->len != bytes || sum_out->len != bytes) {
-        PyErr_SetString(PyExc_ValueError, "residual and its sum must have x's shape");
-        return 0;
-    }
-    return 1;
-}
-
 /* A half's intermediate rows: `floats` per token; NULL with MemoryError set when out of memory. */
 static float *token_rows(Py_ssize_t tokens, Py_ssize_t floats)
 {
@@ -353,17 +338,27 @@ struct rows {
     Py_buffer x, out, residual, sum_out;
 };
 
+/* The rows of a call; tokens < 0: as many as x holds. A residual needs a sum_out (where x + residual
+ * goes); every buffer given must have x's size. 0 with an error set when they do not fit. */
 static int parse_rows(PyObject *x_obj, PyObject *residual_obj, PyObject *out_obj, PyObject *sum_obj, Py_ssize_t tokens,
                       Py_ssize_t hidden, struct rows *r)
 {
-    if (PyObject_GetBuffer(x_obj, &r->x, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(out_obj, &r->out, PyBUF_WRITABLE) < 0)
+    if (PyObject_GetBuffer(x_obj, &r->x, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(out_obj, &r->out, PyBUF_WRITABLE) < 0 ||
+        (residual_obj != Py_None && PyObject_GetBuffer(residual_obj, &r->residual, PyBUF_SIMPLE) < 0) ||
+        (sum_obj != Py_None && PyObject_GetBuffer(sum_obj, &r->sum_out, PyBUF_WRITABLE) < 0))
         return 0;
-    const Py_ssize_t bytes = tokens * hidden * (Py_ssize_t)sizeof(float);
+    const Py_ssize_t row_bytes = hidden * (Py_ssize_t)sizeof(float);
+    const Py_ssize_t bytes = (tokens < 0 ? r->x.len / row_bytes : tokens) * row_bytes;
     if (r->x.len != bytes || r->out.len != bytes) {
         PyErr_SetString(PyExc_ValueError, "x and out must be [tokens, hidden] float32 rows");
         return 0;
     }
-    return get_residual(residual_obj, sum_obj, &r->residual, &r->sum_out, bytes);
+    if ((r->residual.obj != NULL && (r->sum_out.obj == NULL || r->residual.len != bytes)) ||
+        (r->sum_out.obj != NULL && r->sum_out.len != bytes)) {
+        PyErr_SetString(PyExc_ValueError, "residual and its sum must have x's shape");
+        return 0;
+    }
+    return 1;
 }
 
 static void release_rows(struct rows *r)
@@ -436,10 +431,8 @@ PyObject *native_mlp_block(PyObject *self, PyObject *args)
     p.kernels = native_row_kernels(isa_str);
     p.isa = p.kernels ? native_isa_checked(isa_str) : -1;
     p.threads = threads;
-    if (p.isa < 0 || PyObject_GetBuffer(x_obj, &r.x, PyBUF_SIMPLE) < 0) goto done;
+    if (p.isa < 0 || !parse_rows(x_obj, residual_obj, out_obj, sum_obj, -1, m.hidden, &r)) goto done;
     p.tokens = r.x.len / (m.hidden * (Py_ssize_t)sizeof(float));
-    PyBuffer_Release(&r.x);
-    if (!parse_rows(x_obj, residual_obj, out_obj, sum_obj, p.tokens, m.hidden, &r)) goto done;
     scratch = token_rows(p.tokens, mlp_scratch(&m));
     if (scratch == NULL) goto done;
     int failed;
@@ -545,16 +538,7 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
     const Py_ssize_t hidden = stack->layers[0].attention.hidden, layers = stack->count;
     if (!parse_pass(positions, cos, sin, half, batch, isa_str, threads, &p)) goto done;
     /* with no residual, the first half's sum is x itself; sum_out is then written by the first MLP half */
-    if (residual_obj == Py_None) {
-        if (PyObject_GetBuffer(sum_obj, &r.sum_out, PyBUF_WRITABLE) < 0) goto done;
-        if (!parse_rows(x_obj, Py_None, out_obj, Py_None, p.tokens, hidden, &r)) goto done;
-        if (r.sum_out.len != r.x.len) {
-            PyErr_SetString(PyExc_ValueError, "residual and its sum must have x's shape");
-            goto done;
-        }
-    } else if (!parse_rows(x_obj, residual_obj, out_obj, sum_obj, p.tokens, hidden, &r)) {
-        goto done;
-    }
+    if (!parse_rows(x_obj, residual_obj, out_obj, sum_obj, p.tokens, hidden, &r)) goto done;
     Py_ssize_t floats = 0;
     for (Py_ssize_t i = 0; i < layers; i++) {
         const struct layer_halves *l = &stack->layers[i];

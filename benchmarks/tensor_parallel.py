@@ -11,6 +11,8 @@ tokenizer. Greedy decoding with EOS ignored, so both runs generate the same toke
     fork server; unlike the seconds, they do not grow when others share the cores); the median
     of --startup-repeats runs, TP=1 and TP=N alternating (also for the embedded SmolLM2, TP=1
     against TP=3: its 9 heads do not divide by 2)
+  * start-up floor: a fresh interpreter importing what a rank runs (`worker.preload`, paddle
+    included), which a cold TP=N build waits for before its fork server forks the first rank
   * start-up, warm: LLM(...) built again in the same process, whose fork server (started by
     the first TP=N build and shared by the engines of a process) has imported paddle already,
     as for the replicas of `fastdeploy serve --data-parallel-size` or a notebook's next LLM
@@ -193,6 +195,34 @@ def measure_cold(
     ]
 
 
+RANK_IMPORTS = """
+import sys, time
+started = time.perf_counter()
+from fastdeploy.distributed import worker
+worker.preload("cpu", True, sys.argv[1] or None)
+print(time.perf_counter() - started + float(sys.argv[2]))
+"""
+
+
+def measure_rank_imports(model: str | None, repeats: int) -> float:
+    """Median seconds of a fresh interpreter that imports what a rank runs (paddle included) and,
+    given `model`, reads its configuration: the fork server's work before it can fork a rank, so
+    no cold TP=N build can be ready sooner than this after its engine process starts it."""
+    begin = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    interpreter = time.perf_counter() - begin
+    runs = []
+    for _ in range(repeats):
+        done = subprocess.run(
+            [sys.executable, "-c", RANK_IMPORTS, model or "", str(interpreter)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        runs.append(float(done.stdout.split()[-1]))
+    return statistics.median(runs)
+
+
 def startup(model: str | None, tps: tuple[int, int], args: argparse.Namespace) -> list[dict]:
     cold = measure_cold(model, tps, args.threads, args.batch, args.startup_repeats)
     warm = measure_startup(model, tps, args.threads, args.batch, args.startup_repeats)
@@ -247,6 +277,11 @@ def main() -> None:
         for key in base:
             print(f"  {key:<38}{base[key]:>12.2f}{other[key]:>12.2f}{other[key] / base[key]:>9.2f}")
     reduced, gathered = allreduce_bytes_per_token()
+    print(
+        f"a fresh interpreter importing a rank's code (paddle included), the fork server's work "
+        f"before its first rank: {measure_rank_imports(None, args.startup_repeats):.2f} s "
+        "(no cold TP=N start-up can be shorter than the engine's own imports plus this)"
+    )
     print(
         f"per generated token, each TP=2 rank all-reduces {reduced} bytes and gathers {gathered} bytes of logits"
     )

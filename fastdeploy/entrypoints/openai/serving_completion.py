@@ -1,4 +1,9 @@
-"""`POST /v1/completions`: prompts (text, lists of text, token ids) completed by the engine."""
+"""`POST /v1/completions`: prompts (text, lists of text, token ids) completed by the engine.
+
+With a reasoning parser (`--reasoning-parser`) a choice carries `reasoning_content` beside
+`text`, as FastDeploy's completions do (and as `LLM.generate` returns it): the parser has taken
+the reasoning out of `text`, so without the field it would be lost.
+"""
 
 from __future__ import annotations
 
@@ -111,6 +116,8 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
                 "logprobs": logprobs,
                 "finish_reason": sample.finish_reason,
             }
+            if sample.reasoning_content is not None:
+                choice["reasoning_content"] = sample.reasoning_content
             if request.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = prompt_logprobs_field(
                     ctx.tokenizer, output.prompt_logprobs or [], request.prompt_logprobs
@@ -156,7 +163,7 @@ async def _events(
             if echo_now:
                 text = prompts[prompt_index].text + text
             wants_tokens = request.logprobs is not None and delta.token_ids
-            if not (text or delta.finish_reason or wants_tokens):
+            if not (text or delta.reasoning_content or delta.finish_reason or wants_tokens):
                 continue
             logprobs = None
             if request.logprobs is not None:
@@ -169,14 +176,20 @@ async def _events(
                 if echo_now:
                     logprobs = _echoed(ctx, request, output, logprobs)
             sent_chars[index] = sent_chars.get(index, 0) + len(text)
+            choice = {
+                "index": index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": delta.finish_reason,
+            }
+            if delta.reasoning_content:
+                choice["reasoning_content"] = delta.reasoning_content
             chunk: dict[str, Any] = {
                 "id": request_id,
                 "object": "text_completion",
                 "created": created,
                 "model": model,
-                "choices": [
-                    {"index": index, "text": text, "logprobs": logprobs, "finish_reason": delta.finish_reason}
-                ],
+                "choices": [choice],
             }
             if include_usage:
                 chunk["usage"] = usage(prompt_tokens, sum(generated.values())) if continuous_usage else None

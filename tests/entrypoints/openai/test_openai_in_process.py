@@ -97,6 +97,28 @@ def test_stream_deltas_carry_reasoning_content(client, reference):
     assert "".join(d.content or "" for d in deltas) == expected.outputs.text
 
 
+def test_completions_carry_reasoning_content_streamed_and_not(client, reference):
+    """The parser takes the reasoning out of `text`; a completion choice carries it beside."""
+    params = SamplingParams(temperature=0, max_tokens=10)
+    (chat,) = reference.chat(CHAT, params, use_tqdm=False)
+    prompt = list(chat.prompt_token_ids)
+    (expected,) = reference.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)
+    assert expected.outputs.reasoning_content and expected.outputs.text  # the parser split something
+    response = client.completions.create(model="reasoner", prompt=prompt, max_tokens=10, temperature=0)
+    choice = response.choices[0]
+    assert choice.text == expected.outputs.text
+    assert choice.model_extra["reasoning_content"] == expected.outputs.reasoning_content
+    stream = client.completions.create(
+        model="reasoner", prompt=prompt, max_tokens=10, temperature=0, stream=True
+    )
+    chunks = [chunk.choices[0] for chunk in stream if chunk.choices]
+    assert "".join(c.text for c in chunks) == expected.outputs.text
+    assert (
+        "".join(c.model_extra.get("reasoning_content") or "" for c in chunks)
+        == expected.outputs.reasoning_content
+    )
+
+
 def test_enable_thinking_false_and_reasoning_max_tokens(client, reference):
     (off,) = reference.chat(
         CHAT,

@@ -58,7 +58,7 @@ from fastdeploy.engine.sequence import Sequence, SequenceStatus
 from fastdeploy.engine.spec_decode.decoder import Verified, build_speculative_decoder
 from fastdeploy.errors import EngineDeadError, InvalidArgumentError, KVCacheAllocationError
 from fastdeploy.input.detokenizer import IncrementalDetokenizer
-from fastdeploy.input.multimodal.options import build_multimodal_processor
+from fastdeploy.input.multimodal.options import build_multimodal_processor, check_limits
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.model_loader import (
@@ -246,6 +246,8 @@ class LLMEngine:
         self.pipeline: MicroBatchPipeline | None = None
         #: turns images and videos into model inputs; None for text-only models
         self.mm_processor = None
+        #: most images / videos per request (`limit_mm_per_prompt`), enforced before the processor
+        self.mm_limits = check_limits(config.limit_mm_per_prompt)
         if self.executor is not None:
             self.model = None
             num_blocks = self.executor.wait_ready()

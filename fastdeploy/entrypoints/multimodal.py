@@ -15,6 +15,7 @@ from typing import Any
 
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.multimodal.inputs import MultiModalPrompt
+from fastdeploy.input.multimodal.options import enforce_limits
 
 _URL_PARTS = {"image_url": "image", "video_url": "video"}
 _DATA_PARTS = {"image": "image", "video": "video"}
@@ -102,9 +103,11 @@ def process_media(
     mm_processor_kwargs: dict[str, Any] | None = None,
 ) -> MultiModalPrompt:
     """The `MultiModalPrompt` of the engine's processor for a prompt with media; refuses (with the
-    engine's reason) where it has none: a text-only model, or one running in rank processes."""
+    engine's reason) where it has none: a text-only model, or one running in rank processes; and
+    refuses more items than `limit_mm_per_prompt` allows, whatever the processor."""
     if engine.mm_processor is None:
         raise InvalidArgumentError(engine.media_refusal())
+    enforce_limits(engine.mm_limits, {"image": len(media.images), "video": len(media.videos)})
     return engine.mm_processor.process(
         token_ids, media.images, media.videos, mm_processor_kwargs, labels=media.labels
     )

@@ -12,6 +12,7 @@ import base64
 import io
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ import pytest
 pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
 
+from fastdeploy.entrypoints.multimodal import Media, process_media  # noqa: E402
 from fastdeploy.input.multimodal.ernie4_5_vl import (  # noqa: E402
     Ernie4_5_VLProcessor,
     ProcessorSettings,
@@ -26,6 +28,7 @@ from fastdeploy.input.multimodal.ernie4_5_vl import (  # noqa: E402
 )
 from fastdeploy.input.multimodal.errors import MediaError  # noqa: E402
 from fastdeploy.input.multimodal.image_processor import PatchSettings, preprocess_image, smart_resize  # noqa: E402
+from fastdeploy.input.multimodal.inputs import MultiModalPrompt  # noqa: E402
 from fastdeploy.input.multimodal.media import MediaPolicy, load_image, load_video  # noqa: E402
 from fastdeploy.input.multimodal.video_processor import FrameSampling, preprocess_video, sample_indices  # noqa: E402
 
@@ -158,8 +161,8 @@ class FakeTokenizer:
         raise AssertionError("token-id prompts are not re-encoded")
 
 
-def processor(limits=None) -> Ernie4_5_VLProcessor:
-    return Ernie4_5_VLProcessor(FakeTokenizer(), TOKENS, ProcessorSettings(), limits)
+def processor() -> Ernie4_5_VLProcessor:
+    return Ernie4_5_VLProcessor(FakeTokenizer(), TOKENS, ProcessorSettings())
 
 
 def test_placeholders_expand_to_one_token_per_merged_patch_with_3d_positions():
@@ -177,12 +180,40 @@ def test_placeholders_expand_to_one_token_per_merged_patch_with_3d_positions():
     assert prompt.vision_mask.tolist() == [0, 0] + [1] * 29 + [0]
 
 
-def test_limit_mm_per_prompt_and_placeholder_counts_are_enforced():
+def test_placeholder_counts_are_enforced():
     image = Image.open(IMAGES / "camera_64x64_gray.png")
-    with pytest.raises(MediaError, match="limit_mm_per_prompt"):
-        processor({"image": 1}).process([150, 152, 151, 150, 152, 151], [image, image])
     with pytest.raises(MediaError, match="1 image placeholder"):
         processor().process([150, 152, 151], [image, image])
+
+
+class CountingProcessor:
+    """A plugin's processor that knows nothing of limit_mm_per_prompt."""
+
+    calls = 0
+
+    def process(self, token_ids, images, videos, mm_processor_kwargs=None, labels=None):
+        self.calls += 1
+        return MultiModalPrompt(list(token_ids), [], None, len(token_ids), None)
+
+
+def test_the_engine_enforces_limit_mm_per_prompt_before_any_processor_runs():
+    engine = SimpleNamespace(mm_processor=CountingProcessor(), mm_limits={"image": 1, "video": 0})
+    two_images = Media()
+    for index in range(2):
+        two_images.add("image", b"unread", f"image {index}")
+    with pytest.raises(
+        MediaError, match=r"2 image\(s\), more than limit_mm_per_prompt allows \('image': 1\)"
+    ):
+        process_media(engine, [1, 2], two_images)
+    one_video = Media()
+    one_video.add("video", b"unread", "video 0")
+    with pytest.raises(MediaError, match=r"1 video\(s\).*\('video': 0\)"):
+        process_media(engine, [1, 2], one_video)
+    assert engine.mm_processor.calls == 0
+    one_image = Media()
+    one_image.add("image", b"unread", "image 0")
+    process_media(engine, [1, 2], one_image)
+    assert engine.mm_processor.calls == 1
 
 
 @pytest.mark.parametrize(

@@ -127,13 +127,11 @@ class Ernie4_5_VLProcessor:
         tokenizer: Any,
         tokens: VisionTokens,
         settings: ProcessorSettings,
-        limits: Mapping[str, int] | None = None,
         policy: MediaPolicy | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.tokens = tokens
         self.settings = settings
-        self.limits = dict(limits or {})
         self.policy = policy or MediaPolicy()
 
     # --- prompt text ---------------------------------------------------------------------------
@@ -154,15 +152,6 @@ class Ernie4_5_VLProcessor:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     # --- the whole request ---------------------------------------------------------------------
-    def check_limits(self, counts: Mapping[str, int]) -> None:
-        for modality, count in counts.items():
-            limit = self.limits.get(modality)
-            if limit is not None and count > limit:
-                raise MediaError(
-                    f"this request has {count} {modality}(s), more than limit_mm_per_prompt allows "
-                    f"({modality!r}: {limit})"
-                )
-
     def process(
         self,
         token_ids: Sequence[int],
@@ -177,7 +166,6 @@ class Ernie4_5_VLProcessor:
         `labels` name each item in error messages (e.g. "message 0 content part 1"); by default
         "image N" / "video N".
         """
-        self.check_limits({"image": len(images), "video": len(videos)})
         settings = self.settings.updated(mm_processor_kwargs)
         policy = policy or self.policy
         runs = self._placeholder_runs(list(token_ids))
@@ -314,6 +302,4 @@ def build_processor(tokenizer: Any, model_config: Any, options: Any) -> Ernie4_5
         dataclasses.replace(defaults.video, **patch),
         defaults.sampling,
     ).updated(options.mm_processor_kwargs)
-    return Ernie4_5_VLProcessor(
-        tokenizer, vision_tokens(tokenizer, raw), settings, options.limit_mm_per_prompt, options.policy
-    )
+    return Ernie4_5_VLProcessor(tokenizer, vision_tokens(tokenizer, raw), settings, options.policy)

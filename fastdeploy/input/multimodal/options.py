@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.input.multimodal.errors import MediaError
 from fastdeploy.input.multimodal.media import MediaPolicy
 
 MODALITIES = ("image", "video")
@@ -36,6 +38,18 @@ def check_limits(value: Any) -> dict[str, int]:
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise InvalidArgumentError(f"limit_mm_per_prompt[{key!r}] must be an int >= 0, got {count!r}")
     return dict(value)
+
+
+def enforce_limits(limits: Mapping[str, int], counts: Mapping[str, int]) -> None:
+    """Refuse a request with more items of a modality than `limits` (checked `limit_mm_per_prompt`)
+    allows; the engine does this before any processor sees the request."""
+    for modality, count in counts.items():
+        limit = limits.get(modality)
+        if limit is not None and count > limit:
+            raise MediaError(
+                f"this request has {count} {modality}(s), more than limit_mm_per_prompt allows "
+                f"({modality!r}: {limit})"
+            )
 
 
 def build_multimodal_processor(

@@ -70,6 +70,12 @@ class CompletionOutput:
     cumulative_logprob: float | None = None
     _samples: list[CompletionOutput] = field(default_factory=list, repr=False, compare=False)
 
+    @property
+    def resoning_content(self) -> str | None:
+        """`reasoning_content` under the spelling of FastDeploy's Chinese offline-inference docs'
+        ERNIE-X1 example (`output.outputs.resoning_content`), so that code runs as written."""
+        return self.reasoning_content
+
     def _all(self) -> list[CompletionOutput]:
         return self._samples or [self]
 

@@ -78,6 +78,8 @@ def client(app_server):
 def test_chat_carries_reasoning_content(client, reference):
     (expected,) = reference.chat(CHAT, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)
     assert expected.outputs.reasoning_content and expected.outputs.text  # the parser split something
+    # the zh offline-inference seed's ERNIE-X1 example reads it as `output.outputs.resoning_content`
+    assert expected.outputs.resoning_content == expected.outputs.reasoning_content
     response = client.chat.completions.create(model="reasoner", messages=CHAT, max_tokens=10, temperature=0)
     message = response.choices[0].message
     assert message.reasoning_content == expected.outputs.reasoning_content

@@ -67,6 +67,7 @@ def build_context(args: argparse.Namespace) -> ServingContext:
         api_key=args.api_key,
         model_root=model or DEFAULT_MODEL,
         metrics_require_api_key=args.metrics_require_api_key,
+        trust_request_chat_template=args.trust_request_chat_template,
     )
 
 

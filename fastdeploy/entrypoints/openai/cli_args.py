@@ -125,6 +125,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="vLLM's switch for tool_choice 'auto'; needs --tool-call-parser, which alone enables it too",
     )
     server.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="render a 'chat_template' sent in a chat request (default: such requests get 400, as "
+        "in vLLM: a template is a program, and a sandboxed one can still loop or allocate without bound)",
+    )
+    server.add_argument(
         "--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     media = parser.add_argument_group("multimodal requests")

@@ -80,6 +80,7 @@ class ServingContext:
         api_key: str | None = None,
         model_root: str | None = None,
         metrics_require_api_key: bool = False,
+        trust_request_chat_template: bool = False,
     ) -> None:
         if not served_model_names:
             raise InvalidArgumentError("served_model_names must name at least one model")
@@ -93,6 +94,8 @@ class ServingContext:
         self.api_key = api_key
         self.model_root = model_root
         self.metrics_require_api_key = metrics_require_api_key
+        #: render a request's own `chat_template` (`--trust-request-chat-template`)
+        self.trust_request_chat_template = trust_request_chat_template
         self._preprocess = ThreadPoolExecutor(PREPROCESS_THREADS, thread_name_prefix="fastdeploy-preprocess")
 
     async def offload(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -80,6 +80,12 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
     model = ctx.model_name(request.model)
     reject_unsupported(request)
     check_request_limits(request)
+    if request.chat_template is not None and not ctx.trust_request_chat_template:
+        raise invalid_request(
+            "this server does not render a chat_template sent in a request (start it with "
+            "--trust-request-chat-template to allow it); leave the field out to use the model's template",
+            param="chat_template",
+        )
     plan = plan_chat_tools(ctx.engine.engine, request)
     params = chat_sampling_params(request, ctx.generation_defaults)
     ctx.check_params(params, CHAT_RENAMES)

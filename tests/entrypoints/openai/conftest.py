@@ -9,8 +9,12 @@ from openai_server_helpers import ENGINE_ARGS, ServerProcess, free_port
 
 @pytest.fixture(scope="session")
 def server():
-    """`python -m fastdeploy.entrypoints.openai.api_server` with no model: the embedded SmolLM2."""
-    process = ServerProcess(["-m", "fastdeploy.entrypoints.openai.api_server", *ENGINE_ARGS], free_port())
+    """`python -m fastdeploy.entrypoints.openai.api_server` with no model: the embedded SmolLM2;
+    it renders requests' own chat templates, so that their sandbox is tested."""
+    process = ServerProcess(
+        ["-m", "fastdeploy.entrypoints.openai.api_server", *ENGINE_ARGS, "--trust-request-chat-template"],
+        free_port(),
+    )
     yield process
     process.stop()
 

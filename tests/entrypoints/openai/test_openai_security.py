@@ -58,6 +58,18 @@ def test_401_does_not_echo_the_key_or_the_attempt():
     assert KEY not in body and "guess-1234" not in body
 
 
+def test_a_request_chat_template_is_refused_unless_the_server_trusts_them():
+    """A template is a program: nested loops or string repetition would hold a preprocessing
+    thread, and the server, for good; by default a request's own template is a 400."""
+    hostile = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": hostile, "max_tokens": 1}
+    with client_for() as client:
+        response = client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "chat_template" and "--trust-request-chat-template" in error["message"]
+
+
 def test_a_request_chat_template_is_template_text_never_a_file(server, llm, tmp_path):
     secret = tmp_path / "template.jinja"
     secret.write_text("SECRET CONTENT {{ messages[0]['content'] }} " * 20)

@@ -28,7 +28,7 @@ from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 from fastdeploy.engine.request import OK, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.spec_decode.decoder import SpecDecodeStats
-from fastdeploy.errors import EngineDeadError, FastDeployError
+from fastdeploy.errors import EngineDeadError, FastDeployError, InvalidArgumentError
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -278,7 +278,8 @@ class AsyncLLMEngine:
         self._submit(_Abort(request_id))
 
     def check_capacity(self, count: int = 1) -> None:
-        """Raise `EngineStoppedError` / `EngineOverloadedError` unless `count` more requests fit now."""
+        """Raise `EngineStoppedError` / `EngineOverloadedError` unless `count` more requests fit now
+        (`InvalidArgumentError` if they could never fit)."""
         if self._fatal is not None:
             raise EngineStoppedError(f"the engine is unavailable: {self._fatal}")
         if not self.is_running or not self._accepting:
@@ -286,6 +287,12 @@ class AsyncLLMEngine:
         if self.max_waiting is None:
             return
         limit = self.engine.config.max_num_seqs + self.max_waiting
+        if count > limit:  # would never fit: a 503 would have the client retry for ever
+            raise InvalidArgumentError(
+                f"{count} prompts in one request are more than this server takes at once: "
+                f"{self.engine.config.max_num_seqs} running (--max-num-seqs) plus {self.max_waiting} "
+                "waiting (--max-waiting-requests); split the request"
+            )
         if self._in_flight + count > limit:
             raise EngineOverloadedError(
                 f"the server is overloaded: {self._in_flight} requests are in flight and at most "

@@ -164,11 +164,14 @@ class ServingContext:
             raise from_sampling_error(exc, renames) from exc
 
     def admit(self, count: int) -> None:
-        """Raise 503 now, before a stream starts, if `count` more requests do not fit."""
+        """Raise 503 now, before a stream starts, if `count` more requests do not fit; 400 naming
+        `prompt` if that many could never fit."""
         try:
             self.engine.check_capacity(count)
         except (EngineOverloadedError, EngineStoppedError) as exc:
             raise as_openai_error(exc) from exc
+        except InvalidArgumentError as exc:
+            raise invalid_request(str(exc), param="prompt") from exc
 
     async def generate(
         self, request_id: str, prompts: list[PreparedPrompt], params: SamplingParams

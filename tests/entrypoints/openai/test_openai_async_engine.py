@@ -83,6 +83,13 @@ def test_capacity_is_max_num_seqs_plus_max_waiting(scripted):
     assert all(output.finished for output in outputs) and engine.num_in_flight == 0
 
 
+def test_more_requests_than_could_ever_fit_are_refused_even_when_idle(scripted):
+    _, engine = scripted
+    engine.check_capacity(5)  # 4 running + 1 waiting fit an idle engine
+    with pytest.raises(InvalidArgumentError, match=r"6 prompts .* 4 running .* 1 waiting"):
+        engine.check_capacity(6)
+
+
 def test_shutdown_aborts_what_is_still_running():
     fake = ScriptedEngine()
     fake.gate = threading.Event()

@@ -65,11 +65,12 @@ class _State:
     #: bitmask row for the position after `mask_for` consumed tokens
     mask: np.ndarray | None = None
     mask_for: int = -1
-    failed: bool = False
+    #: why the grammar can no longer be followed (its request is then refused), or None
+    failure: str | None = None
 
     def sync(self) -> bool:
         """Bring the matcher to the sequence's output; whether the grammar applies to the next token."""
-        if self.failed:
+        if self.failure is not None:
             return False
         outputs = self.seq.output_token_ids
         if self.start is None:
@@ -84,17 +85,25 @@ class _State:
         while self.consumed < target:
             token = outputs[self.start + self.consumed]
             if not self.matcher.accept_token(token):
-                self.failed = True
-                logger.warning(
-                    "request %s: token %d is outside its grammar (%s); the rest of this sample is "
-                    "unconstrained (do bad_words or stop_token_ids exclude what the grammar allows?)",
-                    self.seq.request_id,
-                    token,
-                    self.matcher.error,
-                )
+                self.fail(f"token {token} is outside the grammar ({engine_error(self.matcher.error)})")
                 return False
             self.consumed += 1
         return True
+
+    def fail(self, why: str) -> None:
+        self.failure = (
+            f"guided decoding could not go on after {self.consumed} constrained tokens: {why}; the "
+            "sample cannot be kept within its constraint (a grammar or choice list too complex?)"
+        )
+        logger.warning("request %s: %s", self.seq.request_id, self.failure)
+
+
+def engine_error(error: str | None) -> str:
+    """The line of a grammar engine's error that says what went wrong (llguidance's error text
+    goes on with its parser state and the whole grammar, which may be megabytes)."""
+    lines = (error or "unknown error").strip().splitlines()
+    reason = next((line for line in lines if line.startswith("Error: ")), lines[0])
+    return reason.removeprefix("Error: ")[:300]
 
 
 def _end_of(marker: list[int], tokens: list[int], begin: int = 0) -> int | None:
@@ -138,6 +147,8 @@ class GuidedDecoder:
         self._pending: Future | None = None
         #: row -> state of the rows the last `apply` masked
         self._masked: dict[int, _State] = {}
+        #: row -> why, for the rows of the last `apply` whose grammar can no longer be followed
+        self._failed: dict[int, str] = {}
 
     # --- compiling --------------------------------------------------------------------------
     @property
@@ -163,10 +174,21 @@ class GuidedDecoder:
                 self._compiled.move_to_end(key)
                 return self._compiled[key]
             compiled = self.backend.compile(params)
+            self._probe(params, compiled)
             self._compiled[key] = compiled
             if len(self._compiled) > _CACHE_SIZE:
                 self._compiled.popitem(last=False)
             return compiled
+
+    def _probe(self, params: GuidedDecodingParams, compiled: Any) -> None:
+        """Refuse a constraint whose first token mask the grammar engine cannot compute (a choice
+        list or regex past its limits), so the request fails with a 400 before it is queued."""
+        matcher = self.backend.matcher(compiled)
+        self.backend.fill_bitmasks([matcher], np.zeros((1, bitmask_words(self.vocab_size)), dtype=np.int32))
+        if matcher.error is not None:
+            raise GuidedDecodingError(
+                params.kind, f"too complex for the grammar engine: {engine_error(matcher.error)}"
+            )
 
     # --- sequences --------------------------------------------------------------------------
     def add(self, seq: Sequence, compiled: Any, thinking: bool) -> None:
@@ -200,26 +222,33 @@ class GuidedDecoder:
         Returns the logits (the backend may return a new array); unconstrained rows are untouched.
         """
         self._masked = {}
+        self._failed = {}
         if not self._states:
             return logits
         self._wait()
-        rows, states = [], []
+        candidates = []
         for row, seq in enumerate(seqs):
             state = self._states.get(seq.seq_id)
             if state is not None and state.sync():
-                rows.append(row)
-                states.append(state)
+                candidates.append((row, state))
+        self._fill([state for _, state in candidates if state.mask_for != state.consumed])
+        for row, seq in enumerate(seqs):
+            state = self._states.get(seq.seq_id)
+            if state is not None and state.failure is not None:
+                self._failed[row] = state.failure
+        rows = [row for row, state in candidates if state.failure is None]
+        states = [state for _, state in candidates if state.failure is None]
         if not states:
             return logits
-        self._fill([state for state in states if state.mask_for != state.consumed])
         self._masked = dict(zip(rows, states, strict=True))
         bitmask = np.stack([state.mask for state in states])
         return device_backend.apply_token_bitmask(logits, bitmask, np.asarray(rows, dtype=np.int64))
 
     def conflicts(self, bans: list[BannedTokens]) -> dict[int, str]:
-        """Rows of the last `apply` whose bans leave none of the tokens their grammar allows,
-        each with the message its request fails with (see `conflicts.py`)."""
-        found = {}
+        """Rows of the last `apply` whose grammar can no longer be followed, or whose bans leave
+        none of the tokens their grammar allows (see `conflicts.py`), each with the message its
+        request fails with."""
+        found = dict(self._failed)
         for ban in bans:
             state = self._masked.get(ban.row)
             if state is None:
@@ -258,6 +287,8 @@ class GuidedDecoder:
         self.backend.fill_bitmasks([state.matcher for state in states], bitmask)
         for state, row in zip(states, bitmask, strict=True):
             state.mask, state.mask_for = row, state.consumed
+            if state.matcher.error is not None:
+                state.fail(f"its next-token mask failed ({engine_error(state.matcher.error)})")
 
     def _wait(self) -> None:
         if self._pending is not None:

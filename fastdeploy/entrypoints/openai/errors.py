@@ -51,8 +51,20 @@ class OpenAIError(Exception):
         return self.code if isinstance(self.code, str) else self.type
 
     def body(self) -> dict[str, Any]:
-        message = redact_paths(self.message)
+        message = redact_paths(shortened(self.message))
         return {"error": {"message": message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+#: longest error message sent: messages quote what a request sent (a model name, a tool name),
+#: and a 4 MB name must not come back as a 4 MB error
+MAX_MESSAGE_CHARS = 2000
+
+
+def shortened(message: str) -> str:
+    """`message`, cut after MAX_MESSAGE_CHARS characters with a note of how many were cut."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[:MAX_MESSAGE_CHARS]}... ({len(message) - MAX_MESSAGE_CHARS} more characters cut)"
 
 
 #: the server's own routes, which messages may name

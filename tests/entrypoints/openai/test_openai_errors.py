@@ -208,6 +208,17 @@ def test_error_bodies_never_show_server_directories(message, shown):
     assert OpenAIError(500, message).body()["error"]["message"] == shown
 
 
+def test_error_messages_quoting_a_huge_value_are_cut(server):
+    """A 4 MB model name is quoted in the 404; the answer stays small."""
+    response = httpx.post(
+        server.url + "/v1/completions", json={"model": "m" * 4_000_000, "prompt": "hi"}, timeout=60
+    )
+    assert response.status_code == 404
+    message = response.json()["error"]["message"]
+    assert len(response.content) < 3000 and message.endswith("more characters cut)")
+    assert message.startswith("The model `mmm")
+
+
 def raw(fields: str, path: str = "/v1/completions") -> tuple[str, bytes]:
     """A request body written by hand (JSON a serializer would never produce)."""
     payload = chat() if path.endswith("chat/completions") else completion(prompt="hi")

@@ -11,11 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+def _not_a_bool(value: Any) -> Any:
+    """Refuse true/false where a number goes: pydantic's lax mode would read `true` as 1, a
+    request that means something else than it says (OpenAI answers 400 too). Strings of digits
+    stay accepted, as lax clients send them."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+    return value
 
 
 class StreamOptions(OpenAIBaseModel):
@@ -68,6 +77,24 @@ class SamplingRequest(OpenAIBaseModel):
     # --- understood, not supported yet (400 when used) --------------------------------------
     logit_bias: dict[str, float] | None = None
 
+    _numbers = field_validator(
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "n",
+        "seed",
+        "min_tokens",
+        "prompt_logprobs",
+        "best_of",
+        "length_penalty",
+        mode="before",
+    )(_not_a_bool)
+
 
 class CompletionRequest(SamplingRequest):
     """`POST /v1/completions`."""
@@ -79,6 +106,8 @@ class CompletionRequest(SamplingRequest):
     #: number of most likely tokens to return per position (0..20)
     logprobs: int | None = None
     suffix: str | None = None
+
+    _logprobs_number = field_validator("logprobs", mode="before")(_not_a_bool)
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -100,3 +129,7 @@ class ChatCompletionRequest(SamplingRequest):
     #: accepted; the parsers return every call the model writes
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
+
+    _chat_numbers = field_validator(
+        "max_completion_tokens", "top_logprobs", "reasoning_max_tokens", mode="before"
+    )(_not_a_bool)

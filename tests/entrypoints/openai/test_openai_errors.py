@@ -247,6 +247,10 @@ CHAT_PATH = "/v1/chat/completions"
         # 32 running + 1024 waiting: an idle server could never take 1057 (a 503 would be retried)
         (raw(f'"prompt": {json.dumps(["a"] * 1057)}'), "prompt", "1057 prompts in one request are more"),
         (raw('"stop": 5'), "stop", "valid string"),
+        (raw('"temperature": true'), "temperature", "got the boolean true"),
+        (raw('"n": false'), "n", "got the boolean false"),
+        (raw('"logprobs": true'), "logprobs", "got the boolean true"),
+        (raw('"max_completion_tokens": true', CHAT_PATH), "max_completion_tokens", "got the boolean true"),
         (raw('"stream_options": {"include_usage": "x"}, "stream": true'), "stream_options", "boolean"),
         (raw('"prompt": "\\ud800"'), None, "not valid JSON"),
         (("/v1/completions", b'{"prompt": "\xff\xfe"}'), None, "not valid JSON"),

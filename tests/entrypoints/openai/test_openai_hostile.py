@@ -219,14 +219,16 @@ def test_256_clients_against_16_slots_are_served_or_refused_cleanly(hostile, llm
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_batch_of_more_prompts_than_the_queue_holds_is_refused_whole(hostile, stream):
-    """100,000 prompts in one completions request: one 503 before any is tokenized or queued
-    (it used to queue the first 1,032 and run them before refusing the rest)."""
+    """100,000 prompts in one completions request: one 400 naming `prompt` before any is
+    tokenized or queued (it used to queue the first 1,032 and run them before refusing the rest;
+    then a 503, which clients retry although no server state could ever admit it)."""
     before = metric(hostile.metrics(), "fastdeploy:requests_number_total")
     payload = {"model": MODEL, "prompt": [[1, 2, 3]] * 100_000, "max_tokens": 4, "stream": stream}
     response = httpx.post(hostile.url + "/v1/completions", json=payload, timeout=120)
-    assert response.status_code == 503 and response.headers["Retry-After"].isdigit()
+    assert response.status_code == 400 and "Retry-After" not in response.headers
     error = response.json()["error"]
-    assert error["code"] == "server_overloaded" and f"at most {MAX_WAITING} may wait" in error["message"]
+    assert error["param"] == "prompt"
+    assert f"{MAX_NUM_SEQS} running (--max-num-seqs) plus {MAX_WAITING} waiting" in error["message"]
     assert metric(hostile.metrics(), "fastdeploy:requests_number_total") == before
     if stream:
         return

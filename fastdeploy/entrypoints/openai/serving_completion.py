@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.chat_utils import prompt_token_ids
+from fastdeploy.entrypoints.multimodal import process_media
 from fastdeploy.entrypoints.openai.errors import invalid_request
 from fastdeploy.entrypoints.openai.logprobs import completion_logprobs, echoed_logprobs, prompt_logprobs_field
 from fastdeploy.entrypoints.openai.params import completion_sampling_params, reject_unsupported
@@ -59,15 +60,25 @@ def request_prompts(prompt: Any) -> list[PromptItem]:
 
 
 def prepare_prompts(ctx: ServingContext, items: list[PromptItem]) -> list[PreparedPrompt]:
-    """`items` as token ids, each checked against the context length."""
+    """`items` as token ids, each checked against the context length; a prompt dict's
+    `multimodal_data` goes through the model's processor as `LLM.generate` sends it (a text-only
+    model refuses it, naming `prompt`)."""
     prepared = []
+    engine = ctx.engine.engine
     for item in items:
-        token_ids = prompt_token_ids(ctx.tokenizer, item)
+        multimodal = None
+        try:
+            token_ids = prompt_token_ids(ctx.tokenizer, item, engine.mm_processor)
+            if item.has_media:
+                multimodal = process_media(engine, token_ids, item.media, item.mm_processor_kwargs)
+                token_ids = multimodal.token_ids
+        except InvalidArgumentError as exc:
+            raise invalid_request(str(exc), param="prompt") from exc
         ctx.check_prompt(token_ids, "prompt")
         text = (
             item.text if item.text is not None else ctx.tokenizer.decode(token_ids, skip_special_tokens=False)
         )
-        prepared.append(PreparedPrompt(token_ids, text))
+        prepared.append(PreparedPrompt(token_ids, text, multimodal=multimodal))
     return prepared
 
 

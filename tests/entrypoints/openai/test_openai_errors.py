@@ -244,6 +244,11 @@ CHAT_PATH = "/v1/chat/completions"
         (raw(f'"bad_words": {json.dumps(["w"] * 129)}', CHAT_PATH), "bad_words", "at most 128"),
         (raw('"prompt": [[1, 2], [99999999]]'), "prompt", "token ids must be in"),
         (raw('"prompt": {"a": 1}'), "prompt", "without 'prompt'"),
+        (
+            raw('"prompt": {"prompt": "hi", "multi_modal_data": {"image": "x.png"}}'),
+            "prompt",
+            "takes text only",
+        ),
         # 32 running + 1024 waiting: an idle server could never take 1057 (a 503 would be retried)
         (raw(f'"prompt": {json.dumps(["a"] * 1057)}'), "prompt", "1057 prompts in one request are more"),
         (raw('"stop": 5'), "stop", "valid string"),

@@ -157,3 +157,25 @@ def test_server_reply_equals_offline_chat(served):
     (offline,) = llm.chat(messages, SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
     assert body["choices"][0]["message"]["reasoning_content"] == offline.outputs.reasoning_content
     assert body["usage"]["prompt_tokens"] == len(offline.prompt_token_ids)
+
+
+def test_completions_take_a_prompt_dicts_multimodal_data(served):
+    """`{"prompt": ..., "multimodal_data": {"image": [...]}}` (vLLM's `multi_modal_data` too), as
+    `LLM.generate` takes it: the placeholder expands into the image's 24 tokens."""
+    ctx, url = served
+    prompt = "<|image@placeholder|>Describe it."
+    text_tokens = len(ctx.engine.engine.mm_processor.encode_text(prompt))
+    for key in ("multimodal_data", "multi_modal_data"):
+        request = {
+            "prompt": {"prompt": prompt, key: {"image": [data_url("chelsea_180x120.png")]}},
+            "max_tokens": 2,
+        }
+        status, body = http_post(url + "/v1/completions", request)
+        assert status == 200, body
+        assert body["usage"]["prompt_tokens"] == text_tokens - 1 + 24
+    three = {"image": [data_url("chelsea_180x120.png")] * 3}
+    status, body = http_post(
+        url + "/v1/completions", {"prompt": {"prompt": prompt * 3, "multimodal_data": three}}
+    )
+    assert status == 400 and body["error"]["param"] == "prompt"
+    assert "limit_mm_per_prompt allows ('image': 2)" in body["error"]["message"]

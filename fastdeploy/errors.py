@@ -39,6 +39,10 @@ class KVCacheAllocationError(FastDeployError, MemoryError):
     """The device backend could not allocate the KV cache the engine planned; says how much."""
 
 
+class EngineStoppedError(FastDeployError, RuntimeError):
+    """The engine is shutting down (or has stopped, or its `LLM` was shut down) and takes no new requests."""
+
+
 class EngineDeadError(FastDeployError, RuntimeError):
     """The engine cannot run any request any more (its device failed); every request in flight fails.
 

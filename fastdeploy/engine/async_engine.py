@@ -28,7 +28,7 @@ from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 from fastdeploy.engine.request import OK, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.spec_decode.decoder import SpecDecodeStats
-from fastdeploy.errors import EngineDeadError, FastDeployError, InvalidArgumentError
+from fastdeploy.errors import EngineDeadError, EngineStoppedError, FastDeployError, InvalidArgumentError
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -40,10 +40,6 @@ _HEALTH_CHECK_SECONDS = 1.0
 
 class EngineOverloadedError(FastDeployError, RuntimeError):
     """Too many requests are already waiting; the client should retry later."""
-
-
-class EngineStoppedError(FastDeployError, RuntimeError):
-    """The engine is shutting down (or has stopped) and takes no new requests."""
 
 
 class GenerationError(FastDeployError, RuntimeError):

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fastdeploy.entrypoints.prompts import PromptItem
+from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.tokenizer import Tokenizer
 
 
@@ -30,6 +31,12 @@ def with_tools(
     return kwargs
 
 
+#: arguments of `apply_chat_template` itself, which a template kwarg would collide with
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "messages", "tokenize", "add_generation_prompt", "chat_template"}
+)
+
+
 def render_conversation(
     tokenizer: Tokenizer,
     conversation: Any,
@@ -43,6 +50,12 @@ def render_conversation(
     `chat_template` is template text (None: the model's own template).
     """
     kwargs = dict(template_kwargs or {})
+    reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+    if reserved:
+        raise InvalidArgumentError(
+            f"chat_template_kwargs cannot set {', '.join(map(repr, reserved))}: "
+            "pass add_generation_prompt / chat_template as arguments of their own"
+        )
     text = tokenizer.apply_chat_template(
         conversation,
         tokenize=False,

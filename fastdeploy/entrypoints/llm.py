@@ -8,6 +8,7 @@ back in input order. A prompt that cannot be served (empty, too long, malformed)
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +25,7 @@ from fastdeploy.entrypoints.chat_utils import prompt_token_ids, render_conversat
 from fastdeploy.entrypoints.multimodal import extract_media, process_media
 from fastdeploy.entrypoints.offline_tools import constrain_offline, fill_tool_calls, plan_offline
 from fastdeploy.entrypoints.prompts import PromptItem, normalize_prompts
-from fastdeploy.errors import FastDeployError, InvalidArgumentError
+from fastdeploy.errors import EngineStoppedError, FastDeployError, InvalidArgumentError
 from fastdeploy.logger import get_logger
 from fastdeploy.plugins.registry import get_registry
 from fastdeploy.tool_calling.request import template_messages
@@ -153,6 +154,10 @@ class LLM:
             speculative_config=speculative_config,
         )
         self._request_ids = itertools.count()
+        #: one generate / chat at a time: the engine is stepped by its caller and is not thread-safe,
+        #: so a call from a second thread waits for the first to finish
+        self._calls = threading.Lock()
+        self._shut_down = False
         self._is_master = is_master_host(config)
         #: on a host other than the master: the exit status of this host's ranks
         self.follower_status: int | None = None
@@ -168,9 +173,12 @@ class LLM:
         return self._is_master
 
     def shutdown(self) -> None:
-        """Stop the engine's rank processes now (they also stop when this process exits)."""
+        """Stop the engine's rank processes now (they also stop when this process exits); later
+        calls to `generate` / `chat` raise `EngineStoppedError`."""
         if self._is_master:
-            self.llm_engine.shutdown()
+            with self._calls:
+                self._shut_down = True
+                self.llm_engine.shutdown()
 
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
@@ -285,28 +293,45 @@ class LLM:
     def _run(
         self, items: list[PromptItem], params: list[SamplingParams], use_tqdm: bool, arrival: float
     ) -> list[RequestOutput]:
+        with self._calls:
+            return self._run_alone(items, params, use_tqdm, arrival)
+
+    def _run_alone(
+        self, items: list[PromptItem], params: list[SamplingParams], use_tqdm: bool, arrival: float
+    ) -> list[RequestOutput]:
+        if self._shut_down:
+            raise EngineStoppedError("this LLM has been shut down (LLM.shutdown()); build a new one")
         engine = self.llm_engine
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
-        for item, item_params in zip(items, params, strict=True):
-            request_id = str(next(self._request_ids))
-            order.append(request_id)
-            if item.error is None:
-                try:
-                    engine.add_request(
-                        request_id,
-                        prompt_token_ids(engine.tokenizer, item, engine.mm_processor),
-                        item_params,
-                        prompt=item.text,
-                        arrival_time=arrival,
-                        thinking_enabled=item.thinking_enabled,
-                        multimodal=self._multimodal(item),
-                    )
-                    continue
-                except FastDeployError as exc:
-                    item.error = str(exc)
-            logger.warning("request %s rejected: %s", request_id, item.error)
-            results[request_id] = error_output(request_id, item.text, item.error, arrival, INVALID_REQUEST)
+        try:
+            for item, item_params in zip(items, params, strict=True):
+                request_id = str(next(self._request_ids))
+                order.append(request_id)
+                if item.error is None:
+                    try:
+                        engine.add_request(
+                            request_id,
+                            prompt_token_ids(engine.tokenizer, item, engine.mm_processor),
+                            item_params,
+                            prompt=item.text,
+                            arrival_time=arrival,
+                            thinking_enabled=item.thinking_enabled,
+                            multimodal=self._multimodal(item),
+                        )
+                        continue
+                    except FastDeployError as exc:
+                        item.error = str(exc)
+                logger.warning("request %s rejected: %s", request_id, item.error)
+                results[request_id] = error_output(
+                    request_id, item.text, item.error, arrival, INVALID_REQUEST
+                )
+        except BaseException:
+            # a bug or an interrupt while queueing: the requests queued so far must not run on
+            # into the next call (their caller is gone)
+            for request_id in order:
+                engine.abort_request(request_id)
+            raise
         self._drive(results, len(order), use_tqdm)
         return [results[request_id] for request_id in order]
 

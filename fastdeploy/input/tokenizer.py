@@ -14,9 +14,18 @@ from fastdeploy.errors import InvalidArgumentError
 
 
 def require_text(text: Any) -> None:
-    """The check every `Tokenizer.encode` starts with: a clear error for a non-str argument."""
+    """The check every `Tokenizer.encode` starts with: a clear error for a non-str argument, or
+    for a str that is not valid Unicode (a lone surrogate such as "\\ud800", which Python
+    strings may hold and tokenizers refuse with a TypeError of their own)."""
     if not isinstance(text, str):
         raise InvalidArgumentError(f"text to encode must be a str, got {type(text).__name__}")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidArgumentError(
+                f"text to encode is not valid Unicode: {exc.reason} ({text[exc.start]!r}) at character {exc.start}"
+            ) from None
 
 
 class Tokenizer(ABC):

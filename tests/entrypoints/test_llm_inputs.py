@@ -137,3 +137,80 @@ def test_progress_bar_reports_requests_and_throughput(llm, capsys):
     llm.generate(["a", "b"], SamplingParams(max_tokens=3), use_tqdm=True)
     err = capsys.readouterr().err
     assert "Processed prompts" in err and "2/2" in err and "output:" in err and "toks/s" in err
+
+
+def test_a_prompt_that_is_not_valid_unicode_fails_alone(llm):
+    """A lone surrogate: the tokenizer's own TypeError aborted the batch and left the prompts
+    queued before it to run on into the next call."""
+    (alone,) = llm.generate("The capital of France is", GREEDY, use_tqdm=False)
+    good, bad = llm.generate(["The capital of France is", "caf\ud800"], GREEDY, use_tqdm=False)
+    assert good.outputs.token_ids == alone.outputs.token_ids
+    assert (
+        bad.error_code == 400 and "not valid Unicode" in bad.error_msg and "at character 3" in bad.error_msg
+    )
+    (chat,) = llm.chat([{"role": "user", "content": "\ud800"}], GREEDY, use_tqdm=False)
+    assert chat.error_code == 400 and "not valid Unicode" in chat.error_msg
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_a_failure_while_queueing_leaves_nothing_queued(llm, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug while queueing")
+
+    engine = llm.llm_engine
+    original = engine.add_request
+    calls = []
+
+    def add_then_break(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 2:
+            broken()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "add_request", add_then_break)
+    with pytest.raises(RuntimeError, match="a bug while queueing"):
+        llm.generate(["one", "two", "three"], GREEDY, use_tqdm=False)
+    assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("key", ["add_generation_prompt", "chat_template", "messages"])
+def test_chat_template_kwargs_cannot_set_the_renderers_own_arguments(llm, key):
+    (output,) = llm.chat(
+        [{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False, chat_template_kwargs={key: 5}
+    )
+    assert output.error_code == 400 and f"chat_template_kwargs cannot set '{key}'" in output.error_msg
+
+
+def test_calls_from_two_threads_take_turns(llm):
+    """The engine is stepped by its caller: two threads' calls must not interleave their steps."""
+    import threading
+
+    prompts = {"a": ["The capital of France is"] * 4, "b": ["1, 2, 3,"] * 4}
+    alone = {name: llm.generate(batch, GREEDY, use_tqdm=False) for name, batch in prompts.items()}
+    got: dict[str, list] = {}
+    threads = [
+        threading.Thread(
+            target=lambda n=name: got.__setitem__(n, llm.generate(prompts[n], GREEDY, use_tqdm=False))
+        )
+        for name in prompts
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for name in prompts:
+        assert [o.outputs.token_ids for o in got[name]] == [o.outputs.token_ids for o in alone[name]]
+        assert all(o.error_code == 200 for o in got[name])
+
+
+def test_generate_after_shutdown_says_so():
+    from fastdeploy import LLM
+    from fastdeploy.errors import EngineStoppedError
+
+    llm = LLM(max_model_len=256, max_num_seqs=2)
+    assert llm.generate("Hi", GREEDY, use_tqdm=False)[0].error_code == 200
+    llm.shutdown()
+    with pytest.raises(EngineStoppedError, match=r"has been shut down \(LLM.shutdown\(\)\)"):
+        llm.generate("Hi", GREEDY, use_tqdm=False)
+    with pytest.raises(EngineStoppedError):
+        llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False)

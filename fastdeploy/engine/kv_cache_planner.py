@@ -71,6 +71,17 @@ def plan_kv_cache(
         per_block / 2**20,
         free / 2**30,
     )
+    if num_blocks * per_block > free:  # only an explicit size can ask for more than is free
+        asked = (
+            f"num_gpu_blocks_override={config.num_gpu_blocks_override}"
+            if config.num_gpu_blocks_override is not None
+            else f"kv_cache_memory={config.kv_cache_memory}"
+        )
+        raise InvalidArgumentError(
+            f"{asked} asks for {num_blocks} KV blocks of {per_block / 2**20:.1f} MiB "
+            f"({num_blocks * per_block / 2**30:.1f} GiB), more than the {free / 2**30:.1f} GiB free on "
+            f"{backend.name}; ask for fewer"
+        )
     capacity = num_blocks * config.block_size
     if capacity < max_model_len:
         raise InvalidArgumentError(

@@ -172,6 +172,9 @@ def test_profile_line_is_logged(llm):
             "reasoning_parser 'no-such-parser' is not registered",
         ),
         ({"num_gpu_blocks_override": 1, "max_model_len": 512}, ValueError, "fewer than max_model_len=512"),
+        # 10**9 blocks of SmolLM2's 30 layers x 3 KV heads x 64 dims: petabytes, not a crash
+        ({"num_gpu_blocks_override": 10**9}, ValueError, "num_gpu_blocks_override=1000000000 asks for"),
+        ({"kv_cache_memory": 2**60}, ValueError, "more than the"),
     ],
 )
 def test_bad_construction_arguments(kwargs, error, fragment, monkeypatch):

@@ -40,32 +40,44 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, config: dict[str, Any]) -> ModelConfig:
-        """Build from a config.json dict; missing required fields are named in the error."""
+        """Build from a config.json dict; missing or malformed fields are named in the error."""
+        if not isinstance(config, dict):
+            raise InvalidArgumentError(f"config.json must be a JSON object, got {type(config).__name__}")
         architectures = config.get("architectures") or []
-        if not architectures:
+        if not isinstance(architectures, list) or not architectures:
             raise InvalidArgumentError(
                 "config.json has no 'architectures' list; cannot tell which model to build"
             )
 
-        def required(name: str) -> Any:
-            if name not in config:
+        def size(name: str, default: Any = None) -> int:
+            """A positive int field (required unless a default is given)."""
+            value = config.get(name)
+            value = default if value is None else value
+            if value is None:
                 raise InvalidArgumentError(f"config.json lacks the required field {name!r}")
-            return config[name]
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or int(value) != value
+                or value < 1
+            ):
+                raise InvalidArgumentError(f"config.json: {name} must be a positive integer, got {value!r}")
+            return int(value)
 
-        heads = int(required("num_attention_heads"))
-        hidden = int(required("hidden_size"))
+        heads = size("num_attention_heads")
+        hidden = size("hidden_size")
         eos = config.get("eos_token_id")
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         return cls(
             architecture=architectures[0],
             hidden_size=hidden,
-            num_hidden_layers=int(required("num_hidden_layers")),
+            num_hidden_layers=size("num_hidden_layers"),
             num_attention_heads=heads,
-            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            intermediate_size=int(required("intermediate_size")),
-            vocab_size=int(required("vocab_size")),
-            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+            num_key_value_heads=size("num_key_value_heads", heads),
+            head_dim=size("head_dim", hidden // heads),
+            intermediate_size=size("intermediate_size"),
+            vocab_size=size("vocab_size"),
+            max_position_embeddings=size("max_position_embeddings", 2048),
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=float(config.get("rope_theta", 10000.0)),
             rope_scaling=config.get("rope_scaling"),

@@ -79,6 +79,24 @@ def test_missing_and_unknown_tensors_are_named(tmp_path, smollm2_path, hf_tensor
     assert "unknown tensors: model.layers.3.mlp.extra_proj.weight" in message
 
 
+@pytest.mark.parametrize(
+    ("cut", "fragment"),
+    [
+        (0.5, "is truncated: tensor"),  # the header is whole, the data is not
+        (4, "cannot read the safetensors header"),  # not even the header's length
+        (40, "header of"),  # a header length that runs past the end
+    ],
+)
+def test_a_truncated_file_is_a_weight_load_error_naming_it(tmp_path, cut, fragment):
+    path = tmp_path / "model.safetensors"
+    save_file({"a": np.arange(1000, dtype=np.float32), "b": np.ones((10, 10), np.float32)}, str(path))
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * cut) if isinstance(cut, float) else cut])
+    with pytest.raises(WeightLoadError, match=fragment) as info:
+        list(SafetensorsLoader().load_tensors(str(tmp_path)))
+    assert "model.safetensors" in str(info.value)
+
+
 def test_index_naming_a_missing_shard(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors.index.json").write_text(

@@ -84,3 +84,41 @@ def test_multi_token_prediction_tensors_are_ignored(tmp_path):
 def test_pt_directories_still_go_to_the_plain_safetensors_loader(tmp_path):
     directory = _write(tmp_path, "qwen3", "pt")
     assert SafetensorsLoader().can_load(directory) and not PaddleErnieLoader().can_load(directory)
+
+
+GOOD_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 32,
+    "vocab_size": 64,
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "fragment"),
+    [
+        ([1, 2], "config.json must be a JSON object, got list"),
+        ({**GOOD_CONFIG, "architectures": "LlamaForCausalLM"}, "no 'architectures' list"),
+        (
+            {k: v for k, v in GOOD_CONFIG.items() if k != "vocab_size"},
+            "lacks the required field 'vocab_size'",
+        ),
+        (
+            {**GOOD_CONFIG, "max_position_embeddings": 0},
+            "max_position_embeddings must be a positive integer, got 0",
+        ),
+        ({**GOOD_CONFIG, "hidden_size": "16"}, "hidden_size must be a positive integer, got '16'"),
+        ({**GOOD_CONFIG, "num_attention_heads": 2.5}, "num_attention_heads must be a positive integer"),
+        ({**GOOD_CONFIG, "num_hidden_layers": True}, "num_hidden_layers must be a positive integer"),
+    ],
+)
+def test_a_malformed_config_names_its_field(config, fragment):
+    from fastdeploy.config import ModelConfig
+    from fastdeploy.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError) as info:
+        ModelConfig.from_hf_dict(config)
+    assert fragment in str(info.value)
+    assert ModelConfig.from_hf_dict({**GOOD_CONFIG, "head_dim": None}).head_dim == 4  # null means derived

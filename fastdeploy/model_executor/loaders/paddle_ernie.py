@@ -23,7 +23,11 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.errors import WeightLoadError
-from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader, safetensors_files
+from fastdeploy.model_executor.loaders.safetensors_loader import (
+    SafetensorsLoader,
+    read_header,
+    safetensors_files,
+)
 
 PADDLE_PREFIX = "ernie."
 _INDEX_FILE = "model.safetensors.index.json"
@@ -38,12 +42,9 @@ def checkpoint_tensor_names(model_dir: str) -> list[str]:
                 return list(json.load(handle).get("weight_map", {}))
         except (OSError, json.JSONDecodeError, AttributeError) as exc:
             raise WeightLoadError(f"cannot read {index_path}: {exc}") from exc
-    from safetensors import safe_open
-
     names: list[str] = []
     for path in safetensors_files(model_dir):
-        with safe_open(path, framework="numpy") as shard:
-            names.extend(shard.keys())
+        names.extend(read_header(path)[1])
     return names
 
 

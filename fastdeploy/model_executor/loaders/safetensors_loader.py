@@ -93,17 +93,35 @@ def mapped_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
     every tensor it returns; mapping the file instead means a tensor-parallel rank that keeps
     some rows or columns of a matrix reads only those pages of the file.
     """
-    try:
-        with open(path, "rb") as handle:
-            header_size = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(header_size))
-    except (OSError, ValueError) as exc:
-        raise WeightLoadError(f"cannot read the safetensors header of {path}: {exc}") from exc
+    header_size, header = read_header(path)
     data = np.memmap(path, dtype=np.uint8, mode="r")
     start = 8 + header_size
     for name, info in header.items():
-        if name == "__metadata__":
-            continue
         first, last = info["data_offsets"]
+        if start + last > data.size:
+            raise WeightLoadError(
+                f"{path} is truncated: tensor {name} ends at byte {start + last}, the file has {data.size}"
+            )
         dtype = _numpy_dtype(info["dtype"])
         yield name, np.asarray(data[start + first : start + last]).view(dtype).reshape(info["shape"])
+
+
+def read_header(path: str) -> tuple[int, dict[str, Any]]:
+    """A .safetensors file's header length and tensor entries ({name: {dtype, shape,
+    data_offsets}}); `WeightLoadError` naming the file when it is not a readable header."""
+    try:
+        with open(path, "rb") as handle:
+            header_size = int.from_bytes(handle.read(8), "little")
+            if header_size > os.path.getsize(path) - 8:
+                raise ValueError(f"its header of {header_size} bytes is longer than the file")
+            header = json.loads(handle.read(header_size))
+        if not isinstance(header, dict):
+            raise ValueError("its header is not a JSON object")
+        tensors = {name: info for name, info in header.items() if name != "__metadata__"}
+        for name, info in tensors.items():
+            first, last = info["data_offsets"]
+            if not 0 <= first <= last:
+                raise ValueError(f"tensor {name} has data_offsets {info['data_offsets']}")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise WeightLoadError(f"cannot read the safetensors header of {path}: {exc}") from exc
+    return header_size, tensors

@@ -325,6 +325,15 @@ class LLMEngine:
                 self.config.max_model_len,
                 model_limit,
             )
+            # the rotary tables (cos and sin, float32) are built for every position up front
+            table_bytes = self.config.max_model_len * self.model_config.head_dim * 8
+            free = self.backend.free_memory_bytes()
+            if table_bytes > free:
+                raise InvalidArgumentError(
+                    f"max_model_len={self.config.max_model_len} would need {table_bytes / 2**30:.1f} GiB of "
+                    f"rotary tables alone, more than the {free / 2**30:.1f} GiB free; the model was trained "
+                    f"for {model_limit} positions"
+                )
         return self.config.max_model_len
 
     # --- requests ---------------------------------------------------------------------------

@@ -175,6 +175,7 @@ def test_profile_line_is_logged(llm):
         # 10**9 blocks of SmolLM2's 30 layers x 3 KV heads x 64 dims: petabytes, not a crash
         ({"num_gpu_blocks_override": 10**9}, ValueError, "num_gpu_blocks_override=1000000000 asks for"),
         ({"kv_cache_memory": 2**60}, ValueError, "more than the"),
+        ({"max_model_len": 10**12}, ValueError, "of rotary tables alone"),
     ],
 )
 def test_bad_construction_arguments(kwargs, error, fragment, monkeypatch):

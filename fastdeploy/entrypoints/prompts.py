@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from fastdeploy.errors import InvalidArgumentError
 
 
@@ -31,11 +33,28 @@ class PromptItem:
         return bool(self.media)
 
 
+def _is_token_id(value: Any) -> bool:
+    """An int (numpy's integers too, as tokenizers return them), never a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(_is_token_id(x) for x in value)
+
+
+def _looks_like_token_ids(value: Any) -> bool:
+    """A list of numbers with an int among them: meant as token ids, whatever else it holds."""
     return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+        isinstance(value, (list, tuple))
+        and any(_is_token_id(x) for x in value)
+        and all(isinstance(x, (int, float, np.number, np.bool_)) for x in value)
+    )
+
+
+def _bad_token_ids(value: list[Any] | tuple[Any, ...], where: str = "") -> PromptItem:
+    index, item = next((i, x) for i, x in enumerate(value) if not _is_token_id(x))
+    return PromptItem(
+        error=f"{where}token ids must be ints; item {index} of the list is a {type(item).__name__} ({item!r})"
     )
 
 
@@ -45,9 +64,11 @@ def _item(value: Any, index: int) -> PromptItem:
             return PromptItem(text=value, error=f"prompt {index} is an empty string")
         return PromptItem(text=value)
     if _is_token_ids(value):
-        return PromptItem(token_ids=list(value))
+        return PromptItem(token_ids=[int(x) for x in value])
     if isinstance(value, dict):
         return _dict_item(value, index)
+    if _looks_like_token_ids(value):
+        return _bad_token_ids(value, f"prompt {index}: ")
     return PromptItem(
         error=f"prompt {index} must be a str, a list of token ids or a dict with 'prompt'/'prompt_token_ids', "
         f"got {type(value).__name__}"
@@ -76,7 +97,7 @@ def _text_or_ids(value: dict[str, Any], index: int) -> PromptItem:
         ids = value["prompt_token_ids"]
         if not _is_token_ids(ids):
             return PromptItem(error=f"prompt {index}: 'prompt_token_ids' must be a non-empty list of ints")
-        return PromptItem(text=value.get("prompt"), token_ids=list(ids))
+        return PromptItem(text=value.get("prompt"), token_ids=[int(x) for x in ids])
     if "prompt" in value:
         return (
             _item(value["prompt"], index)
@@ -92,6 +113,8 @@ def normalize_prompts(prompts: Any) -> list[PromptItem]:
     """One PromptItem per prompt of `prompts` (str, list[str], list[int], list[list[int]], dict(s))."""
     if isinstance(prompts, (str, dict)) or _is_token_ids(prompts):
         return [_item(prompts, 0)]
+    if _looks_like_token_ids(prompts):
+        return [_bad_token_ids(prompts)]
     if isinstance(prompts, (list, tuple)):
         return [_item(value, index) for index, value in enumerate(prompts)]
     raise InvalidArgumentError(

@@ -214,3 +214,21 @@ def test_generate_after_shutdown_says_so():
         llm.generate("Hi", GREEDY, use_tqdm=False)
     with pytest.raises(EngineStoppedError):
         llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False)
+
+
+def test_token_ids_as_numpy_ints_or_a_tuple_and_malformed_token_lists(llm):
+    import numpy as np
+
+    ids = llm.get_tokenizer().encode("The capital of France is")
+    (expected,) = llm.generate(ids, GREEDY, use_tqdm=False)
+    for form in (tuple(ids), [np.int64(i) for i in ids], [[np.int32(i) for i in ids]]):
+        (output,) = llm.generate(form, GREEDY, use_tqdm=False)
+        assert output.outputs.token_ids == expected.outputs.token_ids, type(form)
+    (bad,) = llm.generate([1, 2, True], GREEDY, use_tqdm=False)
+    assert (
+        bad.error_code == 400
+        and bad.error_msg == "token ids must be ints; item 2 of the list is a bool (True)"
+    )
+    good, bad = llm.generate([ids, [1, 2, 3.0]], GREEDY, use_tqdm=False)
+    assert good.outputs.token_ids == expected.outputs.token_ids
+    assert bad.error_msg == "prompt 1: token ids must be ints; item 2 of the list is a float (3.0)"

@@ -84,8 +84,15 @@ def load_chat_template(value: str | os.PathLike[str]) -> str:
 
     A string containing "{" or a newline is taken as the template itself; anything else must be
     a readable file (`.jinja` text, or a `.json` file with a "chat_template" string as
-    transformers' processors save it).
+    transformers' processors save it). Either way it must be valid Jinja, checked here so that a
+    broken override fails where it is given, not in every chat.
     """
+    text = _template_text(value)
+    _compile(text)
+    return text
+
+
+def _template_text(value: str | os.PathLike[str]) -> str:
     if isinstance(value, str) and ("{" in value or "\n" in value):
         return value
     if not isinstance(value, (str, os.PathLike)):

@@ -176,6 +176,7 @@ def test_profile_line_is_logged(llm):
         ({"num_gpu_blocks_override": 10**9}, ValueError, "num_gpu_blocks_override=1000000000 asks for"),
         ({"kv_cache_memory": 2**60}, ValueError, "more than the"),
         ({"max_model_len": 10**12}, ValueError, "of rotary tables alone"),
+        ({"chat_template": "{% for %}"}, ValueError, "chat template is not valid Jinja (line 1)"),
     ],
 )
 def test_bad_construction_arguments(kwargs, error, fragment, monkeypatch):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastdeploy.backends.base import Backend
@@ -61,6 +61,19 @@ class CausalLM(ABC):
     @abstractmethod
     def compute_logits(self, hidden: Any) -> Any:
         """Logits [rows, vocab] for the given hidden-state rows."""
+
+
+def check_weight_shapes(expected: Mapping[str, tuple[int, ...]], host: Mapping[str, Any]) -> None:
+    """Raise WeightLoadError naming the tensors whose shape is not the one config.json implies
+    (caught here, a wrong size would fail only in the first forward pass, deep in an op)."""
+    wrong = [
+        f"{name} is {tuple(host[name].shape)}, config.json implies {shape}"
+        for name, shape in expected.items()
+        if name in host and tuple(host[name].shape) != shape
+    ]
+    if wrong:
+        more = f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else ""
+        raise WeightLoadError("checkpoint does not match its config.json: " + "; ".join(wrong[:4]) + more)
 
 
 def check_weight_names(expected: set[str], provided: set[str], ignorable: tuple[str, ...] = ()) -> None:

@@ -32,6 +32,7 @@ from fastdeploy.plugins.api import (
     ModelConfig,
     ModelParallel,
     check_weight_names,
+    check_weight_shapes,
     get_logger,
     hookimpl,
     rope_tables,
@@ -215,6 +216,25 @@ class LlamaForCausalLM(CausalLM):
             names.update(self.mlp_names(i, prefix))
         return names
 
+    def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """[out, in] shapes of the embedding, head, norms and attention projections that
+        config.json implies (the MLP's depend on the block: `mlp_names` may be experts)."""
+        config = self.config
+        hidden, vocab, head_dim = config.hidden_size, config.vocab_size, config.head_dim
+        q_rows, kv_rows = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+        shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+        if not config.tie_word_embeddings:
+            shapes["lm_head.weight"] = (vocab, hidden)
+        for i in range(config.num_hidden_layers):
+            prefix, attn = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+            shapes[prefix + "input_layernorm.weight"] = (hidden,)
+            shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
+            shapes[attn + "q_proj.weight"] = (q_rows, hidden)
+            shapes[attn + "k_proj.weight"] = (kv_rows, hidden)
+            shapes[attn + "v_proj.weight"] = (kv_rows, hidden)
+            shapes[attn + "o_proj.weight"] = (hidden, q_rows)
+        return shapes
+
     def load_weights(self, tensors: Iterable[tuple[str, Any]]) -> None:
         host: dict[str, Any] = {}
         ignored = 0
@@ -235,6 +255,7 @@ class LlamaForCausalLM(CausalLM):
             host.pop("lm_head.weight", None)  # some tied checkpoints store the copy; the embedding wins
         self.preprocess_weights(host)
         check_weight_names(self._expected_names(), set(host), _IGNORED_SUFFIXES)
+        check_weight_shapes(self._expected_shapes(), host)
         backend = self.backend
         parallel = self.parallel
         if parallel.is_first_stage:

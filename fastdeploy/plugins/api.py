@@ -43,7 +43,7 @@ from fastdeploy.model_executor.loaders.base import WeightLoader
 from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
 from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader
 from fastdeploy.model_executor.rope import interleaved_to_half_rows, rope_tables
-from fastdeploy.models.base import CausalLM, check_weight_names
+from fastdeploy.models.base import CausalLM, check_weight_names, check_weight_shapes
 from fastdeploy.plugins.hookspecs import hookimpl
 from fastdeploy.reasoning.base import ReasoningParser, ReasoningSplit
 from fastdeploy.reasoning.tool_calls import ToolCallExtraction, tool_call
@@ -66,6 +66,7 @@ __all__ = [
     "CausalLM",
     "ModelConfig",
     "check_weight_names",
+    "check_weight_shapes",
     "interleaved_to_half_rows",
     "rope_tables",
     # parallelism: a model's shard, and the collectives a device plugin implements

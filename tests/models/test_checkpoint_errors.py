@@ -64,6 +64,29 @@ def test_unknown_expert_is_named(tmp_path):
         LLM(model=directory, max_model_len=32)
 
 
+def test_tensors_whose_sizes_disagree_with_config_json_are_named_at_construction(tmp_path):
+    """They used to load, then fail the first forward pass (a norm of the wrong width) or a
+    request whose token ids lie past the embedding's rows (500)."""
+    hidden, vocab = (
+        tiny.SPECS["ernie4_5"]["config"]["hidden_size"],
+        tiny.SPECS["ernie4_5"]["config"]["vocab_size"],
+    )
+
+    def shrink(tensors):
+        tensors["model.norm.weight"] = tensors["model.norm.weight"][:-1]
+        tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"][:-8]
+
+    directory = _write(tmp_path, "ernie4_5", "pt", shrink)
+    with pytest.raises(WeightLoadError) as info:
+        LLM(model=directory, max_model_len=32)
+    message = str(info.value)
+    assert (
+        f"model.embed_tokens.weight is ({vocab - 8}, {hidden}), config.json implies ({vocab}, {hidden})"
+        in message
+    )
+    assert f"model.norm.weight is ({hidden - 1},), config.json implies ({hidden},)" in message
+
+
 def test_fused_qkv_of_the_wrong_width_names_the_tensor(tmp_path):
     translator = PaddleErnieTranslator(tiny.SPECS["ernie4_5"]["config"])
     with pytest.raises(WeightLoadError, match=r"ernie\.layers\.0\.self_attn\.qkv_proj\.weight .* 128 wide"):

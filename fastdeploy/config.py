@@ -203,9 +203,14 @@ class EngineConfig:
         self._check_parallel()
         if self.block_size & (self.block_size - 1):
             raise InvalidArgumentError(f"block_size must be a power of two, got {self.block_size}")
-        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+        utilization = self.gpu_memory_utilization
+        if utilization is not None and (
+            isinstance(utilization, bool)
+            or not isinstance(utilization, (int, float))
+            or not 0 < utilization <= 1
+        ):
             raise InvalidArgumentError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+                f"gpu_memory_utilization must be a number in (0, 1], got {utilization!r}"
             )
         if not isinstance(self.device, str) or not self.device:
             raise InvalidArgumentError(
@@ -231,8 +236,18 @@ class EngineConfig:
                 f"generation_config must be one of {', '.join(GENERATION_CONFIG_MODES)}; "
                 f"got {self.generation_config!r}"
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise InvalidArgumentError(f"seed must be a non-negative int, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise InvalidArgumentError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
+        if self.mm_processor_kwargs is not None and not isinstance(self.mm_processor_kwargs, dict):
+            raise InvalidArgumentError(
+                f"mm_processor_kwargs must be a dict such as {{'image_max_pixels': 802816}}, got "
+                f"{type(self.mm_processor_kwargs).__name__}"
+            )
+        if not isinstance(self.allowed_local_media_path, (bool, str)):
+            raise InvalidArgumentError(
+                "allowed_local_media_path must be a directory (str) or a bool, got "
+                f"{type(self.allowed_local_media_path).__name__}"
+            )
         if (
             isinstance(self.max_logprobs, bool)
             or not isinstance(self.max_logprobs, int)

@@ -26,6 +26,8 @@ def parse_ips(ips: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
     """Host addresses from a comma list (FastDeploy's form) or a sequence; () when not given."""
     if ips is None:
         return ()
+    if not isinstance(ips, (str, list, tuple)) or not all(isinstance(item, str) for item in ips):
+        raise InvalidArgumentError(f"ips must be a comma list or a list of host addresses (str), got {ips!r}")
     items = ips.split(",") if isinstance(ips, str) else list(ips)
     hosts = tuple(str(item).strip() for item in items if str(item).strip())
     if isinstance(ips, str) and ips.strip() and not hosts:

@@ -50,6 +50,12 @@ def render_conversation(
     `chat_template` is template text (None: the model's own template).
     """
     kwargs = dict(template_kwargs or {})
+    if not isinstance(add_generation_prompt, bool):
+        raise InvalidArgumentError(f"add_generation_prompt must be a bool, got {add_generation_prompt!r}")
+    if not isinstance(kwargs.get("enable_thinking", True), bool):
+        raise InvalidArgumentError(
+            f"chat_template_kwargs enable_thinking must be a bool, got {kwargs['enable_thinking']!r}"
+        )
     reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
     if reserved:
         raise InvalidArgumentError(

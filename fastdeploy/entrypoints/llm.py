@@ -293,6 +293,8 @@ class LLM:
     def _run(
         self, items: list[PromptItem], params: list[SamplingParams], use_tqdm: bool, arrival: float
     ) -> list[RequestOutput]:
+        if not isinstance(use_tqdm, bool):
+            raise InvalidArgumentError(f"use_tqdm must be a bool, got {use_tqdm!r}")
         with self._calls:
             return self._run_alone(items, params, use_tqdm, arrival)
 

@@ -177,6 +177,12 @@ def test_profile_line_is_logged(llm):
         ({"kv_cache_memory": 2**60}, ValueError, "more than the"),
         ({"max_model_len": 10**12}, ValueError, "of rotary tables alone"),
         ({"chat_template": "{% for %}"}, ValueError, "chat template is not valid Jinja (line 1)"),
+        ({"gpu_memory_utilization": "0.5"}, ValueError, "gpu_memory_utilization must be a number in (0, 1]"),
+        ({"gpu_memory_utilization": True}, ValueError, "gpu_memory_utilization must be a number"),
+        ({"seed": 2**64}, ValueError, "seed must be an int in [0, 2**63)"),
+        ({"mm_processor_kwargs": 5}, ValueError, "mm_processor_kwargs must be a dict"),
+        ({"ips": 5}, ValueError, "ips must be a comma list or a list of host addresses"),
+        ({"allowed_local_media_path": 5}, ValueError, "allowed_local_media_path must be a directory"),
     ],
 )
 def test_bad_construction_arguments(kwargs, error, fragment, monkeypatch):

@@ -232,3 +232,13 @@ def test_token_ids_as_numpy_ints_or_a_tuple_and_malformed_token_lists(llm):
     good, bad = llm.generate([ids, [1, 2, 3.0]], GREEDY, use_tqdm=False)
     assert good.outputs.token_ids == expected.outputs.token_ids
     assert bad.error_msg == "prompt 1: token ids must be ints; item 2 of the list is a float (3.0)"
+
+
+def test_flags_must_be_bools(llm):
+    chat = [{"role": "user", "content": "hi"}]
+    with pytest.raises(InvalidArgumentError, match="use_tqdm must be a bool, got 'yes'"):
+        llm.generate("hi", GREEDY, use_tqdm="yes")
+    (output,) = llm.chat(chat, GREEDY, use_tqdm=False, add_generation_prompt=5)
+    assert output.error_code == 400 and "add_generation_prompt must be a bool, got 5" in output.error_msg
+    (output,) = llm.chat(chat, GREEDY, use_tqdm=False, chat_template_kwargs={"enable_thinking": "no"})
+    assert output.error_code == 400 and "enable_thinking must be a bool, got 'no'" in output.error_msg

@@ -11,6 +11,10 @@ class InvalidArgumentError(FastDeployError, ValueError):
     """An argument has the wrong type or is out of range; the message names it."""
 
 
+class PromptTooLongError(InvalidArgumentError):
+    """A prompt that cannot fit in `max_model_len` tokens (the server's `context_length_exceeded`)."""
+
+
 class ModelNotFoundError(FastDeployError, FileNotFoundError):
     """`model=` names neither a known model nor a readable path."""
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fastdeploy.entrypoints.prompts import PromptItem
-from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.errors import InvalidArgumentError, PromptTooLongError
 from fastdeploy.input.tokenizer import Tokenizer
 
 
@@ -37,6 +37,29 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
 )
 
 
+#: characters per token of room beyond which a text is probed before it is tokenized whole
+PROBE_CHARS_PER_TOKEN = 8
+#: tokens the cut at the probe's end may merge away: a probe over max_model_len + this proves it
+PROBE_MARGIN = 64
+
+
+def check_text_fits(tokenizer: Tokenizer, text: str, max_model_len: int) -> None:
+    """Raise `PromptTooLongError` for a text that cannot fit in `max_model_len` tokens, without
+    tokenizing all of it: a prompt of megabytes took seconds of a server's preprocessing thread
+    before its length was checked. Texts over 8 characters per token of room are probed by
+    tokenizing that prefix; only the tokens at its cut can differ from the whole text's, so a
+    prefix already over `max_model_len + PROBE_MARGIN` tokens proves the whole is too long."""
+    probe = max_model_len * PROBE_CHARS_PER_TOKEN
+    if len(text) <= probe:
+        return
+    count = len(tokenizer.encode(text[:probe], add_special_tokens=False))
+    if count > max_model_len + PROBE_MARGIN:
+        raise PromptTooLongError(
+            f"the prompt is longer than this model's maximum context length of {max_model_len} tokens: "
+            f"its first {probe} of {len(text)} characters alone are {count} tokens"
+        )
+
+
 def render_conversation(
     tokenizer: Tokenizer,
     conversation: Any,
@@ -44,8 +67,10 @@ def render_conversation(
     chat_template: str | None = None,
     add_generation_prompt: bool = True,
     template_kwargs: Mapping[str, Any] | None = None,
+    max_model_len: int | None = None,
 ) -> PromptItem:
-    """The prompt of one conversation; raises `InvalidArgumentError` if it cannot be rendered.
+    """The prompt of one conversation; raises `InvalidArgumentError` if it cannot be rendered
+    (`PromptTooLongError` if, given `max_model_len`, it certainly cannot fit: `check_text_fits`).
 
     `chat_template` is template text (None: the model's own template).
     """
@@ -69,6 +94,8 @@ def render_conversation(
         chat_template=chat_template,
         **kwargs,
     )
+    if max_model_len is not None:
+        check_text_fits(tokenizer, text, max_model_len)
     return PromptItem(
         text=text,
         token_ids=tokenizer.encode(text, add_special_tokens=False),

@@ -242,3 +242,16 @@ def test_flags_must_be_bools(llm):
     assert output.error_code == 400 and "add_generation_prompt must be a bool, got 5" in output.error_msg
     (output,) = llm.chat(chat, GREEDY, use_tqdm=False, chat_template_kwargs={"enable_thinking": "no"})
     assert output.error_code == 400 and "enable_thinking must be a bool, got 'no'" in output.error_msg
+
+
+def test_a_text_that_cannot_fit_is_refused_from_a_prefix(llm):
+    from fastdeploy.entrypoints.chat_utils import check_text_fits
+    from fastdeploy.errors import PromptTooLongError
+
+    tokenizer = llm.get_tokenizer()
+    words = "hello " * 20_000  # 120,000 characters, ~20,000 tokens
+    with pytest.raises(PromptTooLongError, match=r"its first 8000 of 120000 characters alone are \d+ tokens"):
+        check_text_fits(tokenizer, words, 1000)
+    runs = "=" * 9_000  # over the probe's 8,000 characters, but runs of "=" are few tokens
+    assert len(tokenizer.encode(runs, add_special_tokens=False)) < 1000
+    check_text_fits(tokenizer, runs, 1000)  # the probe does not refuse what may fit

@@ -43,7 +43,7 @@ from fastdeploy.entrypoints.openai.serving import (
 )
 from fastdeploy.entrypoints.openai.structured_outputs import check_request_guided_decoding
 from fastdeploy.entrypoints.streaming import DeltaTracker
-from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.errors import InvalidArgumentError, PromptTooLongError
 from fastdeploy.tool_calling.request import ToolPlan, template_messages
 
 
@@ -61,6 +61,7 @@ def prepare_conversation(
             chat_template=request.chat_template,
             add_generation_prompt=request.add_generation_prompt,
             template_kwargs=with_tools(request.chat_template_kwargs, plan.tools),
+            max_model_len=ctx.max_model_len,
         )
         multimodal = None
         if media:
@@ -68,6 +69,8 @@ def prepare_conversation(
             processor = engine.mm_processor
             token_ids = processor.encode_text(item.text or "") if processor is not None else []
             multimodal = process_media(engine, token_ids, media, request.mm_processor_kwargs)
+    except PromptTooLongError as exc:
+        raise invalid_request(str(exc), param="messages", code="context_length_exceeded") from exc
     except InvalidArgumentError as exc:
         raise invalid_request(str(exc), param="messages") from exc
     token_ids = multimodal.token_ids if multimodal is not None else item.token_ids or []

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.chat_utils import prompt_token_ids
+from fastdeploy.entrypoints.chat_utils import check_text_fits, prompt_token_ids
 from fastdeploy.entrypoints.multimodal import process_media
 from fastdeploy.entrypoints.openai.errors import invalid_request
 from fastdeploy.entrypoints.openai.logprobs import completion_logprobs, echoed_logprobs, prompt_logprobs_field
@@ -39,7 +39,7 @@ from fastdeploy.entrypoints.openai.serving import (
 from fastdeploy.entrypoints.openai.structured_outputs import check_request_guided_decoding
 from fastdeploy.entrypoints.prompts import PromptItem, normalize_prompts
 from fastdeploy.entrypoints.streaming import DeltaTracker
-from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.errors import InvalidArgumentError, PromptTooLongError
 
 
 def request_prompts(prompt: Any) -> list[PromptItem]:
@@ -68,10 +68,14 @@ def prepare_prompts(ctx: ServingContext, items: list[PromptItem]) -> list[Prepar
     for item in items:
         multimodal = None
         try:
+            if item.token_ids is None and item.text:
+                check_text_fits(ctx.tokenizer, item.text, ctx.max_model_len)
             token_ids = prompt_token_ids(ctx.tokenizer, item, engine.mm_processor)
             if item.has_media:
                 multimodal = process_media(engine, token_ids, item.media, item.mm_processor_kwargs)
                 token_ids = multimodal.token_ids
+        except PromptTooLongError as exc:
+            raise invalid_request(str(exc), param="prompt", code="context_length_exceeded") from exc
         except InvalidArgumentError as exc:
             raise invalid_request(str(exc), param="prompt") from exc
         ctx.check_prompt(token_ids, "prompt")

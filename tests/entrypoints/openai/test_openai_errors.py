@@ -208,6 +208,23 @@ def test_error_bodies_never_show_server_directories(message, shown):
     assert OpenAIError(500, message).body()["error"]["message"] == shown
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_prompt_of_megabytes_is_refused_without_tokenizing_it_all(server, path):
+    text = "hello " * 1_000_000  # 6 MB: seconds of tokenizing before the length check
+    body = (
+        {"prompt": text, "max_tokens": 1}
+        if path == "/v1/completions"
+        else {"messages": [{"role": "user", "content": text}], "max_tokens": 1}
+    )
+    response = httpx.post(server.url + path, json=body, timeout=60)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (
+        error["code"] == "context_length_exceeded"
+        and "maximum context length of 1024 tokens" in error["message"]
+    )
+
+
 def test_error_messages_quoting_a_huge_value_are_cut(server):
     """A 4 MB model name is quoted in the 404; the answer stays small."""
     response = httpx.post(

@@ -26,6 +26,7 @@ native_kernels = Extension(
             "encoder_attention_bf16",
             "elementwise",
             "decoder_layer",
+            "shm_collectives",
             "row_kernels_avx2",
             "row_kernels_avx512",
         )

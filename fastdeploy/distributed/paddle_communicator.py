@@ -20,6 +20,7 @@ import numpy as np
 from fastdeploy.backends.base import Backend
 from fastdeploy.distributed.communicator import Communicator, RendezvousInfo
 from fastdeploy.distributed.rendezvous import split_address, wait_until_reachable
+from fastdeploy.distributed.shm_collectives import SharedMemoryCollectives
 from fastdeploy.errors import DistributedInitError
 
 #: ids of subgroups made by `new_group` (paddle numbers its own groups from 1)
@@ -135,6 +136,10 @@ class PaddleCommunicator(Communicator):
         self.endpoints = rendezvous.endpoints
         self.timeout = rendezvous.timeout
         self._stores: list[Any] = []  # subgroup stores live as long as their groups
+        self._on_gpu = on_gpu
+        #: id(group) -> (group, its shared-memory collectives) for the groups on this host alone
+        self._shm: dict[int, tuple[Any, SharedMemoryCollectives]] = {}
+        self._add_shm_collectives(None, list(range(self.world_size)))
 
     def _tensor(self, x: Any) -> Any:
         """A paddle tensor sharing x's memory (DLPack for numpy and other frameworks)."""
@@ -173,15 +178,42 @@ class PaddleCommunicator(Communicator):
         group_id = _SUBGROUP_IDS + ranks[0]
         process_group = core.ProcessGroupGloo.create(store, ranks.index(self.rank), len(ranks), group_id)
         self._stores.append(store)
-        return Group(ranks.index(self.rank), group_id, ranks, pg=process_group, name=f"fastdeploy_{group_id}")
+        group = Group(
+            ranks.index(self.rank), group_id, ranks, pg=process_group, name=f"fastdeploy_{group_id}"
+        )
+        self._add_shm_collectives(group, ranks)
+        return group
+
+    def _add_shm_collectives(self, group: Any, ranks: list[int]) -> None:
+        """Give a CPU group whose ranks all run on this host its shared-memory collectives."""
+        hosts = {split_address(self.endpoints[rank])[0] for rank in ranks} if self.endpoints else {None}
+        if self._on_gpu or len(ranks) < 2 or len(hosts) != 1 or not SharedMemoryCollectives.usable():
+            return
+
+        def share_name(name: bytes) -> bytes:
+            buffer = np.frombuffer(bytearray(name), np.uint8)
+            self.dist.broadcast(self._tensor(buffer), src=ranks[0], group=group)
+            return buffer.tobytes()
+
+        def barrier() -> None:
+            self.dist.all_reduce(self._tensor(np.zeros(1, np.float32)), group=group)
+
+        shm = SharedMemoryCollectives(ranks.index(self.rank), len(ranks), share_name, barrier, self.timeout)
+        self._shm[id(group)] = (group, shm)
 
     def all_reduce(self, x: Any, group: Any) -> Any:
         if isinstance(x, np.ndarray) and not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
+        fast = self._shm.get(id(group))
+        if fast is not None and isinstance(x, np.ndarray) and x.dtype == np.float32:
+            return fast[1].all_reduce(x)
         self.dist.all_reduce(self._tensor(x), group=group)
         return x
 
     def all_gather(self, x: Any, group: Any) -> Any:
+        fast = self._shm.get(id(group))
+        if fast is not None and isinstance(x, np.ndarray) and x.dtype == np.float32:
+            return fast[1].all_gather(np.ascontiguousarray(x))
         parts: list[Any] = []
         self.dist.all_gather(parts, self._tensor(x), group=group)
         if isinstance(x, self.paddle.Tensor):

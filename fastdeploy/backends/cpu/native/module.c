@@ -120,6 +120,9 @@ static PyMethodDef methods[] = {
     {"set_spin_us", native_set_spin_us, METH_VARARGS,
      "set_spin_us(us): how long the kernels' idle threads spin before they sleep."},
     {"spin_us", native_spin_us, METH_NOARGS, "How long the kernels' idle threads spin before they sleep, in us."},
+    {"shm_collective", native_shm_collective, METH_VARARGS,
+     "shm_collective(shm, x, out, rank, world, seq, slot_floats, timeout): sum x (out None) or gather it into out "
+     "over the ranks mapping shm; the next seq."},
     {"pack_blocks", native_pack_blocks, METH_VARARGS,
      "pack_blocks(kind, rows, out, out_features, in_features): GGUF rows into gemm's column panels."},
     {"gemm", native_gemm, METH_VARARGS,

@@ -229,6 +229,7 @@ int native_cpu_has_vnni(void);
 PyObject *native_best_isa(PyObject *self, PyObject *noargs);
 PyObject *native_gemm(PyObject *self, PyObject *args);
 PyObject *native_pack_blocks(PyObject *self, PyObject *args);
+PyObject *native_shm_collective(PyObject *self, PyObject *args);
 PyObject *native_attention(PyObject *self, PyObject *args);
 PyObject *native_encoder_attention(PyObject *self, PyObject *args);
 PyObject *native_rms_norm(PyObject *self, PyObject *args);

@@ -22,6 +22,9 @@ from fastdeploy.distributed.communicator import Communicator, RendezvousInfo
 from fastdeploy.distributed.rendezvous import split_address, wait_until_reachable
 from fastdeploy.distributed.shm_collectives import SharedMemoryCollectives
 from fastdeploy.errors import DistributedInitError
+from fastdeploy.logger import get_logger
+
+logger = get_logger(__name__)
 
 #: ids of subgroups made by `new_group` (paddle numbers its own groups from 1)
 _SUBGROUP_IDS = 1000
@@ -195,10 +198,18 @@ class PaddleCommunicator(Communicator):
             self.dist.broadcast(self._tensor(buffer), src=ranks[0], group=group)
             return buffer.tobytes()
 
-        def barrier() -> None:
-            self.dist.all_reduce(self._tensor(np.zeros(1, np.float32)), group=group)
+        def all_agree(ok: bool) -> bool:
+            votes = np.array([1.0 if ok else 0.0], np.float32)
+            self.dist.all_reduce(self._tensor(votes), group=group)
+            return int(votes[0]) == len(ranks)
 
-        shm = SharedMemoryCollectives(ranks.index(self.rank), len(ranks), share_name, barrier, self.timeout)
+        try:
+            shm = SharedMemoryCollectives(
+                ranks.index(self.rank), len(ranks), share_name, all_agree, self.timeout
+            )
+        except OSError as exc:
+            logger.warning("ranks %s keep their collectives on gloo: %s", ranks, exc)
+            return
         self._shm[id(group)] = (group, shm)
 
     def all_reduce(self, x: Any, group: Any) -> Any:

@@ -50,29 +50,29 @@ class SharedMemoryCollectives:
         group_rank: int,
         group_size: int,
         share_name: Callable[[bytes], bytes],
-        barrier: Callable[[], None],
+        all_agree: Callable[[bool], bool],
         timeout: float,
     ) -> None:
         """`share_name(name)` returns the group's first rank's `name` on every rank (a broadcast of
-        the framework); `barrier()` waits for the group's ranks (the framework's)."""
+        the framework); `all_agree(ok)` is whether every rank of the group passed True (a
+        collective of the framework, which doubles as its barrier). Raises `OSError` on every
+        rank when any rank cannot map the segment (ranks of one host in separate containers, say),
+        so that all of them keep to the framework together."""
         self._kernel = native_kernel()
         self.rank, self.size, self.timeout = group_rank, group_size, timeout
         name = share_name(uuid.uuid4().hex.encode() if group_rank == 0 else b"0" * 32).decode()
         path = os.path.join(SHM_DIRECTORY, f"fastdeploy-collectives-{name}")
         nbytes = -(-group_size * 64 // 4096) * 4096 + 2 * group_size * SLOT_FLOATS * 4
+        created = True
         if group_rank == 0:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            os.ftruncate(fd, nbytes)
-            os.close(fd)
-        barrier()
-        fd = os.open(path, os.O_RDWR)
-        try:
-            self._mapping = mmap.mmap(fd, nbytes)
-        finally:
-            os.close(fd)
-        barrier()
-        if group_rank == 0:
+            created = _attempt(lambda: _create(path, nbytes)) is not None
+        mapping = _attempt(lambda: _map(path, nbytes)) if all_agree(created) else None
+        mapped = all_agree(mapping is not None)
+        if group_rank == 0 and created:
             os.unlink(path)
+        if not mapped:
+            raise OSError(f"not every rank of the group could map {path}")
+        self._mapping = mapping
         self._segment = np.frombuffer(self._mapping, np.uint8)
         self._seq = 1
 
@@ -97,3 +97,28 @@ class SharedMemoryCollectives:
             self._seq = self._kernel(
                 self._segment, x.reshape(-1), out, self.rank, self.size, self._seq, SLOT_FLOATS, self.timeout
             )
+
+
+def _create(path: str, nbytes: int) -> bool:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _map(path: str, nbytes: int) -> mmap.mmap:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def _attempt(action: Callable[[], Any]) -> Any:
+    """`action()`, or None when it fails with an OSError (the caller tells the other ranks)."""
+    try:
+        return action()
+    except OSError:
+        return None

@@ -25,9 +25,24 @@ def arrays(rank: int, call: int, length: int) -> np.ndarray:
     return np.random.default_rng([rank, call, length]).standard_normal(length).astype(np.float32)
 
 
-def run_rank(rank: int, size: int, name: bytes, barrier, results) -> None:
+def voting(rank: int, size: int, barrier, votes):
+    """An `all_agree` over processes: every rank's vote, then whether all were True."""
+
+    def all_agree(ok: bool) -> bool:
+        votes[rank] = int(ok)
+        barrier.wait(30)
+        agreed = sum(votes[:size]) == size
+        barrier.wait(30)
+        return agreed
+
+    return all_agree
+
+
+def run_rank(rank: int, size: int, name: bytes, barrier, votes, results) -> None:
     shm_collectives.SLOT_FLOATS = 1024
-    reducer = SharedMemoryCollectives(rank, size, lambda _: name, lambda: barrier.wait(30), timeout=30)
+    reducer = SharedMemoryCollectives(
+        rank, size, lambda _: name, voting(rank, size, barrier, votes), timeout=30
+    )
     sums = []
     for call in range(6):
         for length in LENGTHS:
@@ -40,9 +55,11 @@ def run_rank(rank: int, size: int, name: bytes, barrier, results) -> None:
 @pytest.mark.parametrize("size", [2, 3])
 def test_every_rank_gets_the_rank_order_sum_and_concatenation(size):
     context = multiprocessing.get_context("fork")
-    barrier, results = context.Barrier(size), context.Queue()
+    barrier, votes, results = context.Barrier(size), context.Array("i", size), context.Queue()
     name = os.urandom(16).hex().encode()
-    ranks = [context.Process(target=run_rank, args=(r, size, name, barrier, results)) for r in range(size)]
+    ranks = [
+        context.Process(target=run_rank, args=(r, size, name, barrier, votes, results)) for r in range(size)
+    ]
     for process in ranks:
         process.start()
     got = dict(results.get(timeout=60) for _ in ranks)
@@ -63,17 +80,41 @@ def test_every_rank_gets_the_rank_order_sum_and_concatenation(size):
     assert not [f for f in os.listdir(shm_collectives.SHM_DIRECTORY) if name.decode() in f]
 
 
+def test_when_one_rank_cannot_map_the_segment_every_rank_keeps_to_the_framework():
+    context = multiprocessing.get_context("fork")
+    barrier, votes, outcome = context.Barrier(2), context.Array("i", 2), context.Queue()
+    name = os.urandom(16).hex().encode()
+
+    def blind_peer() -> None:  # its /dev/shm is not the others' (a container of its own, say)
+        def refuse(path, nbytes):
+            raise FileNotFoundError(path)
+
+        shm_collectives._map = refuse
+        try:
+            SharedMemoryCollectives(1, 2, lambda _: name, voting(1, 2, barrier, votes), timeout=30)
+        except OSError as exc:
+            outcome.put(str(exc))
+
+    peer = context.Process(target=blind_peer)
+    peer.start()
+    with pytest.raises(OSError, match="not every rank of the group could map"):
+        SharedMemoryCollectives(0, 2, lambda _: name, voting(0, 2, barrier, votes), timeout=30)
+    assert "not every rank of the group could map" in outcome.get(timeout=30)
+    peer.join(30)
+    assert not [f for f in os.listdir(shm_collectives.SHM_DIRECTORY) if name.decode() in f]
+
+
 def test_a_rank_whose_peer_never_comes_times_out():
     context = multiprocessing.get_context("fork")
-    barrier = context.Barrier(2)
+    barrier, votes = context.Barrier(2), context.Array("i", 2)
     name = os.urandom(16).hex().encode()
 
     def absent_peer() -> None:  # maps the segment, then never all-reduces
-        SharedMemoryCollectives(1, 2, lambda _: name, lambda: barrier.wait(30), timeout=30)
+        SharedMemoryCollectives(1, 2, lambda _: name, voting(1, 2, barrier, votes), timeout=30)
 
     peer = context.Process(target=absent_peer)
     peer.start()
-    reducer = SharedMemoryCollectives(0, 2, lambda _: name, lambda: barrier.wait(30), timeout=0.2)
+    reducer = SharedMemoryCollectives(0, 2, lambda _: name, voting(0, 2, barrier, votes), timeout=0.2)
     peer.join(30)
     with pytest.raises(
         TimeoutError, match="shm_collective: rank 0 waited 200 ms for the other ranks of its group"

@@ -145,8 +145,11 @@ def test_stalled_body_is_closed_and_logged_without_traceback(stalling):
 
 
 def test_health_answers_while_a_huge_prompt_is_tokenized(hostile):
-    """A 2 MB message takes seconds to render and tokenize; that work runs off the event loop."""
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hello world " * 170_000}]})
+    """A 2 MB message takes seconds to render and tokenize; that work runs off the event loop.
+    Its first 8,192 characters (8 per token of the 1,024 of room) are a run of "=", a few hundred
+    tokens, so the server's prefix probe cannot refuse it early and it is tokenized whole."""
+    content = "=" * 8200 + "hello world " * 170_000
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}]})
     result: dict[str, httpx.Response] = {}
 
     def send_huge() -> None:

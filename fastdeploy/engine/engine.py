@@ -261,7 +261,7 @@ class LLMEngine:
             checkpoint, self.backend, self.max_model_len, registry, quantization=config.quantization
         )
         self.mm_processor = build_multimodal_processor(
-            registry, self.model, self.tokenizer, self.model_config, config
+            registry, self.model, self.tokenizer, self.model_config, config, self.mm_limits
         )
         spec = plan_kv_cache(
             config,

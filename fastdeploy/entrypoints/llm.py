@@ -21,8 +21,8 @@ from fastdeploy.distributed.startup import serve_follower
 from fastdeploy.engine.engine import LLMEngine, error_output
 from fastdeploy.engine.request import INVALID_REQUEST, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.chat_utils import prompt_token_ids, render_conversation, with_tools
-from fastdeploy.entrypoints.multimodal import extract_media, process_media
+from fastdeploy.entrypoints.chat_utils import render_conversation, with_tools
+from fastdeploy.entrypoints.multimodal import extract_media, prompt_inputs
 from fastdeploy.entrypoints.offline_tools import constrain_offline, fill_tool_calls, plan_offline
 from fastdeploy.entrypoints.prompts import PromptItem, normalize_prompts
 from fastdeploy.errors import EngineStoppedError, FastDeployError, InvalidArgumentError
@@ -312,14 +312,15 @@ class LLM:
                 order.append(request_id)
                 if item.error is None:
                     try:
+                        token_ids, multimodal = prompt_inputs(engine, item)
                         engine.add_request(
                             request_id,
-                            prompt_token_ids(engine.tokenizer, item, engine.mm_processor),
+                            token_ids,
                             item_params,
                             prompt=item.text,
                             arrival_time=arrival,
                             thinking_enabled=item.thinking_enabled,
-                            multimodal=self._multimodal(item),
+                            multimodal=multimodal,
                         )
                         continue
                     except FastDeployError as exc:
@@ -336,18 +337,6 @@ class LLM:
             raise
         self._drive(results, len(order), use_tqdm)
         return [results[request_id] for request_id in order]
-
-    def _multimodal(self, item: PromptItem) -> Any:
-        """The processed images and videos of a prompt (None when it has none)."""
-        if not item.has_media:
-            return None
-        engine = self.llm_engine
-        return process_media(
-            engine,
-            prompt_token_ids(engine.tokenizer, item, engine.mm_processor),
-            item.media,
-            item.mm_processor_kwargs,
-        )
 
     def _drive(self, results: dict[str, RequestOutput], total: int, use_tqdm: bool) -> None:
         """Step the engine until every queued request has finished."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastdeploy.entrypoints.chat_utils import prompt_token_ids
+from fastdeploy.entrypoints.prompts import PromptItem
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.multimodal.inputs import MultiModalPrompt
 from fastdeploy.input.multimodal.options import enforce_limits
@@ -94,6 +96,16 @@ def multimodal_data(value: Any, where: str) -> Media:
         for index, item in enumerate(_as_list(value.get(modality))):
             media.add(modality, item, f"{where}: multimodal_data {modality} {index}")
     return media
+
+
+def prompt_inputs(engine: Any, item: PromptItem) -> tuple[list[int], MultiModalPrompt | None]:
+    """A prompt item's token ids, encoded once, and with media its `MultiModalPrompt` (whose
+    expanded ids are then the prompt's), as `LLM.generate` and `/v1/completions` queue it."""
+    token_ids = prompt_token_ids(engine.tokenizer, item, engine.mm_processor)
+    if not item.has_media:
+        return token_ids, None
+    multimodal = process_media(engine, token_ids, item.media, item.mm_processor_kwargs)
+    return multimodal.token_ids, multimodal
 
 
 def process_media(

@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.chat_utils import check_text_fits, prompt_token_ids
-from fastdeploy.entrypoints.multimodal import process_media
+from fastdeploy.entrypoints.chat_utils import check_text_fits
+from fastdeploy.entrypoints.multimodal import prompt_inputs
 from fastdeploy.entrypoints.openai.errors import invalid_request
 from fastdeploy.entrypoints.openai.logprobs import completion_logprobs, echoed_logprobs, prompt_logprobs_field
 from fastdeploy.entrypoints.openai.params import completion_sampling_params, reject_unsupported
@@ -66,14 +66,10 @@ def prepare_prompts(ctx: ServingContext, items: list[PromptItem]) -> list[Prepar
     prepared = []
     engine = ctx.engine.engine
     for item in items:
-        multimodal = None
         try:
             if item.token_ids is None and item.text:
                 check_text_fits(ctx.tokenizer, item.text, ctx.max_model_len)
-            token_ids = prompt_token_ids(ctx.tokenizer, item, engine.mm_processor)
-            if item.has_media:
-                multimodal = process_media(engine, token_ids, item.media, item.mm_processor_kwargs)
-                token_ids = multimodal.token_ids
+            token_ids, multimodal = prompt_inputs(engine, item)
         except PromptTooLongError as exc:
             raise invalid_request(str(exc), param="prompt", code="context_length_exceeded") from exc
         except InvalidArgumentError as exc:

@@ -53,9 +53,10 @@ def enforce_limits(limits: Mapping[str, int], counts: Mapping[str, int]) -> None
 
 
 def build_multimodal_processor(
-    registry: Any, model: Any, tokenizer: Any, model_config: Any, config: Any
+    registry: Any, model: Any, tokenizer: Any, model_config: Any, config: Any, limits: dict[str, int]
 ) -> Any:
-    """The processor of a multimodal model (None for text-only models), from the plugin hook."""
+    """The processor of a multimodal model (None for text-only models), from the plugin hook;
+    `limits` is `config.limit_mm_per_prompt` as `check_limits` returned it."""
     if not getattr(model, "supports_multimodal", False):
         return None
     factories = registry.multimodal_processors()
@@ -68,7 +69,5 @@ def build_multimodal_processor(
     policy = MediaPolicy(
         allow_local=config.allowed_local_media_path, allow_fetch=config.allow_media_url_fetch
     )
-    options = ProcessorOptions(
-        check_limits(config.limit_mm_per_prompt), dict(config.mm_processor_kwargs or {}), policy
-    )
+    options = ProcessorOptions(dict(limits), dict(config.mm_processor_kwargs or {}), policy)
     return factory(tokenizer, model_config, options)

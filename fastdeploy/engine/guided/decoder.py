@@ -226,23 +226,18 @@ class GuidedDecoder:
         if not self._states:
             return logits
         self._wait()
-        candidates = []
-        for row, seq in enumerate(seqs):
-            state = self._states.get(seq.seq_id)
-            if state is not None and state.sync():
-                candidates.append((row, state))
-        self._fill([state for _, state in candidates if state.mask_for != state.consumed])
-        for row, seq in enumerate(seqs):
-            state = self._states.get(seq.seq_id)
-            if state is not None and state.failure is not None:
-                self._failed[row] = state.failure
-        rows = [row for row, state in candidates if state.failure is None]
-        states = [state for _, state in candidates if state.failure is None]
-        if not states:
+        tracked = [(row, self._states.get(seq.seq_id)) for row, seq in enumerate(seqs)]
+        tracked = [(row, state) for row, state in tracked if state is not None]
+        synced = [(row, state) for row, state in tracked if state.sync()]
+        self._fill([state for _, state in synced if state.mask_for != state.consumed])
+        # a matcher may fail while syncing (a token it refuses) or while filling its mask
+        self._failed = {row: state.failure for row, state in tracked if state.failure is not None}
+        self._masked = {row: state for row, state in synced if state.failure is None}
+        if not self._masked:
             return logits
-        self._masked = dict(zip(rows, states, strict=True))
-        bitmask = np.stack([state.mask for state in states])
-        return device_backend.apply_token_bitmask(logits, bitmask, np.asarray(rows, dtype=np.int64))
+        bitmask = np.stack([state.mask for state in self._masked.values()])
+        rows = np.fromiter(self._masked, dtype=np.int64, count=len(self._masked))
+        return device_backend.apply_token_bitmask(logits, bitmask, rows)
 
     def conflicts(self, bans: list[BannedTokens]) -> dict[int, str]:
         """Rows of the last `apply` whose grammar can no longer be followed, or whose bans leave

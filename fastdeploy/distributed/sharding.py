@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 
 
 def take_rows(tensor: Any, rows: range) -> Any:

@@ -31,7 +31,7 @@ import numpy as np
 
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
-from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 
 logger = get_logger(__name__)
 

@@ -19,7 +19,7 @@ import numpy as np
 from fastdeploy.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+    from fastdeploy.formats.ggml_tensor import GGMLTensor
 
 
 def _default_inv_freq(base: float, rotary_dim: int) -> np.ndarray:
@@ -117,7 +117,7 @@ def interleaved_to_half_rows(rows: np.ndarray | GGMLTensor, num_heads: int) -> n
     backend's rotate-half `rotary_embedding` computes what interleaved rotary would. GGUF blocks
     run along the input axis, so a `GGMLTensor` moves whole rows without dequantising.
     """
-    from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor  # the loaders import this module
+    from fastdeploy.formats.ggml_tensor import GGMLTensor  # the loaders import this module
 
     count = rows.shape[0]
     half = count // num_heads // 2

@@ -40,7 +40,7 @@ from fastdeploy.input.multimodal.options import ProcessorOptions
 from fastdeploy.input.tokenizer import Tokenizer, TokenizerLoader, require_text
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
-from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader
 from fastdeploy.model_executor.rope import interleaved_to_half_rows, rope_tables
 from fastdeploy.models.base import CausalLM, check_weight_names, check_weight_shapes

@@ -21,7 +21,7 @@ from fastdeploy.backends.base import AttentionBlock, Backend, BackendOptions, Ba
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.cpu.kv_cache import allocate_native
-from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.model_executor.rope import rope_tables
 
 HIDDEN, HEADS, KV_HEADS, INNER, BLOCK_SIZE, EPS = 128, 4, 2, 96, 4, 1e-5

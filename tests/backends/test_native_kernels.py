@@ -22,7 +22,7 @@ from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.cpu.kv_cache import allocate_native
 from fastdeploy.errors import InvalidArgumentError
-from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.model_executor.rope import interleaved_to_half_rows
 
 X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")

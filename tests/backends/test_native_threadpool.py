@@ -19,7 +19,7 @@ from fastdeploy.backends.base import BackendOptions
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.errors import InvalidArgumentError
-from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 
 pytestmark = pytest.mark.skipif(
     native.unavailable_reason() is not None, reason=f"native kernels: {native.unavailable_reason()}"

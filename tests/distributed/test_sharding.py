@@ -16,7 +16,7 @@ from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.distributed.model_parallel import ModelParallel
 from fastdeploy.distributed.sharding import pad_rows, take_columns, take_rows
 from fastdeploy.distributed.topology import ParallelLayout
-from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 
 RNG = np.random.default_rng(16)
 

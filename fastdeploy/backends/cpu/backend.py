@@ -25,7 +25,7 @@ from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache, allocate_na
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
-from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 
 logger = get_logger(__name__)
 

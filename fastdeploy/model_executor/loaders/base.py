@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 
 
 class WeightLoader(ABC):

@@ -22,7 +22,7 @@ import numpy as np
 from fastdeploy.backends.base import AttentionBlock, BatchLayout, MLPBlock
 from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
-from fastdeploy.model_executor.loaders.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 
 
 def _import_extension() -> tuple[Any, str | None]:

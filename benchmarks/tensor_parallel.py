@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.distributed.forkserver import shared_servers
+from fastdeploy.executor.forkserver import shared_servers
 from fastdeploy.model_resolver import embedded_model_path
 
 CONFIG = {
@@ -198,7 +198,7 @@ def measure_cold(
 RANK_IMPORTS = """
 import sys, time
 started = time.perf_counter()
-from fastdeploy.distributed import worker
+from fastdeploy.executor import worker
 worker.preload("cpu", True, sys.argv[1] or None)
 print(time.perf_counter() - started + float(sys.argv[2]))
 """

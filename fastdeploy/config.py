@@ -297,7 +297,7 @@ class EngineConfig:
 
     def _check_parallel(self) -> None:
         """Sizes of the parallel layout; whether the model can take them is checked once its
-        config is read (`fastdeploy.distributed.topology.check_layout`)."""
+        config is read (`fastdeploy.parallel.topology.check_layout`)."""
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

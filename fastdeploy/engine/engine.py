@@ -13,8 +13,6 @@ from fastdeploy.backends.base import Backend, BackendOptions, KVCacheSpec
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.selection import build_backend_of, select_backend_class
 from fastdeploy.config import EngineConfig
-from fastdeploy.distributed.pipeline import MicroBatchPipeline
-from fastdeploy.distributed.startup import start_executor
 from fastdeploy.engine.async_scheduling import (
     InFlightPass,
     drop_placeholders,
@@ -42,6 +40,7 @@ from fastdeploy.engine.guided.decoder import GuidedDecoder
 from fastdeploy.engine.kv_cache_planner import plan_kv_cache
 from fastdeploy.engine.output_processor import banned_bad_word_tokens, completion_output, process_token
 from fastdeploy.engine.pass_logits import PassLogits
+from fastdeploy.engine.pipeline import MicroBatchPipeline
 from fastdeploy.engine.prompt_logprobs import record_prompt_logprobs
 from fastdeploy.engine.request import (
     INTERNAL_ERROR,
@@ -57,6 +56,7 @@ from fastdeploy.engine.scheduler import ScheduledBatch, Scheduler
 from fastdeploy.engine.sequence import Sequence, SequenceStatus
 from fastdeploy.engine.spec_decode.decoder import Verified, build_speculative_decoder
 from fastdeploy.errors import EngineDeadError, InvalidArgumentError, KVCacheAllocationError
+from fastdeploy.executor.startup import start_executor
 from fastdeploy.input.detokenizer import IncrementalDetokenizer
 from fastdeploy.input.multimodal.options import build_multimodal_processor, check_limits
 from fastdeploy.input.tokenizer import Tokenizer

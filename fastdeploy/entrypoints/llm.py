@@ -16,8 +16,6 @@ from typing import Any
 from tqdm import tqdm
 
 from fastdeploy.config import EngineConfig, check_data_parallel_size, port_number
-from fastdeploy.distributed.placement import is_master_host, parse_ips
-from fastdeploy.distributed.startup import serve_follower
 from fastdeploy.engine.engine import LLMEngine, error_output
 from fastdeploy.engine.request import INVALID_REQUEST, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
@@ -26,6 +24,8 @@ from fastdeploy.entrypoints.multimodal import extract_media, prompt_inputs
 from fastdeploy.entrypoints.offline_tools import constrain_offline, fill_tool_calls, plan_offline
 from fastdeploy.entrypoints.prompts import PromptItem, normalize_prompts
 from fastdeploy.errors import EngineStoppedError, FastDeployError, InvalidArgumentError
+from fastdeploy.executor.placement import is_master_host, parse_ips
+from fastdeploy.executor.startup import serve_follower
 from fastdeploy.logger import get_logger
 from fastdeploy.plugins.registry import get_registry
 from fastdeploy.tool_calling.request import template_messages

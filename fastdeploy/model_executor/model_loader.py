@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 from fastdeploy.backends.base import Backend
 from fastdeploy.config import EngineConfig, ModelConfig
-from fastdeploy.distributed.model_parallel import ModelParallel
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
 from fastdeploy.model_executor.quantization import quantize_tensors
 from fastdeploy.models.base import CausalLM
+from fastdeploy.parallel.model_parallel import ModelParallel
 from fastdeploy.plugins.registry import PluginRegistry, first_that_can_load
 
 logger = get_logger(__name__)

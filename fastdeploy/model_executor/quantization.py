@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.errors import InvalidArgumentError
-from fastdeploy.logger import get_logger
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from fastdeploy.backends.base import Backend
 from fastdeploy.config import ModelConfig
-from fastdeploy.distributed.model_parallel import ModelParallel
 from fastdeploy.errors import WeightLoadError
+from fastdeploy.parallel.model_parallel import ModelParallel
 
 
 class CausalLM(ABC):

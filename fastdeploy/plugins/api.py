@@ -22,9 +22,6 @@ from fastdeploy.backends.base import (
 )
 from fastdeploy.backends.conformance import OP_CHECKS, build_backend, check_greedy_generation
 from fastdeploy.config import ModelConfig
-from fastdeploy.distributed.communicator import Communicator, RendezvousInfo
-from fastdeploy.distributed.model_parallel import ModelParallel
-from fastdeploy.distributed.sharding import take_columns, take_head_rows, take_rows
 from fastdeploy.errors import (
     DistributedInitError,
     EngineDeadError,
@@ -33,6 +30,7 @@ from fastdeploy.errors import (
     UnsupportedModelError,
     WeightLoadError,
 )
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.input.multimodal.errors import MediaError
 from fastdeploy.input.multimodal.inputs import MultiModalItem, MultiModalPrompt
 from fastdeploy.input.multimodal.media import MediaPolicy, load_image, load_video
@@ -40,10 +38,12 @@ from fastdeploy.input.multimodal.options import ProcessorOptions
 from fastdeploy.input.tokenizer import Tokenizer, TokenizerLoader, require_text
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
-from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader
 from fastdeploy.model_executor.rope import interleaved_to_half_rows, rope_tables
 from fastdeploy.models.base import CausalLM, check_weight_names, check_weight_shapes
+from fastdeploy.parallel.communicator import Communicator, RendezvousInfo
+from fastdeploy.parallel.model_parallel import ModelParallel
+from fastdeploy.parallel.sharding import take_columns, take_head_rows, take_rows
 from fastdeploy.plugins.hookspecs import hookimpl
 from fastdeploy.reasoning.base import ReasoningParser, ReasoningSplit
 from fastdeploy.reasoning.tool_calls import ToolCallExtraction, tool_call

@@ -143,13 +143,13 @@ def fastdeploy_device_backends() -> dict[str, type]:
 def fastdeploy_communicators() -> dict[str, type]:
     """Collective-communication runtimes by name (named hook).
 
-    Called by: `fastdeploy.distributed` when a model runs on more than one rank
+    Called by: `fastdeploy.executor` (rank processes) when a model runs on more than one rank
     (`tensor_parallel_size` or `pipeline_parallel_size` above 1), in every rank process, and by
     the engine beforehand to check the runtime is installed.
     Names: what a backend's `communicator` class attribute (or `FD_COMMUNICATOR`) asks for;
     built in: "paddle" (paddle.distributed: gloo on the CPU, NCCL on GPUs) and "torch"
     (torch.distributed). A device plugin registers its own (e.g. HCCL for Ascend NPUs).
     Returns: {name: class}; the class subclasses
-    `fastdeploy.distributed.communicator.Communicator`, is built as `cls(backend, rendezvous)`
+    `fastdeploy.parallel.communicator.Communicator`, is built as `cls(backend, rendezvous)`
     and reports a missing runtime through its classmethod `unavailable_reason()`.
     """

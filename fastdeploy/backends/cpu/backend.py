@@ -24,8 +24,8 @@ from fastdeploy.backends.cpu.host_memory import retain_freed_memory
 from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache, allocate_native, allocate_numpy
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
 from fastdeploy.errors import InvalidArgumentError
-from fastdeploy.logger import get_logger
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
 

@@ -47,9 +47,9 @@ def build_context(args: argparse.Namespace) -> ServingContext:
         raise InvalidArgumentError(
             "--enable-auto-tool-choice needs --tool-call-parser NAME (hermes, qwen3, ernie-x1) to read the calls"
         )
-    from fastdeploy.distributed.serving import build_replicas
     from fastdeploy.entrypoints.openai.metrics import ServerMetrics
     from fastdeploy.entrypoints.openai.serving import ServingContext
+    from fastdeploy.entrypoints.replica_serving import build_replicas
 
     check_server_flags(args)
     for flag, value in no_effect_flags(args).items():
@@ -117,7 +117,7 @@ def start_ranks_early(args: argparse.Namespace) -> None:
     ranks = args.tensor_parallel_size * args.pipeline_parallel_size
     if args.ips or (ranks == 1 and args.data_parallel_size == 1):
         return
-    from fastdeploy.distributed.forkserver import start_early
+    from fastdeploy.executor.forkserver import start_early
 
     start_early(args.device, _llm_kwargs(args)["model"], collectives=ranks > 1)
 
@@ -127,10 +127,10 @@ def run_server(args: argparse.Namespace) -> int:
     start_ranks_early(args)
     import uvicorn
 
-    from fastdeploy.distributed.serving import serve_follower_host, stop_replicas
     from fastdeploy.entrypoints.openai.app import build_app
     from fastdeploy.entrypoints.openai.graceful_server import GracefulServer
     from fastdeploy.entrypoints.openai.http_protocol import DeadlineH11Protocol
+    from fastdeploy.entrypoints.replica_serving import serve_follower_host, stop_replicas
 
     sock = None
     try:

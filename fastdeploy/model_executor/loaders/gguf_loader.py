@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.errors import UnsupportedModelError, WeightLoadError
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.formats.gguf_file import GGUFFile, read_gguf
 from fastdeploy.model_executor.loaders.base import WeightLoader
-from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.model_executor.rope import interleaved_to_half_rows
 
 #: GGUF `general.architecture` -> (HF architecture, whether q/k rows were permuted by the converter)

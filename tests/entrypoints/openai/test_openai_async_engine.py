@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 from scripted_engine import ScriptedEngine
 
-from fastdeploy.distributed.replicas import ReplicaRouter
 from fastdeploy.engine.async_engine import (
     AsyncLLMEngine,
     EngineOverloadedError,
@@ -21,6 +20,7 @@ from fastdeploy.engine.async_engine import (
 )
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.entrypoints.replicas import ReplicaRouter
 from fastdeploy.errors import EngineDeadError, InvalidArgumentError
 
 

@@ -1,6 +1,6 @@
 /*
  * All-reduce (sum) and all-gather of float32 vectors between the rank processes of one host, through a shared
- * memory segment they all map (fastdeploy/distributed/shm_collectives.py sets it up). Every rank
+ * memory segment they all map (fastdeploy/parallel/shm_collectives.py sets it up). Every rank
  * passes a vector of the same length; an empty one is a no-op.
  *
  * Why: a tensor-parallel decode step all-reduces two small vectors per layer (SmolLM2: 576

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.backends.base import Backend
-from fastdeploy.distributed.communicator import Communicator, RendezvousInfo
-from fastdeploy.distributed.rendezvous import wait_until_reachable
 from fastdeploy.errors import DistributedInitError
+from fastdeploy.parallel.communicator import Communicator, RendezvousInfo
+from fastdeploy.parallel.rendezvous import wait_until_reachable
 
 
 class TorchCommunicator(Communicator):

@@ -13,8 +13,8 @@ import os
 import socket
 import time
 
-from fastdeploy.distributed.communicator import RendezvousInfo
 from fastdeploy.errors import DistributedInitError
+from fastdeploy.parallel.communicator import RendezvousInfo
 
 
 def rendezvous_environment(

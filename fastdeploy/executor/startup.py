@@ -9,13 +9,13 @@ from __future__ import annotations
 from fastdeploy.backends.base import Backend
 from fastdeploy.backends.selection import select_backend_class
 from fastdeploy.config import EngineConfig
-from fastdeploy.distributed.executor import DistributedExecutor
-from fastdeploy.distributed.placement import Placement, check_placement, find_placement
-from fastdeploy.distributed.selection import communicator_class
-from fastdeploy.distributed.topology import ParallelLayout, check_layout
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.executor.placement import Placement, check_placement, find_placement
+from fastdeploy.executor.rank_executor import DistributedExecutor
 from fastdeploy.model_executor.model_loader import CheckpointInfo, model_class
 from fastdeploy.model_resolver import DEFAULT_MODEL
+from fastdeploy.parallel.selection import communicator_class
+from fastdeploy.parallel.topology import ParallelLayout, check_layout
 from fastdeploy.plugins.registry import PluginRegistry
 
 

@@ -1,7 +1,7 @@
 """Registers the built-in communicators through the `fastdeploy.plugins` entry point."""
 
-from fastdeploy.distributed.paddle_communicator import PaddleCommunicator
-from fastdeploy.distributed.torch_communicator import TorchCommunicator
+from fastdeploy.parallel.paddle_communicator import PaddleCommunicator
+from fastdeploy.parallel.torch_communicator import TorchCommunicator
 from fastdeploy.plugins.hookspecs import hookimpl
 
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from fastdeploy.backends.base import BackendOptions
 from fastdeploy.config import check_data_parallel_size
-from fastdeploy.distributed.placement import find_placement
-from fastdeploy.distributed.replicas import ReplicaRouter
 from fastdeploy.engine.async_engine import AsyncLLMEngine
+from fastdeploy.entrypoints.replicas import ReplicaRouter
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.executor.placement import find_placement
 from fastdeploy.logger import get_logger
 from fastdeploy.plugins.registry import get_registry
 

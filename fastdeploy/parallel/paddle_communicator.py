@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.backends.base import Backend
-from fastdeploy.distributed.communicator import Communicator, RendezvousInfo
-from fastdeploy.distributed.rendezvous import split_address, wait_until_reachable
-from fastdeploy.distributed.shm_collectives import SharedMemoryCollectives
 from fastdeploy.errors import DistributedInitError
 from fastdeploy.logger import get_logger
+from fastdeploy.parallel.communicator import Communicator, RendezvousInfo
+from fastdeploy.parallel.rendezvous import split_address, wait_until_reachable
+from fastdeploy.parallel.shm_collectives import SharedMemoryCollectives
 
 logger = get_logger(__name__)
 

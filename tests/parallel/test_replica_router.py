@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from fastdeploy.distributed.replicas import ReplicaRouter
 from fastdeploy.engine.async_engine import StepStats
 from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 from fastdeploy.engine.spec_decode.decoder import SpecDecodeStats
+from fastdeploy.entrypoints.replicas import ReplicaRouter
 
 
 class FakeReplica:

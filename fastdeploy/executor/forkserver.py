@@ -44,10 +44,10 @@ from multiprocessing.connection import Connection
 
 from fastdeploy import envs
 from fastdeploy.backends.base import Backend
-from fastdeploy.distributed.processes import ChildProcess, describe_exit, start_child, stop_children
+from fastdeploy.executor.processes import ChildProcess, describe_exit, start_child, stop_children
 
 #: the module the server runs (`python -m`)
-SERVER_MODULE = "fastdeploy.distributed.forkserver_process"
+SERVER_MODULE = "fastdeploy.executor.forkserver_process"
 
 
 class ForkServer:
@@ -96,7 +96,7 @@ class ForkServer:
         log_path: str,
         model_path: str | None = None,
     ) -> ChildProcess:
-        """Ask for a rank running `python -m fastdeploy.distributed.worker ARGV` with `env`, its
+        """Ask for a rank running `python -m fastdeploy.executor.worker ARGV` with `env`, its
         output in `log_path` (the server forks it once its imports are done, and reads
         `model_path`'s configuration first if it has not yet)."""
         with self._lock:
@@ -234,7 +234,7 @@ def uses_fork_server(backend_class: type[Backend]) -> bool:
 def server_environment(log_dir: str) -> dict[str, str]:
     """The environment a server starts with: this process's, its pid (the parent it must not
     outlive) and the log directory."""
-    from fastdeploy.distributed.worker import PARENT_ENV
+    from fastdeploy.executor.worker import PARENT_ENV
 
     return dict(os.environ, **{PARENT_ENV: str(os.getpid()), "FD_LOG_DIR": log_dir})
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from fastdeploy.config import EngineConfig, ModelConfig
-from fastdeploy.distributed.model_parallel import ModelParallel
-from fastdeploy.distributed.placement import Placement, check_placement, find_placement
-from fastdeploy.distributed.topology import (
+from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.executor.placement import Placement, check_placement, find_placement
+from fastdeploy.parallel.model_parallel import ModelParallel
+from fastdeploy.parallel.topology import (
     ParallelLayout,
     check_layout,
     split_evenly,
     valid_tensor_parallel_sizes,
 )
-from fastdeploy.errors import InvalidArgumentError
 
 
 def model(heads: int, kv_heads: int, layers: int = 30) -> ModelConfig:

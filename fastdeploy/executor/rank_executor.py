@@ -32,17 +32,17 @@ from typing import Any
 from fastdeploy import envs
 from fastdeploy.backends.base import Backend
 from fastdeploy.config import EngineConfig
-from fastdeploy.distributed import protocol
-from fastdeploy.distributed.forkserver import server_environment, shared_server, uses_fork_server
-from fastdeploy.distributed.placement import Placement
-from fastdeploy.distributed.processes import ChildProcess, kill_children, start_child, stop_children, tail
-from fastdeploy.distributed.rendezvous import free_port, rendezvous_environment
-from fastdeploy.distributed.topology import ParallelLayout, rank_name
-from fastdeploy.distributed.worker import AUTHKEY_ENV, PARENT_ENV
 from fastdeploy.engine.scheduler import ScheduledBatch
 from fastdeploy.errors import DistributedInitError, WorkerFailedError
+from fastdeploy.executor import protocol
+from fastdeploy.executor.forkserver import server_environment, shared_server, uses_fork_server
+from fastdeploy.executor.placement import Placement
+from fastdeploy.executor.processes import ChildProcess, kill_children, start_child, stop_children, tail
+from fastdeploy.executor.worker import AUTHKEY_ENV, PARENT_ENV
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.model_runner import build_layout
+from fastdeploy.parallel.rendezvous import free_port, rendezvous_environment
+from fastdeploy.parallel.topology import ParallelLayout, rank_name
 
 logger = get_logger(__name__)
 
@@ -172,7 +172,7 @@ class DistributedExecutor:
         return ["--driver", self.address, "--timeout", str(self.timeout)]
 
     def _worker_command(self) -> list[str]:
-        return [sys.executable, "-m", "fastdeploy.distributed.worker", *self._worker_args()]
+        return [sys.executable, "-m", "fastdeploy.executor.worker", *self._worker_args()]
 
     def _base_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -218,7 +218,7 @@ class DistributedExecutor:
         command = [
             sys.executable,
             "-m",
-            "fastdeploy.distributed.worker",
+            "fastdeploy.executor.worker",
             "exec",
             "--",
             *launcher_command(placement, per_host, self._log_dir, backend_class.device_count() is not None),

@@ -15,8 +15,8 @@ import socket
 from dataclasses import dataclass
 
 from fastdeploy.config import EngineConfig
-from fastdeploy.distributed.topology import ParallelLayout
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.parallel.topology import ParallelLayout
 
 #: control port of the engine when ranks run on several hosts (FastDeploy's engine_worker_queue_port)
 DEFAULT_CONTROL_PORT = 8002

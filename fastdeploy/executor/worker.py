@@ -1,13 +1,13 @@
 """A rank process: loads its shard of the model and runs the forward passes the engine sends.
 
-Started as `python -m fastdeploy.distributed.worker --driver HOST:PORT`, either by the engine
+Started as `python -m fastdeploy.executor.worker --driver HOST:PORT`, either by the engine
 (one host) or by `paddle.distributed.launch` (several hosts); the rendezvous variables of
-`fastdeploy.distributed.rendezvous` say which rank it is. It connects to the engine, receives a
+`fastdeploy.parallel.rendezvous` say which rank it is. It connects to the engine, receives a
 `WorkerSpec`, builds the backend, the communicator and its model shard, sizes its own KV cache,
 and then runs `Step`s until `Shutdown` or until the engine goes away. Every rank runs the same
 model code through the backend ops; only the output rank sends logits back.
 
-`python -m fastdeploy.distributed.worker exec -- COMMAND...` runs COMMAND (the launcher of a
+`python -m fastdeploy.executor.worker exec -- COMMAND...` runs COMMAND (the launcher of a
 multi-host run) so that it dies with the engine.
 """
 
@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Client, Connection
 
-from fastdeploy.distributed import protocol
+from fastdeploy.executor import protocol
 
 #: env variable carrying the hex HMAC key of the engine's control connection
 AUTHKEY_ENV = "FD_DIST_AUTHKEY"
@@ -65,12 +65,12 @@ def preload(backend: str, collectives: bool, model_path: str | None = None) -> N
     configuration of `model_path`, if given (a loader keeps what it parses: a GGUF header,
     ~0.1 s), and what its loader reads tensors with. A fork server does this once for all its
     ranks."""
-    import fastdeploy.distributed.model_parallel  # noqa: F401
     import fastdeploy.engine.kv_cache_planner  # noqa: F401
     import fastdeploy.model_executor.model_runner  # noqa: F401
+    import fastdeploy.parallel.model_parallel  # noqa: F401
     from fastdeploy.backends.selection import select_backend_class
-    from fastdeploy.distributed.selection import communicator_class
     from fastdeploy.model_executor.model_loader import inspect_checkpoint
+    from fastdeploy.parallel.selection import communicator_class
     from fastdeploy.plugins.registry import get_registry
 
     registry = get_registry()
@@ -88,10 +88,6 @@ class Worker:
         laps = _Laps()
         from fastdeploy.backends.base import BackendOptions
         from fastdeploy.backends.selection import build_backend_of, select_backend_class
-        from fastdeploy.distributed.model_parallel import ModelParallel
-        from fastdeploy.distributed.rendezvous import rendezvous_from_environment
-        from fastdeploy.distributed.selection import communicator_class, create_communicator
-        from fastdeploy.distributed.topology import rank_name
         from fastdeploy.engine.kv_cache_planner import plan_kv_cache
         from fastdeploy.logger import get_logger
         from fastdeploy.model_executor.model_loader import (
@@ -100,6 +96,10 @@ class Worker:
             check_backend_quantization,
             inspect_checkpoint,
         )
+        from fastdeploy.parallel.model_parallel import ModelParallel
+        from fastdeploy.parallel.rendezvous import rendezvous_from_environment
+        from fastdeploy.parallel.selection import communicator_class, create_communicator
+        from fastdeploy.parallel.topology import rank_name
         from fastdeploy.plugins.registry import get_registry
 
         self.spec = spec
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         command = argv[2:] if argv[1:2] == ["--"] else argv[1:]
         os.environ.pop(PARENT_ENV, None)  # the launcher's children have the launcher as parent
         os.execvp(command[0], command)
-    parser = argparse.ArgumentParser(prog="python -m fastdeploy.distributed.worker")
+    parser = argparse.ArgumentParser(prog="python -m fastdeploy.executor.worker")
     parser.add_argument("--driver", required=True, help="HOST:PORT of the engine's control listener")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to reach the engine")
     args = parser.parse_args(argv)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(
 PROBE = """
 import sys
 {before}
-from fastdeploy.distributed.paddle_communicator import PaddleCommunicator
+from fastdeploy.parallel.paddle_communicator import PaddleCommunicator
 PaddleCommunicator.preload()
 print("paddle" in sys.modules, "torch" in sys.modules)
 import torch

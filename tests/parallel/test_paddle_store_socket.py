@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fastdeploy.distributed.paddle_communicator import _no_delay
+from fastdeploy.parallel.paddle_communicator import _no_delay
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="finds the socket in /proc/self/fd"

@@ -12,8 +12,8 @@ import time
 import pytest
 import tiny_checkpoints as tiny
 
-from fastdeploy.distributed.forkserver import ForkServer, shared_server, shared_servers
-from fastdeploy.distributed.processes import kill_children
+from fastdeploy.executor.forkserver import ForkServer, shared_server, shared_servers
+from fastdeploy.executor.processes import kill_children
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ranks are forked on Linux")
 
@@ -98,7 +98,7 @@ def test_engines_of_a_process_share_one_server_until_it_ends(tmp_path):
 def test_what_a_gguf_rank_loads_with_is_imported_before_the_fork():
     probe = (
         "import sys\n"
-        "from fastdeploy.distributed import worker\n"
+        "from fastdeploy.executor import worker\n"
         "from fastdeploy.model_resolver import embedded_model_path\n"
         "worker.preload('cpu', False, embedded_model_path())\n"
         "print('gguf.quants' in sys.modules)\n"

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.backends.base import Backend
-from fastdeploy.distributed.communicator import Communicator
-from fastdeploy.distributed.sharding import pad_rows, take_rows
-from fastdeploy.distributed.topology import ParallelLayout, split_evenly
+from fastdeploy.parallel.communicator import Communicator
+from fastdeploy.parallel.sharding import pad_rows, take_rows
+from fastdeploy.parallel.topology import ParallelLayout, split_evenly
 
 #: intermediate features are split in multiples of this (a GGUF block), where the size allows,
 #: so a row-parallel GGUF matrix keeps its blocks

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.distributed.rendezvous import free_port
+from fastdeploy.parallel.rendezvous import free_port
 
 pytest.importorskip("paddle", reason="multi-host ranks start with paddle.distributed.launch")
 

@@ -1,4 +1,4 @@
-"""The fork server process (`python -m fastdeploy.distributed.forkserver_process`): imports
+"""The fork server process (`python -m fastdeploy.executor.forkserver_process`): imports
 what a rank runs once, then forks a rank per request of its engines, kills one when asked,
 and reports how each ended. Why, and the engine's side: `forkserver.py`.
 """
@@ -74,7 +74,7 @@ def _read_checkpoint(backend: str, collectives: bool, model_path: str) -> None:
     if model_path in _read:
         return
     _read.add(model_path)
-    from fastdeploy.distributed import worker
+    from fastdeploy.executor import worker
 
     try:
         worker.preload(backend, collectives, model_path)
@@ -111,7 +111,7 @@ def _become_rank(
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
-        from fastdeploy.distributed import worker
+        from fastdeploy.executor import worker
 
         os.environ.clear()
         os.environ.update(env)
@@ -131,14 +131,14 @@ def _become_rank(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastdeploy.distributed.forkserver_process")
+    parser = argparse.ArgumentParser(prog="python -m fastdeploy.executor.forkserver_process")
     parser.add_argument("--fd", type=int, required=True, help="descriptor of the connection to the engine")
     parser.add_argument("--backend", required=True, help="registered name of the ranks' backend")
     parser.add_argument("--collectives", action="store_true", help="import the backend's collectives runtime")
     parser.add_argument("--model", help="a checkpoint whose configuration to read before the first rank")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    from fastdeploy.distributed import worker
+    from fastdeploy.executor import worker
 
     worker.die_with_parent()
     conn = Connection(args.fd)
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         _read_checkpoint(args.backend, args.collectives, args.model)
     from fastdeploy.logger import get_logger
 
-    get_logger("fastdeploy.distributed.forkserver_process").info(
+    get_logger("fastdeploy.executor.forkserver_process").info(
         "fork server: ranks' code imported in %.2f s", time.perf_counter() - started
     )
     _serve(conn, args.backend, args.collectives)

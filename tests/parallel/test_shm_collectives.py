@@ -11,8 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from fastdeploy.distributed import shm_collectives
-from fastdeploy.distributed.shm_collectives import SharedMemoryCollectives
+from fastdeploy.parallel import shm_collectives
+from fastdeploy.parallel.shm_collectives import SharedMemoryCollectives
 
 pytestmark = pytest.mark.skipif(
     not SharedMemoryCollectives.usable(), reason="needs the native kernels and /dev/shm (Linux)"

@@ -22,7 +22,7 @@ import numpy as np
 
 from fastdeploy.backends.base import BatchLayout
 from fastdeploy.config import EngineConfig
-from fastdeploy.distributed.topology import ParallelLayout
+from fastdeploy.parallel.topology import ParallelLayout
 
 
 @dataclass(frozen=True)

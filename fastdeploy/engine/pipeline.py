@@ -15,8 +15,8 @@ from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.scheduler import ScheduledBatch
 
 if TYPE_CHECKING:
-    from fastdeploy.distributed.executor import DistributedExecutor
     from fastdeploy.engine.engine import LLMEngine
+    from fastdeploy.executor.rank_executor import DistributedExecutor
 
 
 class MicroBatchPipeline:

@@ -13,10 +13,10 @@ from gguf.quants import dequantize, quantize
 
 from fastdeploy.backends.base import Backend, BackendOptions
 from fastdeploy.backends.cpu.backend import CpuBackend
-from fastdeploy.distributed.model_parallel import ModelParallel
-from fastdeploy.distributed.sharding import pad_rows, take_columns, take_rows
-from fastdeploy.distributed.topology import ParallelLayout
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.parallel.model_parallel import ModelParallel
+from fastdeploy.parallel.sharding import pad_rows, take_columns, take_rows
+from fastdeploy.parallel.topology import ParallelLayout
 
 RNG = np.random.default_rng(16)
 

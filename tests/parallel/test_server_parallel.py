@@ -56,13 +56,13 @@ def children_running(pid: int, module: bytes) -> list[int]:
 
 
 def fork_servers(server_pid: int) -> list[int]:
-    return children_running(server_pid, b"fastdeploy.distributed.forkserver_process")
+    return children_running(server_pid, b"fastdeploy.executor.forkserver_process")
 
 
 def rank_processes(server_pid: int) -> list[int]:
-    """Pids of the server's rank processes: its children running fastdeploy.distributed.worker,
+    """Pids of the server's rank processes: its children running fastdeploy.executor.worker,
     or the children of its fork servers."""
-    ranks = children_running(server_pid, b"fastdeploy.distributed.worker")
+    ranks = children_running(server_pid, b"fastdeploy.executor.worker")
     for server in fork_servers(server_pid):
         ranks.extend(children_of(server))
     return ranks
@@ -217,7 +217,7 @@ def test_a_rank_that_dies_while_the_server_is_idle_stops_it_within_seconds(tiny_
 
 EARLY_PROBE = """
 import json, sys
-from fastdeploy.distributed import forkserver
+from fastdeploy.executor import forkserver
 
 def started(backend, collectives, env, log_dir, model_path):
     loaded = [name for name in ("uvicorn", "fastapi", "fastdeploy.entrypoints.openai.app") if name in sys.modules]

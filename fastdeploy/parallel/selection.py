@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 from fastdeploy.backends.base import Backend
-from fastdeploy.distributed.communicator import Communicator, RendezvousInfo
 from fastdeploy.errors import DistributedInitError, InvalidArgumentError
 from fastdeploy.logger import get_logger
+from fastdeploy.parallel.communicator import Communicator, RendezvousInfo
 from fastdeploy.plugins.registry import PluginRegistry
 
 logger = get_logger(__name__)

@@ -31,6 +31,7 @@ demo: $(VENV)/.demo-installed
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 # PYTEST_WORKERS=0 runs the suite in one process (as plain `pytest` does)
 PYTEST_WORKERS ?= 2

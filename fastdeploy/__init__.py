@@ -6,7 +6,8 @@
 
 from typing import Any
 
-__version__ = "0.1.0"
+from fastdeploy.version import __version__
+
 __all__ = ["LLM", "GuidedDecodingParams", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 

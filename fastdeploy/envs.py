@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from fastdeploy.errors import InvalidArgumentError
+
 
 def log_dir() -> str:
     """Directory of `fastdeploy.log` (FastDeploy's `FD_LOG_DIR`, default `./log`)."""
@@ -49,8 +51,6 @@ def cpu_spin_us() -> float:
     Spinning bridges the gaps between the ~150 parallel loops of a decode step; sleeping after it
     leaves the cores to other processes. 0 sleeps at once (like `OMP_WAIT_POLICY=PASSIVE`).
     """
-    from fastdeploy.errors import InvalidArgumentError
-
     value = os.environ.get("FD_CPU_SPIN_US", "").strip()
     if not value:
         return DEFAULT_CPU_SPIN_US
@@ -83,8 +83,6 @@ def cpu_adaptive_threads() -> bool:
     measured fastest lately: all cores on a quiet machine, one thread beside a CPU hog on two cores.
     An explicit thread count is always used as given.
     """
-    from fastdeploy.errors import InvalidArgumentError
-
     value = os.environ.get("FD_CPU_ADAPTIVE_THREADS", "").strip().lower()
     if value not in _SWITCH_VALUES:
         raise InvalidArgumentError(f"FD_CPU_ADAPTIVE_THREADS must be 1 or 0 (on or off); got {value!r}")
@@ -149,8 +147,6 @@ def dist_init_timeout() -> float:
 def dist_fork_server() -> bool:
     """Whether the ranks of a host backend on one host are forked by a fork server that imports
     their code once (`FD_DIST_FORK_SERVER`, default on; 0: each rank a fresh interpreter)."""
-    from fastdeploy.errors import InvalidArgumentError
-
     value = os.environ.get("FD_DIST_FORK_SERVER", "").strip().lower()
     if value not in _SWITCH_VALUES:
         raise InvalidArgumentError(f"FD_DIST_FORK_SERVER must be 1 or 0 (on or off); got {value!r}")

@@ -37,7 +37,6 @@ from fastdeploy.engine.fault_isolation import (
 )
 from fastdeploy.engine.generation_defaults import read_generation_defaults
 from fastdeploy.engine.guided.decoder import GuidedDecoder
-from fastdeploy.engine.kv_cache_planner import plan_kv_cache
 from fastdeploy.engine.output_processor import banned_bad_word_tokens, completion_output, process_token
 from fastdeploy.engine.pass_logits import PassLogits
 from fastdeploy.engine.pipeline import MicroBatchPipeline
@@ -61,6 +60,7 @@ from fastdeploy.input.detokenizer import IncrementalDetokenizer
 from fastdeploy.input.multimodal.options import build_multimodal_processor, check_limits
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.logger import get_logger
+from fastdeploy.model_executor.kv_cache_planner import plan_kv_cache
 from fastdeploy.model_executor.model_loader import (
     CheckpointInfo,
     build_model,

@@ -44,7 +44,12 @@ from multiprocessing.connection import Connection
 
 from fastdeploy import envs
 from fastdeploy.backends.base import Backend
+from fastdeploy.backends.selection import select_backend_class
 from fastdeploy.executor.processes import ChildProcess, describe_exit, start_child, stop_children
+from fastdeploy.executor.protocol import PARENT_ENV
+from fastdeploy.logger import get_logger
+from fastdeploy.model_resolver import resolve_model
+from fastdeploy.plugins.registry import get_registry
 
 #: the module the server runs (`python -m`)
 SERVER_MODULE = "fastdeploy.executor.forkserver_process"
@@ -234,8 +239,6 @@ def uses_fork_server(backend_class: type[Backend]) -> bool:
 def server_environment(log_dir: str) -> dict[str, str]:
     """The environment a server starts with: this process's, its pid (the parent it must not
     outlive) and the log directory."""
-    from fastdeploy.executor.worker import PARENT_ENV
-
     return dict(os.environ, **{PARENT_ENV: str(os.getpid()), "FD_LOG_DIR": log_dir})
 
 
@@ -283,11 +286,6 @@ def start_early(device: str | None, model: str | None, collectives: bool) -> For
     before the caller imports what it needs next (the HTTP stack of `fastdeploy serve`), so the
     server's imports overlap the caller's; the engine built later finds it running. None where
     the ranks would not be forked; an error is left for the engine to report."""
-    from fastdeploy.backends.selection import select_backend_class
-    from fastdeploy.logger import get_logger
-    from fastdeploy.model_resolver import resolve_model
-    from fastdeploy.plugins.registry import get_registry
-
     try:
         backend_class = select_backend_class(device or envs.device() or "auto", get_registry())
         if not uses_fork_server(backend_class):

@@ -24,6 +24,11 @@ from fastdeploy.backends.base import BatchLayout
 from fastdeploy.config import EngineConfig
 from fastdeploy.parallel.topology import ParallelLayout
 
+#: env variable carrying the hex HMAC key of the engine's control connection
+AUTHKEY_ENV = "FD_DIST_AUTHKEY"
+#: env variable carrying the pid the process must not outlive
+PARENT_ENV = "FD_DIST_PARENT_PID"
+
 
 @dataclass(frozen=True)
 class Hello:

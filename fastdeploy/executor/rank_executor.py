@@ -38,7 +38,7 @@ from fastdeploy.executor import protocol
 from fastdeploy.executor.forkserver import server_environment, shared_server, uses_fork_server
 from fastdeploy.executor.placement import Placement
 from fastdeploy.executor.processes import ChildProcess, kill_children, start_child, stop_children, tail
-from fastdeploy.executor.worker import AUTHKEY_ENV, PARENT_ENV
+from fastdeploy.executor.protocol import AUTHKEY_ENV, PARENT_ENV
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.model_runner import build_layout
 from fastdeploy.parallel.rendezvous import free_port, rendezvous_environment

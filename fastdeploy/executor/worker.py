@@ -27,12 +27,24 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Client, Connection
 
+from fastdeploy.backends.base import BackendOptions
+from fastdeploy.backends.selection import build_backend_of, select_backend_class
 from fastdeploy.executor import protocol
-
-#: env variable carrying the hex HMAC key of the engine's control connection
-AUTHKEY_ENV = "FD_DIST_AUTHKEY"
-#: env variable carrying the pid the process must not outlive
-PARENT_ENV = "FD_DIST_PARENT_PID"
+from fastdeploy.executor.protocol import AUTHKEY_ENV, PARENT_ENV
+from fastdeploy.logger import get_logger
+from fastdeploy.model_executor.kv_cache_planner import plan_kv_cache
+from fastdeploy.model_executor.model_loader import (
+    build_model,
+    check_backend_kv_cache_dtype,
+    check_backend_quantization,
+    inspect_checkpoint,
+)
+from fastdeploy.model_executor.model_runner import ModelRunner
+from fastdeploy.parallel.model_parallel import ModelParallel
+from fastdeploy.parallel.rendezvous import rendezvous_from_environment
+from fastdeploy.parallel.selection import communicator_class, create_communicator
+from fastdeploy.parallel.topology import rank_name
+from fastdeploy.plugins.registry import get_registry
 
 
 def die_with_parent() -> None:
@@ -60,19 +72,11 @@ def connect(address: str, authkey: bytes, timeout: float) -> Connection:
 
 
 def preload(backend: str, collectives: bool, model_path: str | None = None) -> None:
-    """Import what a rank of `backend` (a registered name) runs: the modules `Worker` uses, the
-    plugins, the backend's module and, with `collectives`, its collectives runtime; and read the
+    """Import what a rank of `backend` (a registered name) runs beyond this module's own imports:
+    the plugins, the backend's module and, with `collectives`, its collectives runtime; and read the
     configuration of `model_path`, if given (a loader keeps what it parses: a GGUF header,
     ~0.1 s), and what its loader reads tensors with. A fork server does this once for all its
     ranks."""
-    import fastdeploy.engine.kv_cache_planner  # noqa: F401
-    import fastdeploy.model_executor.model_runner  # noqa: F401
-    import fastdeploy.parallel.model_parallel  # noqa: F401
-    from fastdeploy.backends.selection import select_backend_class
-    from fastdeploy.model_executor.model_loader import inspect_checkpoint
-    from fastdeploy.parallel.selection import communicator_class
-    from fastdeploy.plugins.registry import get_registry
-
     registry = get_registry()
     backend_class = select_backend_class(backend, registry)
     if collectives:
@@ -86,27 +90,11 @@ class Worker:
 
     def __init__(self, spec: protocol.WorkerSpec, conn: Connection) -> None:
         laps = _Laps()
-        from fastdeploy.backends.base import BackendOptions
-        from fastdeploy.backends.selection import build_backend_of, select_backend_class
-        from fastdeploy.engine.kv_cache_planner import plan_kv_cache
-        from fastdeploy.logger import get_logger
-        from fastdeploy.model_executor.model_loader import (
-            build_model,
-            check_backend_kv_cache_dtype,
-            check_backend_quantization,
-            inspect_checkpoint,
-        )
-        from fastdeploy.parallel.model_parallel import ModelParallel
-        from fastdeploy.parallel.rendezvous import rendezvous_from_environment
-        from fastdeploy.parallel.selection import communicator_class, create_communicator
-        from fastdeploy.parallel.topology import rank_name
-        from fastdeploy.plugins.registry import get_registry
-
         self.spec = spec
         self.conn = conn
         config = spec.config
         registry = get_registry()
-        laps.lap("imports")
+        laps.lap("registry")
         rendezvous = rendezvous_from_environment(spec.rendezvous_timeout)
         self.rank = rendezvous.rank
         backend_class = select_backend_class(config.device, registry)
@@ -150,8 +138,6 @@ class Worker:
         get_logger(__name__).info("%s loaded in %s", rank_name(self.rank, config.data_parallel_rank), laps)
 
     def serve(self) -> None:
-        from fastdeploy.model_executor.model_runner import ModelRunner
-
         conn = self.conn
         conn.send(protocol.Loaded(self.rank, self.kv_spec.num_blocks))
         allocate = conn.recv()

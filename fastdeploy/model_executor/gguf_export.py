@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from fastdeploy.input.gguf_tokenizer import GGUFTokenizerLoader
 from fastdeploy.model_executor.loaders.gguf_loader import GGUFLoader
 
 #: our architecture name -> transformers' `model_type`
@@ -36,8 +37,6 @@ def float32_tensors(gguf_path: str) -> dict[str, np.ndarray]:
 
 def write_hf_metadata(directory: str, gguf_path: str) -> None:
     """config.json, tokenizer.json and tokenizer_config.json (special tokens, chat template)."""
-    from fastdeploy.input.gguf_tokenizer import GGUFTokenizerLoader
-
     with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as handle:
         json.dump(hf_config(gguf_path), handle)
     tokenizer = GGUFTokenizerLoader().load(gguf_path)

@@ -12,14 +12,12 @@ Llama) are brought to that layout once at load time with `interleaved_to_half_ro
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from fastdeploy.errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 
 
 def _default_inv_freq(base: float, rotary_dim: int) -> np.ndarray:
@@ -117,8 +115,6 @@ def interleaved_to_half_rows(rows: np.ndarray | GGMLTensor, num_heads: int) -> n
     backend's rotate-half `rotary_embedding` computes what interleaved rotary would. GGUF blocks
     run along the input axis, so a `GGMLTensor` moves whole rows without dequantising.
     """
-    from fastdeploy.formats.ggml_tensor import GGMLTensor  # the loaders import this module
-
     count = rows.shape[0]
     half = count // num_heads // 2
     order = np.arange(count).reshape(num_heads, half, 2).swapaxes(1, 2).reshape(count)

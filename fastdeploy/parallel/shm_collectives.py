@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from fastdeploy.backends.cpu import native
+
 #: floats a rank's slot holds; longer vectors go through it in chunks (a prefill of 2048 tokens of
 #: hidden 576 is 4.5 MiB: 18 chunks, still far cheaper than gloo)
 SLOT_FLOATS = 1 << 16
@@ -35,11 +37,7 @@ SHM_DIRECTORY = "/dev/shm"
 
 def native_kernel() -> Any | None:
     """The native `shm_collective`, or None where the kernels are not built."""
-    try:
-        from fastdeploy.backends.cpu.native import _native
-    except ImportError:
-        return None
-    return getattr(_native, "shm_collective", None)
+    return getattr(native._native, "shm_collective", None)  # the module is None where not built
 
 
 class SharedMemoryCollectives:

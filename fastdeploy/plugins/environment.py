@@ -15,6 +15,7 @@ from typing import Any
 
 from fastdeploy.errors import FastDeployError
 from fastdeploy.plugins.registry import PluginInfo, PluginRegistry
+from fastdeploy.version import __version__
 
 #: environment variables that change what loads or where it runs
 ENV_VARS = (
@@ -92,8 +93,6 @@ def _backend_statuses(registry: PluginRegistry, errors: dict[str, str]) -> list[
 
 def collect_environment(registry: PluginRegistry) -> EnvironmentReport:
     """Everything `fastdeploy env` shows, as data."""
-    from fastdeploy import __version__
-
     errors: dict[str, str] = {}
     components: dict[str, dict[str, str]] = {}
     for hook in (

@@ -1,8 +1,7 @@
-"""The built-in reasoning and tool-call parsers, registered through the `fastdeploy.plugins` entry point.
+"""The built-in reasoning parsers, registered through the `fastdeploy.plugins` entry point.
 
-Names are those FastDeploy users pass: `reasoning_parser="ernie-45-vl" | "ernie-x1" | "qwen3"`
-and, for the server and `LLM(tool_call_parser=...)`, `ernie-x1`, `hermes` and `qwen3` (Hermes-style
-`<tool_call>` blocks, as Qwen2.5 and Qwen3 write them).
+Names are those FastDeploy users pass: `reasoning_parser="ernie-45-vl" | "ernie-x1" | "qwen3"`.
+The tool-call parsers register from `fastdeploy/tool_calling/plugin.py`.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 from fastdeploy.plugins.hookspecs import hookimpl
 from fastdeploy.reasoning.ernie_x1 import ErnieX1ReasoningParser
 from fastdeploy.reasoning.think_parser import ErnieVLReasoningParser, Qwen3ReasoningParser
-from fastdeploy.tool_calling.tagged import ErnieX1TaggedToolParser, HermesToolParser
 
 
 @hookimpl
@@ -20,8 +18,3 @@ def fastdeploy_reasoning_parsers() -> dict[str, type]:
         "ernie-x1": ErnieX1ReasoningParser,
         "qwen3": Qwen3ReasoningParser,
     }
-
-
-@hookimpl
-def fastdeploy_tool_call_parsers() -> dict[str, type]:
-    return {"ernie-x1": ErnieX1TaggedToolParser, "hermes": HermesToolParser, "qwen3": HermesToolParser}

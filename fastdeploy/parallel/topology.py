@@ -101,12 +101,3 @@ def check_layout(layout: ParallelLayout, model: ModelConfig, model_name: str) ->
             f"pipeline_parallel_size={pp} is larger than the {layers} decoder layers of {model_name}; "
             f"each stage needs at least one layer (use at most {layers})"
         )
-
-
-def check_world_size(layout: ParallelLayout, available: int | None, what: str) -> None:
-    """TP x PP must equal the ranks the deployment provides (when it is fixed: devices, hosts)."""
-    if available is not None and layout.world_size != available:
-        raise InvalidArgumentError(
-            f"tensor_parallel_size x pipeline_parallel_size = {layout.tensor_parallel_size} x "
-            f"{layout.pipeline_parallel_size} = {layout.world_size} ranks, but {what} provide {available}"
-        )

@@ -20,13 +20,15 @@ from fastdeploy.config import EngineConfig, check_data_parallel_size, option_fie
 from fastdeploy.engine.engine import LLMEngine, error_output
 from fastdeploy.engine.request import INVALID_REQUEST, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.chat_utils import render_conversation, with_tools
-from fastdeploy.entrypoints.multimodal import extract_media, prompt_inputs
 from fastdeploy.entrypoints.offline_tools import constrain_offline, fill_tool_calls, plan_offline
-from fastdeploy.entrypoints.prompts import PromptItem, normalize_prompts
 from fastdeploy.errors import EngineStoppedError, FastDeployError, InvalidArgumentError
 from fastdeploy.executor.placement import is_master_host
 from fastdeploy.executor.startup import serve_follower
+from fastdeploy.input.chat_template import load_chat_template
+from fastdeploy.input.conversation import with_tools
+from fastdeploy.input.multimodal.parts import extract_media
+from fastdeploy.input.processor import InputProcessor
+from fastdeploy.input.prompts import PromptItem, normalize_prompts
 from fastdeploy.logger import get_logger
 from fastdeploy.plugins.registry import get_registry
 from fastdeploy.tool_calling.request import template_messages
@@ -89,6 +91,8 @@ class LLM:
             self.follower_status = serve_follower(config, get_registry())
             return
         self.llm_engine = LLMEngine(config)
+        #: how this LLM's prompts and conversations become the engine's inputs
+        self.input_processor: InputProcessor = self.llm_engine.input_processor
 
     def _check_master(self) -> bool:
         """Whether this process is the master of a multi-host run (always, on one host): only the
@@ -104,7 +108,7 @@ class LLM:
                 self.llm_engine.shutdown()
 
     def get_tokenizer(self) -> Any:
-        return self.llm_engine.tokenizer
+        return self.input_processor.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What a call without `sampling_params` samples with: SamplingParams' defaults, overridden
@@ -148,11 +152,7 @@ class LLM:
                 f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}"
             )
         conversations = messages if all(isinstance(m, list) for m in messages) else [messages]
-        template = None
-        if chat_template is not None:
-            from fastdeploy.input.chat_template import load_chat_template
-
-            template = load_chat_template(chat_template)
+        template = load_chat_template(chat_template) if chat_template is not None else None
         plan, tool_error = plan_offline(self.llm_engine, tools, tool_choice)
         template_kwargs = with_tools(chat_template_kwargs, plan.tools)
         items = [
@@ -180,8 +180,7 @@ class LLM:
     ) -> PromptItem:
         try:
             media = extract_media(conversation)
-            item = render_conversation(
-                self.llm_engine.tokenizer,
+            item = self.input_processor.render(
                 conversation,
                 chat_template=template,
                 add_generation_prompt=add_generation_prompt,
@@ -235,7 +234,7 @@ class LLM:
                 order.append(request_id)
                 if item.error is None:
                     try:
-                        token_ids, multimodal = prompt_inputs(engine, item)
+                        token_ids, multimodal = self.input_processor.prompt_inputs(item)
                         engine.add_request(
                             request_id,
                             token_ids,

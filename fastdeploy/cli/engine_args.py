@@ -1,6 +1,6 @@
 """Engine flags shared by every subcommand that builds an engine (`generate`, `chat`, `serve`).
 
-They are generated from `EngineConfig`'s fields (`fastdeploy.config.option`): each flag is the
+They are generated from the engine options (`fastdeploy.engine_args.EngineArgs`): each flag is the
 option's name with dashes, with its default and help; `engine_kwargs` turns the parsed flags back
 into the options.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fastdeploy.config import option_fields
+from fastdeploy.engine_args import option_fields
 
 
 def flag_name(name: str) -> str:
@@ -19,7 +19,7 @@ def flag_name(name: str) -> str:
 
 
 def add_option_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, group: str) -> None:
-    """The flags of the options in `group` (see `fastdeploy.config.FLAG_GROUPS`), in field order."""
+    """The flags of the options in `group` (see `fastdeploy.engine_args.FLAG_GROUPS`), in field order."""
     for item in option_fields():
         if item.metadata["group"] == group:
             parser.add_argument(

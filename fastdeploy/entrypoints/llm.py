@@ -16,10 +16,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from fastdeploy.config import EngineConfig, check_data_parallel_size, option_fields, options_table
+from fastdeploy.config import EngineConfig, check_data_parallel_size
 from fastdeploy.engine.engine import LLMEngine, error_output
 from fastdeploy.engine.request import INVALID_REQUEST, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.engine_args import option_fields, options_table
 from fastdeploy.entrypoints.offline_tools import constrain_offline, fill_tool_calls, plan_offline
 from fastdeploy.errors import EngineStoppedError, FastDeployError, InvalidArgumentError
 from fastdeploy.executor.placement import is_master_host
@@ -61,8 +62,8 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **options: Any) -> None:
-        """Load `model` and build its engine; `options` are `EngineConfig`'s (the table below;
-        FastDeploy arguments this engine does not need are accepted and logged).
+        """Load `model` and build its engine. `options` are the engine options (`EngineArgs`: the
+        table below); FastDeploy arguments this engine does not need are accepted and logged.
         """
         option_names = {item.name for item in option_fields()}
         unknown = sorted(set(options) - option_names - _ACCEPTED_WITHOUT_EFFECT)

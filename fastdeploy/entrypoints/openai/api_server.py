@@ -37,8 +37,6 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
     # chat requests come from the network: local media only under the named directory
     options["allowed_local_media_path"] = getattr(args, "allowed_local_media_path", None) or ""
     options["allow_media_url_fetch"] = not getattr(args, "disable_media_url_fetch", False)
-    if getattr(args, "dtype", None) is not None:
-        options["dtype"] = args.dtype
     return options
 
 

@@ -1,6 +1,6 @@
 """Flags of `fastdeploy serve` and `python -m fastdeploy.entrypoints.openai.api_server` (the same set).
 
-Engine flags come from `fastdeploy.cli.engine_args` (generated from `EngineConfig`'s options);
+Engine flags come from `fastdeploy.cli.engine_args` (generated from the engine options, `EngineArgs`);
 this module adds the server's own, and accepts the vLLM / Ascend launch flags users paste from
 existing deployments (`--num-scheduler-steps`, `--trust-remote-code`, ...): they have no effect
 in this engine and are logged as such rather than rejected.
@@ -140,8 +140,6 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="refuse http(s) image/video URLs in chat requests (data: URLs still work)",
     )
     compat = parser.add_argument_group("accepted for vLLM / FastDeploy compatibility")
-    if not _has_flag(parser, "--dtype"):
-        add_option_flags(compat, "compat")  # --dtype
     for flag, options in _NO_EFFECT_FLAGS.items():
         if not _has_flag(parser, flag):
             compat.add_argument(flag, **options)

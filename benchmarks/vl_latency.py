@@ -106,7 +106,7 @@ def ours(directory: str, new_tokens: int, threads: int, device: str, options: di
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     image = photo(0)
-    prompt = engine.mm_processor.process(PROMPT, [image])
+    prompt = engine.input_processor.mm_processor.process(PROMPT, [image])
     item = prompt.items[0]
     # the copy to the host waits for a device's queued kernels (a few hundred KB; free on the cpu)
     embeddings = engine.backend.to_numpy(engine.model.vision.encode(item.patches, item.grid_thw))

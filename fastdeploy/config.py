@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastdeploy import envs
 from fastdeploy.backends.base import KV_CACHE_DTYPES
-from fastdeploy.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
+from fastdeploy.engine.spec_decode.config import parse_speculative_config
+from fastdeploy.engine_args import GENERATION_CONFIG_MODES, EngineArgs
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.model_executor.quantization import check_quantization_name
-
-#: where requests that leave sampling settings unset take them from (see engine/generation_defaults.py)
-GENERATION_CONFIG_MODES = ("auto", "none")
 
 
 @dataclass
@@ -104,6 +103,19 @@ def port_number(name: str, value: Any) -> int | None:
     return value
 
 
+def parse_ips(ips: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """Host addresses from a comma list (FastDeploy's form) or a sequence; () when not given."""
+    if ips is None:
+        return ()
+    if not isinstance(ips, (str, list, tuple)) or not all(isinstance(item, str) for item in ips):
+        raise InvalidArgumentError(f"ips must be a comma list or a list of host addresses (str), got {ips!r}")
+    items = ips.split(",") if isinstance(ips, str) else list(ips)
+    hosts = tuple(str(item).strip() for item in items if str(item).strip())
+    if isinstance(ips, str) and ips.strip() and not hosts:
+        raise InvalidArgumentError(f"ips must be a comma list of host addresses, got {ips!r}")
+    return hosts
+
+
 def _positive_int(name: str, value: Any, allow_none: bool = True) -> None:
     if value is None and allow_none:
         return
@@ -112,84 +124,12 @@ def _positive_int(name: str, value: Any, allow_none: bool = True) -> None:
 
 
 @dataclass
-class EngineConfig:
-    """Engine settings from `LLM(...)` / the server's flags, validated at construction.
-
-    None means "derive it": `max_model_len` from the model, `max_num_batched_tokens` from
-    `max_model_len`, the KV-cache size from free memory.
-    """
-
-    model: str | None = None
-    tokenizer: str | None = None
-    device: str = "auto"
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None
-    block_size: int = 64
-    seed: int = 0
-    #: weights / activations / KV cache dtype; "auto": the backend's default (float32 on the cpu
-    #: backend, bfloat16 on a GPU that has it)
-    dtype: str = "auto"
-    #: bytes of memory for the KV cache (overrides the utilisation fraction)
-    kv_cache_memory: int | None = None
-    #: fraction of free device memory (after weights) the KV cache may take; None: backend default
-    gpu_memory_utilization: float | None = None
-    num_gpu_blocks_override: int | None = None
-    cpu_threads: int | None = None
-    chat_template: str | None = None
-    reasoning_parser: str | None = None
-    tensor_parallel_size: int = 1
-    #: reuse the KV blocks of prompt prefixes computed before (shared system prompts, chat turns);
-    #: on by default, as in vLLM v1: without shared prefixes it costs nothing measurable
-    enable_prefix_caching: bool = True
-    #: pipeline stages the decoder layers are split into (ranks = tensor x pipeline parallel size)
-    pipeline_parallel_size: int = 1
-    #: engine replicas behind one server endpoint (the server's --data-parallel-size)
-    data_parallel_size: int = 1
-    #: "uni": the model runs in the engine process (only with one rank); "mp": in rank processes
-    #: (default with more than one rank); None picks
-    distributed_executor_backend: str | None = None
-    #: hosts of a multi-host run, comma list (FastDeploy's `ips`); the first is the master
-    ips: str | None = None
-    #: the master engine's port for its ranks on a multi-host run (FastDeploy's name)
-    engine_worker_queue_port: int | None = None
-    #: seconds a rank may take to reach the engine and the other ranks
-    dist_init_timeout: float = 120.0
-    #: this replica's index among the server's data-parallel replicas (its ranks take the
-    #: devices after those of the replicas before it)
-    data_parallel_rank: int = 0
-    #: run decode steps eagerly instead of replaying captured CUDA graphs (accelerator backends)
-    enforce_eager: bool = False
-    #: launch step N+1 before reading step N's tokens (docs/architecture.md, "Async scheduling"):
-    #: None follows the backend (on where passes run beside the host: the cuda backend)
-    async_scheduling: bool | None = None
-    #: grammar library for guided decoding: auto (llguidance), llguidance, xgrammar, or off
-    guided_decoding_backend: str = "auto"
-    #: JSON outputs without optional whitespace between tokens
-    guided_decoding_disable_any_whitespace: bool = False
-    #: tool-call parser for chat requests with tools (`hermes`, `qwen3`, `ernie-x1`, or a plugin's)
-    tool_call_parser: str | None = None
-    #: most images / videos one prompt may carry, e.g. {"image": 100} (multimodal models)
-    limit_mm_per_prompt: dict[str, int] | None = None
-    #: defaults of the multimodal processor (pixel bounds, frame sampling), e.g. {"image_max_pixels": 802816}
-    mm_processor_kwargs: dict[str, Any] | None = None
-    #: local media files chat requests may name: True anywhere (offline), False none, or a directory
-    allowed_local_media_path: bool | str = True
-    #: whether chat requests may name http(s) media URLs
-    allow_media_url_fetch: bool = True
-    #: weight-only quantisation of a float checkpoint at load: "wint8", "wint4" or None
-    quantization: str | None = None
-    #: KV-cache element type: "auto" (the compute dtype), "float32", "float16", "bfloat16", "int8"
-    kv_cache_dtype: str = "auto"
-    #: "auto": requests that leave sampling settings unset take the checkpoint's
-    #: generation_config.json values; "none": they take SamplingParams' own defaults
-    generation_config: str = "auto"
-    #: the most `logprobs` / `prompt_logprobs` a request may ask for (-1: the vocabulary size)
-    max_logprobs: int = 20
-    #: speculative decoding (docs/decoding.md): a dict or its JSON text, parsed at construction
-    speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
+class EngineConfig(EngineArgs):
+    """The engine options (`EngineArgs`: `LLM(...)`'s keywords, the CLI / server flags) validated
+    at construction, the environment's defaults and FastDeploy's argument forms resolved."""
 
     def __post_init__(self) -> None:
+        self._resolve()
         for name in (
             "max_model_len",
             "max_num_batched_tokens",
@@ -257,6 +197,22 @@ class EngineConfig:
         self._check_speculative()
         self._check_async_scheduling()
 
+    def _resolve(self) -> None:
+        """The forms `LLM(...)` and FastDeploy accept, in the one form the engine reads; unset
+        values from the environment."""
+        if self.device is None:
+            self.device = envs.device() or "auto"
+        if self.cpu_threads is None:
+            self.cpu_threads = envs.cpu_threads()
+        if self.dist_init_timeout is None:
+            self.dist_init_timeout = envs.dist_init_timeout()
+        self.ips = ",".join(parse_ips(self.ips)) or None
+        self.engine_worker_queue_port = port_number("engine_worker_queue_port", self.engine_worker_queue_port)
+        if self.allowed_local_media_path is None:  # any local file (offline use)
+            self.allowed_local_media_path = True
+        elif self.allowed_local_media_path == "":  # none
+            self.allowed_local_media_path = False
+
     def async_scheduling_blocker(self) -> str | None:
         """Why each pass's tokens must reach the host before the next pass is built here (so
         steps cannot overlap), or None."""
@@ -303,7 +259,6 @@ class EngineConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
         check_data_parallel_size(self.data_parallel_size)
-        port_number("engine_worker_queue_port", self.engine_worker_queue_port)
         if self.distributed_executor_backend not in (None, "uni", "mp"):
             raise InvalidArgumentError(
                 "distributed_executor_backend must be 'uni' (in the engine process) or 'mp' (rank "

@@ -11,6 +11,9 @@ import argparse
 import importlib
 import sys
 
+from fastdeploy import __version__
+from fastdeploy.errors import FastDeployError
+
 #: subcommand name -> module implementing it
 SUBCOMMANDS: dict[str, str] = {
     "generate": "fastdeploy.cli.generate",
@@ -51,15 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         args.cli_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.version:
-        from fastdeploy import __version__
-
         sys.stdout.write(f"fastdeploy {__version__}\n")
         return 0
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from fastdeploy.errors import FastDeployError
-
     try:
         return int(args.func(args) or 0)
     except FastDeployError as exc:

@@ -35,6 +35,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    # imported when used: the CLI starts without the HTTP client and the benchmark (cli/__init__)
     from fastdeploy.entrypoints.openai.benchmark import BenchConfig, format_report, run_benchmark
 
     config = BenchConfig(

@@ -22,6 +22,9 @@ from fastdeploy.cli.engine_args import add_engine_arguments, engine_kwargs
 from fastdeploy.cli.sampling_args import add_sampling_arguments, sampling_params_from
 from fastdeploy.errors import InvalidArgumentError
 
+# The engine side (LLM, prompts, tools, streaming) is imported where it is used: `fastdeploy
+# --help` and `fastdeploy env` import this module to list the command, and those imports take a
+# second or more.
 if TYPE_CHECKING:
     from fastdeploy.tool_calling.request import ToolPlan
 
@@ -101,10 +104,12 @@ class ChatSession:
         show_reasoning: bool,
         tools: ToolPlan | None = None,
     ) -> None:
-        from fastdeploy.entrypoints.chat_utils import with_tools
         from fastdeploy.entrypoints.offline_tools import constrain_offline
+        from fastdeploy.input.conversation import with_tools
 
         self.engine = engine
+        #: renders the conversation into the prompt, as `LLM.chat` and the server do
+        self.inputs = engine.input_processor
         self.tools = tools
         self.params = params if tools is None else constrain_offline(params, tools)[0]
         self.template_kwargs = template_kwargs if tools is None else with_tools(template_kwargs, tools.tools)
@@ -131,15 +136,12 @@ class ChatSession:
         return self._answer(self.history, out)
 
     def _answer(self, conversation: list[dict[str, Any]], out: Any) -> str | None:
-        from fastdeploy.entrypoints.chat_utils import render_conversation
         from fastdeploy.entrypoints.streaming import DeltaTracker
         from fastdeploy.tool_calling.request import template_messages
 
         request_id = f"chat-{next(self._ids)}"
         try:
-            prompt = render_conversation(
-                self.engine.tokenizer, template_messages(conversation), template_kwargs=self.template_kwargs
-            )
+            prompt = self.inputs.render(template_messages(conversation), template_kwargs=self.template_kwargs)
             self.engine.add_request(
                 request_id,
                 prompt.token_ids or [],
@@ -203,7 +205,7 @@ class ChatSession:
         if self.params.max_tokens is not None and generated >= self.params.max_tokens:
             return f"[truncated: the reply reached --max-tokens ({self.params.max_tokens}); raise it for longer replies]"
         return (
-            f"[truncated: the conversation reached the context length ({self.engine.max_model_len} tokens, "
+            f"[truncated: the conversation reached the context length ({self.inputs.max_model_len} tokens, "
             "--max-model-len); /clear starts a new one]"
         )
 
@@ -240,7 +242,7 @@ def handle_line(session: ChatSession, line: str, system: str | None, out: Any) -
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastdeploy import LLM
+    from fastdeploy.entrypoints.llm import LLM
     from fastdeploy.tool_calling.request import plan_for_engine
 
     params = sampling_params_from(args)  # before the model loads: a bad flag fails at once

@@ -50,6 +50,7 @@ def format_output(output: RequestOutput, prompt: str, output_format: str) -> str
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when used: the CLI starts without the engine (cli/__init__)
     from fastdeploy import LLM
 
     params = sampling_params_from(args)  # before the model loads: a bad flag fails at once

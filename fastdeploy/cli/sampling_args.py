@@ -11,13 +11,15 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from fastdeploy.errors import InvalidArgumentError
+
 
 def sampling_field(name: str, convert: Callable[[str], Any]) -> Callable[[str], Any]:
     """An argparse `type=` that converts a flag's text and checks it as `SamplingParams(name=...)`."""
 
     def parse(text: str) -> Any:
+        # imported when used: the CLI starts without the engine (cli/__init__)
         from fastdeploy.engine.sampling_params import SamplingParams
-        from fastdeploy.errors import InvalidArgumentError
 
         try:
             value = convert(text)
@@ -56,6 +58,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int) -> 
 
 def sampling_params_from(args: argparse.Namespace) -> Any:
     """The `SamplingParams` of parsed sampling flags."""
+    # imported when used: the CLI starts without the engine (cli/__init__)
     from fastdeploy.engine.sampling_params import SamplingParams
 
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)

@@ -6,6 +6,7 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    # imported when the parser is built: the server's flags, not the HTTP stack (cli/__init__)
     from fastdeploy.entrypoints.openai.cli_args import add_server_arguments
 
     parser = subparsers.add_parser(
@@ -19,6 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when used: the CLI starts without the engine (cli/__init__)
     from fastdeploy.entrypoints.openai.api_server import run_server
 
     return run_server(args)

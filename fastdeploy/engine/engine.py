@@ -57,7 +57,7 @@ from fastdeploy.engine.spec_decode.decoder import Verified, build_speculative_de
 from fastdeploy.errors import EngineDeadError, InvalidArgumentError, KVCacheAllocationError
 from fastdeploy.executor.startup import start_executor
 from fastdeploy.input.detokenizer import IncrementalDetokenizer
-from fastdeploy.input.multimodal.options import build_multimodal_processor, check_limits
+from fastdeploy.input.processor import InputProcessor
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.kv_cache_planner import plan_kv_cache
@@ -70,7 +70,7 @@ from fastdeploy.model_executor.model_loader import (
 )
 from fastdeploy.model_executor.model_runner import ModelRunner
 from fastdeploy.model_resolver import resolve_model
-from fastdeploy.plugins.registry import PluginRegistry, first_that_can_load, get_registry
+from fastdeploy.plugins.registry import PluginRegistry, get_registry
 from fastdeploy.reasoning.base import ReasoningParser
 
 logger = get_logger(__name__)
@@ -225,18 +225,13 @@ class LLMEngine:
         )
 
     def _load_inputs(self, config: EngineConfig, registry: PluginRegistry, model_path: str) -> None:
-        """The tokenizer, its chat template and the reasoning parser."""
-        tokenizer_path = resolve_model(config.tokenizer) if config.tokenizer else model_path
-        self.tokenizer: Tokenizer = first_that_can_load(
-            registry.tokenizer_loaders(), tokenizer_path, "tokenizer loader"
-        ).load(tokenizer_path)
-        if config.chat_template is not None:
-            from fastdeploy.input.chat_template import load_chat_template
-
-            self.tokenizer.chat_template = load_chat_template(config.chat_template)
-        elif not self.tokenizer.chat_template:
-            # a plugin may ship the template for an architecture whose checkpoints lack one
-            self.tokenizer.chat_template = registry.chat_templates().get(self.model_config.architecture)
+        """The input processor (tokenizer, chat template, limits), the reasoning parser and the
+        tool-call parser."""
+        #: prompts, chat templates, media and their limits; what LLM, the server and the CLI use
+        self.input_processor = InputProcessor.load(
+            config, registry, model_path, self.model_config, self.max_model_len
+        )
+        self.tokenizer: Tokenizer = self.input_processor.tokenizer
         self.reasoning_parser = self._build_reasoning_parser(registry)
         self.tool_parser_class = self._tool_parser_class(registry)
 
@@ -244,10 +239,6 @@ class LLMEngine:
         """The model and its KV cache: here, or in the rank processes (which size their own caches)."""
         #: keeps several steps in flight when the layers are split into pipeline stages
         self.pipeline: MicroBatchPipeline | None = None
-        #: turns images and videos into model inputs; None for text-only models
-        self.mm_processor = None
-        #: most images / videos per request (`limit_mm_per_prompt`), enforced before the processor
-        self.mm_limits = check_limits(config.limit_mm_per_prompt)
         if self.executor is not None:
             self.model = None
             num_blocks = self.executor.wait_ready()
@@ -260,9 +251,7 @@ class LLMEngine:
         self.model = build_model(
             checkpoint, self.backend, self.max_model_len, registry, quantization=config.quantization
         )
-        self.mm_processor = build_multimodal_processor(
-            registry, self.model, self.tokenizer, self.model_config, config, self.mm_limits
-        )
+        self.input_processor.attach_media(registry, self.model, self.model_config, config)
         spec = plan_kv_cache(
             config,
             self.model_config,
@@ -337,20 +326,6 @@ class LLMEngine:
         return self.config.max_model_len
 
     # --- requests ---------------------------------------------------------------------------
-    def validate_prompt(self, prompt_token_ids: list[int]) -> None:
-        """Raise InvalidArgumentError if the engine cannot serve these prompt tokens."""
-        if not prompt_token_ids:
-            raise InvalidArgumentError("prompt is empty: it must contain at least one token")
-        vocab = self.model_config.vocab_size
-        bad = [token for token in prompt_token_ids if not 0 <= token < vocab]
-        if bad:
-            raise InvalidArgumentError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise InvalidArgumentError(
-                f"prompt has {len(prompt_token_ids)} tokens, which leaves no room to generate within "
-                f"max_model_len={self.max_model_len}; shorten the prompt or raise max_model_len"
-            )
-
     def validate_params(self, params: SamplingParams) -> None:
         """Raise InvalidArgumentError if this engine's limits rule out `params`."""
         for name in ("logprobs", "prompt_logprobs"):
@@ -399,11 +374,7 @@ class LLMEngine:
         """
         if request_id in self.requests:
             raise InvalidArgumentError(f"request_id {request_id!r} is already in use")
-        if multimodal is not None:
-            if self.mm_processor is None:
-                raise InvalidArgumentError(self.media_refusal())
-            prompt_token_ids = multimodal.token_ids
-        self.validate_prompt(prompt_token_ids)
+        prompt_token_ids = self.input_processor.engine_prompt(prompt_token_ids, multimodal)
         self.validate_params(params)
         grammar = self.guided.compile(params.guided_decoding) if params.guided_decoding else None
         arrival = time.time() if arrival_time is None else arrival_time
@@ -435,16 +406,6 @@ class LLMEngine:
             )
             request.seqs[0].beam_search = request.beam_search
         self.requests[request_id] = request
-
-    def media_refusal(self) -> str:
-        """Why this engine refuses images and videos: the processor lives with an in-process model."""
-        architecture = self.model_config.architecture
-        if self.executor is not None:
-            return (
-                f"{architecture} runs in rank processes here (distributed_executor_backend='mp'); "
-                "images and videos need the model in the engine process"
-            )
-        return f"{architecture} takes text only, not images or videos"
 
     def _new_sequence(self, request: EngineRequest, index: int) -> Sequence:
         """Sample `index` of `request`, seeded from the request's seed (or the engine's) and `index`."""

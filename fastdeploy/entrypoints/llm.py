@@ -7,6 +7,7 @@ back in input order. A prompt that cannot be served (empty, too long, malformed)
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import threading
 import time
@@ -15,17 +16,20 @@ from typing import Any
 
 from tqdm import tqdm
 
-from fastdeploy.config import EngineConfig, check_data_parallel_size, port_number
+from fastdeploy.config import EngineConfig, check_data_parallel_size
 from fastdeploy.engine.engine import LLMEngine, error_output
 from fastdeploy.engine.request import INVALID_REQUEST, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.chat_utils import render_conversation, with_tools
-from fastdeploy.entrypoints.multimodal import extract_media, prompt_inputs
+from fastdeploy.engine_args import option_fields, options_table
 from fastdeploy.entrypoints.offline_tools import constrain_offline, fill_tool_calls, plan_offline
-from fastdeploy.entrypoints.prompts import PromptItem, normalize_prompts
 from fastdeploy.errors import EngineStoppedError, FastDeployError, InvalidArgumentError
-from fastdeploy.executor.placement import is_master_host, parse_ips
+from fastdeploy.executor.placement import is_master_host
 from fastdeploy.executor.startup import serve_follower
+from fastdeploy.input.chat_template import load_chat_template
+from fastdeploy.input.conversation import with_tools
+from fastdeploy.input.multimodal.parts import extract_media
+from fastdeploy.input.processor import InputProcessor
+from fastdeploy.input.prompts import PromptItem, normalize_prompts
 from fastdeploy.logger import get_logger
 from fastdeploy.plugins.registry import get_registry
 from fastdeploy.tool_calling.request import template_messages
@@ -57,102 +61,24 @@ class LLM:
     the name of an embedded model; None loads the embedded default, SmolLM2-135M-Instruct.
     """
 
-    def __init__(
-        self,
-        model: str | None = None,
-        tokenizer: str | None = None,
-        tensor_parallel_size: int = 1,
-        max_model_len: int | None = None,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int | None = None,
-        block_size: int = 64,
-        device: str | None = None,
-        seed: int = 0,
-        dtype: str = "auto",
-        kv_cache_memory: int | None = None,
-        gpu_memory_utilization: float | None = None,
-        num_gpu_blocks_override: int | None = None,
-        cpu_threads: int | None = None,
-        chat_template: str | None = None,
-        reasoning_parser: str | None = None,
-        enable_prefix_caching: bool = True,
-        pipeline_parallel_size: int = 1,
-        data_parallel_size: int = 1,
-        ips: str | list[str] | None = None,
-        engine_worker_queue_port: int | str | None = None,
-        distributed_executor_backend: str | None = None,
-        data_parallel_rank: int = 0,
-        enforce_eager: bool = False,
-        async_scheduling: bool | None = None,
-        guided_decoding_backend: str = "auto",
-        guided_decoding_disable_any_whitespace: bool = False,
-        tool_call_parser: str | None = None,
-        limit_mm_per_prompt: dict[str, int] | None = None,
-        mm_processor_kwargs: dict[str, Any] | None = None,
-        allowed_local_media_path: str | None = None,
-        allow_media_url_fetch: bool = True,
-        quantization: str | None = None,
-        kv_cache_dtype: str = "auto",
-        generation_config: str = "auto",
-        max_logprobs: int = 20,
-        speculative_config: dict[str, Any] | str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        from fastdeploy import envs
-
-        unknown = sorted(set(kwargs) - _ACCEPTED_WITHOUT_EFFECT)
+    def __init__(self, model: str | None = None, **options: Any) -> None:
+        """Load `model` and build its engine. `options` are the engine options (`EngineArgs`: the
+        table below); FastDeploy arguments this engine does not need are accepted and logged.
+        """
+        option_names = {item.name for item in option_fields()}
+        unknown = sorted(set(options) - option_names - _ACCEPTED_WITHOUT_EFFECT)
         if unknown:
             raise InvalidArgumentError(f"LLM() got unsupported argument(s): {', '.join(unknown)}")
-        for name in sorted(kwargs):
-            logger.info("LLM argument %s=%r has no effect in this engine", name, kwargs[name])
+        for name in sorted(set(options) - option_names):
+            logger.info("LLM argument %s=%r has no effect in this engine", name, options.pop(name))
+        data_parallel_size = options.get("data_parallel_size", 1)
         if data_parallel_size != 1:
             check_data_parallel_size(data_parallel_size)
             raise InvalidArgumentError(
                 f"data_parallel_size={data_parallel_size}: replicas are served by `fastdeploy serve "
                 "--data-parallel-size N`; offline, LLM runs one replica (use data_parallel_size=1)"
             )
-        config = EngineConfig(
-            model=model,
-            tokenizer=tokenizer,
-            device=device or envs.device() or "auto",
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            block_size=block_size,
-            seed=seed,
-            dtype=dtype,
-            kv_cache_memory=kv_cache_memory,
-            gpu_memory_utilization=gpu_memory_utilization,
-            num_gpu_blocks_override=num_gpu_blocks_override,
-            cpu_threads=cpu_threads if cpu_threads is not None else envs.cpu_threads(),
-            chat_template=chat_template,
-            reasoning_parser=reasoning_parser,
-            tensor_parallel_size=tensor_parallel_size,
-            enable_prefix_caching=enable_prefix_caching,
-            pipeline_parallel_size=pipeline_parallel_size,
-            distributed_executor_backend=distributed_executor_backend,
-            data_parallel_rank=data_parallel_rank,
-            dist_init_timeout=envs.dist_init_timeout(),
-            ips=",".join(parse_ips(ips)) or None,
-            engine_worker_queue_port=port_number("engine_worker_queue_port", engine_worker_queue_port),
-            enforce_eager=enforce_eager,
-            async_scheduling=async_scheduling,
-            guided_decoding_backend=guided_decoding_backend,
-            guided_decoding_disable_any_whitespace=guided_decoding_disable_any_whitespace,
-            tool_call_parser=tool_call_parser,
-            limit_mm_per_prompt=limit_mm_per_prompt,
-            mm_processor_kwargs=mm_processor_kwargs,
-            # None: any local file (offline use); "": none; a directory: files under it
-            allowed_local_media_path=True
-            if allowed_local_media_path is None
-            else (allowed_local_media_path or False),
-            allow_media_url_fetch=allow_media_url_fetch,
-            quantization=quantization,
-            kv_cache_dtype=kv_cache_dtype,
-            generation_config=generation_config,
-            max_logprobs=max_logprobs,
-            speculative_config=speculative_config,
-        )
+        config = EngineConfig(model=model, **options)
         self._request_ids = itertools.count()
         #: one generate / chat at a time: the engine is stepped by its caller and is not thread-safe,
         #: so a call from a second thread waits for the first to finish
@@ -166,6 +92,8 @@ class LLM:
             self.follower_status = serve_follower(config, get_registry())
             return
         self.llm_engine = LLMEngine(config)
+        #: how this LLM's prompts and conversations become the engine's inputs
+        self.input_processor: InputProcessor = self.llm_engine.input_processor
 
     def _check_master(self) -> bool:
         """Whether this process is the master of a multi-host run (always, on one host): only the
@@ -181,7 +109,7 @@ class LLM:
                 self.llm_engine.shutdown()
 
     def get_tokenizer(self) -> Any:
-        return self.llm_engine.tokenizer
+        return self.input_processor.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What a call without `sampling_params` samples with: SamplingParams' defaults, overridden
@@ -225,11 +153,7 @@ class LLM:
                 f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}"
             )
         conversations = messages if all(isinstance(m, list) for m in messages) else [messages]
-        template = None
-        if chat_template is not None:
-            from fastdeploy.input.chat_template import load_chat_template
-
-            template = load_chat_template(chat_template)
+        template = load_chat_template(chat_template) if chat_template is not None else None
         plan, tool_error = plan_offline(self.llm_engine, tools, tool_choice)
         template_kwargs = with_tools(chat_template_kwargs, plan.tools)
         items = [
@@ -257,8 +181,7 @@ class LLM:
     ) -> PromptItem:
         try:
             media = extract_media(conversation)
-            item = render_conversation(
-                self.llm_engine.tokenizer,
+            item = self.input_processor.render(
                 conversation,
                 chat_template=template,
                 add_generation_prompt=add_generation_prompt,
@@ -312,7 +235,7 @@ class LLM:
                 order.append(request_id)
                 if item.error is None:
                     try:
-                        token_ids, multimodal = prompt_inputs(engine, item)
+                        token_ids, multimodal = self.input_processor.prompt_inputs(item)
                         engine.add_request(
                             request_id,
                             token_ids,
@@ -358,3 +281,21 @@ class LLM:
                     )
         finally:
             bar.close()
+
+
+def _document_options() -> None:
+    """`LLM(...)`'s signature and docstring list the engine options, from `EngineConfig`."""
+    init = LLM.__init__
+    signature = inspect.signature(init)
+    keywords = [
+        inspect.Parameter(item.name, inspect.Parameter.KEYWORD_ONLY, default=item.default)
+        for item in option_fields()
+        if item.name != "model"
+    ]
+    self_and_model = list(signature.parameters.values())[:2]
+    accepted = inspect.Parameter("fastdeploy_arguments", inspect.Parameter.VAR_KEYWORD)
+    init.__signature__ = signature.replace(parameters=[*self_and_model, *keywords, accepted])
+    init.__doc__ = (init.__doc__ or "") + "\n" + options_table() + "\n"
+
+
+_document_options()

@@ -14,25 +14,12 @@ import os
 import socket
 from dataclasses import dataclass
 
-from fastdeploy.config import EngineConfig
+from fastdeploy.config import EngineConfig, parse_ips
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.parallel.topology import ParallelLayout
 
 #: control port of the engine when ranks run on several hosts (FastDeploy's engine_worker_queue_port)
 DEFAULT_CONTROL_PORT = 8002
-
-
-def parse_ips(ips: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
-    """Host addresses from a comma list (FastDeploy's form) or a sequence; () when not given."""
-    if ips is None:
-        return ()
-    if not isinstance(ips, (str, list, tuple)) or not all(isinstance(item, str) for item in ips):
-        raise InvalidArgumentError(f"ips must be a comma list or a list of host addresses (str), got {ips!r}")
-    items = ips.split(",") if isinstance(ips, str) else list(ips)
-    hosts = tuple(str(item).strip() for item in items if str(item).strip())
-    if isinstance(ips, str) and ips.strip() and not hosts:
-        raise InvalidArgumentError(f"ips must be a comma list of host addresses, got {ips!r}")
-    return hosts
 
 
 def is_local_address(host: str) -> bool:

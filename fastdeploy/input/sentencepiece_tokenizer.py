@@ -13,7 +13,7 @@ wrapper is what transformers' slow tokenizers (and PaddleFormers' `Ernie4_5Token
 - Incomplete UTF-8 from byte-fallback pieces decodes to U+FFFD, which the engine's incremental
   detokenizer holds back, so streamed Chinese text never shows broken characters.
 
-`SentencePieceTokenizerLoader` reads `tokenizer.model`, `tokenizer_config.json`,
+`build_sentencepiece_tokenizer` reads `tokenizer.model`, `tokenizer_config.json`,
 `special_tokens_map.json` and `added_tokens.json` the way transformers does.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.input.hf_tokenizer import _chat_templates, _config_eos_ids, _read_json, _token_content
-from fastdeploy.input.tokenizer import Tokenizer, TokenizerLoader, require_text
+from fastdeploy.input.tokenizer import Tokenizer, require_text
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -318,35 +318,3 @@ def build_sentencepiece_tokenizer(
         chat_template=files.chat_template,
         named_chat_templates=files.named_chat_templates,
     )
-
-
-class SentencePieceTokenizerLoader(TokenizerLoader):
-    """Directories with a `tokenizer.model` and no `tokenizer.json` (which the `tokenizers` loader
-    reads faster), or whose tokenizer_config names an ERNIE tokenizer class."""
-
-    name = "sentencepiece"
-    priority = 5
-    reads = "a directory with a SentencePiece tokenizer.model"
-
-    def can_load(self, model_path: str) -> bool:
-        if not (os.path.isdir(model_path) and os.path.isfile(os.path.join(model_path, "tokenizer.model"))):
-            return False
-        if not os.path.isfile(os.path.join(model_path, "tokenizer.json")):
-            return True
-        return _is_ernie_class(model_path)
-
-    def load(self, model_path: str) -> Tokenizer:
-        from fastdeploy.input.ernie4_5_tokenizer import Ernie4_5Tokenizer
-
-        cls = Ernie4_5Tokenizer if _is_ernie_class(model_path) else SentencePieceTokenizer
-        tokenizer = build_sentencepiece_tokenizer(model_path, cls)
-        logger.info("loaded tokenizer.model from %s: %r", model_path, tokenizer)
-        return tokenizer
-
-
-def _is_ernie_class(model_path: str) -> bool:
-    tokenizer_class = _read_json(model_path, "tokenizer_config.json").get("tokenizer_class")
-    if isinstance(tokenizer_class, str) and tokenizer_class.replace("_", "").lower().startswith("ernie"):
-        return True
-    architectures = _read_json(model_path, "config.json").get("architectures") or []
-    return any(isinstance(name, str) and name.startswith("Ernie4_5") for name in architectures)

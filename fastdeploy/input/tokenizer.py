@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.input.chat_template import render_chat_template
 
 
 def require_text(text: Any) -> None:
@@ -70,8 +71,6 @@ class Tokenizer(ABC):
 
         `chat_template` is a template string or the name of one of `named_chat_templates`.
         """
-        from fastdeploy.input.chat_template import render_chat_template
-
         if chat_template is not None and chat_template in self.named_chat_templates:
             chat_template = self.named_chat_templates[chat_template]
         text = render_chat_template(

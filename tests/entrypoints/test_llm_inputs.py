@@ -245,8 +245,8 @@ def test_flags_must_be_bools(llm):
 
 
 def test_a_text_that_cannot_fit_is_refused_from_a_prefix(llm):
-    from fastdeploy.entrypoints.chat_utils import check_text_fits
     from fastdeploy.errors import PromptTooLongError
+    from fastdeploy.input.conversation import check_text_fits
 
     tokenizer = llm.get_tokenizer()
     words = "hello " * 20_000  # 120,000 characters, ~20,000 tokens

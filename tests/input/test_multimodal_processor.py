@@ -12,7 +12,6 @@ import base64
 import io
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +19,6 @@ import pytest
 pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
 
-from fastdeploy.entrypoints.multimodal import Media, process_media  # noqa: E402
 from fastdeploy.input.multimodal.ernie4_5_vl import (  # noqa: E402
     Ernie4_5_VLProcessor,
     ProcessorSettings,
@@ -30,7 +28,9 @@ from fastdeploy.input.multimodal.errors import MediaError  # noqa: E402
 from fastdeploy.input.multimodal.image_processor import PatchSettings, preprocess_image, smart_resize  # noqa: E402
 from fastdeploy.input.multimodal.inputs import MultiModalPrompt  # noqa: E402
 from fastdeploy.input.multimodal.media import MediaPolicy, load_image, load_video  # noqa: E402
+from fastdeploy.input.multimodal.parts import Media  # noqa: E402
 from fastdeploy.input.multimodal.video_processor import FrameSampling, preprocess_video, sample_indices  # noqa: E402
+from fastdeploy.input.processor import InputProcessor  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 IMAGES = FIXTURES / "images"
@@ -197,23 +197,26 @@ class CountingProcessor:
 
 
 def test_the_engine_enforces_limit_mm_per_prompt_before_any_processor_runs():
-    engine = SimpleNamespace(mm_processor=CountingProcessor(), mm_limits={"image": 1, "video": 0})
+    inputs = InputProcessor(
+        None, vocab_size=100, max_model_len=64, limit_mm_per_prompt={"image": 1, "video": 0}
+    )
+    inputs.mm_processor = CountingProcessor()
     two_images = Media()
     for index in range(2):
         two_images.add("image", b"unread", f"image {index}")
     with pytest.raises(
         MediaError, match=r"2 image\(s\), more than limit_mm_per_prompt allows \('image': 1\)"
     ):
-        process_media(engine, [1, 2], two_images)
+        inputs.process_media([1, 2], two_images)
     one_video = Media()
     one_video.add("video", b"unread", "video 0")
     with pytest.raises(MediaError, match=r"1 video\(s\).*\('video': 0\)"):
-        process_media(engine, [1, 2], one_video)
-    assert engine.mm_processor.calls == 0
+        inputs.process_media([1, 2], one_video)
+    assert inputs.mm_processor.calls == 0
     one_image = Media()
     one_image.add("image", b"unread", "image 0")
-    process_media(engine, [1, 2], one_image)
-    assert engine.mm_processor.calls == 1
+    inputs.process_media([1, 2], one_image)
+    assert inputs.mm_processor.calls == 1
 
 
 @pytest.mark.parametrize(

@@ -31,14 +31,13 @@ if TYPE_CHECKING:
 logger = get_logger(__name__)
 
 
-def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    kwargs = engine_kwargs(args)
+def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine options (`EngineConfig`'s fields) of the server's flags."""
+    options = engine_kwargs(args)
     # chat requests come from the network: local media only under the named directory
-    kwargs["allowed_local_media_path"] = getattr(args, "allowed_local_media_path", None) or ""
-    kwargs["allow_media_url_fetch"] = not getattr(args, "disable_media_url_fetch", False)
-    if "dtype" not in kwargs and getattr(args, "dtype", None) not in (None, "auto"):
-        kwargs["dtype"] = args.dtype
-    return kwargs
+    options["allowed_local_media_path"] = getattr(args, "allowed_local_media_path", None) or ""
+    options["allow_media_url_fetch"] = not getattr(args, "disable_media_url_fetch", False)
+    return options
 
 
 def build_context(args: argparse.Namespace) -> ServingContext:
@@ -54,11 +53,11 @@ def build_context(args: argparse.Namespace) -> ServingContext:
     check_server_flags(args)
     for flag, value in no_effect_flags(args).items():
         logger.info("%s=%r has no effect in this engine", flag, value)
-    kwargs = _llm_kwargs(args)
-    engine = build_replicas(kwargs, args.data_parallel_size, args.max_waiting)
+    options = _engine_options(args)
+    engine = build_replicas(options, args.data_parallel_size, args.max_waiting)
     metrics = ServerMetrics()
     engine.add_observer(metrics.observe_step)
-    model = kwargs.get("model")
+    model = options.get("model")
     names = args.served_model_name or [model or DEFAULT_MODEL]
     return ServingContext(
         engine,
@@ -119,7 +118,7 @@ def start_ranks_early(args: argparse.Namespace) -> None:
         return
     from fastdeploy.executor.forkserver import start_early
 
-    start_early(args.device, _llm_kwargs(args)["model"], collectives=ranks > 1)
+    start_early(args.device, _engine_options(args)["model"], collectives=ranks > 1)
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -134,7 +133,7 @@ def run_server(args: argparse.Namespace) -> int:
 
     sock = None
     try:
-        follower_status = serve_follower_host(_llm_kwargs(args))
+        follower_status = serve_follower_host(_engine_options(args))
         if follower_status is not None:
             return follower_status
         sock = bind_server_socket(args.host, args.port)

@@ -1,9 +1,9 @@
 """Flags of `fastdeploy serve` and `python -m fastdeploy.entrypoints.openai.api_server` (the same set).
 
-Engine flags come from `fastdeploy.cli.engine_args`; this module adds the server's own, and
-accepts the vLLM / Ascend launch flags users paste from existing deployments
-(`--num-scheduler-steps`, `--trust-remote-code`, ...): they have no effect in
-this engine and are logged as such rather than rejected.
+Engine flags come from `fastdeploy.cli.engine_args` (generated from the engine options, `EngineArgs`);
+this module adds the server's own, and accepts the vLLM / Ascend launch flags users paste from
+existing deployments (`--num-scheduler-steps`, `--trust-remote-code`, ...): they have no effect
+in this engine and are logged as such rather than rejected.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fastdeploy.cli.engine_args import add_engine_arguments
+from fastdeploy.cli.engine_args import add_engine_arguments, add_option_flags
 from fastdeploy.entrypoints.openai.http_guard import DEFAULT_MAX_REQUEST_BYTES
 
 DEFAULT_PORT = 8000
@@ -113,12 +113,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds running requests get to finish after SIGTERM; then they are aborted and their "
         "streams end with finish_reason 'abort' (default 30)",
     )
-    server.add_argument(
-        "--data-parallel-size",
-        type=int,
-        default=1,
-        help="engine replicas behind this endpoint; each request goes to the least-loaded one (default 1)",
-    )
+    add_option_flags(server, "server")  # --data-parallel-size
     server.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
@@ -145,10 +140,6 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="refuse http(s) image/video URLs in chat requests (data: URLs still work)",
     )
     compat = parser.add_argument_group("accepted for vLLM / FastDeploy compatibility")
-    if not _has_flag(parser, "--dtype"):
-        compat.add_argument(
-            "--dtype", default=None, help="'auto' (default), 'float32', 'bfloat16' or 'float16'"
-        )
     for flag, options in _NO_EFFECT_FLAGS.items():
         if not _has_flag(parser, flag):
             compat.add_argument(flag, **options)

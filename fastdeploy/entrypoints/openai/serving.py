@@ -37,6 +37,7 @@ from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.openai.errors import OpenAIError, from_sampling_error, invalid_request
 from fastdeploy.entrypoints.openai.metrics import ServerMetrics
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.input.processor import InputProcessor
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -85,8 +86,11 @@ class ServingContext:
         if not served_model_names:
             raise InvalidArgumentError("served_model_names must name at least one model")
         self.engine = engine
-        self.tokenizer = engine.engine.tokenizer
-        self.max_model_len = engine.engine.max_model_len
+        #: prompts, chat templates and media become engine inputs here (one processor serves
+        #: every replica: they load the same model)
+        self.inputs: InputProcessor = engine.engine.input_processor
+        self.tokenizer = self.inputs.tokenizer
+        self.max_model_len = self.inputs.max_model_len
         #: the model's sampling settings (generation_config.json) for fields a request omits
         self.generation_defaults = engine.engine.generation_defaults
         self.served_model_names = list(served_model_names)
@@ -132,7 +136,7 @@ class ServingContext:
                 code="context_length_exceeded",
             )
         try:
-            self.engine.engine.validate_prompt(token_ids)
+            self.inputs.validate(token_ids)
         except InvalidArgumentError as exc:
             raise invalid_request(str(exc), param=param) from exc
 

@@ -15,8 +15,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.chat_utils import render_conversation, with_tools
-from fastdeploy.entrypoints.multimodal import extract_media, process_media
 from fastdeploy.entrypoints.openai.chat_tools import (
     StreamedToolCalls,
     chat_message,
@@ -44,6 +42,8 @@ from fastdeploy.entrypoints.openai.serving import (
 from fastdeploy.entrypoints.openai.structured_outputs import check_request_guided_decoding
 from fastdeploy.entrypoints.streaming import DeltaTracker
 from fastdeploy.errors import InvalidArgumentError, PromptTooLongError
+from fastdeploy.input.conversation import with_tools
+from fastdeploy.input.multimodal.parts import extract_media
 from fastdeploy.tool_calling.request import ToolPlan, template_messages
 
 
@@ -55,25 +55,18 @@ def prepare_conversation(
         raise invalid_request("messages must be a non-empty list of messages", param="messages")
     try:
         media = extract_media(request.messages)
-        item = render_conversation(
-            ctx.tokenizer,
+        item = ctx.inputs.render(
             template_messages(request.messages),
             chat_template=request.chat_template,
             add_generation_prompt=request.add_generation_prompt,
             template_kwargs=with_tools(request.chat_template_kwargs, plan.tools),
-            max_model_len=ctx.max_model_len,
+            check_length=True,
         )
-        multimodal = None
-        if media:
-            engine = ctx.engine.engine
-            processor = engine.mm_processor
-            token_ids = processor.encode_text(item.text or "") if processor is not None else []
-            multimodal = process_media(engine, token_ids, media, request.mm_processor_kwargs)
+        token_ids, multimodal = ctx.inputs.chat_inputs(item, media, request.mm_processor_kwargs)
     except PromptTooLongError as exc:
         raise invalid_request(str(exc), param="messages", code="context_length_exceeded") from exc
     except InvalidArgumentError as exc:
         raise invalid_request(str(exc), param="messages") from exc
-    token_ids = multimodal.token_ids if multimodal is not None else item.token_ids or []
     ctx.check_prompt(token_ids, "messages")
     return PreparedPrompt(token_ids, item.text or "", item.thinking_enabled, multimodal)
 

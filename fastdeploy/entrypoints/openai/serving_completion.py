@@ -16,8 +16,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.chat_utils import check_text_fits
-from fastdeploy.entrypoints.multimodal import prompt_inputs
 from fastdeploy.entrypoints.openai.errors import invalid_request
 from fastdeploy.entrypoints.openai.logprobs import completion_logprobs, echoed_logprobs, prompt_logprobs_field
 from fastdeploy.entrypoints.openai.params import completion_sampling_params, reject_unsupported
@@ -37,9 +35,9 @@ from fastdeploy.entrypoints.openai.serving import (
     usage,
 )
 from fastdeploy.entrypoints.openai.structured_outputs import check_request_guided_decoding
-from fastdeploy.entrypoints.prompts import PromptItem, normalize_prompts
 from fastdeploy.entrypoints.streaming import DeltaTracker
 from fastdeploy.errors import InvalidArgumentError, PromptTooLongError
+from fastdeploy.input.prompts import PromptItem, normalize_prompts
 
 
 def request_prompts(prompt: Any) -> list[PromptItem]:
@@ -64,12 +62,11 @@ def prepare_prompts(ctx: ServingContext, items: list[PromptItem]) -> list[Prepar
     `multimodal_data` goes through the model's processor as `LLM.generate` sends it (a text-only
     model refuses it, naming `prompt`)."""
     prepared = []
-    engine = ctx.engine.engine
     for item in items:
         try:
             if item.token_ids is None and item.text:
-                check_text_fits(ctx.tokenizer, item.text, ctx.max_model_len)
-            token_ids, multimodal = prompt_inputs(engine, item)
+                ctx.inputs.check_text_fits(item.text)
+            token_ids, multimodal = ctx.inputs.prompt_inputs(item)
         except PromptTooLongError as exc:
             raise invalid_request(str(exc), param="prompt", code="context_length_exceeded") from exc
         except InvalidArgumentError as exc:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 from fastdeploy.engine.request import CompletionOutput, RequestMetrics, RequestOutput
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.input.processor import InputProcessor
 
 
 class ScriptedEngine:
@@ -25,6 +26,7 @@ class ScriptedEngine:
         self.fault_isolation = SimpleNamespace(faults_in_step=[])
         self.tokenizer = None
         self.max_model_len = 64
+        self.input_processor = InputProcessor(None, vocab_size=100, max_model_len=64)
         self.generation_defaults: dict = {}
 
     @property

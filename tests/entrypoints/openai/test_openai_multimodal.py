@@ -87,7 +87,7 @@ def test_image_url_parts_answer_as_offline(client, served):
         getattr(chunk.choices[0].delta, "reasoning_content", None) or "" for chunk in stream if chunk.choices
     )
     assert reasoning == reply.choices[0].message.reasoning_content
-    assert engine.mm_processor is not None
+    assert engine.input_processor.mm_processor is not None
 
 
 def test_local_paths_only_under_the_allowed_directory(client, served):
@@ -164,7 +164,7 @@ def test_completions_take_a_prompt_dicts_multimodal_data(served):
     `LLM.generate` takes it: the placeholder expands into the image's 24 tokens."""
     ctx, url = served
     prompt = "<|image@placeholder|>Describe it."
-    text_tokens = len(ctx.engine.engine.mm_processor.encode_text(prompt))
+    text_tokens = len(ctx.inputs.mm_processor.encode_text(prompt))
     for key in ("multimodal_data", "multi_modal_data"):
         request = {
             "prompt": {"prompt": prompt, key: {"image": [data_url("chelsea_180x120.png")]}},

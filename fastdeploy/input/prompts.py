@@ -1,4 +1,4 @@
-"""Normalises the prompt forms `LLM.generate` accepts into one list of prompt items.
+"""Normalises the prompt forms `LLM.generate` and `/v1/completions` accept into one list of prompt items.
 
 A malformed element of a batch becomes an item carrying its error, so it fails alone; only a
 top-level value of the wrong type is raised immediately.
@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.input.multimodal.parts import Media, multimodal_data
 
 
 @dataclass
@@ -23,8 +24,8 @@ class PromptItem:
     error: str | None = None
     #: False when a chat request turned thinking off (for the reasoning parser)
     thinking_enabled: bool = True
-    #: images and videos (`entrypoints.multimodal.Media`), in the order of their placeholders
-    media: Any = None
+    #: images and videos, in the order of their placeholders
+    media: Media | None = None
     #: per-request multimodal processor settings (pixel bounds, frame sampling)
     mm_processor_kwargs: dict[str, Any] | None = None
 
@@ -79,8 +80,6 @@ def _dict_item(value: dict[str, Any], index: int) -> PromptItem:
     item = _text_or_ids(value, index)
     data = value.get("multimodal_data", value.get("multi_modal_data"))
     if item.error is None and data is not None:
-        from fastdeploy.entrypoints.multimodal import multimodal_data
-
         try:
             item.media = multimodal_data(data, f"prompt {index}")
         except InvalidArgumentError as exc:

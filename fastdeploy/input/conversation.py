@@ -1,9 +1,8 @@
-"""Prompt preparation shared by the offline `LLM`, the OpenAI server and the `chat` command.
+"""How a conversation becomes a prompt: the chat template, then encoding without adding special
+tokens again (the template writes them), with the template arguments checked.
 
-One place decides how a conversation becomes prompt tokens (chat template, then encoding without
-adding special tokens again, since the template writes them) and how a plain text prompt is
-encoded (with the tokenizer's special tokens), so every entry point sends the engine the same
-tokens for the same request, and the server's answers equal the offline ones.
+`InputProcessor.render` is the one caller; the offline `LLM`, the OpenAI server and the `chat`
+command go through it, so each sends the engine the same tokens for the same request.
 """
 
 from __future__ import annotations
@@ -11,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fastdeploy.entrypoints.prompts import PromptItem
 from fastdeploy.errors import InvalidArgumentError, PromptTooLongError
+from fastdeploy.input.prompts import PromptItem
 from fastdeploy.input.tokenizer import Tokenizer
 
 
@@ -101,16 +100,3 @@ def render_conversation(
         token_ids=tokenizer.encode(text, add_special_tokens=False),
         thinking_enabled=thinking_enabled(kwargs),
     )
-
-
-def prompt_token_ids(tokenizer: Tokenizer, item: PromptItem, mm_processor: Any = None) -> list[int]:
-    """The token ids of a prompt item: as given, or its text encoded with special tokens.
-
-    A prompt with images or videos is encoded by the multimodal processor, which knows the
-    placeholder spellings (e.g. `<|image@placeholder|>`) and encodes each as its token.
-    """
-    if item.has_media and mm_processor is not None and item.token_ids is None and item.text is not None:
-        return mm_processor.encode_text(item.text)
-    if item.token_ids is not None:
-        return item.token_ids
-    return tokenizer.encode(item.text or "", add_special_tokens=True)

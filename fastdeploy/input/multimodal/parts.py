@@ -1,9 +1,10 @@
 """Where images and videos come from in a request: chat content parts and `multimodal_data`.
 
-Shared by `LLM.chat` / `LLM.generate` and the OpenAI server, so both accept the same forms and
-fail with the same messages. Content parts (OpenAI's and FastDeploy's): `{"type": "image_url",
-"image_url": {"url": ...}}` (or the url as a plain string), `{"type": "video_url", "video_url":
-{"url": ...}}`, and `{"type": "image", "image": <PIL image, bytes, array, path>}` /
+Shared by `LLM.chat` / `LLM.generate` and the OpenAI server (through `input.processor`), so both
+accept the same forms and fail with the same messages. Content parts (OpenAI's and FastDeploy's):
+`{"type": "image_url", "image_url": {"url": ...}}` (or the url as a plain string), `{"type":
+"video_url", "video_url": {"url": ...}}`, and `{"type": "image", "image": <PIL image, bytes,
+array, path>}` /
 `{"type": "video", "video": ...}` for data already in memory; `text` parts are left to the chat
 template. Media are returned in conversation order, which is the order of their placeholders.
 """
@@ -13,11 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastdeploy.entrypoints.chat_utils import prompt_token_ids
-from fastdeploy.entrypoints.prompts import PromptItem
 from fastdeploy.errors import InvalidArgumentError
-from fastdeploy.input.multimodal.inputs import MultiModalPrompt
-from fastdeploy.input.multimodal.options import enforce_limits
 
 _URL_PARTS = {"image_url": "image", "video_url": "video"}
 _DATA_PARTS = {"image": "image", "video": "video"}
@@ -96,30 +93,3 @@ def multimodal_data(value: Any, where: str) -> Media:
         for index, item in enumerate(_as_list(value.get(modality))):
             media.add(modality, item, f"{where}: multimodal_data {modality} {index}")
     return media
-
-
-def prompt_inputs(engine: Any, item: PromptItem) -> tuple[list[int], MultiModalPrompt | None]:
-    """A prompt item's token ids, encoded once, and with media its `MultiModalPrompt` (whose
-    expanded ids are then the prompt's), as `LLM.generate` and `/v1/completions` queue it."""
-    token_ids = prompt_token_ids(engine.tokenizer, item, engine.mm_processor)
-    if not item.has_media:
-        return token_ids, None
-    multimodal = process_media(engine, token_ids, item.media, item.mm_processor_kwargs)
-    return multimodal.token_ids, multimodal
-
-
-def process_media(
-    engine: Any,
-    token_ids: list[int],
-    media: Media,
-    mm_processor_kwargs: dict[str, Any] | None = None,
-) -> MultiModalPrompt:
-    """The `MultiModalPrompt` of the engine's processor for a prompt with media; refuses (with the
-    engine's reason) where it has none: a text-only model, or one running in rank processes; and
-    refuses more items than `limit_mm_per_prompt` allows, whatever the processor."""
-    if engine.mm_processor is None:
-        raise InvalidArgumentError(engine.media_refusal())
-    enforce_limits(engine.mm_limits, {"image": len(media.images), "video": len(media.videos)})
-    return engine.mm_processor.process(
-        token_ids, media.images, media.videos, mm_processor_kwargs, labels=media.labels
-    )

@@ -2,7 +2,7 @@
 serve`, each written once, with its default, help text and flag.
 
 `EngineArgs` lists them; `fastdeploy.config.EngineConfig` is the same fields validated (and
-derived values resolved); `fastdeploy.cli.engine_args` generates the flags from them, `LLM` its
+derived values resolved); `add_engine_arguments` / `add_option_flags` generate the flags from them, `LLM` its
 signature and docstring table, and README's table is checked against `options_table()`. This
 module imports nothing of fastdeploy, so the command line starts without the engine's imports.
 """
@@ -212,3 +212,38 @@ def options_table() -> str:
         help_text = item.metadata["help"].replace("|", "\\|")
         rows.append(f"| `{item.name}` | `{item.default!r}` | {help_text} |")
     return "\n".join(rows)
+
+
+def flag_name(name: str) -> str:
+    """`max_num_seqs` -> `--max-num-seqs`."""
+    return "--" + name.replace("_", "-")
+
+
+def add_option_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, group: str) -> None:
+    """The flags of the options in `group` (see `fastdeploy.engine_args.FLAG_GROUPS`), in field order."""
+    for item in option_fields():
+        if item.metadata["group"] == group:
+            parser.add_argument(
+                flag_name(item.name),
+                default=item.default,
+                help=item.metadata["help"],
+                **item.metadata["flag"],
+            )
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
+    """Flags named as vLLM / FastDeploy name them (`--max-model-len`, `--device`, ...)."""
+    if model_positional:
+        parser.add_argument(
+            "model", nargs="?", default=None, help="model path or name (default: embedded SmolLM2)"
+        )
+    parser.add_argument("--model", dest="model_flag", default=None, help="same as the positional MODEL")
+    add_option_flags(parser, "engine")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """`LLM(...)` keyword arguments (engine options) from parsed engine flags."""
+    options = {
+        item.name: getattr(args, item.name) for item in option_fields() if item.metadata["group"] == "engine"
+    }
+    return {"model": args.model_flag or getattr(args, "model", None), **options}

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastdeploy.cli.engine_args import add_engine_arguments, engine_kwargs
 from fastdeploy.cli.sampling_args import add_sampling_arguments, sampling_params_from
+from fastdeploy.engine_args import add_engine_arguments, engine_kwargs
 from fastdeploy.errors import InvalidArgumentError
 
 # The engine side (LLM, prompts, tools, streaming) is imported where it is used: `fastdeploy

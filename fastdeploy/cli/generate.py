@@ -12,9 +12,9 @@ import argparse
 import json
 import sys
 
-from fastdeploy.cli.engine_args import add_engine_arguments, engine_kwargs
 from fastdeploy.cli.sampling_args import add_sampling_arguments, sampling_params_from
 from fastdeploy.engine.request import OK, RequestOutput
+from fastdeploy.engine_args import add_engine_arguments, engine_kwargs
 
 #: exit status when at least one prompt failed (2 stays for errors before generation starts)
 PROMPT_FAILED = 1

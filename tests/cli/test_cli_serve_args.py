@@ -38,7 +38,7 @@ def test_seed_launch_flags_parse():
 
 def test_enforce_eager_reaches_the_engine():
     """--enforce-eager turns off CUDA graphs (it is no longer a flag without effect)."""
-    from fastdeploy.cli.engine_args import engine_kwargs
+    from fastdeploy.engine_args import engine_kwargs
 
     assert engine_kwargs(build_parser().parse_args(SEED_LAUNCH))["enforce_eager"] is True
     assert engine_kwargs(build_parser().parse_args(["serve"]))["enforce_eager"] is False
@@ -51,7 +51,7 @@ def test_enforce_eager_reaches_the_engine():
 
 
 def test_structured_output_and_tool_flags_reach_the_engine():
-    from fastdeploy.cli.engine_args import engine_kwargs
+    from fastdeploy.engine_args import engine_kwargs
 
     flags = ["serve", "--guided-decoding-backend=xgrammar", "--guided-decoding-disable-any-whitespace"]
     args = build_parser().parse_args([*flags, "--tool-call-parser=hermes", "--enable-auto-tool-choice"])

@@ -17,7 +17,7 @@ from fastdeploy import LLM, SamplingParams
 from fastdeploy.backends.conformance import numpy_reference as ref
 from fastdeploy.backends.conformance.checkpoint import tiny_llama
 from fastdeploy.backends.cpu import native
-from fastdeploy.cli.engine_args import add_engine_arguments, engine_kwargs
+from fastdeploy.engine_args import add_engine_arguments, engine_kwargs
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.model_executor.quantization import quantize_q4_1, quantize_tensors

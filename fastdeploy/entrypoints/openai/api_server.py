@@ -16,7 +16,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
-from fastdeploy.cli.engine_args import engine_kwargs
+from fastdeploy.engine_args import engine_kwargs
 from fastdeploy.entrypoints.openai.cli_args import build_parser, no_effect_flags
 from fastdeploy.errors import FastDeployError, InvalidArgumentError
 from fastdeploy.logger import get_logger

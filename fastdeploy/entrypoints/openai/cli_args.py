@@ -1,6 +1,6 @@
 """Flags of `fastdeploy serve` and `python -m fastdeploy.entrypoints.openai.api_server` (the same set).
 
-Engine flags come from `fastdeploy.cli.engine_args` (generated from the engine options, `EngineArgs`);
+Engine flags come from `fastdeploy.engine_args` (generated from the engine options, `EngineArgs`);
 this module adds the server's own, and accepts the vLLM / Ascend launch flags users paste from
 existing deployments (`--num-scheduler-steps`, `--trust-remote-code`, ...): they have no effect
 in this engine and are logged as such rather than rejected.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fastdeploy.cli.engine_args import add_engine_arguments, add_option_flags
+from fastdeploy.engine_args import add_engine_arguments, add_option_flags
 from fastdeploy.entrypoints.openai.http_guard import DEFAULT_MAX_REQUEST_BYTES
 
 DEFAULT_PORT = 8000

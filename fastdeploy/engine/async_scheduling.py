@@ -34,6 +34,8 @@ import numpy as np
 from fastdeploy.backends.base import Backend, BatchLayout, PendingTokens
 from fastdeploy.engine.fault_isolation import describe
 from fastdeploy.engine.request import RequestOutput
+from fastdeploy.engine.request_ends import RequestEnds
+from fastdeploy.engine.sampling_rules import overlappable
 from fastdeploy.engine.sequence import Sequence, SequenceStatus
 from fastdeploy.engine.stepper import StepCore
 from fastdeploy.errors import EngineDeadError
@@ -57,6 +59,15 @@ class InFlightPass:
     #: its greedy tokens (None when no sequence samples: every one was mid-prompt)
     tokens: PendingTokens | None
     forward_seconds: float
+
+
+def overlappable_batch(batch: ScheduledBatch, reasoning_budget_applies: bool) -> bool:
+    """Whether every sequence of `batch` can take its next token from the device's argmax
+    (`sampling_rules.overlappable`) and has no extra (multimodal) inputs."""
+    distinct_params = {id(seq.params): seq.params for seq in batch.seqs}.values()
+    return all(overlappable(params, reasoning_budget_applies) for params in distinct_params) and all(
+        seq.extra_inputs is None for seq in batch.seqs
+    )
 
 
 def expect_next_tokens(flight: InFlightPass, max_model_len: int) -> None:
@@ -110,15 +121,14 @@ class AsyncStepper:
         self,
         core: StepCore,
         executor: Executor,
-        backend: Backend,
-        max_model_len: int,
         overlappable: Callable[[ScheduledBatch], bool],
+        ends: RequestEnds,
     ) -> None:
         self.core = core
         self.executor = executor
-        self.backend = backend
-        self.max_model_len = max_model_len
         self.overlappable = overlappable
+        #: ends the requests whose device-sampled rows were broken
+        self.ends = ends
         #: the pass launched by the last step whose tokens the host has not read yet
         self.in_flight: InFlightPass | None = None
 
@@ -129,7 +139,7 @@ class AsyncStepper:
     def step(self) -> list[RequestOutput]:
         flight, self.in_flight = self.in_flight, None
         if flight is not None:
-            expect_next_tokens(flight, self.max_model_len)
+            expect_next_tokens(flight, self.core.max_model_len)
         batch, outputs = self.core.schedule_batch()
         if batch.seqs and self.overlappable(batch):
             try:
@@ -152,15 +162,33 @@ class AsyncStepper:
     def _launch(self, batch: ScheduledBatch, flight: InFlightPass | None) -> InFlightPass:
         """Queue `batch`'s pass and its greedy tokens on the device; its sequences count the
         tokens as computed (the next step schedules them on), the host reads them next step."""
-        feed = placeholder_feed(self.backend, batch, flight)
+        backend = self.core.backend
+        feed = placeholder_feed(backend, batch, flight)
         logits, sampling, seconds = self.executor.execute(batch, feed)
-        tokens = self.backend.greedy_tokens(logits) if sampling else None
+        tokens = backend.greedy_tokens(logits) if sampling else None
         for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += count
         return InFlightPass(batch, [batch.seqs[index] for index in sampling], tokens, seconds)
 
     def _land(self, flight: InFlightPass) -> list[RequestOutput]:
-        """Read `flight`'s tokens into its sequences (placeholders taken back first)."""
+        """Read `flight`'s tokens into its sequences, as `complete_batch` does after a pass; rows
+        with broken logits fail their requests, rows of sequences that ended meanwhile are dropped."""
         drop_placeholders(flight.sampled)
         tokens, broken = flight.tokens.wait() if flight.tokens is not None else ([], [])
-        return self.core.land(flight.batch, flight.sampled, tokens, broken, flight.forward_seconds)
+        requests, faults = self.ends.requests, self.ends.fault_isolation
+        failed = {seq.request_id for seq, bad in zip(flight.sampled, broken, strict=True) if bad}
+        outputs = self.ends.fail(
+            [faults.nonfinite(request_id) for request_id in failed if request_id in requests]
+        )
+        if failed and len(failed) == len({seq.request_id for seq in flight.sampled}):
+            faults.check_device()  # every request of the pass failed: is the device lost?
+        for seq in flight.batch.seqs:
+            if seq.status is SequenceStatus.RUNNING:
+                seq.forward_time += flight.forward_seconds
+                self.core.block_manager.register_full_blocks(seq)
+        live = [
+            (seq, (int(token),))
+            for seq, token in zip(flight.sampled, tokens, strict=True)
+            if not seq.is_finished and seq.request_id in requests
+        ]
+        return outputs + self.core.emit([seq for seq, _ in live], [token for _, token in live])

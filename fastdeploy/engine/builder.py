@@ -17,20 +17,13 @@ from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.selection import build_backend_of, select_backend_class
 from fastdeploy.config import EngineConfig, ModelConfig
 from fastdeploy.engine.async_scheduling import AsyncStepper
-from fastdeploy.engine.beam_search import BeamSearchFeature
 from fastdeploy.engine.block_manager import BlockManager
-from fastdeploy.engine.fault_isolation import FaultIsolation, describe
+from fastdeploy.engine.fault_isolation import describe
 from fastdeploy.engine.generation_defaults import read_generation_defaults
-from fastdeploy.engine.guided.decoder import GuidedDecoder
 from fastdeploy.engine.kv_cache_planner import plan_kv_cache
 from fastdeploy.engine.pipeline import PipelineStepper
-from fastdeploy.engine.prompt_logprobs import PromptLogprobs
-from fastdeploy.engine.sampler import BannedTokens
-from fastdeploy.engine.scheduler import Scheduler
-from fastdeploy.engine.sequence import Sequence
-from fastdeploy.engine.spec_decode.decoder import SpeculativeDecoder, build_speculative_decoder
-from fastdeploy.engine.spec_decode.proposal import ProposerContext
-from fastdeploy.engine.step_feature import StepFeature
+from fastdeploy.engine.request_ends import RequestEnds
+from fastdeploy.engine.sampling_rules import EngineLimits
 from fastdeploy.engine.stepper import StepCore, Stepper, SyncStepper
 from fastdeploy.errors import InvalidArgumentError, KVCacheAllocationError
 from fastdeploy.executor.base import Executor
@@ -189,62 +182,19 @@ def allocate_kv_cache(backend: Backend, spec: KVCacheSpec) -> list[Any]:
         ) from exc
 
 
-@dataclass
-class Features:
-    """The engine's step features; `ordered` is the order their hooks run in."""
-
-    fault_isolation: FaultIsolation
-    prompt_logprobs: PromptLogprobs
-    spec_decoder: SpeculativeDecoder | None
-    guided: GuidedDecoder
-    beams: BeamSearchFeature
-    ordered: list[StepFeature]
-
-
-@dataclass
-class FeatureNeeds:
-    """What the features need of the engine besides its setup."""
-
-    scheduler: Scheduler
-    tokenizer: Tokenizer
-    eos_token_ids: frozenset[int]
-    reasoning_end: list[int] | None
-    #: a new sequence for a beam forked from the given one, queued where that one is
-    spawn: Callable[[Sequence], Sequence]
-    #: the bans of the rows at the given sampling indices of a batch's sequences
-    bans: Callable[[list[Sequence], list[int]], list[BannedTokens]]
-
-
-def build_features(
-    config: EngineConfig, setup: EngineSetup, loaded: LoadedModel, needs: FeatureNeeds
-) -> Features:
-    manager = loaded.block_manager
-    spec_decoder = None
-    if config.speculative_config is not None:
-        context = ProposerContext(
-            setup.backend,
-            setup.registry,
-            setup.max_model_len,
-            manager.block_size,
-            manager.num_blocks,
-            setup.model_config.vocab_size,
-        )
-        spec_decoder = build_speculative_decoder(config.speculative_config, context, manager)
-    guided = GuidedDecoder(
-        config.guided_decoding_backend,
-        needs.tokenizer,
+def engine_limits(config: EngineConfig, setup: EngineSetup) -> EngineLimits:
+    """What the engine can serve (`sampling_rules.check_engine_limits`)."""
+    remote = setup.remote
+    backend_class = remote.backend_class if remote is not None else type(setup.backend)
+    return EngineLimits(
+        setup.max_model_len,
         setup.model_config.vocab_size,
-        sorted(needs.eos_token_ids),
-        needs.reasoning_end,
-        config.guided_decoding_disable_any_whitespace,
+        setup.max_logprobs,
+        config.max_num_seqs,
+        config.device,
+        config.pipeline_parallel_size > 1,
+        backend_class.copy_kv_blocks is not Backend.copy_kv_blocks,
     )
-    beams = BeamSearchFeature(manager, needs.scheduler.finish, needs.spawn, needs.bans)
-    needs.scheduler.seats = beams
-    # a dead rank raises WorkerFailedError: only an in-process model has a probe
-    fault_isolation = FaultIsolation(setup.backend, loaded.executor.probe)
-    prompt_logprobs = PromptLogprobs()
-    ordered = [fault_isolation, prompt_logprobs, *([spec_decoder] if spec_decoder else []), guided, beams]
-    return Features(fault_isolation, prompt_logprobs, spec_decoder, guided, beams, ordered)
 
 
 def async_scheduling_on(config: EngineConfig, backend: Backend) -> bool:
@@ -258,13 +208,12 @@ def choose_stepper(
     config: EngineConfig,
     core: StepCore,
     executor: Executor,
-    backend: Backend,
-    max_model_len: int,
     overlappable: Callable[[ScheduledBatch], bool],
+    ends: RequestEnds,
 ) -> Stepper:
     """The step mode, chosen once: pipeline stages, overlapped steps, or one pass at a time."""
     if config.pipeline_parallel_size > 1:
         return PipelineStepper(core, executor, config.pipeline_parallel_size)  # type: ignore[arg-type]
-    if async_scheduling_on(config, backend):
-        return AsyncStepper(core, executor, backend, max_model_len, overlappable)
+    if async_scheduling_on(config, core.backend):
+        return AsyncStepper(core, executor, overlappable, ends)
     return SyncStepper(core, executor)

@@ -4,7 +4,7 @@ A step (`step`) lets the features prepare (`StepFeature.before_schedule`), then 
 chosen at construction (`engine/stepper.py`: one pass at a time, overlapped, or pipelined)
 schedules a batch (`schedule_batch`), runs it on the executor and hands the pass back:
 `complete_batch` runs it with fault isolation, lets the features read the logits, samples the
-rest, advances the batch and `_emit` appends the tokens and builds the outputs. Construction
+rest, advances the batch and `emit` appends the tokens and builds the outputs. Construction
 lives in `engine/builder.py`, outputs in `engine/output_processor.py`, each decoding feature in
 its own module.
 """
@@ -15,13 +15,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from fastdeploy.backends.base import Backend
 from fastdeploy.config import EngineConfig
 from fastdeploy.engine import builder
+from fastdeploy.engine.admission import Admission
+from fastdeploy.engine.async_scheduling import overlappable_batch
+from fastdeploy.engine.bans import Bans
 from fastdeploy.engine.fault_isolation import (
-    GUIDED_DECODING_CONFLICT,
     OUTPUT_PROCESSING,
     PassResult,
     RequestFault,
@@ -29,18 +28,18 @@ from fastdeploy.engine.fault_isolation import (
     describe,
     without_requests,
 )
-from fastdeploy.engine.output_processor import OutputProcessor, banned_bad_word_tokens, error_output
+from fastdeploy.engine.features import FeatureNeeds, build_features
+from fastdeploy.engine.output_processor import OutputProcessor, error_output
 from fastdeploy.engine.pass_logits import PassLogits
-from fastdeploy.engine.request import INTERNAL_ERROR, INVALID_REQUEST, OK, RequestOutput
+from fastdeploy.engine.request import OK, RequestOutput
+from fastdeploy.engine.request_ends import RequestEnds
 from fastdeploy.engine.sampler import BannedTokens, sample_tokens
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.engine.sampling_rules import EngineLimits, check_engine_limits, overlappable
 from fastdeploy.engine.scheduler import Scheduler
-from fastdeploy.engine.sequence import EngineRequest, Sequence, SequenceStatus
-from fastdeploy.engine.step_feature import hooks
+from fastdeploy.engine.sequence import EngineRequest, Sequence
+from fastdeploy.engine.step_feature import HOOKS, hooks
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.executor.base import Executor, PassOutput
-from fastdeploy.input.detokenizer import IncrementalDetokenizer
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.batch import ScheduledBatch
@@ -72,9 +71,8 @@ class LLMEngine:
         self.config = config
         setup = builder.prepare(config)
         self.backend, self.model_config = setup.backend, setup.model_config
-        self.generation_defaults = setup.generation_defaults
+        self.generation_defaults, self.max_logprobs = setup.generation_defaults, setup.max_logprobs
         self.max_model_len, self.max_num_batched_tokens = setup.max_model_len, setup.max_num_batched_tokens
-        self.max_logprobs = setup.max_logprobs
         self.executor = setup.remote  # the rank processes, when the model runs in them
         try:
             self._load_inputs(config, setup.registry, setup.model_path)
@@ -88,37 +86,33 @@ class LLMEngine:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
             self.model_config.eos_token_ids
         )
+        self.requests: dict[str, EngineRequest] = {}
         end = self.reasoning_parser.reasoning_end_token_ids() if self.reasoning_parser else None
-        needs = builder.FeatureNeeds(
+        needs = FeatureNeeds(
             self.scheduler, self.tokenizer, self.eos_token_ids, end, self._spawn_beam, self._bans
         )
-        features = builder.build_features(config, setup, loaded, needs)
-        self.fault_isolation, self.spec_decoder = features.fault_isolation, features.spec_decoder
-        self.guided, self.beams, self.prompt_logprobs = (
-            features.guided,
-            features.beams,
-            features.prompt_logprobs,
+        features = build_features(config, setup, loaded, needs)
+        self.fault_isolation, self.spec_decoder = features.fault_isolation, features.spec
+        self.guided = features.guided
+        self.bans = Bans(self.eos_token_ids, self.guided.grammar_complete, self.requests)
+        limits = builder.engine_limits(config, setup)
+        self.admission = Admission(
+            config.seed, self.tokenizer, self.scheduler, self.requests, self.eos_token_ids, limits, features
         )
-        self._hooks = {name: hooks(features.ordered, name) for name in ("before_schedule", "read_logits")}
-        self._hooks.update(
-            {name: hooks(features.ordered, name) for name in ("mask", "refusals", "after_pass")}
-        )
-        self._hooks.update({name: hooks(features.ordered, name) for name in ("after_emit", "release")})
+        self._hooks = {name: hooks(features.ordered, name) for name in HOOKS}
         self.output_processor = OutputProcessor(
             self.tokenizer,
             self.reasoning_parser,
             self.eos_token_ids,
             self.max_model_len,
-            self.beams,
-            self.spec_decoder,
+            features.beams,
+            features.spec,
+        )
+        self.ends = RequestEnds(
+            self.requests, self.scheduler, self.output_processor, self.fault_isolation, self._hooks["release"]
         )
         self.async_scheduling = builder.async_scheduling_on(config, self.backend)
-        self.stepper = builder.choose_stepper(
-            config, self, loaded.executor, self.backend, self.max_model_len, self._overlappable
-        )
-        self.requests: dict[str, EngineRequest] = {}
-        self._next_seq_id = 0
-        self._request_counter = 0
+        self.stepper = builder.choose_stepper(config, self, loaded.executor, self._overlaps, self.ends)
         logger.info(
             "engine ready: %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d",
             self.model_config.architecture,
@@ -197,15 +191,7 @@ class LLMEngine:
 
     def validate_params(self, params: SamplingParams) -> None:
         """Raise InvalidArgumentError if this engine's limits rule out `params`."""
-        backend_class = self.executor.backend_class if self.executor is not None else type(self.backend)
-        limits = EngineLimits(
-            self.max_logprobs,
-            self.config.max_num_seqs,
-            self.config.device,
-            self.config.pipeline_parallel_size > 1,
-            backend_class.copy_kv_blocks is not Backend.copy_kv_blocks,
-        )
-        check_engine_limits(params, limits)
+        self.admission.check(params)
 
     def add_request(
         self,
@@ -230,51 +216,9 @@ class LLMEngine:
                 raise InvalidArgumentError(self.media_refusal())
             prompt_token_ids = multimodal.token_ids
         self.validate_prompt(prompt_token_ids)
-        self._queue(
+        self.requests[request_id] = self.admission.admit(
             request_id, prompt_token_ids, params, prompt, arrival_time, stream, thinking_enabled, multimodal
         )
-
-    def _queue(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        prompt: str | None,
-        arrival_time: float | None,
-        stream: bool,
-        thinking_enabled: bool,
-        multimodal: Any,
-    ) -> None:
-        """Queue a request whose prompt was checked: its samples (or first beam) wait to be scheduled."""
-        self.validate_params(params)
-        grammar = self.guided.compile(params.guided_decoding) if params.guided_decoding else None
-        room = self.max_model_len - len(prompt_token_ids)
-        request = EngineRequest(
-            request_id,
-            prompt,
-            list(prompt_token_ids),
-            params,
-            time.time() if arrival_time is None else arrival_time,
-            # best_of and beam requests choose their outputs at the end: nothing to stream before
-            stream=stream and params.num_samples == params.n and not params.use_beam_search,
-            thinking_enabled=thinking_enabled,
-            multimodal=multimodal,
-            max_output_tokens=min(params.max_tokens, room) if params.max_tokens is not None else room,
-        )
-        request.bad_words_ids = self._bad_words_ids(params.bad_words)
-        self._request_counter += 1
-        for index in range(1 if params.use_beam_search else params.num_samples):
-            seq = self._new_sequence(request, index)
-            if index == 0 and params.prompt_logprobs is not None:
-                self.prompt_logprobs.start(seq)
-            if grammar is not None:
-                self.guided.add(seq, grammar, thinking_enabled)
-            self.scheduler.add(seq)
-        if params.use_beam_search:
-            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
-            stops = frozenset(token for token in stops if token < self.model_config.vocab_size)
-            self.beams.start(request.seqs[0], params.num_samples, stops, request.max_output_tokens)
-        self.requests[request_id] = request
 
     def media_refusal(self) -> str:
         """Why this engine refuses images and videos: the processor lives with an in-process model."""
@@ -286,79 +230,9 @@ class LLMEngine:
             )
         return f"{architecture} takes text only, not images or videos"
 
-    def _new_sequence(self, request: EngineRequest, index: int) -> Sequence:
-        """Sample `index` of `request`, seeded from the request's seed (or the engine's) and `index`."""
-        params = request.params
-        seed = (
-            (params.seed, index)
-            if params.seed is not None
-            else (self.config.seed, self._request_counter, index)
-        )
-        seq = Sequence(
-            seq_id=self._next_seq_id,
-            request_id=request.request_id,
-            sample_index=index,
-            prompt_token_ids=request.prompt_token_ids,
-            params=params,
-            max_output_tokens=request.max_output_tokens,
-            rng=np.random.default_rng(list(seed)),
-            arrival_time=request.arrival_time,
-            detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
-            # beams take no text (their outputs decode the hypotheses), and a sequence reused for
-            # another beam gets that beam's tokens: only plain samples detokenize, late when unread
-            defer_text=not request.stream and not params.stop and not params.use_beam_search,
-            extra_inputs=request.multimodal,
-        )
-        ranked = params.num_samples > params.n and not params.use_beam_search
-        if ranked or params.logprobs is not None:
-            seq.cumulative_logprob = 0.0  # best_of ranks the samples by it
-        self._next_seq_id += 1
-        request.seqs.append(seq)
-        return seq
-
-    def _spawn_beam(self, parent: Sequence) -> Sequence:
-        """A new sequence for a beam forked from `parent`, queued where the parent is."""
-        request = self.requests[parent.request_id]
-        child = self._new_sequence(request, len(request.seqs))
-        child.first_scheduled_time = parent.first_scheduled_time
-        self.scheduler.add_fork(child, parent)
-        return child
-
-    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
-        """Token sequences of each bad word, alone and after a space (how it appears mid-text)."""
-        sequences: list[list[int]] = []
-        for word in words:
-            for variant in (word, " " + word.lstrip()):
-                ids = self.tokenizer.encode(variant, add_special_tokens=False)
-                if ids and ids not in sequences:
-                    sequences.append(ids)
-        return sequences
-
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now, free its KV blocks, and return its final output (None if unknown)."""
-        request = self.requests.get(request_id)
-        if request is None:
-            return None
-        self._finish_all(request)
-        output = self._output_or_fault(request)
-        self._drop(request)
-        return output
-
-    def _finish_all(self, request: EngineRequest) -> None:
-        """Stop every unfinished sample of `request` ("abort") and free its KV blocks."""
-        for seq in request.seqs:
-            if not seq.is_finished:
-                seq.finish_reason = "abort"
-                seq.finish_time = time.time()
-                self.scheduler.finish(seq)
-
-    def _drop(self, request: EngineRequest) -> None:
-        """The request leaves the engine: its encoder outputs and the features' state go."""
-        self.requests.pop(request.request_id, None)
-        if request.multimodal is not None:
-            request.multimodal.release_encoder_outputs()
-        for release in self._hooks["release"]:
-            release(request.request_id, request.seqs)
+        return self.ends.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
         """Whether `step()` has work: requests to run, or passes in flight still to collect."""
@@ -381,7 +255,7 @@ class LLMEngine:
         """The scheduler's next batch less the requests whose KV blocks could not be allocated,
         and those requests' failed outputs (every stepper schedules through here)."""
         batch = self.scheduler.schedule()
-        failed = self._fail(self.fault_isolation.allocation_faults(batch))
+        failed = self.ends.fail(self.fault_isolation.allocation_faults(batch))
         return without_requests(batch, {output.request_id for output in failed}), failed
 
     def complete_batch(
@@ -400,48 +274,15 @@ class LLMEngine:
             lambda: self._sampled(batch, forward()),
             None if forward_part is None else (lambda part: self._sampled(part, forward_part(part))),
         )
-        outputs = self._fail(result.faults)
-        batch, seconds, register = (
-            result.batch,
-            result.forward_seconds,
-            self.block_manager.register_full_blocks,
-        )
+        outputs = self.ends.fail(result.faults)
+        batch, register = result.batch, self.block_manager.register_full_blocks
         for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            seq.forward_time += seconds
+            seq.forward_time += result.forward_seconds
             seq.num_computed_tokens += count
             register(seq)
         for after_pass in self._hooks["after_pass"]:
             after_pass(batch)
-        return outputs + self._emit(result.sampled, result.tokens, result.refused)
-
-    def land(
-        self,
-        batch: ScheduledBatch,
-        sampled: list[Sequence],
-        tokens: list[int],
-        broken: list[bool],
-        seconds: float,
-    ) -> list[RequestOutput]:
-        """Update `batch` with tokens sampled on the device (async scheduling): rows with broken
-        logits fail their requests, rows of sequences that ended meanwhile are dropped."""
-        faults = {
-            seq.request_id
-            for seq, bad in zip(sampled, broken, strict=True)
-            if bad and seq.request_id in self.requests
-        }
-        outputs = self._fail([self.fault_isolation.nonfinite(request_id) for request_id in faults])
-        if faults and len(faults) == len({seq.request_id for seq in sampled}):
-            self.fault_isolation.check_device()  # every request of the pass failed: is the device lost?
-        for seq in batch.seqs:
-            if seq.status is SequenceStatus.RUNNING:
-                seq.forward_time += seconds
-                self.block_manager.register_full_blocks(seq)
-        live = [
-            (seq, (int(token),))
-            for seq, token in zip(sampled, tokens, strict=True)
-            if not seq.is_finished and seq.request_id in self.requests
-        ]
-        return outputs + self._emit([seq for seq, _ in live], [token for _, token in live])
+        return outputs + self.emit(result.sampled, result.tokens, result.refused)
 
     def _sampled(self, batch: ScheduledBatch, forward_result: PassOutput) -> SampledPass:
         """(sequences that emit tokens, the tokens each emits, seconds, requests refused) of a
@@ -493,43 +334,19 @@ class LLMEngine:
         bans = [ban for ban in bans if ban.row not in conflicts]
         return sampled, self._sample(rows, sampled, bans), conflicts
 
-    def _bans(self, seqs: list[Sequence], sampling: list[int]) -> list[BannedTokens]:
-        bans = []
-        for row, index in enumerate(sampling):
-            reasons = self._ban_reasons(seqs[index])
-            if reasons:
-                bans.append(BannedTokens(row, [token for ids in reasons.values() for token in ids], reasons))
-        return bans
+    def _spawn_beam(self, parent: Sequence) -> Sequence:
+        return self.admission.spawn_beam(parent)
 
-    def _ban_reasons(self, seq: Sequence) -> dict[str, list[int]]:
-        """The tokens `seq` may not take next, under the setting (as users write it) that bans them."""
-        params = seq.params
-        reasons: dict[str, list[int]] = {}
-        if params.min_tokens and seq.num_output_tokens < params.min_tokens:
-            if not params.ignore_eos and not self.guided.grammar_complete(seq):
-                reasons[f"min_tokens={params.min_tokens} (no EOS before that)"] = sorted(self.eos_token_ids)
-            if params.stop_token_ids:
-                before = f"before min_tokens={params.min_tokens}"
-                reasons[f"stop_token_ids {params.stop_token_ids} ({before})"] = params.stop_token_ids
-        bad_words_ids = self.requests[seq.request_id].bad_words_ids
-        if bad_words_ids:
-            words = banned_bad_word_tokens(seq, bad_words_ids)
-            if words:
-                reasons[f"bad_words {params.bad_words}"] = words
-        return reasons
+    def _overlaps(self, batch: ScheduledBatch) -> bool:
+        return overlappable_batch(batch, self.reasoning_parser is not None)
+
+    def _bans(self, seqs: list[Sequence], sampling: list[int]) -> list[BannedTokens]:
+        return self.bans(seqs, sampling)
 
     def _sample(self, logits: Any, seqs: list[Sequence], bans: list[BannedTokens]) -> list[int]:
         return sample_tokens(self.backend, logits, seqs, bans)
 
-    def _overlappable(self, batch: ScheduledBatch) -> bool:
-        """Whether every sequence of `batch` can take its next token from the device's argmax."""
-        distinct_params = {id(seq.params): seq.params for seq in batch.seqs}.values()
-        budget_applies = self.reasoning_parser is not None
-        return all(overlappable(params, budget_applies) for params in distinct_params) and all(
-            seq.extra_inputs is None for seq in batch.seqs
-        )
-
-    def _emit(
+    def emit(
         self, sampled: list[Sequence], emitted: list[tuple[int, ...]], refused: dict[str, str] | None = None
     ) -> list[RequestOutput]:
         """Append each sampled sequence's new tokens (text, stop checks, finishing), let the
@@ -557,7 +374,7 @@ class LLMEngine:
                 self.scheduler.finish(seq)
                 finishing.add(seq.request_id)
             touched[seq.request_id] = request
-        outputs = self._refuse(refused) + self._fail(broken)
+        outputs = self.ends.refuse(refused) + self.ends.fail(broken)
         for after_emit in self._hooks["after_emit"]:
             for request_id in after_emit(sampled, self.requests):
                 touched[request_id] = self.requests[request_id]
@@ -568,52 +385,8 @@ class LLMEngine:
             finished = request.request_id in finishing and request.finished
             if not (finished or request.stream):
                 continue
-            output = self._output_or_fault(request)
+            output = self.ends.output_or_fault(request)
             if finished or output.error_code != OK:
-                self._drop(request)
+                self.ends.drop(request)
             outputs.append(output)
         return outputs
-
-    # --- failures (fastdeploy/engine/fault_isolation.py) ---------------------------------------
-    def _fail(self, faults: list[RequestFault]) -> list[RequestOutput]:
-        """End each faulted request (KV blocks freed) with an error output naming the fault."""
-        outputs = []
-        for fault in faults:
-            request = self.requests.get(fault.request_id)
-            if request is not None:
-                self._finish_all(request)
-                outputs.append(self._error_output(request, fault))
-                self._drop(request)
-        return outputs
-
-    def _refuse(self, refused: dict[str, str]) -> list[RequestOutput]:
-        """End each refused request (request id -> why) with error_code 400 and its tokens so far."""
-        outputs = []
-        for request_id, why in sorted(refused.items()):
-            self.fault_isolation.record(request_id, GUIDED_DECODING_CONFLICT, why)
-            output = self.abort_request(request_id)
-            if output is not None:
-                output.error_code = INVALID_REQUEST
-                output.error_msg = why
-                outputs.append(output)
-        return outputs
-
-    def _output_or_fault(self, request: EngineRequest) -> RequestOutput:
-        """The request's output, or, when a plugin fails while building it (a reasoning parser
-        that raises), an error output for this request alone, whose samples are then stopped."""
-        try:
-            return self.output_processor.request_output(request)
-        except Exception as exc:
-            fault = self.fault_isolation.record(
-                request.request_id, OUTPUT_PROCESSING, f"building the output failed: {describe(exc)}"
-            )
-            self._finish_all(request)
-            return self._error_output(request, fault)
-
-    @staticmethod
-    def _error_output(request: EngineRequest, fault: RequestFault) -> RequestOutput:
-        output = error_output(
-            request.request_id, request.prompt, fault.message, request.arrival_time, INTERNAL_ERROR
-        )
-        output.prompt_token_ids = request.prompt_token_ids
-        return output

@@ -7,7 +7,7 @@ import time
 from collections.abc import Collection
 
 from fastdeploy.engine.beam_search import BeamSearchFeature
-from fastdeploy.engine.request import CompletionOutput, RequestMetrics, RequestOutput
+from fastdeploy.engine.request import INTERNAL_ERROR, CompletionOutput, RequestMetrics, RequestOutput
 from fastdeploy.engine.sequence import EngineRequest, Sequence
 from fastdeploy.engine.spec_decode.decoder import SpeculativeDecoder
 from fastdeploy.input.tokenizer import Tokenizer
@@ -114,6 +114,13 @@ def error_output(
         error_code=code,
         error_msg=message,
     )
+
+
+def fault_output(request: EngineRequest, message: str) -> RequestOutput:
+    """The error output (500) of a request that failed inside the engine, with its prompt ids."""
+    output = error_output(request.request_id, request.prompt, message, request.arrival_time, INTERNAL_ERROR)
+    output.prompt_token_ids = request.prompt_token_ids
+    return output
 
 
 class OutputProcessor:

@@ -68,6 +68,8 @@ def speculation_allowed(params: SamplingParams) -> bool:
 class EngineLimits:
     """What one engine can serve, for `check_engine_limits`."""
 
+    max_model_len: int
+    vocab_size: int
     max_logprobs: int
     max_num_seqs: int
     device: str

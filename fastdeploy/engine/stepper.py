@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from fastdeploy.backends.base import Backend
+from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sequence import Sequence
 from fastdeploy.executor.base import Executor, PassOutput
@@ -22,6 +24,10 @@ from fastdeploy.model_executor.batch import ScheduledBatch
 
 class StepCore(Protocol):
     """What a stepper needs of the engine: the schedule and the update halves of a step."""
+
+    backend: Backend
+    block_manager: BlockManager
+    max_model_len: int
 
     def schedule_batch(self) -> tuple[ScheduledBatch, list[RequestOutput]]:
         """The next batch, and the failed outputs of the requests it could not allocate."""
@@ -34,15 +40,10 @@ class StepCore(Protocol):
     ) -> list[RequestOutput]:
         """Run `forward` (isolating faults with `forward_part`), sample, and update the batch."""
 
-    def land(
-        self,
-        batch: ScheduledBatch,
-        sampled: list[Sequence],
-        tokens: list[int],
-        broken: list[bool],
-        seconds: float,
+    def emit(
+        self, sampled: list[Sequence], emitted: list[tuple[int, ...]], refused: dict[str, str] | None = None
     ) -> list[RequestOutput]:
-        """Update `batch` with tokens sampled on the device (async scheduling)."""
+        """Append tokens sampled elsewhere (on the device: async scheduling) and build outputs."""
 
 
 class Stepper(Protocol):

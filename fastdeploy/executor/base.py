@@ -29,9 +29,9 @@ class Executor(Protocol):
         """Run one pass. `feed`, given, turns the layout into the pass's device input ids (async
         scheduling: some inputs are tokens still being sampled on the device)."""
 
-    def probe(self) -> Any:
-        """The logits of a one-token pass on a scratch KV cache (raises if the device cannot run
-        it); None where there is nothing to probe here (rank processes report their own death)."""
+    #: the logits of a one-token pass on a scratch KV cache (raises if the device cannot run it);
+    #: None where there is nothing to probe here (rank processes report their own death)
+    probe: Callable[[], Any] | None
 
     def check_health(self) -> None:
         """Raise if the executor can no longer run passes (a rank process died)."""

@@ -95,6 +95,9 @@ class _Children:
 class DistributedExecutor:
     """Starts the ranks of one model replica and runs steps on them (see the module docstring)."""
 
+    #: nothing to probe from here: a rank whose device broke reports it (`WorkerFailedError`)
+    probe = None
+
     def __init__(
         self,
         config: EngineConfig,
@@ -392,10 +395,6 @@ class DistributedExecutor:
                 wait(sentinels, timeout=min(remaining, _POLL_SECONDS))
             else:
                 time.sleep(min(remaining, 0.02))
-
-    def probe(self) -> None:
-        """Nothing to probe here: a rank whose device broke reports it (`WorkerFailedError`)."""
-        return None
 
     def check_health(self) -> None:
         """Raise WorkerFailedError if a rank has died or failed; between steps only (no message

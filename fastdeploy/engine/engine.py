@@ -357,14 +357,15 @@ class LLMEngine:
         touched: dict[str, EngineRequest] = {}
         finishing: set[str] = set()
         broken: list[RequestFault] = []
+        requests, append_tokens = self.requests, self.output_processor.append_tokens
         for seq, new_tokens in zip(sampled, emitted, strict=True):
             if seq.request_id in refused:
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            request = self.requests[seq.request_id]
+            request = requests[seq.request_id]
             try:
-                self.output_processor.append_tokens(seq, new_tokens, request.thinking_enabled)
+                append_tokens(seq, new_tokens, request.thinking_enabled)
             except Exception as exc:  # e.g. a tokenizer plugin that cannot decode: this request alone fails
                 message = f"processing a sampled token failed: {describe(exc)}"
                 broken.append(self.fault_isolation.record(seq.request_id, OUTPUT_PROCESSING, message))

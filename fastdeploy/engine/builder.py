@@ -20,7 +20,6 @@ from fastdeploy.engine.async_scheduling import AsyncStepper
 from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.fault_isolation import describe
 from fastdeploy.engine.generation_defaults import read_generation_defaults
-from fastdeploy.engine.kv_cache_planner import plan_kv_cache
 from fastdeploy.engine.pipeline import PipelineStepper
 from fastdeploy.engine.request_ends import RequestEnds
 from fastdeploy.engine.sampling_rules import EngineLimits
@@ -34,6 +33,7 @@ from fastdeploy.input.multimodal.options import build_multimodal_processor, chec
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.batch import ScheduledBatch
+from fastdeploy.model_executor.kv_cache_planner import plan_kv_cache
 from fastdeploy.model_executor.model_loader import (
     CheckpointInfo,
     build_model,

@@ -65,7 +65,7 @@ def preload(backend: str, collectives: bool, model_path: str | None = None) -> N
     configuration of `model_path`, if given (a loader keeps what it parses: a GGUF header,
     ~0.1 s), and what its loader reads tensors with. A fork server does this once for all its
     ranks."""
-    import fastdeploy.engine.kv_cache_planner  # noqa: F401
+    import fastdeploy.model_executor.kv_cache_planner  # noqa: F401
     import fastdeploy.model_executor.model_runner  # noqa: F401
     import fastdeploy.parallel.model_parallel  # noqa: F401
     from fastdeploy.backends.selection import select_backend_class
@@ -88,8 +88,8 @@ class Worker:
         laps = _Laps()
         from fastdeploy.backends.base import BackendOptions
         from fastdeploy.backends.selection import build_backend_of, select_backend_class
-        from fastdeploy.engine.kv_cache_planner import plan_kv_cache
         from fastdeploy.logger import get_logger
+        from fastdeploy.model_executor.kv_cache_planner import plan_kv_cache
         from fastdeploy.model_executor.model_loader import (
             build_model,
             check_backend_kv_cache_dtype,

@@ -176,10 +176,12 @@ class AsyncStepper:
         drop_placeholders(flight.sampled)
         tokens, broken = flight.tokens.wait() if flight.tokens is not None else ([], [])
         requests, faults = self.ends.requests, self.ends.fault_isolation
-        failed = {seq.request_id for seq, bad in zip(flight.sampled, broken, strict=True) if bad}
-        outputs = self.ends.fail(
-            [faults.nonfinite(request_id) for request_id in failed if request_id in requests]
-        )
+        failed = {
+            seq.request_id
+            for seq, bad in zip(flight.sampled, broken, strict=True)
+            if bad and seq.request_id in requests
+        }
+        outputs = self.ends.fail([faults.nonfinite(request_id) for request_id in failed])
         if failed and len(failed) == len({seq.request_id for seq in flight.sampled}):
             faults.check_device()  # every request of the pass failed: is the device lost?
         for seq in flight.batch.seqs:

@@ -27,8 +27,10 @@ hypotheses ever finish (then the best running beams fill in, with finish reason 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +38,9 @@ from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.pass_logits import PassLogits
 from fastdeploy.engine.prompt_logprobs import top_logprob_entries
 from fastdeploy.engine.sampler import BannedTokens, log_softmax
-from fastdeploy.engine.scheduler import ScheduledBatch
-from fastdeploy.engine.sequence import Sequence
+from fastdeploy.engine.sequence import Sequence, SequenceStatus
+from fastdeploy.engine.step_feature import StepFeature
+from fastdeploy.model_executor.batch import ScheduledBatch
 
 
 @dataclass
@@ -213,17 +216,120 @@ class BeamSearch:
         return spare
 
 
-def record_beam_rows(
-    logits: PassLogits, batch: ScheduledBatch, bans: Callable[[list[int]], list[BannedTokens]]
-) -> None:
-    """Give each beam that sampled in this pass its next-token logprobs (bans applied after the
-    log-softmax, as transformers' logits processors do in beam search)."""
-    indices = logits.beams
-    if not indices:
-        return
-    logprobs = log_softmax(logits.host_rows([logits.sampling_row(i) for i in indices]))
-    for ban in bans(indices):
-        logprobs[ban.row, ban.token_ids] = -np.inf
-    for row, index in enumerate(indices):
-        seq = batch.seqs[index]
-        seq.beam_search.add_row(seq, logprobs[row])
+class BeamSearchFeature(StepFeature):
+    """The step feature: the searches of the engine's beam requests, by request and by beam.
+
+    It claims its beams' rows of each pass (their search ranks them), steps each search once all
+    its beams have rows, and counts a search as its width in the scheduler's seats (`seats_needed`,
+    `seats_in_use`: the beams it may fork).
+    """
+
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        finish: Callable[[Sequence], None],
+        spawn: Callable[[Sequence], Sequence],
+        bans: Callable[[list[Sequence], list[int]], list[BannedTokens]],
+    ) -> None:
+        self._block_manager = block_manager
+        self._finish = finish
+        self._spawn = spawn
+        self._bans = bans
+        self._searches: dict[str, BeamSearch] = {}
+        self._search_of: dict[int, BeamSearch] = {}
+        #: searches that got rows in the latest pass, by request id
+        self._fed: dict[str, BeamSearch] = {}
+
+    def start(
+        self, root: Sequence, width: int, stop_token_ids: frozenset[int], max_output_tokens: int
+    ) -> None:
+        search = BeamSearch(root, width, stop_token_ids, max_output_tokens)
+        self._searches[root.request_id] = search
+        self._search_of[root.seq_id] = search
+
+    def search(self, request_id: str) -> BeamSearch | None:
+        return self._searches.get(request_id)
+
+    # --- the scheduler's seats --------------------------------------------------------------------
+    def seats_needed(self, seq: Sequence) -> int:
+        """Seats a waiting sequence takes when admitted: a search's width for its first beam, none
+        for a beam joining its running search, one for any other sequence."""
+        search = self._search_of.get(seq.seq_id)
+        if search is None:
+            return 1
+        return 0 if any(beam.status is SequenceStatus.RUNNING for beam in search.beams) else search.width
+
+    def seats_in_use(self, running: list[Sequence]) -> int:
+        """Running sequences, a beam search counting as its width (the beams it may fork)."""
+        if not self._search_of:
+            return len(running)
+        widths = {}
+        plain = 0
+        for seq in running:
+            search = self._search_of.get(seq.seq_id)
+            if search is None:
+                plain += 1
+            else:
+                widths[id(search)] = search.width
+        return plain + sum(widths.values())
+
+    # --- step hooks -------------------------------------------------------------------------------
+    def read_logits(self, logits: PassLogits, batch: ScheduledBatch) -> None:
+        """Give each beam that sampled in this pass its next-token logprobs (bans applied after the
+        log-softmax, as transformers' logits processors do in beam search)."""
+        if not self._search_of:
+            return
+        seqs = batch.seqs
+        indices = [index for index in logits.sampling if seqs[index].seq_id in self._search_of]
+        if not indices:
+            return
+        logits.claim(indices)
+        logprobs = log_softmax(logits.host_rows([logits.sampling_row(i) for i in indices]))
+        for ban in self._bans(seqs, indices):
+            logprobs[ban.row, ban.token_ids] = -np.inf
+        for row, index in enumerate(indices):
+            seq = seqs[index]
+            search = self._search_of[seq.seq_id]
+            search.add_row(seq, logprobs[row])
+            self._fed[seq.request_id] = search
+
+    def after_emit(self, emitted: list[Sequence], live: Mapping[str, Any]) -> list[str]:
+        """Run a search step for each search whose beams all have their rows (beams get rows only
+        from the passes they sample in); the requests whose search finished."""
+        if not self._fed:
+            return []
+        fed, self._fed = self._fed, {}
+        finished = []
+        for request_id, search in fed.items():
+            if request_id not in live or not search.ready:
+                continue
+            self._step(search)
+            if search.done:
+                finished.append(request_id)
+        return finished
+
+    def _step(self, search: BeamSearch) -> None:
+        running = search.step()
+
+        def spawn(parent: Sequence) -> Sequence:
+            child = self._spawn(parent)
+            self._search_of[child.seq_id] = search
+            return child
+
+        released = search.apply(running, self._block_manager, spawn)
+        finished = released + (search.beams if search.done else [])
+        now = time.time()
+        for beam in search.beams:
+            if beam.first_token_time is None:
+                beam.first_token_time = now
+        for beam in finished:
+            beam.finish_reason = "length"  # bookkeeping only: outputs come from the hypotheses
+            beam.finish_time = now
+            self._finish(beam)
+
+    def release(self, request_id: str, seqs: list[Sequence]) -> None:
+        if self._searches.pop(request_id, None) is None:
+            return
+        self._fed.pop(request_id, None)
+        for seq in seqs:
+            self._search_of.pop(seq.seq_id, None)

@@ -24,18 +24,19 @@ kind, and its error responses carry the kind as `code`).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from fastdeploy.backends.base import Backend, KVCacheSpec
-from fastdeploy.engine.scheduler import ScheduledBatch
+from fastdeploy.backends.base import Backend
+from fastdeploy.engine.pass_logits import PassLogits
 from fastdeploy.engine.sequence import Sequence
+from fastdeploy.engine.step_feature import StepFeature
 from fastdeploy.errors import EngineDeadError
 from fastdeploy.logger import get_logger
+from fastdeploy.model_executor.batch import ScheduledBatch
 
 logger = get_logger(__name__)
 
@@ -96,19 +97,6 @@ class PassResult:
     faults: list[RequestFault] = field(default_factory=list)
 
 
-@dataclass
-class _ProbeSequence:
-    """What `ModelRunner.execute` reads of a sequence: one token at position 0 in block 0 of the
-    probe cache, no extra (multimodal) inputs, no drafts to verify, no prompt logprobs."""
-
-    token_ids: list[int] = field(default_factory=lambda: [0])
-    num_computed_tokens: int = 0
-    block_table: list[int] = field(default_factory=lambda: [0])
-    extra_inputs: Any = None
-    draft_token_ids: list[int] = field(default_factory=list)
-    prompt_logprobs: None = None
-
-
 def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -120,20 +108,26 @@ def without_requests(batch: ScheduledBatch, request_ids: Collection[str]) -> Sch
     return batch.part(index for index, seq in enumerate(batch.seqs) if seq.request_id not in request_ids)
 
 
-class FaultIsolation:
+class FaultIsolation(StepFeature):
     """The engine's record of request faults, its isolating pass runner and its device probe.
 
-    `probe` runs a one-token forward pass on a scratch KV cache and raises if it fails (a
-    `ProbePass`); None where there is nothing to probe locally (rank processes report their own
-    death with `WorkerFailedError`).
+    As a step feature it starts each step's record and checks every pass's logits before any
+    other feature reads them. `probe` (`Executor.probe`) returns the logits of a one-token pass
+    on a scratch KV cache, raising if it fails; None where there is nothing to probe locally
+    (rank processes report their own death with `WorkerFailedError`).
     """
 
-    def __init__(self, probe: Callable[[], None] | None) -> None:
+    def __init__(self, backend: Backend, probe: Callable[[], Any] | None) -> None:
+        self._backend = backend
         self._probe = probe
         self.faults_in_step: list[RequestFault] = []
 
-    def begin_step(self) -> None:
+    def before_schedule(self, running: list[Sequence]) -> None:
         self.faults_in_step = []
+
+    def read_logits(self, logits: PassLogits, batch: ScheduledBatch) -> None:
+        """The model's own logits (every row: sampled, scored and verified), before any mask."""
+        check_logits(self._backend, logits.logits)
 
     def record(self, request_id: str, kind: str, message: str) -> RequestFault:
         fault = RequestFault(request_id, kind, message)
@@ -224,30 +218,10 @@ class FaultIsolation:
         if self._probe is None:
             return
         try:
-            self._probe()
+            check_logits(self._backend, self._probe())
         except Exception as exc:
             raise EngineDeadError(
                 f"every request of a pass failed and a one-token probe pass failed too ({describe(exc)}); "
                 "the device cannot run the model any more"
             ) from exc
         logger.info("probe pass succeeded: the device works, only the failed requests were at fault")
-
-
-class ProbePass:
-    """A one-token forward pass on its own one-block KV cache, allocated on first use."""
-
-    def __init__(
-        self, backend: Backend, spec: KVCacheSpec, run: Callable[[list[Any], ScheduledBatch], Any]
-    ) -> None:
-        self._backend = backend
-        self._spec = dataclasses.replace(spec, num_blocks=1)
-        self._run = run
-        self._kv_caches: list[Any] | None = None
-
-    def __call__(self) -> None:
-        if self._kv_caches is None:
-            self._kv_caches = self._backend.allocate_kv_cache(self._spec)
-        batch = ScheduledBatch()
-        batch.add(_ProbeSequence(), 1)  # type: ignore[arg-type]
-        logits = self._run(self._kv_caches, batch)
-        check_logits(self._backend, logits)

@@ -1,11 +1,17 @@
-"""After each sampled token: incremental text, stop conditions, and the public output objects."""
+"""From sampled tokens to `RequestOutput`s: incremental text, stop conditions, a forced end of
+thinking, reasoning / tool-call split, best_of and beam grouping, metrics."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 
-from fastdeploy.engine.request import CompletionOutput
-from fastdeploy.engine.sequence import Sequence
+from fastdeploy.engine.beam_search import BeamSearchFeature
+from fastdeploy.engine.request import INTERNAL_ERROR, CompletionOutput, RequestMetrics, RequestOutput
+from fastdeploy.engine.sequence import EngineRequest, Sequence
+from fastdeploy.engine.spec_decode.decoder import SpeculativeDecoder
+from fastdeploy.input.tokenizer import Tokenizer
+from fastdeploy.reasoning.base import ReasoningParser
 from fastdeploy.text_utils import partial_suffix_length
 
 
@@ -91,3 +97,150 @@ def completion_output(seq: Sequence) -> CompletionOutput:
         logprobs=seq.logprobs,
         cumulative_logprob=seq.cumulative_logprob,
     )
+
+
+def error_output(
+    request_id: str, prompt: str | None, message: str, arrival_time: float, code: int
+) -> RequestOutput:
+    """The output of a request that failed before or during generation."""
+    now = time.time()
+    return RequestOutput(
+        request_id=request_id,
+        prompt=prompt,
+        prompt_token_ids=[],
+        outputs=CompletionOutput(index=0, send_idx=0, token_ids=[], text="", finish_reason="abort"),
+        finished=True,
+        metrics=RequestMetrics(arrival_time=arrival_time, model_execute_time=now - arrival_time),
+        error_code=code,
+        error_msg=message,
+    )
+
+
+def fault_output(request: EngineRequest, message: str) -> RequestOutput:
+    """The error output (500) of a request that failed inside the engine, with its prompt ids."""
+    output = error_output(request.request_id, request.prompt, message, request.arrival_time, INTERNAL_ERROR)
+    output.prompt_token_ids = request.prompt_token_ids
+    return output
+
+
+class OutputProcessor:
+    """Appends sampled tokens to sequences and builds their requests' outputs."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        reasoning_parser: ReasoningParser | None,
+        eos_token_ids: frozenset[int],
+        max_model_len: int,
+        beams: BeamSearchFeature,
+        spec: SpeculativeDecoder | None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.reasoning_parser = reasoning_parser
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self._beams = beams
+        self._spec = spec
+
+    def append_tokens(self, seq: Sequence, tokens: tuple[int, ...], thinking_enabled: bool) -> None:
+        """Append `tokens` to `seq` until one finishes it (text, stop checks, forced end of thinking)."""
+        budget = seq.params.reasoning_max_tokens
+        for token in tokens:
+            if budget is not None:
+                token = self._forced_reasoning_end(seq, token, budget, thinking_enabled)
+            process_token(seq, token, self.eos_token_ids, self.max_model_len)
+            if seq.finish_reason is not None:
+                break
+
+    def _forced_reasoning_end(self, seq: Sequence, token: int, budget: int, thinking_enabled: bool) -> int:
+        """Past `reasoning_max_tokens` of thinking, replace samples with the end-of-thinking tokens."""
+        if self.reasoning_parser is None or seq.num_output_tokens < budget or not thinking_enabled:
+            return token
+        end = self.reasoning_parser.reasoning_end_token_ids()
+        if not end:
+            return token
+        outputs = seq.output_token_ids
+        for start in range(len(outputs) - len(end) + 1):
+            if outputs[start : start + len(end)] == end:
+                return token  # thinking already ended
+        # how much of the end sequence is already written at the tail
+        for done in range(len(end) - 1, 0, -1):
+            if outputs[-done:] == end[:done]:
+                return end[done]
+        return end[0]
+
+    def request_output(self, request: EngineRequest) -> RequestOutput:
+        samples = self._completion_outputs(request)
+        if self.reasoning_parser is not None:
+            for sample in samples:
+                split = self.reasoning_parser.split(
+                    sample.text,
+                    thinking_enabled=request.thinking_enabled,
+                    finished=sample.finish_reason is not None,
+                )
+                sample.reasoning_content, sample.text = split.reasoning_content, split.content
+                sample.tool_calls = split.tool_calls
+        first = samples[0]
+        if len(samples) > 1:
+            first._samples = samples
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=first,
+            finished=request.finished,
+            metrics=self._metrics(request),
+            num_cached_tokens=request.seqs[0].num_cached_tokens,
+            num_input_image_tokens=request.multimodal.num_image_tokens if request.multimodal else 0,
+            num_input_video_tokens=request.multimodal.num_video_tokens if request.multimodal else 0,
+            prompt_logprobs=request.seqs[0].prompt_logprobs,
+        )
+
+    def _completion_outputs(self, request: EngineRequest) -> list[CompletionOutput]:
+        """One output per returned sample: all samples, or the best `n` of best_of / beam search."""
+        params = request.params
+        search = self._beams.search(request.request_id) if params.use_beam_search else None
+        if search is not None:
+            aborted = request.finished and not search.done
+            return [
+                CompletionOutput(
+                    index=index,
+                    send_idx=len(hypothesis.token_ids),
+                    token_ids=hypothesis.token_ids,
+                    text=self.tokenizer.decode(
+                        hypothesis.token_ids, skip_special_tokens=params.skip_special_tokens
+                    ),
+                    finish_reason="abort" if aborted else hypothesis.finish_reason if search.done else None,
+                    logprobs=hypothesis.logprobs,
+                    cumulative_logprob=hypothesis.cumulative_logprob,
+                )
+                for index, hypothesis in enumerate(search.results())
+            ]
+        seqs = request.seqs
+        if params.num_samples > params.n and request.finished:
+            seqs = sorted(seqs, key=lambda seq: -seq.cumulative_logprob)[: params.n]
+        outputs = [completion_output(seq) for seq in seqs]
+        for index, output in enumerate(outputs):
+            output.index = index
+        return outputs
+
+    def _metrics(self, request: EngineRequest) -> RequestMetrics:
+        seqs = request.seqs
+        started = [seq.first_scheduled_time for seq in seqs if seq.first_scheduled_time is not None]
+        first_tokens = [seq.first_token_time for seq in seqs if seq.first_token_time is not None]
+        finished = [seq.finish_time for seq in seqs if seq.finish_time is not None]
+        start = min(started) if started else None
+        verify_steps, drafts, accepted = (
+            self._spec.request_counts(request.request_id) if self._spec is not None else (0, 0, 0)
+        )
+        return RequestMetrics(
+            arrival_time=request.arrival_time,
+            inference_start_time=start,
+            first_token_time=min(first_tokens) - request.arrival_time if first_tokens else None,
+            time_in_queue=start - request.arrival_time if start is not None else None,
+            model_forward_time=max(seq.forward_time for seq in seqs),
+            model_execute_time=(max(finished) if finished else time.time()) - request.arrival_time,
+            spec_num_verify_steps=verify_steps,
+            spec_num_draft_tokens=drafts,
+            spec_num_accepted_tokens=accepted,
+        )

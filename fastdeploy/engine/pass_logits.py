@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.backends.base import Backend
-from fastdeploy.engine.scheduler import ScheduledBatch
+from fastdeploy.model_executor.batch import ScheduledBatch
 from fastdeploy.model_executor.model_runner import ExtraRows, extra_logits_rows
 
 
@@ -26,22 +26,21 @@ class PassLogits:
         self.backend = backend
         self.batch = batch
         self.sampling = sampling
-        #: the sampling indices by reader, in one pass over them (this runs every step): sequences
-        #: that sample a token, beams (their search ranks the row), drafted (the verifier reads it)
-        self.plain: list[int] = []
-        self.beams: list[int] = []
-        self.drafted: list[int] = []
-        seqs = batch.seqs
-        for index in sampling:
-            seq = seqs[index]
-            if seq.beam_search is not None:
-                self.beams.append(index)
-            elif seq.draft_token_ids:
-                self.drafted.append(index)
-            else:
-                self.plain.append(index)
+        #: sampling indices whose rows a feature decides itself (beams, drafts), not the sampler
+        self._claimed: set[int] = set()
         self._sampling_row: dict[int, int] | None = None  # built on first use: plain passes need none
         self._extras = {extra.index: extra for extra in extra_logits_rows(batch, len(sampling))}
+
+    def claim(self, indices: list[int]) -> None:
+        """Take these sampling indices away from the sampler (a feature decides their tokens)."""
+        self._claimed.update(indices)
+
+    @property
+    def plain(self) -> list[int]:
+        """The sampling indices the sampler draws one token for: those no feature claimed."""
+        if not self._claimed:
+            return self.sampling
+        return [index for index in self.sampling if index not in self._claimed]
 
     def sampling_row(self, index: int) -> int:
         """The row of batch sequence `index`'s next-token logits."""

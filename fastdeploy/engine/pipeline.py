@@ -9,20 +9,19 @@ sequences. Stage 0 then computes micro-batch k+1 while stage 1 computes micro-ba
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastdeploy.engine.request import RequestOutput
-from fastdeploy.engine.scheduler import ScheduledBatch
-
-if TYPE_CHECKING:
-    from fastdeploy.engine.engine import LLMEngine
-    from fastdeploy.executor.rank_executor import DistributedExecutor
+from fastdeploy.engine.stepper import StepCore
+from fastdeploy.executor.base import PipelinedExecutor
+from fastdeploy.model_executor.batch import ScheduledBatch
 
 
-class MicroBatchPipeline:
-    """Keeps up to `depth` steps of disjoint sequences in flight on a `DistributedExecutor`."""
+class PipelineStepper:
+    """Keeps up to `depth` steps of disjoint sequences in flight on a `PipelinedExecutor`."""
 
-    def __init__(self, executor: DistributedExecutor, depth: int) -> None:
+    def __init__(self, core: StepCore, executor: PipelinedExecutor, depth: int) -> None:
+        self.core = core
         self.executor = executor
         self.depth = depth
 
@@ -31,8 +30,8 @@ class MicroBatchPipeline:
         """Steps are in flight (possibly only of requests aborted since): `step()` must collect them."""
         return self.executor.num_in_flight > 0
 
-    def step(self, engine: LLMEngine) -> list[RequestOutput]:
-        batch, failed = engine.schedule_batch()
+    def step(self) -> list[RequestOutput]:
+        batch, failed = self.core.schedule_batch()
         if batch.seqs:
             for seq in batch.seqs:
                 seq.in_flight = True
@@ -47,7 +46,7 @@ class MicroBatchPipeline:
         done, logits, sampling = _without_finished(done, logits, sampling)
         if not done.seqs:
             return failed
-        return failed + engine.complete_batch(done, lambda: (logits, sampling, seconds))
+        return failed + self.core.complete_batch(done, lambda: (logits, sampling, seconds))
 
 
 def _without_finished(

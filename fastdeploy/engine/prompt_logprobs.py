@@ -3,7 +3,8 @@
 The logits at position p score token p+1, so every prefill chunk that computes positions
 [start, end) of the prompt scores tokens start+1 .. end (the last prompt position's logits
 sample the first output token instead). Entries are recorded in order into
-`Sequence.prompt_logprobs`, which starts with None for the first prompt token (nothing precedes
+`Sequence.prompt_logprobs` (the sequence's field, since the batch layout reads how far it got
+to return the next positions' logits), which starts with None for the first prompt token (nothing precedes
 it); a position is recorded only when it is the next one missing, so a preempted sequence that
 recomputes its prompt does not record it twice.
 
@@ -21,7 +22,9 @@ import numpy as np
 
 from fastdeploy.engine.pass_logits import PassLogits
 from fastdeploy.engine.sampler import log_softmax
-from fastdeploy.engine.scheduler import ScheduledBatch
+from fastdeploy.engine.sequence import Sequence
+from fastdeploy.engine.step_feature import StepFeature
+from fastdeploy.model_executor.batch import ScheduledBatch
 
 #: rows whose log-softmax is taken at once ([rows, vocab] float64 on the host)
 _ROWS_PER_SLICE = 128
@@ -45,16 +48,24 @@ def top_logprob_entries(logprobs: np.ndarray, chosen: np.ndarray, count: int) ->
     return entries
 
 
-def record_prompt_logprobs(logits: PassLogits, batch: ScheduledBatch) -> None:
-    """Append the prompt logprobs this pass computed to each batch sequence that collects them."""
-    for extra in logits.extras:
-        seq = batch.seqs[extra.index]
-        if not seq.collects_prompt_logprobs or seq.draft_token_ids:
-            continue
-        prompt = np.asarray(seq.prompt_token_ids, dtype=np.int64)
-        for begin in range(0, extra.positions.size, _ROWS_PER_SLICE):
-            positions = extra.positions[begin : begin + _ROWS_PER_SLICE]
-            rows = logits.host_rows(np.arange(positions.size) + extra.offset + begin)
-            seq.prompt_logprobs.extend(
-                top_logprob_entries(log_softmax(rows), prompt[positions + 1], seq.params.prompt_logprobs)
-            )
+class PromptLogprobs(StepFeature):
+    """The step feature: starts the first sample of a scoring request, records each pass's rows."""
+
+    @staticmethod
+    def start(seq: Sequence) -> None:
+        """Make `seq` collect its prompt's logprobs (the first prompt token has none)."""
+        seq.prompt_logprobs = [None]
+
+    def read_logits(self, logits: PassLogits, batch: ScheduledBatch) -> None:
+        """Append the prompt logprobs this pass computed to each batch sequence that collects them."""
+        for extra in logits.extras:
+            seq = batch.seqs[extra.index]
+            if not seq.collects_prompt_logprobs or seq.draft_token_ids:
+                continue
+            prompt = np.asarray(seq.prompt_token_ids, dtype=np.int64)
+            for begin in range(0, extra.positions.size, _ROWS_PER_SLICE):
+                positions = extra.positions[begin : begin + _ROWS_PER_SLICE]
+                rows = logits.host_rows(np.arange(positions.size) + extra.offset + begin)
+                seq.prompt_logprobs.extend(
+                    top_logprob_entries(log_softmax(rows), prompt[positions + 1], seq.params.prompt_logprobs)
+                )

@@ -8,10 +8,13 @@ request draws the same tokens whatever shares its batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from fastdeploy.backends.base import Backend
 from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.engine.sampling_rules import device_samplable, greedy_without_extras, no_penalties
 from fastdeploy.engine.sequence import Sequence
 
 _NEG_INF = np.float32(-np.inf)
@@ -108,8 +111,7 @@ def sample(logits: np.ndarray, seqs: list[Sequence], bans: list[BannedTokens]) -
     for ban in bans:
         logits[ban.row, ban.token_ids] = _NEG_INF
     for row, seq in enumerate(seqs):
-        params = seq.params
-        if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
+        if not no_penalties(seq.params):
             apply_penalties(logits[row], seq)
     tokens = logits.argmax(axis=-1).tolist()
     for row, seq in enumerate(seqs):
@@ -131,3 +133,25 @@ def record_logprobs(seq: Sequence, logits: np.ndarray, token: int) -> None:
         if seq.logprobs is None:
             seq.logprobs = []
         seq.logprobs.append(top_logprobs(row_logprobs, token, seq.params.logprobs))
+
+
+def sample_tokens(backend: Backend, logits: Any, seqs: list[Sequence], bans: list[BannedTokens]) -> list[int]:
+    """One token per sampling sequence: on the device when the backend samples there and every
+    row needs only temperature / top-k / top-p, else on the host with the full sampler.
+
+    Either way each sequence draws its uniform from its own generator, one per token.
+    """
+    distinct_params = {id(seq.params): seq.params for seq in seqs}.values()  # often one per batch
+    if not bans and all(greedy_without_extras(params) for params in distinct_params):
+        return np.asarray(backend.argmax_rows(logits)).tolist()
+    if backend.samples_on_device and not bans and all(device_samplable(p) for p in distinct_params):
+        params = [seq.params for seq in seqs]
+        tokens = backend.sample_top_k_top_p(
+            logits,
+            np.array([p.temperature for p in params], dtype=np.float32),
+            np.array([max(p.top_k, 0) for p in params], dtype=np.int32),
+            np.array([p.top_p for p in params], dtype=np.float32),
+            np.array([seq.rng.random() for seq in seqs], dtype=np.float32),
+        )
+        return [int(token) for token in np.asarray(tokens)]
+    return sample(backend.to_numpy(logits), seqs, bans)

@@ -13,13 +13,13 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from typing import Protocol
 
 from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 from fastdeploy.engine.sequence import Sequence, SequenceStatus
 from fastdeploy.logger import get_logger
+from fastdeploy.model_executor.batch import ScheduledBatch
 
 logger = get_logger(__name__)
 
@@ -34,48 +34,40 @@ def _token_cap(seq: Sequence) -> int:
     return PROMPT_LOGPROBS_CHUNK if seq.collects_prompt_logprobs else sys.maxsize
 
 
-@dataclass
-class ScheduledBatch:
-    """The sequences of one forward pass and how many new tokens each computes."""
+class Seats(Protocol):
+    """How many of the `max_num_seqs` seats sequences take (beam search counts a search as its width)."""
 
-    seqs: list[Sequence] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
-    #: sequences whose KV blocks could not be allocated, with the error (their requests fail)
-    failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
-    #: (source, destination) KV block copies to make before the pass (copy-on-write of forked beams)
-    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    def seats_needed(self, seq: Sequence) -> int:
+        """Seats a waiting sequence takes when it is admitted."""
 
-    def add(self, seq: Sequence, num_tokens: int) -> None:
-        self.seqs.append(seq)
-        self.num_new_tokens.append(num_tokens)
+    def seats_in_use(self, running: list[Sequence]) -> int:
+        """Seats the running sequences take."""
 
-    def part(self, indices: Iterable[int]) -> ScheduledBatch:
-        """The sequences at `indices` with their counts, and the block copies into their blocks.
 
-        Only those copies: a part runs as a pass of its own (fault isolation), and copying again
-        into another sequence's block after that one wrote its token there would undo the write.
-        """
-        part = ScheduledBatch()
-        for index in indices:
-            part.add(self.seqs[index], self.num_new_tokens[index])
-        if self.block_copies:
-            owned = {block for seq in part.seqs for block in seq.block_table}
-            part.block_copies = [pair for pair in self.block_copies if pair[1] in owned]
-        return part
+class OneSeatEach:
+    """Every sequence takes one seat."""
 
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.num_new_tokens)
+    @staticmethod
+    def seats_needed(seq: Sequence) -> int:
+        return 1
 
-    def __len__(self) -> int:
-        return len(self.seqs)
+    @staticmethod
+    def seats_in_use(running: list[Sequence]) -> int:
+        return len(running)
 
 
 class Scheduler:
     """Decides, every step, which sequences run and with how many tokens."""
 
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        seats: Seats | None = None,
+    ) -> None:
         self.block_manager = block_manager
+        self.seats: Seats = seats or OneSeatEach()
         self.prefix_cache_stats = PrefixCacheStats()
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -147,14 +139,10 @@ class Scheduler:
                     continue
             batch.add(seq, num_new)
             budget -= num_new
-        seats = self._seats_in_use() if self.waiting else 0
+        seats = self.seats.seats_in_use(self.running) if self.waiting else 0
         while self.waiting and budget > 0 and not preempted:
             seq = self.waiting[0]
-            search = seq.beam_search
-            joins_running_search = search is not None and any(
-                beam.status is SequenceStatus.RUNNING for beam in search.beams
-            )
-            needed = 0 if joins_running_search else (search.width if search is not None else 1)
+            needed = self.seats.seats_needed(seq)
             if seats + needed > self.max_num_seqs:
                 break
             # prompt tokens served from the cache have no logits to score them with
@@ -189,11 +177,6 @@ class Scheduler:
             batch.failed.append((seq, exc))
             return False
         return True
-
-    def _seats_in_use(self) -> int:
-        """Running sequences, a beam search counting as its width (the beams it may fork)."""
-        searches = {id(seq.beam_search): seq.beam_search.width for seq in self.running if seq.beam_search}
-        return sum(seq.beam_search is None for seq in self.running) + sum(searches.values())
 
     def finish(self, seq: Sequence) -> None:
         """Release a sequence that finished or was aborted, wherever it is."""

@@ -1,4 +1,9 @@
-"""One sample being generated: its tokens, KV blocks, random state, timings and stop state."""
+"""The engine's state of a request (`EngineRequest`) and of each sample being generated
+(`Sequence`: its tokens, KV blocks, random state, timings and stop state).
+
+Decoding features keep their own state, keyed by sequence or request (`engine/step_feature.py`);
+a sequence carries only what the scheduler and the batch layout read: its draft tokens (inputs of
+the next pass) and its prompt logprobs so far (which prompt positions the pass must score)."""
 
 from __future__ import annotations
 
@@ -63,13 +68,8 @@ class Sequence:
     extra_inputs: Any = None
     #: sum of the chosen tokens' logprobs, when tracked (best_of ranks samples by it)
     cumulative_logprob: float | None = None
-    #: the search this sequence is a beam of (`engine/beam_search.py`), for beam requests
-    beam_search: Any = None
     #: speculative decoding: tokens proposed for the next pass to verify after `token_ids`
     draft_token_ids: list[int] = field(default_factory=list)
-    spec_num_verify_steps: int = 0
-    spec_num_draft_tokens: int = 0
-    spec_num_accepted_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -99,3 +99,28 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+
+@dataclass
+class EngineRequest:
+    """A request inside the engine: its prompt, its samples and their shared settings."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    seqs: list[Sequence] = field(default_factory=list)
+    bad_words_ids: list[list[int]] = field(default_factory=list)
+    #: emit an output after every step that adds tokens, not only when finished
+    stream: bool = False
+    #: False when the request turned thinking off (chat_template_kwargs enable_thinking=False)
+    thinking_enabled: bool = True
+    #: images and videos of the prompt (`MultiModalPrompt`), None for text-only requests
+    multimodal: Any = None
+    #: generated-token limit of each sample (max_tokens within max_model_len)
+    max_output_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(seq.is_finished for seq in self.seqs)

@@ -25,21 +25,23 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection, Listener, wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from fastdeploy import envs
-from fastdeploy.backends.base import Backend
+from fastdeploy.backends.base import Backend, BatchLayout
 from fastdeploy.config import EngineConfig
-from fastdeploy.engine.scheduler import ScheduledBatch
-from fastdeploy.errors import DistributedInitError, WorkerFailedError
+from fastdeploy.errors import DistributedInitError, InvalidArgumentError, WorkerFailedError
 from fastdeploy.executor import protocol
+from fastdeploy.executor.base import PassOutput
 from fastdeploy.executor.forkserver import server_environment, shared_server, uses_fork_server
 from fastdeploy.executor.placement import Placement
 from fastdeploy.executor.processes import ChildProcess, kill_children, start_child, stop_children, tail
 from fastdeploy.executor.protocol import AUTHKEY_ENV, PARENT_ENV
 from fastdeploy.logger import get_logger
+from fastdeploy.model_executor.batch import ScheduledBatch
 from fastdeploy.model_executor.model_runner import build_layout
 from fastdeploy.parallel.rendezvous import free_port, rendezvous_environment
 from fastdeploy.parallel.topology import ParallelLayout, rank_name
@@ -92,6 +94,9 @@ class _Children:
 
 class DistributedExecutor:
     """Starts the ranks of one model replica and runs steps on them (see the module docstring)."""
+
+    #: nothing to probe from here: a rank whose device broke reports it (`WorkerFailedError`)
+    probe = None
 
     def __init__(
         self,
@@ -305,8 +310,11 @@ class DistributedExecutor:
             )
 
     # --- steps ------------------------------------------------------------------------------
-    def execute(self, batch: ScheduledBatch) -> tuple[Any, list[int], float]:
-        """Run one step on the ranks: (host logits or None, sampling indices, forward seconds)."""
+    def execute(self, batch: ScheduledBatch, feed: Callable[[BatchLayout], Any] | None = None) -> PassOutput:
+        """Run one step on the ranks: (host logits or None, sampling indices, forward seconds).
+        `feed` must be None: the ranks read their input ids from the layout (no async scheduling)."""
+        if feed is not None:
+            raise InvalidArgumentError("rank processes cannot take device input ids (async scheduling)")
         self.submit(batch)
         _, logits, sampling, seconds = self.collect()
         return logits, sampling, seconds

@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.backends.base import Backend, BatchLayout
-from fastdeploy.engine.scheduler import ScheduledBatch
-from fastdeploy.engine.sequence import Sequence
+from fastdeploy.model_executor.batch import BatchSequence, ScheduledBatch
 from fastdeploy.models.base import CausalLM
 
 
@@ -143,7 +142,7 @@ def _one_token_layout(batch: ScheduledBatch, block_size: int) -> tuple[BatchLayo
     return layout, sampling
 
 
-def _block_tables(seqs: list[Sequence]) -> np.ndarray:
+def _block_tables(seqs: list[BatchSequence]) -> np.ndarray:
     """[len(seqs), longest table] block ids, each row padded with 0."""
     tables = [seq.block_table for seq in seqs]
     width = max(len(table) for table in tables)

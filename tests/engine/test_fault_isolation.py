@@ -169,7 +169,7 @@ def test_kv_cache_that_cannot_be_allocated_is_a_clear_startup_error(fault_env):
 def test_a_token_that_cannot_be_processed_fails_only_its_request(faulty, expected, llm, monkeypatch):
     """The detokenizer (a tokenizer plugin's decode) raising for one sequence's token fails that
     request alone; before, the whole step failed and took every request in flight with it."""
-    from fastdeploy.engine import engine as engine_module
+    from fastdeploy.engine import output_processor as engine_module  # where process_token is called
 
     marker = victim(llm, 23)
     process = engine_module.process_token

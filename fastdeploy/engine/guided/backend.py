@@ -10,7 +10,7 @@ come next. EOS bits are set only where the grammar may end. Backends are chosen 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -78,16 +78,26 @@ class GrammarBackend(ABC):
         """
 
 
+#: guided_decoding_backend name -> backend class; the backend modules register themselves
+#: (`register_grammar_backend`), and `guided/decoder.py` imports them
+GRAMMAR_BACKENDS: dict[str, type[GrammarBackend]] = {}
+
+
+def register_grammar_backend(*names: str) -> Callable[[type[GrammarBackend]], type[GrammarBackend]]:
+    """Class decorator: choose the backend with `guided_decoding_backend=` any of `names`."""
+
+    def register(cls: type[GrammarBackend]) -> type[GrammarBackend]:
+        for name in names:
+            GRAMMAR_BACKENDS[name] = cls
+        return cls
+
+    return register
+
+
 def grammar_backend_class(name: str) -> type[GrammarBackend]:
     """The backend class for `guided_decoding_backend=name` (auto, llguidance, xgrammar)."""
-    if name in ("auto", "llguidance", "guidance"):
-        from fastdeploy.engine.guided.llguidance_backend import LLGuidanceBackend
-
-        return LLGuidanceBackend
-    if name == "xgrammar":
-        from fastdeploy.engine.guided.xgrammar_backend import XGrammarBackend
-
-        return XGrammarBackend
-    raise InvalidArgumentError(
-        f"guided_decoding_backend must be one of auto, llguidance, xgrammar, off; got {name!r}"
-    )
+    if name not in GRAMMAR_BACKENDS:
+        raise InvalidArgumentError(
+            f"guided_decoding_backend must be one of auto, llguidance, xgrammar, off; got {name!r}"
+        )
+    return GRAMMAR_BACKENDS[name]

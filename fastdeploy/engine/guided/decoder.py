@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from fastdeploy.engine.guided import llguidance_backend, xgrammar_backend  # noqa: F401  (they register)
 from fastdeploy.engine.guided.backend import (
     GrammarBackend,
     GrammarMatcher,
@@ -40,6 +42,7 @@ from fastdeploy.engine.guided.params import GuidedDecodingError, GuidedDecodingP
 from fastdeploy.engine.guided.token_table import token_table
 from fastdeploy.engine.sampler import BannedTokens
 from fastdeploy.engine.sequence import Sequence
+from fastdeploy.engine.step_feature import StepFeature
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.logger import get_logger
 
@@ -115,8 +118,11 @@ def _end_of(marker: list[int], tokens: list[int], begin: int = 0) -> int | None:
     return None
 
 
-class GuidedDecoder:
+class GuidedDecoder(StepFeature):
     """Compiles constraints (cached), tracks constrained sequences, and masks their logits.
+
+    As a step feature: `mask` (= `apply`), `refusals` (= `conflicts`), `after_emit` (= `advance`)
+    and `release` (= `discard` of each sample).
 
     The grammar backend is built on the first guided request (building llguidance's view of a
     50k-token vocabulary takes about half a second), so engines that never constrain pay nothing.
@@ -214,6 +220,23 @@ class GuidedDecoder:
     @property
     def active(self) -> bool:
         return bool(self._states)
+
+    # --- step hooks ---------------------------------------------------------------------------
+    def mask(self, backend: Any, rows: Any, seqs: list[Sequence]) -> Any:
+        return self.apply(backend, rows, seqs)
+
+    def refusals(self, bans: list[BannedTokens]) -> dict[int, str]:
+        return self.conflicts(bans)
+
+    def after_emit(self, emitted: list[Sequence], live: Mapping[str, Any]) -> list[str]:
+        self.advance(emitted)
+        return []
+
+    def release(self, request_id: str, seqs: list[Sequence]) -> None:
+        """Stop tracking the samples still tracked (finished ones were dropped by `advance`)."""
+        for seq in seqs:
+            if seq.seq_id in self._states:
+                self.discard(seq)
 
     # --- masks ------------------------------------------------------------------------------
     def apply(self, device_backend: Any, logits: Any, seqs: list[Sequence]) -> Any:

@@ -17,7 +17,7 @@ import llguidance
 import llguidance.numpy
 import numpy as np
 
-from fastdeploy.engine.guided.backend import GrammarBackend, GrammarMatcher
+from fastdeploy.engine.guided.backend import GrammarBackend, GrammarMatcher, register_grammar_backend
 from fastdeploy.engine.guided.params import GuidedDecodingError, GuidedDecodingParams
 from fastdeploy.engine.guided.token_table import TokenTable
 from fastdeploy.logger import get_logger
@@ -114,6 +114,7 @@ class LLGuidanceMatcher(GrammarMatcher):
         return self.matcher.get_error() if self.matcher.is_error() else None
 
 
+@register_grammar_backend("auto", "llguidance", "guidance")
 class LLGuidanceBackend(GrammarBackend):
     name = "llguidance"
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.engine.guided.backend import GrammarBackend, GrammarMatcher
+from fastdeploy.engine.guided.backend import GrammarBackend, GrammarMatcher, register_grammar_backend
 from fastdeploy.engine.guided.params import GuidedDecodingError, GuidedDecodingParams
 from fastdeploy.engine.guided.token_table import TokenTable
 from fastdeploy.errors import BackendUnavailableError
@@ -56,6 +56,7 @@ class XGrammarMatcher(GrammarMatcher):
         return self._error
 
 
+@register_grammar_backend("xgrammar")
 class XGrammarBackend(GrammarBackend):
     name = "xgrammar"
 

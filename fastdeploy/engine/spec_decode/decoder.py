@@ -30,25 +30,26 @@ drafts, the proposer's state is dropped, and its sequences wait the longest back
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from fastdeploy.backends.base import Backend
+from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.pass_logits import PassLogits
 from fastdeploy.engine.sampler import filtered_distribution, record_logprobs, sample_row
-from fastdeploy.engine.scheduler import ScheduledBatch
+from fastdeploy.engine.sampling_rules import speculation_allowed
 from fastdeploy.engine.sequence import Sequence, SequenceStatus
+from fastdeploy.engine.spec_decode import draft_model, ngram  # noqa: F401  (they register their proposers)
 from fastdeploy.engine.spec_decode.config import SpeculativeConfig
-from fastdeploy.engine.spec_decode.draft_model import DraftModelProposer
-from fastdeploy.engine.spec_decode.ngram import NgramProposer
-from fastdeploy.engine.spec_decode.proposal import Proposer
+from fastdeploy.engine.spec_decode.proposal import PROPOSERS, Proposer, ProposerContext
 from fastdeploy.engine.spec_decode.rejection import accept_matching, rejection_sample
+from fastdeploy.engine.step_feature import Emitted, StepFeature
 from fastdeploy.engine.totals import summed_fields
 from fastdeploy.errors import EngineDeadError
 from fastdeploy.logger import get_logger
-from fastdeploy.plugins.registry import PluginRegistry
+from fastdeploy.model_executor.batch import ScheduledBatch
 
 logger = get_logger(__name__)
 
@@ -83,17 +84,10 @@ class _Backoff:
 
 
 @dataclass
-class Verified:
-    """The outcome of one verify pass: per sequence, the tokens it emits."""
-
-    seqs: list[Sequence] = field(default_factory=list)
-    tokens: list[tuple[int, ...]] = field(default_factory=list)
-
-
-@dataclass
 class _Outcome:
     """One sequence's verification, until the engine commits it."""
 
+    seq: Sequence
     num_drafts: int
     emitted: list[int]
     #: the target's logits at the position of each emitted token [len(emitted), vocab]
@@ -104,29 +98,32 @@ class _Outcome:
 
 def _speculates(seq: Sequence) -> bool:
     """Whether `seq`'s next tokens can be verified from one pass's logits (see the module doc)."""
-    params = seq.params
     return (
         seq.status is SequenceStatus.RUNNING
-        and seq.beam_search is None
         and seq.num_computed_tokens == seq.num_tokens - 1
-        and params.repetition_penalty == 1.0
-        and not params.frequency_penalty
-        and not params.presence_penalty
-        and not params.bad_words
-        and seq.num_output_tokens >= params.min_tokens
-        and params.reasoning_max_tokens is None
-        and params.guided_decoding is None
+        and seq.num_output_tokens >= seq.params.min_tokens
+        and speculation_allowed(seq.params)
     )
 
 
-class SpeculativeDecoder:
-    """Drafts, verifies and rolls back for the engine; one per engine."""
+class SpeculativeDecoder(StepFeature):
+    """Drafts, verifies and rolls back for the engine; one per engine (a step feature)."""
 
-    def __init__(self, proposer: Proposer, num_speculative_tokens: int, max_model_len: int) -> None:
+    def __init__(
+        self,
+        proposer: Proposer,
+        num_speculative_tokens: int,
+        max_model_len: int,
+        block_manager: BlockManager | None = None,
+    ) -> None:
         self.proposer = proposer
         self.num_speculative_tokens = num_speculative_tokens
         self.max_model_len = max_model_len
+        #: the target's blocks (rejected drafts' blocks go back to it)
+        self.block_manager = block_manager
         self.stats = SpecDecodeStats()
+        #: per request: [verify passes, drafts, accepted drafts] (its `RequestMetrics`)
+        self._counts: dict[str, list[int]] = {}
         self._backoff: dict[int, _Backoff] = {}
         #: the distributions sampled drafts came from, by sequence id, until the next proposal
         self._draft_probs: dict[int, np.ndarray] = {}
@@ -186,14 +183,50 @@ class SpeculativeDecoder:
         self._draft_probs.clear()
         self.proposer.forget_except(set())
 
-    # --- after the forward pass -----------------------------------------------------------------
-    def verify(self, logits: PassLogits, batch: ScheduledBatch) -> Verified:
-        """The verified tokens of every sequence that carried drafts in `batch`. Nothing is
-        recorded yet: the engine commits each outcome (`commit`) once the pass stands."""
-        verified = Verified()
-        picked = logits.drafted
+    # --- step hooks -------------------------------------------------------------------------------
+    def before_schedule(self, running: list[Sequence]) -> None:
+        self.propose(running)
+
+    def read_logits(self, logits: PassLogits, batch: ScheduledBatch) -> Emitted | None:
+        """Claim the drafted sequences' rows and emit their verified runs."""
+        seqs = batch.seqs
+        picked = [index for index in logits.sampling if seqs[index].draft_token_ids]
         if not picked:
-            return verified
+            return None
+        logits.claim(picked)
+        return self.verify(logits, batch, picked)
+
+    def after_pass(self, batch: ScheduledBatch) -> None:
+        """Only each drafted sequence's last token and accepted drafts stand: its computed count
+        drops the rejected ones and the blocks that held only those go back."""
+        for seq in batch.seqs:
+            if seq.draft_token_ids:
+                seq.num_computed_tokens -= self.num_rejected(seq)
+                self.block_manager.truncate(seq)
+                seq.draft_token_ids = []
+
+    def after_emit(self, emitted: list[Sequence], live: Mapping[str, Any]) -> list[str]:
+        """Commit the verification of every drafted sequence whose request is still running."""
+        if self._outcomes:
+            for seq in [outcome.seq for outcome in self._outcomes.values()]:
+                if seq.request_id in live:
+                    self.commit(seq)
+            self._outcomes.clear()
+        return []
+
+    def release(self, request_id: str, seqs: list[Sequence]) -> None:
+        self._counts.pop(request_id, None)
+
+    def request_counts(self, request_id: str) -> tuple[int, int, int]:
+        """(verify passes, drafts, accepted drafts) of a request so far."""
+        counts = self._counts.get(request_id)
+        return (0, 0, 0) if counts is None else (counts[0], counts[1], counts[2])
+
+    # --- after the forward pass -----------------------------------------------------------------
+    def verify(self, logits: PassLogits, batch: ScheduledBatch, picked: list[int]) -> Emitted:
+        """The verified tokens of the sequences at `picked` (they carried drafts). Nothing is
+        recorded yet: the engine commits each outcome (`commit`) once the pass stands."""
+        verified: Emitted = ([], [])
         rows: list[int] = []
         for index in picked:  # each sequence: its last token's and each draft's rows, in order
             extra = logits.extra(index)
@@ -208,10 +241,10 @@ class SpeculativeDecoder:
             offset += len(drafts) + 1
             emitted = self._verify_one(seq, seq_logits)
             self._outcomes[seq.seq_id] = _Outcome(
-                len(drafts), emitted, seq_logits[: len(emitted)], seq.num_output_tokens
+                seq, len(drafts), emitted, seq_logits[: len(emitted)], seq.num_output_tokens
             )
-            verified.seqs.append(seq)
-            verified.tokens.append(tuple(emitted))
+            verified[0].append(seq)
+            verified[1].append(tuple(emitted))
         return verified
 
     def num_rejected(self, seq: Sequence) -> int:
@@ -253,9 +286,10 @@ class SpeculativeDecoder:
         stats.num_draft_tokens += drafted
         stats.num_accepted_tokens += accepted
         stats.num_emitted_tokens += accepted + 1
-        seq.spec_num_verify_steps += 1
-        seq.spec_num_draft_tokens += drafted
-        seq.spec_num_accepted_tokens += accepted
+        counts = self._counts.setdefault(seq.request_id, [0, 0, 0])
+        counts[0] += 1
+        counts[1] += drafted
+        counts[2] += accepted
         backoff = self._backoff.setdefault(seq.seq_id, _Backoff())
         if accepted:
             backoff.misses = 0
@@ -265,21 +299,8 @@ class SpeculativeDecoder:
 
 
 def build_speculative_decoder(
-    config: SpeculativeConfig,
-    backend: Backend | None,
-    registry: PluginRegistry,
-    max_model_len: int,
-    kv_blocks: tuple[int, int],
-    vocab_size: int,
+    config: SpeculativeConfig, context: ProposerContext, block_manager: BlockManager
 ) -> SpeculativeDecoder:
-    """The decoder for `config`: prompt lookup, or a draft model whose KV cache has the target's
-    `kv_blocks` (block size, number of blocks)."""
-    proposer: Proposer
-    if config.method == "ngram":
-        proposer = NgramProposer(config.min_ngram_size, config.max_ngram_size)
-    else:
-        block_size, num_blocks = kv_blocks
-        proposer = DraftModelProposer(
-            config.model, backend, registry, max_model_len, block_size, num_blocks, vocab_size
-        )
-    return SpeculativeDecoder(proposer, config.num_speculative_tokens, max_model_len)
+    """The decoder for `config`, its proposer built by the builder registered for its method."""
+    proposer = PROPOSERS[config.method](config, context)
+    return SpeculativeDecoder(proposer, config.num_speculative_tokens, context.max_model_len, block_manager)

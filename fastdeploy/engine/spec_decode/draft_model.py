@@ -24,11 +24,12 @@ import numpy as np
 from fastdeploy.backends.base import Backend, KVCacheSpec
 from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.sampler import filtered_distribution
-from fastdeploy.engine.scheduler import ScheduledBatch
 from fastdeploy.engine.sequence import Sequence
-from fastdeploy.engine.spec_decode.proposal import Proposal
+from fastdeploy.engine.spec_decode.config import SpeculativeConfig
+from fastdeploy.engine.spec_decode.proposal import Proposal, ProposerContext, register_proposer
 from fastdeploy.engine.spec_decode.rejection import draw
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.model_executor.batch import ScheduledBatch
 from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint
 from fastdeploy.model_executor.model_runner import ModelRunner
 from fastdeploy.model_resolver import resolve_model
@@ -145,3 +146,16 @@ class DraftModelProposer:
             if rows:
                 proposal.probs = np.stack(rows)
         return proposals
+
+
+@register_proposer("draft_model")
+def build_draft_model_proposer(config: SpeculativeConfig, context: ProposerContext) -> DraftModelProposer:
+    return DraftModelProposer(
+        config.model,
+        context.backend,
+        context.registry,
+        context.max_model_len,
+        context.block_size,
+        context.num_blocks,
+        context.vocab_size,
+    )

@@ -12,7 +12,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from fastdeploy.engine.sequence import Sequence
-from fastdeploy.engine.spec_decode.proposal import Proposal
+from fastdeploy.engine.spec_decode.config import SpeculativeConfig
+from fastdeploy.engine.spec_decode.proposal import Proposal, ProposerContext, register_proposer
 
 
 def propose_ngram(token_ids: list[int], max_tokens: int, min_size: int, max_size: int) -> list[int]:
@@ -47,3 +48,8 @@ class NgramProposer:
 
     def forget_except(self, live: set[int]) -> None:
         return None
+
+
+@register_proposer("ngram")
+def build_ngram_proposer(config: SpeculativeConfig, context: ProposerContext) -> NgramProposer:
+    return NgramProposer(config.min_ngram_size, config.max_ngram_size)

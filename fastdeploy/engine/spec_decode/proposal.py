@@ -1,13 +1,21 @@
-"""What a proposer hands the verifier, and the interface proposers implement."""
+"""What a proposer hands the verifier, the interface proposers implement, and their registry.
+
+Each proposer module registers a builder under its `speculative_config.method` name
+(`register_proposer`); `spec_decode/decoder.py` builds the configured one from `PROPOSERS`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from fastdeploy.backends.base import Backend
 from fastdeploy.engine.sequence import Sequence
+from fastdeploy.engine.spec_decode.config import SpeculativeConfig
+from fastdeploy.plugins.registry import PluginRegistry
 
 
 @dataclass
@@ -27,3 +35,32 @@ class Proposer(Protocol):
 
     def forget_except(self, live: set[int]) -> None:
         """Drop any state kept for sequences whose ids are not in `live`."""
+
+
+@dataclass(frozen=True)
+class ProposerContext:
+    """What a proposer may need of the engine it drafts for."""
+
+    backend: Backend | None
+    registry: PluginRegistry
+    max_model_len: int
+    #: the target's KV block size and number of blocks (a draft model's cache mirrors them)
+    block_size: int
+    num_blocks: int
+    vocab_size: int
+
+
+ProposerBuilder = Callable[[SpeculativeConfig, ProposerContext], Proposer]
+
+#: speculative_config.method -> the builder of its proposer
+PROPOSERS: dict[str, ProposerBuilder] = {}
+
+
+def register_proposer(method: str) -> Callable[[ProposerBuilder], ProposerBuilder]:
+    """Decorator: build the proposer of `speculative_config.method == method` with this function."""
+
+    def register(builder: ProposerBuilder) -> ProposerBuilder:
+        PROPOSERS[method] = builder
+        return builder
+
+    return register

@@ -1,0 +1,212 @@
+"""Building an engine's parts: backend, checkpoint, limits, executor, KV cache, features, stepper.
+
+`LLMEngine.__init__` calls these in order: `prepare` (before the tokenizer: the backend, the
+checkpoint's config and the limits derived from it; rank processes start loading here),
+`load_model` (after it: the model and its KV cache, in this process or in the rank processes),
+then `build_features` and `choose_stepper`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastdeploy.backends.base import Backend, BackendOptions, KVCacheSpec
+from fastdeploy.backends.cpu.backend import CpuBackend
+from fastdeploy.backends.selection import build_backend_of, select_backend_class
+from fastdeploy.config import EngineConfig, ModelConfig
+from fastdeploy.engine.async_scheduling import AsyncStepper
+from fastdeploy.engine.block_manager import BlockManager
+from fastdeploy.engine.fault_isolation import describe
+from fastdeploy.engine.generation_defaults import read_generation_defaults
+from fastdeploy.engine.pipeline import PipelineStepper
+from fastdeploy.engine.request_ends import RequestEnds
+from fastdeploy.engine.sampling_rules import EngineLimits
+from fastdeploy.engine.stepper import StepCore, Stepper, SyncStepper
+from fastdeploy.errors import InvalidArgumentError, KVCacheAllocationError
+from fastdeploy.executor.base import Executor
+from fastdeploy.executor.local import LocalExecutor
+from fastdeploy.executor.rank_executor import DistributedExecutor
+from fastdeploy.executor.startup import start_executor
+from fastdeploy.input.processor import InputProcessor
+from fastdeploy.logger import get_logger
+from fastdeploy.model_executor.batch import ScheduledBatch
+from fastdeploy.model_executor.kv_cache_planner import plan_kv_cache
+from fastdeploy.model_executor.model_loader import (
+    CheckpointInfo,
+    build_model,
+    check_backend_kv_cache_dtype,
+    check_backend_quantization,
+    inspect_checkpoint,
+)
+from fastdeploy.model_resolver import resolve_model
+from fastdeploy.plugins.registry import PluginRegistry, get_registry
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class EngineSetup:
+    """What is known before the tokenizer loads."""
+
+    registry: PluginRegistry
+    #: the backend the engine samples with (the cpu ops when the model runs in rank processes)
+    backend: Backend
+    model_path: str
+    checkpoint: CheckpointInfo
+    model_config: ModelConfig
+    #: SamplingParams fields the checkpoint's generation_config.json sets, for unset ones
+    generation_defaults: dict[str, Any]
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_logprobs: int
+    #: the rank processes, when the model runs in them (they load while the tokenizer loads)
+    remote: DistributedExecutor | None
+
+
+def prepare(config: EngineConfig) -> EngineSetup:
+    registry = get_registry()
+    backend_class = select_backend_class(config.device, registry)
+    if config.runs_in_rank_processes:
+        # the ranks send the logits to the host: the engine samples them with the cpu ops
+        backend: Backend = CpuBackend(BackendOptions(threads=1))
+    else:
+        backend = build_backend_of(
+            backend_class, BackendOptions(threads=config.cpu_threads, dtype=config.dtype)
+        )
+        check_backend_quantization(config.quantization, backend)
+        check_backend_kv_cache_dtype(config, backend)
+    model_path = resolve_model(config.model)
+    checkpoint = inspect_checkpoint(model_path, registry)
+    model_config = checkpoint.config
+    max_model_len = resolve_max_model_len(config, model_config, backend)
+    max_num_batched_tokens = config.max_num_batched_tokens or max(
+        max_model_len, backend_class.default_max_num_batched_tokens
+    )
+    vocab = model_config.vocab_size
+    remote = (
+        start_executor(config, checkpoint, max_model_len, max_num_batched_tokens, registry)
+        if config.runs_in_rank_processes
+        else None
+    )
+    return EngineSetup(
+        registry,
+        backend,
+        model_path,
+        checkpoint,
+        model_config,
+        read_generation_defaults(model_path, config.generation_config),
+        max_model_len,
+        max_num_batched_tokens,
+        vocab if config.max_logprobs == -1 else min(config.max_logprobs, vocab),
+        remote,
+    )
+
+
+def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig, backend: Backend) -> int:
+    model_limit = model_config.max_position_embeddings
+    if config.max_model_len is None:
+        return model_limit
+    if config.max_model_len > model_limit:
+        logger.warning(
+            "max_model_len %d exceeds the model's max_position_embeddings %d",
+            config.max_model_len,
+            model_limit,
+        )
+        # the rotary tables (cos and sin, float32) are built for every position up front
+        table_bytes = config.max_model_len * model_config.head_dim * 8
+        free = backend.free_memory_bytes()
+        if table_bytes > free:
+            raise InvalidArgumentError(
+                f"max_model_len={config.max_model_len} would need {table_bytes / 2**30:.1f} GiB of "
+                f"rotary tables alone, more than the {free / 2**30:.1f} GiB free; the model was trained "
+                f"for {model_limit} positions"
+            )
+    return config.max_model_len
+
+
+@dataclass
+class LoadedModel:
+    """The model where it runs and its KV cache's block manager."""
+
+    executor: Executor
+    block_manager: BlockManager
+    #: the model, when it runs in this process
+    model: Any = None
+    kv_cache_spec: KVCacheSpec | None = None
+
+
+def load_model(config: EngineConfig, setup: EngineSetup, inputs: InputProcessor) -> LoadedModel:
+    """The model and its KV cache: here, or in the rank processes (which size their own caches);
+    an in-process model's media processor joins `inputs`."""
+    if setup.remote is not None:
+        num_blocks = setup.remote.wait_ready()
+        manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        return LoadedModel(setup.remote, manager)
+    backend = setup.backend
+    model = build_model(
+        setup.checkpoint, backend, setup.max_model_len, setup.registry, quantization=config.quantization
+    )
+    inputs.attach_media(setup.registry, model, setup.model_config, config)
+    spec = plan_kv_cache(
+        config, setup.model_config, backend, setup.max_model_len, model, setup.max_num_batched_tokens
+    )
+    manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching)
+    kv_caches = allocate_kv_cache(backend, spec)
+    graphs = None
+    if not config.enforce_eager and getattr(model, "supports_decode_graphs", True):
+        graphs = backend.decode_graphs(
+            model, kv_caches, spec.block_size, config.max_num_seqs, setup.max_model_len
+        )
+    executor = LocalExecutor(model, backend, kv_caches, spec, graphs)
+    return LoadedModel(executor, manager, model, spec)
+
+
+def allocate_kv_cache(backend: Backend, spec: KVCacheSpec) -> list[Any]:
+    try:
+        return backend.allocate_kv_cache(spec)
+    except Exception as exc:
+        size = spec.num_blocks * spec.bytes_per_block()
+        raise KVCacheAllocationError(
+            f"the {backend.name} backend could not allocate the KV cache ({spec.num_blocks} blocks, "
+            f"{size / 2**20:.0f} MiB): {describe(exc)}; lower kv_cache_memory, gpu_memory_utilization "
+            "or num_gpu_blocks_override"
+        ) from exc
+
+
+def engine_limits(config: EngineConfig, setup: EngineSetup) -> EngineLimits:
+    """What the engine can serve (`sampling_rules.check_engine_limits`)."""
+    remote = setup.remote
+    backend_class = remote.backend_class if remote is not None else type(setup.backend)
+    return EngineLimits(
+        setup.max_model_len,
+        setup.model_config.vocab_size,
+        setup.max_logprobs,
+        config.max_num_seqs,
+        config.device,
+        config.pipeline_parallel_size > 1,
+        backend_class.copy_kv_blocks is not Backend.copy_kv_blocks,
+    )
+
+
+def async_scheduling_on(config: EngineConfig, backend: Backend) -> bool:
+    """Steps overlap (`engine/async_scheduling.py`) where passes run beside the host."""
+    if config.async_scheduling is not None:
+        return config.async_scheduling
+    return type(backend).overlaps_host and config.async_scheduling_blocker() is None
+
+
+def choose_stepper(
+    config: EngineConfig,
+    core: StepCore,
+    executor: Executor,
+    overlappable: Callable[[ScheduledBatch], bool],
+    ends: RequestEnds,
+) -> Stepper:
+    """The step mode, chosen once: pipeline stages, overlapped steps, or one pass at a time."""
+    if config.pipeline_parallel_size > 1:
+        return PipelineStepper(core, executor, config.pipeline_parallel_size)  # type: ignore[arg-type]
+    if async_scheduling_on(config, core.backend):
+        return AsyncStepper(core, executor, overlappable, ends)
+    return SyncStepper(core, executor)

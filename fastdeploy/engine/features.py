@@ -1,0 +1,83 @@
+"""The engine's step features, built in the order their hooks run: fault isolation (checks the
+logits first), prompt logprobs, speculative decoding (when configured), guided decoding, beams.
+
+Each lives in its own module (`engine/step_feature.py` says what the hooks are); adding one is a
+class there and a line here, never a change to the core loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastdeploy.config import EngineConfig
+from fastdeploy.engine.beam_search import BeamSearchFeature
+from fastdeploy.engine.builder import EngineSetup, LoadedModel
+from fastdeploy.engine.fault_isolation import FaultIsolation
+from fastdeploy.engine.guided.decoder import GuidedDecoder
+from fastdeploy.engine.prompt_logprobs import PromptLogprobs
+from fastdeploy.engine.sampler import BannedTokens
+from fastdeploy.engine.scheduler import Scheduler
+from fastdeploy.engine.sequence import Sequence
+from fastdeploy.engine.spec_decode.decoder import SpeculativeDecoder, build_speculative_decoder
+from fastdeploy.engine.spec_decode.proposal import ProposerContext
+from fastdeploy.engine.step_feature import StepFeature
+from fastdeploy.input.tokenizer import Tokenizer
+
+
+@dataclass
+class Features:
+    """The engine's step features; `ordered` is the order their hooks run in."""
+
+    fault_isolation: FaultIsolation
+    prompt_logprobs: PromptLogprobs
+    spec: SpeculativeDecoder | None
+    guided: GuidedDecoder
+    beams: BeamSearchFeature
+    ordered: list[StepFeature]
+
+
+@dataclass
+class FeatureNeeds:
+    """What the features need of the engine besides its setup."""
+
+    scheduler: Scheduler
+    tokenizer: Tokenizer
+    eos_token_ids: frozenset[int]
+    reasoning_end: list[int] | None
+    #: a new sequence for a beam forked from the given one, queued where that one is
+    spawn: Callable[[Sequence], Sequence]
+    #: the bans of the rows at the given sampling indices of a batch's sequences
+    bans: Callable[[list[Sequence], list[int]], list[BannedTokens]]
+
+
+def build_features(
+    config: EngineConfig, setup: EngineSetup, loaded: LoadedModel, needs: FeatureNeeds
+) -> Features:
+    manager = loaded.block_manager
+    spec_decoder = None
+    if config.speculative_config is not None:
+        context = ProposerContext(
+            setup.backend,
+            setup.registry,
+            setup.max_model_len,
+            manager.block_size,
+            manager.num_blocks,
+            setup.model_config.vocab_size,
+        )
+        spec_decoder = build_speculative_decoder(config.speculative_config, context, manager)
+    guided = GuidedDecoder(
+        config.guided_decoding_backend,
+        needs.tokenizer,
+        setup.model_config.vocab_size,
+        sorted(needs.eos_token_ids),
+        needs.reasoning_end,
+        config.guided_decoding_disable_any_whitespace,
+    )
+    beams = BeamSearchFeature(manager, needs.scheduler.finish, needs.spawn, needs.bans)
+    needs.scheduler.seats = beams
+    # a dead rank raises WorkerFailedError: only an in-process model has a probe
+    fault_isolation = FaultIsolation(setup.backend, loaded.executor.probe)
+    prompt_logprobs = PromptLogprobs()
+    ordered = [fault_isolation, prompt_logprobs, *([spec_decoder] if spec_decoder else []), guided, beams]
+    return Features(fault_isolation, prompt_logprobs, spec_decoder, guided, beams, ordered)

@@ -1,5 +1,5 @@
-"""Phi-3 (LongRoPE, partial rotary), Phi-4, Mixtral, Qwen2-MoE, Qwen3-MoE and ERNIE-4.5 (dense,
-MoE) against transformers, each as a Hugging Face directory and as the GGUF llama.cpp's own
+"""Phi-3 (LongRoPE, partial rotary), Phi-4, Mixtral, Qwen2-MoE, Qwen3-MoE, Gemma 3 and ERNIE-4.5
+(dense, MoE) against transformers, each as a Hugging Face directory and as the GGUF llama.cpp's own
 converter wrote of the same weights.
 
 The tiny random-weight models are rebuilt from their seeds (tests/models/tiny_families.py,
@@ -88,7 +88,8 @@ def test_fixture_weights_are_the_ones_the_tests_rebuild(references):
 
 def test_the_gguf_files_hold_the_same_weights_as_the_directories():
     """The committed GGUFs are conversions of exactly the seeded weights (llama.cpp permutes
-    Mixtral's q/k rows for its rotary; the loader undoes that, so compare through it)."""
+    Mixtral's q/k rows for its rotary and adds 1 to Gemma's norms; the loader undoes both, so
+    compare through it)."""
     registry = get_registry()
     for name in GGUF_MODELS:
         checkpoint = inspect_checkpoint(str(families.gguf_path(name)), registry)
@@ -96,7 +97,11 @@ def test_the_gguf_files_hold_the_same_weights_as_the_directories():
         expected = tiny.pt_tensors(name) if name in ERNIE_MODELS else families.tensors(name)
         assert set(loaded) == set(expected), name
         for key, value in expected.items():
-            np.testing.assert_array_equal(loaded[key].reshape(value.shape), value, err_msg=f"{name} {key}")
+            actual = loaded[key].reshape(value.shape)
+            if name == "gemma3" and key.endswith("norm.weight"):
+                # llama.cpp stores the scale 1 + w, which is what both sides compute with
+                actual, value = actual + np.float32(1), value + np.float32(1)
+            np.testing.assert_array_equal(actual, value, err_msg=f"{name} {key}")
 
 
 @pytest.mark.parametrize("form", FORMS, ids=lambda f: f"{f[0]}-{f[1]}")
@@ -192,3 +197,9 @@ def test_phi3_sliding_window_beyond_the_window_is_refused(tmp_path):
     directory = _write_with_config(tmp_path, "phi4", sliding_window=16)
     with pytest.raises(UnsupportedModelError, match="max_model_len <= 16"):
         LLM(model=directory, max_model_len=32)
+
+
+def test_gemma3_beyond_its_sliding_window_is_refused(hf_dirs):
+    """Windowed attention is not implemented; within the window it is full causal attention."""
+    with pytest.raises(UnsupportedModelError, match="sliding_window=64.*max_model_len <= 64"):
+        LLM(model=hf_dirs["gemma3"], max_model_len=128)

@@ -1,5 +1,5 @@
-"""Tiny random-weight checkpoints of Phi-3 (LongRoPE, partial rotary), Phi-4, Mixtral, Qwen2-MoE
-and Qwen3-MoE, rebuilt from a seed, plus the GGUF files llama.cpp's converter made of them.
+"""Tiny random-weight checkpoints of Phi-3 (LongRoPE, partial rotary), Phi-4, Mixtral, Qwen2-MoE,
+Qwen3-MoE and Gemma 3 (text), rebuilt from a seed, plus the GGUF files llama.cpp's converter made of them.
 
 Shared by tests/models/test_tiny_families.py and tools/make_family_references.py (which loads
 exactly these weights into transformers for tests/fixtures/tiny_family_references.json, and
@@ -160,6 +160,29 @@ SPECS: dict[str, dict[str, Any]] = {
             "use_sliding_window": False,
         },
     },
+    "gemma3": {
+        "seed": 3701,
+        "config": _COMMON
+        | {
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 6,
+            "head_dim": 16,
+            "intermediate_size": 48,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            "sliding_window": 64,
+            "sliding_window_pattern": 6,
+            "query_pre_attn_scalar": 16,
+            "final_logit_softcapping": None,
+            "attn_logit_softcapping": None,
+            "attention_bias": False,
+            "tie_word_embeddings": True,
+        },
+    },
 }
 
 #: the models also converted to GGUF: llama.cpp's qwen2moe/qwen3moe have no dense layers
@@ -180,7 +203,8 @@ PROMPT_SETS = {"short": (SHORT_PROMPTS, 64), "long": (LONG_PROMPTS, 128)}
 
 def prompt_sets(name: str) -> dict[str, tuple[list[list[int]], int]]:
     """The prompt sets of model `name`: the long one only where LongRoPE makes it differ."""
-    if name in SPECS and SPECS[name]["config"].get("rope_scaling"):
+    scaling = SPECS[name]["config"].get("rope_scaling") if name in SPECS else None
+    if scaling and scaling.get("type", scaling.get("rope_type")) == "longrope":
         return PROMPT_SETS
     return {"short": PROMPT_SETS["short"]}
 
@@ -208,8 +232,9 @@ def tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (vocab, hidden),
         "model.norm.weight": (hidden,),
-        "lm_head.weight": (vocab, hidden),
     }
+    if not config["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (vocab, hidden)
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         attn = p + "self_attn."
@@ -225,9 +250,12 @@ def tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             shapes[f"{attn}{proj}_proj.weight"] = (rows, hidden)
             if kind == "qwen2_moe":
                 shapes[f"{attn}{proj}_proj.bias"] = (rows,)
-        if kind == "qwen3_moe":
+        if kind in ("qwen3_moe", "gemma3_text"):
             shapes[attn + "q_norm.weight"] = (head_dim,)
             shapes[attn + "k_norm.weight"] = (head_dim,)
+        if kind == "gemma3_text":
+            shapes[p + "pre_feedforward_layernorm.weight"] = (hidden,)
+            shapes[p + "post_feedforward_layernorm.weight"] = (hidden,)
         if i not in moe_layers(config):
             shapes.update(_mlp_shapes(p + "mlp.", hidden, config["intermediate_size"]))
         elif kind == "mixtral":

@@ -33,7 +33,11 @@ _ARCHITECTURES = {
     # ERNIE's q/k rows are interleaved in transformers too; the model class reorders them
     "ernie4_5": ("Ernie4_5ForCausalLM", False),
     "ernie4_5-moe": ("Ernie4_5_MoeForCausalLM", False),
+    "gemma3": ("Gemma3ForCausalLM", False),
 }
+#: architectures whose converter stores RMSNorm weights as the scale (1 + w) where transformers
+#: stores w
+_NORMS_PLUS_ONE = {"gemma3"}
 #: llama.cpp writes Mixtral as "llama" with experts
 _LLAMA_WITH_EXPERTS = "MixtralForCausalLM"
 
@@ -71,6 +75,11 @@ _ARCH_LAYER_TENSORS: dict[str, dict[str, str]] = {
         "ffn_up_shexp": "mlp.shared_expert.up_proj",
         "ffn_down_shexp": "mlp.shared_expert.down_proj",
         "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    },
+    "gemma3": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
     },
     "ernie4_5-moe": {
         "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
@@ -163,6 +172,8 @@ class GGUFLoader(WeightLoader):
                 array = GGMLTensor(tensor.ggml_type, data, tuple(tensor.shape))
             else:
                 array = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
+            if arch in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
+                array = np.asarray(array, dtype=np.float32) - np.float32(1.0)
             if permuted and name.endswith("self_attn.q_proj.weight"):
                 array = interleaved_to_half_rows(array, config["num_attention_heads"])
             elif permuted and name.endswith("self_attn.k_proj.weight"):
@@ -246,6 +257,12 @@ def config_from_metadata(meta: dict[str, Any]) -> dict[str, Any]:
                 "rope_type": "longrope",
                 "attention_factor": float(key("rope.scaling.attn_factor")),
             }
+    if arch == "gemma3":
+        # what llama.cpp assumes where the file has no key: every 6th layer global, local rotary
+        # base 10000, queries scaled by head_dim (hidden / heads for the 62-layer 27B)
+        config["sliding_window_pattern"] = 6
+        config["rope_local_base_freq"] = float(key("rope.freq_base_swa", 10000.0))
+        config["query_pre_attn_scalar"] = hidden // heads if config["num_hidden_layers"] == 62 else head_dim
     config.update(_expert_config(arch, key))
     return config
 

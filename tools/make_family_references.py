@@ -18,7 +18,8 @@ and llama.cpp's GGUF files. To test both against independent code, this tool
   tests/fixtures/tiny_family_references.json;
 * trains a 160-piece SentencePiece tokenizer (the converter needs a real one) on
   tests/fixtures/perplexity_text.txt, puts it beside each checkpoint, and runs llama.cpp's
-  `convert_hf_to_gguf.py --outtype f32` on the directory, writing tests/fixtures/gguf/*.gguf.
+  `convert_hf_to_gguf.py --outtype f32` on the directory (and `--outtype q8_0` for Mixtral, whose
+  stacked experts the loader then splits in their blocks), writing tests/fixtures/gguf/*.gguf.
 
 The tests need neither torch, transformers nor llama.cpp. Regenerate with an environment that
 has torch, transformers, sentencepiece and llama.cpp's sources (its converter ships in the
@@ -179,7 +180,7 @@ runpy.run_path(script, run_name="__main__")
 """
 
 
-def convert(llama_cpp: Path, model_dir: Path, tokenizer: Path, target: Path) -> None:
+def convert(llama_cpp: Path, model_dir: Path, tokenizer: Path, target: Path, outtype: str = "f32") -> None:
     """Run llama.cpp's converter on `model_dir` (`tokenizer` as its tokenizer.model, or a
     byte-level BPE tokenizer.json for the Qwen MoE models)."""
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
@@ -195,7 +196,7 @@ def convert(llama_cpp: Path, model_dir: Path, tokenizer: Path, target: Path) -> 
         str(llama_cpp),
         str(model_dir),
         "--outtype",
-        "f32",
+        outtype,
         "--outfile",
         str(target),
     ]
@@ -234,9 +235,10 @@ def main() -> None:
         for name in [*families.GGUF_MODELS, *ERNIE_MODELS]:
             model_dir = scratch / name
             write_any(tiny, families, model_dir, name)
-            target = families.gguf_path(name)
-            convert(args.llama_cpp, model_dir, tokenizer, target)
-            digests[target.name] = hashlib.sha256(target.read_bytes()).hexdigest()
+            for outtype in ["f32", *families.QUANTISED_GGUFS.get(name, ())]:
+                target = families.gguf_path(name, outtype)
+                convert(args.llama_cpp, model_dir, tokenizer, target, outtype)
+                digests[target.name] = hashlib.sha256(target.read_bytes()).hexdigest()
     print(json.dumps(digests, indent=1))
 
 

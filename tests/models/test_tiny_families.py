@@ -22,6 +22,7 @@ from fastdeploy import LLM, SamplingParams
 from fastdeploy.backends.base import BackendOptions
 from fastdeploy.backends.selection import create_backend
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.formats.gguf_file import read_gguf
 from fastdeploy.model_executor.loaders.gguf_loader import config_from_gguf, config_from_metadata
 from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint
@@ -203,3 +204,27 @@ def test_gemma3_beyond_its_sliding_window_is_refused(hf_dirs):
     """Windowed attention is not implemented; within the window it is full causal attention."""
     with pytest.raises(UnsupportedModelError, match="sliding_window=64.*max_model_len <= 64"):
         LLM(model=hf_dirs["gemma3"], max_model_len=128)
+
+
+def test_quantised_expert_stacks_are_split_in_their_blocks(references):
+    """llama.cpp's Q8_0 Mixtral: each expert's matrix stays in its blocks (a GGMLTensor), within
+    Q8_0's rounding of the seeded weight of the same expert; the model stays near transformers'
+    float32 logits."""
+    path = str(families.gguf_path("mixtral", "q8_0"))
+    registry = get_registry()
+    checkpoint = inspect_checkpoint(path, registry)
+    loaded = dict(checkpoint.loader.load_tensors(path))
+    expected = families.tensors("mixtral")
+    experts = [key for key in expected if ".experts." in key]
+    assert len(experts) == 2 * 4 * 3
+    for key in experts:
+        assert isinstance(loaded[key], GGMLTensor), key
+        value = expected[key]
+        # Q8_0: 32-value blocks scaled by max|x| / 127 (the scale in float16): within 0.6 steps
+        step = np.abs(value).max() / 127
+        np.testing.assert_allclose(np.asarray(loaded[key]), value, rtol=0, atol=0.6 * step)
+    backend = create_backend("cpu", BackendOptions(threads=1), registry)
+    model = build_model(checkpoint, backend, 64, registry)
+    for case in references["mixtral"]["prompt_sets"]["short"]["cases"]:
+        logits = tiny.prefill_logits(model, backend, case["prompt_token_ids"])[-1]
+        np.testing.assert_allclose(logits, case["first_logits"], atol=0.1, rtol=0)

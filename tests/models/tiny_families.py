@@ -293,6 +293,10 @@ def write_checkpoint(directory: str | os.PathLike[str], name: str) -> dict[str, 
     return weights
 
 
-def gguf_path(name: str) -> Path:
-    """The committed GGUF llama.cpp's converter wrote from tiny model `name` (f32)."""
-    return GGUF_DIR / f"tiny-{name.replace('_', '-')}-f32.gguf"
+#: block-quantised conversions besides the f32 one
+QUANTISED_GGUFS = {"mixtral": ("q8_0",)}
+
+
+def gguf_path(name: str, outtype: str = "f32") -> Path:
+    """The committed GGUF llama.cpp's converter wrote from tiny model `name`."""
+    return GGUF_DIR / f"tiny-{name.replace('_', '-')}-{outtype}.gguf"

@@ -135,6 +135,13 @@ class LlamaForCausalLM(CausalLM):
             return float(parameters["rope_theta"])
         return self.default_rope_theta if self.default_rope_theta is not None else self.config.rope_theta
 
+    def rotary_tables(self, freq_factors: Any | None) -> tuple[Any, Any]:
+        """Host (cos, sin) tables [max_positions, rotary_dim / 2] of every layer (a subclass with
+        partial rotary or its own `rope_scaling` fields builds its own)."""
+        return rope_tables(
+            self.rope_theta(), self.head_dim, self.max_positions, self.config.rope_scaling, freq_factors
+        )
+
     def preprocess_weights(self, host: dict[str, Any]) -> None:
         """Rewrite host tensors in place before they are checked and loaded (e.g. row layouts)."""
 
@@ -268,9 +275,7 @@ class LlamaForCausalLM(CausalLM):
             self.final_norm = backend.from_numpy(host["model.norm.weight"])
         self.layers = [self._load_layer(i, host) for i in self.layer_ids]
         self.dense_layers = self._dense_layers()
-        cos, sin = rope_tables(
-            self.rope_theta(), self.head_dim, self.max_positions, self.config.rope_scaling, freq_factors
-        )
+        cos, sin = self.rotary_tables(freq_factors)
         self.rope_cos, self.rope_sin = backend.from_numpy(cos), backend.from_numpy(sin)
 
     def _load_layer(self, i: int, host: dict[str, Any]) -> LlamaLayerWeights:

@@ -19,7 +19,7 @@ with open(
 def test_scaled_frequencies_match_transformers(name):
     case = REFERENCE[name]
     inv_freq, factor = inverse_frequencies(
-        case["rope_theta"], case["head_dim"], case["rope_scaling"], case["max_position_embeddings"]
+        case["rope_theta"], case["head_dim"], case["rope_scaling"], case["engine_max_positions"]
     )
     np.testing.assert_allclose(inv_freq, case["inv_freq"], rtol=1e-6)
     assert factor == pytest.approx(case["attention_factor"], rel=1e-9)
@@ -79,3 +79,19 @@ def test_permuted_projections_with_rotate_half_give_interleaved_attention_scores
     q = rotate_half(interleaved_to_half_rows(wq, 1) @ x_q, 11)
     k = rotate_half(interleaved_to_half_rows(wk, 1) @ x_k, 3)
     assert q @ k == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("scaling", "field"),
+    [
+        (
+            {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [1.0] * 4, "factor": 2.0},
+            "original",
+        ),
+        ({"rope_type": "llama3", "original_max_position_embeddings": 64}, "factor"),
+        ({"rope_type": "yarn", "original_max_position_embeddings": 64}, "factor"),
+    ],
+)
+def test_a_missing_scaling_field_is_named(scaling, field):
+    with pytest.raises(InvalidArgumentError, match=f"lacks the required field '{field}"):
+        inverse_frequencies(10000.0, 8, scaling, 128)

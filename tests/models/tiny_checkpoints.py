@@ -206,9 +206,14 @@ def pt_tensors(name: str, config: dict[str, Any] | None = None) -> dict[str, np.
     large enough to change which experts win.
     """
     config = config or SPECS[name]["config"]
-    rng = np.random.default_rng(SPECS[name]["seed"])
+    return seeded_tensors(tensor_shapes(config), SPECS[name]["seed"])
+
+
+def seeded_tensors(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+    """float32 weights of the given [out, in] shapes, drawn in name order with the scales above."""
+    rng = np.random.default_rng(seed)
     tensors = {}
-    for tensor_name, shape in sorted(tensor_shapes(config).items()):
+    for tensor_name, shape in sorted(shapes.items()):
         if tensor_name.endswith("e_score_correction_bias"):
             value = rng.uniform(0.0, 0.15, size=shape)
         elif tensor_name.endswith("norm.weight") or tensor_name.endswith("layernorm.weight"):

@@ -27,7 +27,19 @@ _ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", True),
     "qwen2": ("Qwen2ForCausalLM", False),
     "qwen3": ("Qwen3ForCausalLM", False),
+    "phi3": ("Phi3ForCausalLM", False),
+    "qwen2moe": ("Qwen2MoeForCausalLM", False),
+    "qwen3moe": ("Qwen3MoeForCausalLM", False),
+    # ERNIE's q/k rows are interleaved in transformers too; the model class reorders them
+    "ernie4_5": ("Ernie4_5ForCausalLM", False),
+    "ernie4_5-moe": ("Ernie4_5_MoeForCausalLM", False),
+    "gemma3": ("Gemma3ForCausalLM", False),
 }
+#: architectures whose converter stores RMSNorm weights as the scale (1 + w) where transformers
+#: stores w
+_NORMS_PLUS_ONE = {"gemma3"}
+#: llama.cpp writes Mixtral as "llama" with experts
+_LLAMA_WITH_EXPERTS = "MixtralForCausalLM"
 
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -35,31 +47,84 @@ _GLOBAL_TENSORS = {
     "output.weight": "lm_head.weight",
     "rope_freqs.weight": "model.rotary_emb.freq_factors",
 }
+#: LongRoPE factors, which config_from_gguf puts in `rope_scaling` as config.json has them
+_ROPE_FACTORS = {"rope_factors_long.weight": "long_factor", "rope_factors_short.weight": "short_factor"}
 _LAYER_TENSORS = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",
     "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
 }
+#: where an architecture's names differ from _LAYER_TENSORS (full names for a part stored as
+#: ".bias" whose HF name is not "<stem>.bias")
+_ARCH_LAYER_TENSORS: dict[str, dict[str, str]] = {
+    # Phi-3 stores gate and up fused, [gate | up] rows, under llama.cpp's ffn_up
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},
+    "llama": {"ffn_gate_inp": "block_sparse_moe.gate"},
+    "qwen2moe": {
+        "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+        "ffn_up_shexp": "mlp.shared_expert.up_proj",
+        "ffn_down_shexp": "mlp.shared_expert.down_proj",
+        "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    },
+    "gemma3": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    "ernie4_5-moe": {
+        "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+        "ffn_up_shexp": "mlp.shared_experts.up_proj",
+        "ffn_down_shexp": "mlp.shared_experts.down_proj",
+    },
+}
+_FULL_LAYER_NAMES = {"exp_probs_b.bias": "mlp.moe_statics.e_score_correction_bias"}
+#: llama.cpp stacks a layer's experts into one [experts, out, in] tensor per projection; the
+#: HF names of expert N's projection, per architecture ({} is the expert number)
+_EXPERT_TENSORS = {"ffn_gate_exps": 0, "ffn_up_exps": 1, "ffn_down_exps": 2}
+_EXPERT_NAMES = {
+    "llama": (
+        "block_sparse_moe.experts.{}.w1",
+        "block_sparse_moe.experts.{}.w3",
+        "block_sparse_moe.experts.{}.w2",
+    ),
+}
+_DEFAULT_EXPERT_NAMES = ("mlp.experts.{}.gate_proj", "mlp.experts.{}.up_proj", "mlp.experts.{}.down_proj")
 _LAYER_NAME = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """The transformers name of a GGUF tensor; unknown names raise WeightLoadError."""
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
+    """The transformers name of a GGUF tensor of architecture `arch` (one tensor: stacked
+    experts are named by `expert_tensor_names`); unknown names raise WeightLoadError."""
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
     match = _LAYER_NAME.match(gguf_name)
-    if match and match.group(2) in _LAYER_TENSORS:
+    if match:
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_LAYER_TENSORS[part]}.{kind}"
+        if f"{part}.{kind}" in _FULL_LAYER_NAMES:
+            return f"model.layers.{layer}.{_FULL_LAYER_NAMES[f'{part}.{kind}']}"
+        stem = _ARCH_LAYER_TENSORS.get(arch, {}).get(part) or _LAYER_TENSORS.get(part)
+        if stem is not None:
+            return f"model.layers.{layer}.{stem}.{kind}"
     raise WeightLoadError(f"GGUF tensor {gguf_name!r} has no known counterpart in the model")
+
+
+def expert_tensor_names(gguf_name: str, arch: str, experts: int) -> list[str]:
+    """The transformers names of the `experts` matrices stacked in 3-D GGUF tensor `gguf_name`."""
+    match = _LAYER_NAME.match(gguf_name)
+    if not match or match.group(2) not in _EXPERT_TENSORS or match.group(3) != "weight":
+        raise WeightLoadError(f"GGUF tensor {gguf_name!r} is 3-D but not a known stack of experts")
+    pattern = _EXPERT_NAMES.get(arch, _DEFAULT_EXPERT_NAMES)[_EXPERT_TENSORS[match.group(2)]]
+    return [f"model.layers.{match.group(1)}.{pattern.format(e)}.weight" for e in range(experts)]
 
 
 class GGUFLoader(WeightLoader):
@@ -82,16 +147,33 @@ class GGUFLoader(WeightLoader):
 
         gguf_file = read_gguf(model_path)
         config = config_from_gguf(gguf_file)
-        permuted = _ARCHITECTURES[gguf_file.metadata["general.architecture"]][1]
+        arch = gguf_file.metadata["general.architecture"]
+        permuted = _ARCHITECTURES[arch][1]
         for tensor in gguf_file.tensors:
-            name = hf_tensor_name(tensor.name)
+            if tensor.name in _ROPE_FACTORS:
+                continue  # in config["rope_scaling"]
             data = gguf_file.tensor_data(tensor)
-            if tensor.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            is_float = tensor.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
+            if len(tensor.shape) == 3:
+                # one [out, in] matrix per expert, quantised ones still in their blocks
+                experts = expert_tensor_names(tensor.name, arch, tensor.shape[0])
+                for name, rows in zip(experts, data, strict=True):
+                    yield (
+                        name,
+                        np.asarray(rows)
+                        if is_float
+                        else GGMLTensor(tensor.ggml_type, rows, tensor.shape[1:]),
+                    )
+                continue
+            name = hf_tensor_name(tensor.name, arch)
+            if is_float:
                 array = np.asarray(data)
             elif len(tensor.shape) == 2:
                 array = GGMLTensor(tensor.ggml_type, data, tuple(tensor.shape))
             else:
                 array = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
+            if arch in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
+                array = np.asarray(array, dtype=np.float32) - np.float32(1.0)
             if permuted and name.endswith("self_attn.q_proj.weight"):
                 array = interleaved_to_half_rows(array, config["num_attention_heads"])
             elif permuted and name.endswith("self_attn.k_proj.weight"):
@@ -103,9 +185,25 @@ def config_from_gguf(gguf_file: GGUFFile) -> dict[str, Any]:
     """A config.json-style dict from a GGUF file's metadata and tensor table."""
     meta = gguf_file.metadata
     config = config_from_metadata(meta)
-    config["tie_word_embeddings"] = all(tensor.name != "output.weight" for tensor in gguf_file.tensors)
+    names = {tensor.name for tensor in gguf_file.tensors}
+    config["tie_word_embeddings"] = "output.weight" not in names
     if not config.get("vocab_size"):
         config["vocab_size"] = len(meta.get("tokenizer.ggml.tokens", ()))
+    arch = meta["general.architecture"]
+    has_bias = "blk.0.attn_q.bias" in names
+    if arch in ("qwen2moe", "qwen3moe"):
+        # llama.cpp has no key for dense layers among MoE ones; they are the ones without a router
+        config["mlp_only_layers"] = [
+            i for i in range(config["num_hidden_layers"]) if f"blk.{i}.ffn_gate_inp.weight" not in names
+        ]
+        config["qkv_bias" if arch == "qwen2moe" else "attention_bias"] = has_bias
+    elif arch.startswith("ernie4_5"):
+        config["use_bias"] = has_bias
+    factors = {key: tensor for tensor in gguf_file.tensors if (key := _ROPE_FACTORS.get(tensor.name))}
+    if factors:
+        scaling = config.setdefault("rope_scaling", {"rope_type": "longrope"})
+        for key, tensor in factors.items():
+            scaling[key] = np.asarray(gguf_file.tensor_data(tensor), dtype=np.float64).reshape(-1).tolist()
     return config
 
 
@@ -121,7 +219,12 @@ def config_from_metadata(meta: dict[str, Any]) -> dict[str, Any]:
 
     heads = int(key("attention.head_count"))
     hidden = int(key("embedding_length"))
-    head_dim = int(key("attention.key_length") or key("rope.dimension_count") or hidden // heads)
+    rope_dims = key("rope.dimension_count")
+    if arch == "phi3":
+        # Phi-3 has no head_dim of its own; rope.dimension_count is the rotary part of a head
+        head_dim = int(key("attention.key_length") or hidden // heads)
+    else:
+        head_dim = int(key("attention.key_length") or rope_dims or hidden // heads)
     config: dict[str, Any] = {
         "architectures": [_ARCHITECTURES[arch][0]],
         "hidden_size": hidden,
@@ -136,6 +239,10 @@ def config_from_metadata(meta: dict[str, Any]) -> dict[str, Any]:
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
         "vocab_size": int(key("vocab_size") or 0),
     }
+    if rope_dims and int(rope_dims) != head_dim:
+        config["partial_rotary_factor"] = int(rope_dims) / head_dim
+    if key("attention.sliding_window"):
+        config["sliding_window"] = int(key("attention.sliding_window"))
     scaling_type = key("rope.scaling.type")
     if scaling_type in ("linear", "yarn"):
         config["rope_scaling"] = {
@@ -143,4 +250,53 @@ def config_from_metadata(meta: dict[str, Any]) -> dict[str, Any]:
             "factor": float(key("rope.scaling.factor", 1.0)),
             "original_max_position_embeddings": int(key("rope.scaling.original_context_length", 0) or 0),
         }
+    elif arch == "phi3" and key("rope.scaling.original_context_length"):
+        config["original_max_position_embeddings"] = int(key("rope.scaling.original_context_length"))
+        if key("rope.scaling.attn_factor") is not None:
+            config["rope_scaling"] = {
+                "rope_type": "longrope",
+                "attention_factor": float(key("rope.scaling.attn_factor")),
+            }
+    if arch == "gemma3":
+        # what llama.cpp assumes where the file has no key: every 6th layer global, local rotary
+        # base 10000, queries scaled by head_dim (hidden / heads for the 62-layer 27B)
+        config["sliding_window_pattern"] = 6
+        config["rope_local_base_freq"] = float(key("rope.freq_base_swa", 10000.0))
+        config["query_pre_attn_scalar"] = hidden // heads if config["num_hidden_layers"] == 62 else head_dim
+    config.update(_expert_config(arch, key))
     return config
+
+
+def _expert_config(arch: str, key: Any) -> dict[str, Any]:
+    """The config.json expert fields of a MoE architecture from llama.cpp's expert keys."""
+    experts, used = int(key("expert_count", 0) or 0), int(key("expert_used_count", 0) or 0)
+    if not experts:
+        return {}
+    if arch == "llama":
+        return {
+            "architectures": [_LLAMA_WITH_EXPERTS],
+            "num_local_experts": experts,
+            "num_experts_per_tok": used,
+        }
+    if arch in ("qwen2moe", "qwen3moe"):
+        config = {
+            "num_experts": experts,
+            "num_experts_per_tok": used,
+            "moe_intermediate_size": int(key("expert_feed_forward_length")),
+            # as llama.cpp runs them: Qwen3-MoE renormalises the chosen experts' weights, Qwen2-MoE not
+            "norm_topk_prob": arch == "qwen3moe",
+        }
+        if key("expert_shared_feed_forward_length"):
+            config["shared_expert_intermediate_size"] = int(key("expert_shared_feed_forward_length"))
+        return config
+    if arch == "ernie4_5-moe":
+        return {
+            "moe_num_experts": experts,
+            "moe_k": used,
+            "moe_intermediate_size": int(key("expert_feed_forward_length")),
+            "moe_num_shared_experts": int(key("expert_shared_count", 0) or 0),
+            "moe_layer_start_index": int(key("leading_dense_block_count", 0) or 0),
+            "moe_layer_end_index": -1,
+            "moe_layer_interval": int(key("interleave_moe_layer_step", 1) or 1),
+        }
+    return {}

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.backends.base import Backend, BackendOptions, KVCacheSpec
+from fastdeploy.backends.base import BackendOptions, Capability, KVCacheSpec
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.selection import build_backend_of, select_backend_class
 from fastdeploy.config import EngineConfig
@@ -209,7 +209,8 @@ class LLMEngine:
         self.async_scheduling = (
             config.async_scheduling
             if config.async_scheduling is not None
-            else type(self.backend).overlaps_host and config.async_scheduling_blocker() is None
+            else type(self.backend).supports(Capability.OVERLAPS_HOST)
+            and config.async_scheduling_blocker() is None
         )
         #: the pass launched by the last step whose tokens the host has not read yet
         self._in_flight: InFlightPass | None = None
@@ -275,7 +276,11 @@ class LLMEngine:
         self.block_manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching)
         kv_caches = self._allocate_kv_cache(spec)
         graphs = None
-        if not config.enforce_eager and getattr(self.model, "supports_decode_graphs", True):
+        if (
+            not config.enforce_eager
+            and self.backend.supports(Capability.GRAPH_CAPTURE)
+            and getattr(self.model, "supports_decode_graphs", True)
+        ):
             graphs = self.backend.decode_graphs(
                 self.model, kv_caches, spec.block_size, config.max_num_seqs, self.max_model_len
             )
@@ -377,9 +382,9 @@ class LLMEngine:
             )
 
     def _copies_kv_blocks(self) -> bool:
-        """Whether the backend (here or in the rank processes) implements `copy_kv_blocks`."""
+        """Whether the backend (here or in the rank processes) declares `Capability.KV_BLOCK_COPY`."""
         backend_class = self.executor.backend_class if self.executor is not None else type(self.backend)
-        return backend_class.copy_kv_blocks is not Backend.copy_kv_blocks
+        return backend_class.supports(Capability.KV_BLOCK_COPY)
 
     def add_request(
         self,
@@ -563,7 +568,11 @@ class LLMEngine:
         distinct_params = {id(seq.params): seq.params for seq in seqs}.values()  # often one per batch
         if not bans and all(greedy_without_extras(params) for params in distinct_params):
             return np.asarray(backend.argmax_rows(logits)).tolist()
-        if backend.samples_on_device and not bans and all(_device_samplable(p) for p in distinct_params):
+        if (
+            backend.supports(Capability.DEVICE_SAMPLING)
+            and not bans
+            and all(_device_samplable(p) for p in distinct_params)
+        ):
             params = [seq.params for seq in seqs]
             tokens = backend.sample_top_k_top_p(
                 logits,

@@ -170,7 +170,9 @@ def test_device_sampling_gets_each_sequences_settings_and_uniform(llm, monkeypat
         return engine.backend.to_numpy(logits).argmax(axis=-1)
 
     backend_class = type(engine.backend)
-    monkeypatch.setattr(backend_class, "capabilities", backend_class.capabilities | {Capability.DEVICE_SAMPLING})
+    monkeypatch.setattr(
+        backend_class, "capabilities", backend_class.capabilities | {Capability.DEVICE_SAMPLING}
+    )
     monkeypatch.setattr(engine.backend, "sample_top_k_top_p", fake_device_sampler, raising=False)
     params = SamplingParams(temperature=0.5, top_k=-1, top_p=0.9, seed=11, max_tokens=3)
     (output,) = llm.generate(PROMPT, params, use_tqdm=False)

@@ -62,7 +62,9 @@ def check_capability_declaration(backend: Backend) -> None:
         if not isinstance(capability, Capability):
             raise AssertionError(f"capabilities: {capability!r} is not a Capability")
         if not implemented_methods(type(backend), Backend, capability):
-            raise AssertionError(f"capabilities: Capability.{capability.name} is declared but not implemented")
+            raise AssertionError(
+                f"capabilities: Capability.{capability.name} is declared but not implemented"
+            )
 
 
 #: platform-level checks, each `check(backend) -> None`

@@ -58,19 +58,22 @@ class DeviceOps(ABC):
 
     @abstractmethod
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
-        """x @ W.T (+ bias) for a weight built by `linear_weight`."""
+        """x [tokens, in] @ W.T (+ bias) -> [tokens, out], for a weight built by `linear_weight`."""
 
     @abstractmethod
     def rms_norm(self, x: Any, weight: Any, eps: float, residual: Any | None = None) -> tuple[Any, Any]:
-        """RMSNorm of (x + residual); returns (normed, new residual)."""
+        """RMSNorm of (x + residual) over the last axis, x [rows, hidden] and weight [hidden]; returns
+        (normed, new residual), both [rows, hidden] (the new residual is x + residual, or x)."""
 
     @abstractmethod
     def rotary_embedding(self, x: Any, positions: Any, cos: Any, sin: Any) -> Any:
-        """Rotate-half (NeoX / HF Llama) rotary embedding of x [tokens, heads, head_dim]."""
+        """Rotate-half (NeoX / HF Llama) rotary embedding of x [tokens, heads, head_dim] -> same shape,
+        at `positions` [tokens] int64 of the tables cos / sin [max_positions, rotary_dim / 2]; dims
+        past rotary_dim pass through (partial rotary)."""
 
     @abstractmethod
     def silu_and_mul(self, x: Any) -> Any:
-        """silu(x[:, :d]) * x[:, d:] for x [tokens, 2d]."""
+        """silu(x[:, :d]) * x[:, d:] for x [tokens, 2d] -> [tokens, d]."""
 
     @abstractmethod
     def layer_norm(
@@ -80,7 +83,8 @@ class DeviceOps(ABC):
 
     @abstractmethod
     def gelu_tanh(self, x: Any) -> Any:
-        """GELU with the tanh approximation (GPT-2's `gelu_new`, PyTorch's approximate="tanh")."""
+        """GELU with the tanh approximation (GPT-2's `gelu_new`, PyTorch's approximate="tanh"),
+        elementwise."""
 
     @abstractmethod
     def attention(self, q: Any, k: Any, v: Any, kv_cache: Any, batch: Any, scale: float) -> Any:
@@ -92,4 +96,4 @@ class DeviceOps(ABC):
 
     @abstractmethod
     def gather_rows(self, x: Any, indices: Any) -> Any:
-        """x[indices] along the token axis."""
+        """x[indices] along the token axis: x [tokens, ...], indices [n] int64 -> [n, ...]."""

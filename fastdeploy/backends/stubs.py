@@ -40,6 +40,7 @@ class StubBackend(Backend):
     """A backend that is registered and listed but never runs; subclasses name the device."""
 
     stub: ClassVar[AcceleratorStub]
+    capabilities = frozenset()
     #: a real backend for the same device name should win; it only has to beat -1
     plugin_priority: ClassVar[int] = -1
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fastdeploy.backends.base import Backend, BackendOptions, KVCacheSpec
+from fastdeploy.backends.base import Backend, BackendOptions, Capability, KVCacheSpec
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.selection import build_backend_of, select_backend_class
 from fastdeploy.config import EngineConfig, ModelConfig
@@ -155,7 +155,11 @@ def load_model(config: EngineConfig, setup: EngineSetup, inputs: InputProcessor)
     manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching)
     kv_caches = allocate_kv_cache(backend, spec)
     graphs = None
-    if not config.enforce_eager and getattr(model, "supports_decode_graphs", True):
+    if (
+        not config.enforce_eager
+        and backend.supports(Capability.GRAPH_CAPTURE)
+        and getattr(model, "supports_decode_graphs", True)
+    ):
         graphs = backend.decode_graphs(
             model, kv_caches, spec.block_size, config.max_num_seqs, setup.max_model_len
         )
@@ -186,7 +190,7 @@ def engine_limits(config: EngineConfig, setup: EngineSetup) -> EngineLimits:
         config.max_num_seqs,
         config.device,
         config.pipeline_parallel_size > 1,
-        backend_class.copy_kv_blocks is not Backend.copy_kv_blocks,
+        backend_class.supports(Capability.KV_BLOCK_COPY),
     )
 
 
@@ -194,7 +198,7 @@ def async_scheduling_on(config: EngineConfig, backend: Backend) -> bool:
     """Steps overlap (`engine/async_scheduling.py`) where passes run beside the host."""
     if config.async_scheduling is not None:
         return config.async_scheduling
-    return type(backend).overlaps_host and config.async_scheduling_blocker() is None
+    return type(backend).supports(Capability.OVERLAPS_HOST) and config.async_scheduling_blocker() is None
 
 
 def choose_stepper(

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.backends.base import Backend
+from fastdeploy.backends.base import Backend, Capability
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sampling_rules import device_samplable, greedy_without_extras, no_penalties
 from fastdeploy.engine.sequence import Sequence
@@ -144,7 +144,11 @@ def sample_tokens(backend: Backend, logits: Any, seqs: list[Sequence], bans: lis
     distinct_params = {id(seq.params): seq.params for seq in seqs}.values()  # often one per batch
     if not bans and all(greedy_without_extras(params) for params in distinct_params):
         return np.asarray(backend.argmax_rows(logits)).tolist()
-    if backend.samples_on_device and not bans and all(device_samplable(p) for p in distinct_params):
+    if (
+        backend.supports(Capability.DEVICE_SAMPLING)
+        and not bans
+        and all(device_samplable(p) for p in distinct_params)
+    ):
         params = [seq.params for seq in seqs]
         tokens = backend.sample_top_k_top_p(
             logits,

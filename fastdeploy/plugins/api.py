@@ -11,17 +11,21 @@ The names are defined where the engine uses them and re-exported here: this modu
 and defines nothing itself.
 """
 
-from fastdeploy.backends.base import (
-    AttentionBlock,
-    Backend,
-    BackendOptions,
-    BatchLayout,
-    KVCacheSpec,
-    MLPBlock,
-    PendingTokens,
+from fastdeploy.backends.base import Backend
+from fastdeploy.backends.capabilities import Capability
+from fastdeploy.backends.conformance import (
+    ALL_CHECKS,
+    CAPABILITY_CHECKS,
+    OP_CHECKS,
+    PLATFORM_CHECKS,
+    build_backend,
 )
-from fastdeploy.backends.conformance import OP_CHECKS, build_backend, check_greedy_generation
+from fastdeploy.backends.fused import AttentionBlock, MLPBlock
+from fastdeploy.backends.ops import DeviceOps
+from fastdeploy.backends.platform import Platform
+from fastdeploy.backends.types import BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
 from fastdeploy.config import ModelConfig
+from fastdeploy.entrypoints.backend_conformance import check_greedy_generation
 from fastdeploy.errors import (
     DistributedInitError,
     EngineDeadError,
@@ -56,6 +60,9 @@ __all__ = [
     "hookimpl",
     # device backends
     "Backend",
+    "Platform",
+    "DeviceOps",
+    "Capability",
     "BackendOptions",
     "BatchLayout",
     "KVCacheSpec",
@@ -111,7 +118,10 @@ __all__ = [
     "WeightLoadError",
     "get_logger",
     # conformance
+    "ALL_CHECKS",
+    "PLATFORM_CHECKS",
     "OP_CHECKS",
+    "CAPABILITY_CHECKS",
     "build_backend",
     "check_greedy_generation",
 ]

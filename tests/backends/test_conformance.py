@@ -14,8 +14,9 @@ import os
 
 import pytest
 
-from fastdeploy.backends.conformance import OP_CHECKS, build_backend, check_greedy_generation
+from fastdeploy.backends.conformance import CAPABILITY_CHECKS, OP_CHECKS, PLATFORM_CHECKS, build_backend
 from fastdeploy.backends.cpu import native
+from fastdeploy.plugins.api import check_greedy_generation
 
 DEFAULT_DEVICES = "cpu,cpu+avx2,cpu+numpy,paddle-cpu,paddle-cpu+triton,torch-cpu,torch-cpu+triton"
 DEVICES = [
@@ -53,9 +54,25 @@ def backend(device):
     return build_backend(device, threads=2)
 
 
+@pytest.mark.parametrize("check", sorted(PLATFORM_CHECKS))
+def test_platform(backend, check):
+    PLATFORM_CHECKS[check](backend)
+
+
 @pytest.mark.parametrize("check", sorted(OP_CHECKS))
 def test_op(backend, check):
     reason = OP_CHECKS[check](backend)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.mark.parametrize(
+    "capability", sorted(CAPABILITY_CHECKS, key=lambda c: c.value), ids=lambda c: c.value
+)
+def test_capability(backend, capability):
+    """A declared capability's methods match numpy; an undeclared one's portable default does
+    too, or the check says why it cannot run."""
+    reason = CAPABILITY_CHECKS[capability](backend)
     if reason is not None:
         pytest.skip(reason)
 

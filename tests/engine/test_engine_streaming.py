@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from fastdeploy import SamplingParams
+from fastdeploy.backends.capabilities import Capability
 from fastdeploy.reasoning.base import ReasoningParser, ReasoningSplit
 from fastdeploy.text_utils import partial_suffix_length
 
@@ -168,7 +169,10 @@ def test_device_sampling_gets_each_sequences_settings_and_uniform(llm, monkeypat
         calls.append((temperatures.tolist(), top_k.tolist(), top_p.tolist(), uniforms.tolist()))
         return engine.backend.to_numpy(logits).argmax(axis=-1)
 
-    monkeypatch.setattr(type(engine.backend), "samples_on_device", True)
+    backend_class = type(engine.backend)
+    monkeypatch.setattr(
+        backend_class, "capabilities", backend_class.capabilities | {Capability.DEVICE_SAMPLING}
+    )
     monkeypatch.setattr(engine.backend, "sample_top_k_top_p", fake_device_sampler, raising=False)
     params = SamplingParams(temperature=0.5, top_k=-1, top_p=0.9, seed=11, max_tokens=3)
     (output,) = llm.generate(PROMPT, params, use_tqdm=False)

@@ -21,6 +21,7 @@ import sys
 import pytest
 
 import fastdeploy.plugins.api as api
+from fastdeploy.backends.capabilities import CAPABILITY_SPECS
 from fastdeploy.plugins.api import InvalidArgumentError, ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -197,3 +198,12 @@ def test_the_overview_table_lists_exactly_the_public_names():
         name for name in api.__all__ if f"`{name}`" not in reference and f"`{name}(" not in reference
     ]
     assert undocumented == []
+
+
+def test_the_capability_table_is_the_code():
+    """Each `Capability`, its methods and what runs without it, as `CAPABILITY_SPECS` says."""
+    rows = {}
+    for line in tagged("capabilities").splitlines()[2:]:
+        name, methods, without = (cell.strip() for cell in line.strip().strip("|").split(" | "))
+        rows[name.strip("`")] = (tuple(re.findall(r"`(\w+)`", methods)), without)
+    assert rows == {cap.name: (spec.methods, spec.without) for cap, spec in CAPABILITY_SPECS.items()}

@@ -12,6 +12,8 @@ import os
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import save_file
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from fastdeploy.input.gguf_tokenizer import bytes_to_unicode
 
@@ -22,8 +24,6 @@ BYTE_VOCAB_SIZE = 257  # 256 bytes + <|endoftext|>
 def write_byte_tokenizer(directory: str, extra_tokens: tuple[str, ...] = ()) -> int:
     """Write tokenizer.json: token id = byte value (no merges), then `<|endoftext|>` (special,
     id 256), then `extra_tokens` as plain added tokens (kept in decoded text). Returns 256."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
     vocab = {char: byte for byte, char in bytes_to_unicode().items()}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -37,8 +37,6 @@ def write_byte_tokenizer(directory: str, extra_tokens: tuple[str, ...] = ()) -> 
 
 def write_checkpoint(directory: str, config: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
     """config.json + model.safetensors (float32) in `directory`."""
-    from safetensors.numpy import save_file
-
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as handle:
         json.dump(config, handle, indent=1)

@@ -111,6 +111,67 @@ def sample_top_k_top_p(
     return int(np.searchsorted(cumulative, uniform * cumulative[-1], side="right"))
 
 
+def moe_route(
+    logits: np.ndarray, top_k: int, bias: np.ndarray | None, renormalize: bool, norm_min: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(weights, expert ids) [tokens, top_k]: experts ranked by softmax probability + bias, one
+    token at a time, weighted by the unbiased probabilities (renormalised over the chosen ones)."""
+    weights = np.zeros((logits.shape[0], top_k))
+    ids = np.zeros((logits.shape[0], top_k), dtype=np.int64)
+    for t, row in enumerate(logits.astype(np.float64)):
+        probs = np.exp(row - row.max())
+        probs /= probs.sum()
+        scores = probs + (bias if bias is not None else 0.0)
+        chosen = sorted(range(row.size), key=lambda e: -scores[e])[:top_k]
+        ids[t] = chosen
+        weights[t] = probs[chosen]
+        if renormalize:
+            weights[t] /= max(weights[t].sum(), norm_min)
+    return weights, ids
+
+
+def moe_experts(
+    x: np.ndarray,
+    gate: list[np.ndarray],
+    up: list[np.ndarray],
+    down: list[np.ndarray],
+    weights: np.ndarray,
+    ids: np.ndarray,
+    first_expert: int = 0,
+) -> np.ndarray:
+    """Per token, the weighted sum of its routed SwiGLU experts; experts outside
+    `first_expert .. first_expert + len(gate)` add nothing."""
+    out = np.zeros(x.shape, dtype=np.float64)
+    for t in range(x.shape[0]):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k]) - first_expert
+            if 0 <= e < len(gate):
+                g, u = gate[e] @ x[t].astype(np.float64), up[e] @ x[t].astype(np.float64)
+                out[t] += weights[t, k] * (down[e] @ (g / (1.0 + np.exp(-g)) * u))
+    return out
+
+
+def decoder_layer(
+    x: np.ndarray, layer: dict[str, Any], positions: np.ndarray, inv_freq: np.ndarray
+) -> np.ndarray:
+    """One Llama decoder layer over a whole prompt (no cache) on the residual stream x [tokens,
+    hidden]; `layer` holds "input_norm", "qkv" [rows, hidden], optional "qkv_bias", optional
+    per-head "q_norm"/"k_norm", "o_proj", "post_norm", "gate_up" (gate rows first), "down",
+    "heads", "kv_heads", "head_dim", "eps"."""
+    heads, kv_heads, dim, eps = layer["heads"], layer["kv_heads"], layer["head_dim"], layer["eps"]
+    tokens = x.shape[0]
+    qkv = rms_norm(x, layer["input_norm"], eps) @ layer["qkv"].T + layer.get("qkv_bias", 0.0)
+    q = qkv[:, : heads * dim].reshape(tokens, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(tokens, kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim :].reshape(tokens, kv_heads, dim)
+    if "q_norm" in layer:
+        q, k = rms_norm(q, layer["q_norm"], eps), rms_norm(k, layer["k_norm"], eps)
+    q, k = rotary(q, positions, inv_freq), rotary(k, positions, inv_freq)
+    x = x + causal_attention(q, k, v, layer["scale"]).reshape(tokens, -1) @ layer["o_proj"].T
+    up = silu_and_mul(rms_norm(x, layer["post_norm"], eps) @ layer["gate_up"].T)
+    return x + up @ layer["down"].T
+
+
 def llama_logits(weights: dict[str, np.ndarray], config: dict[str, Any], token_ids: list[int]) -> np.ndarray:
     """Logits of every position of `token_ids` under a HF-named Llama checkpoint, no cache.
 

@@ -2,27 +2,28 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from fastdeploy import envs
-from fastdeploy.backends.base import (
-    AttentionBlock,
-    Backend,
-    BackendOptions,
-    BatchLayout,
-    KVCacheSpec,
-    MLPBlock,
-    apply_token_bitmask_numpy,
-)
+from fastdeploy.backends import portable
+from fastdeploy.backends.base import Backend
+from fastdeploy.backends.capabilities import Capability
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.attention import CpuAttentionMetadata, build_metadata, paged_attention
-from fastdeploy.backends.cpu.host_memory import retain_freed_memory
+from fastdeploy.backends.cpu.host_memory import (
+    available_host_memory,
+    physical_host_memory,
+    retain_freed_memory,
+)
 from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache, allocate_native, allocate_numpy
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
+from fastdeploy.backends.fused import AttentionBlock, MLPBlock
+from fastdeploy.backends.portable import apply_token_bitmask_numpy
+from fastdeploy.backends.types import BackendOptions, BatchLayout, KVCacheSpec
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.logger import get_logger
@@ -30,22 +31,8 @@ from fastdeploy.logger import get_logger
 logger = get_logger(__name__)
 
 
-def _available_host_memory() -> int:
-    """MemAvailable from /proc/meminfo, or physical memory where that file does not exist."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def _set_blas_threads(count: int) -> None:
     """Limit the BLAS pool numpy uses."""
-    from threadpoolctl import threadpool_limits
-
     threadpool_limits(limits=count, user_api="blas")
 
 
@@ -128,6 +115,19 @@ class CpuBackend(Backend):
 
     name = "cpu"
     auto_priority = 0
+    capabilities = frozenset(
+        {
+            Capability.TOKEN_BITMASK,
+            Capability.KV_BLOCK_COPY,
+            Capability.FUSED_DECODER_LAYERS,
+            Capability.FUSED_MOE,
+            Capability.DEVICE_ROW_REDUCTIONS,
+            Capability.VISION_OPS,
+        }
+    )
+    # logits are host arrays here: the portable reductions are this backend's own
+    argmax_rows = portable.argmax_rows
+    nonfinite_rows = portable.nonfinite_rows
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)
@@ -183,7 +183,10 @@ class CpuBackend(Backend):
         return ("wint8", "wint4") if self.native_isa else ()
 
     def free_memory_bytes(self) -> int:
-        return _available_host_memory()
+        return available_host_memory()
+
+    def total_memory_bytes(self) -> int:
+        return physical_host_memory()
 
     def supported_kv_cache_dtypes(self) -> tuple[str, ...]:
         return tuple(KV_TYPES)

@@ -1,6 +1,6 @@
-"""Keeps freed activation memory in the process instead of handing it back to the kernel.
+"""Host memory for the backends on the CPU: how much there is, and freed memory kept in the process.
 
-Why: numpy takes each large array (above glibc's mmap threshold, or past the top of the heap)
+Freed activation memory stays in the process instead of going back to the kernel. Why: numpy takes each large array (above glibc's mmap threshold, or past the top of the heap)
 from fresh pages and returns them on free, so every forward pass pays the kernel to fault in and
 zero its activations again: for one 448x448 image through the mid ERNIE-4.5-VL encoder, ~7,900
 page faults and 13-58 ms of system CPU time per encode. Raising glibc's mmap threshold and its
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 from fastdeploy.logger import get_logger
 
@@ -41,3 +42,20 @@ def retain_freed_memory() -> bool:
     if not done:
         logger.info("cpu backend: mallopt refused the heap thresholds; freed arrays go back to the kernel")
     return done
+
+
+def physical_host_memory() -> int:
+    """Bytes of physical memory of this host."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_host_memory() -> int:
+    """MemAvailable from /proc/meminfo, or physical memory where that file does not exist."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return physical_host_memory()

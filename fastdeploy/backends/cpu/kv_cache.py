@@ -18,6 +18,7 @@ import contextlib
 import mmap
 from typing import NamedTuple
 
+import ml_dtypes
 import numpy as np
 
 #: kv_cache_dtype -> the native kernels' enum kv_type (native.h)
@@ -52,8 +53,6 @@ def _storage_dtype(kv_dtype: str, native: bool) -> np.dtype:
     if kv_dtype == "bfloat16":
         if native:
             return np.dtype(np.uint16)
-        import ml_dtypes
-
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(kv_dtype)
 

@@ -14,10 +14,22 @@ memory than the architecture gives one program (which on a GPU is a launch-time 
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+# this tool compiles the Triton kernels: it needs triton (an optional dependency of fastdeploy)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from fastdeploy.backends.cuda import triton_sampling as sampling
+from fastdeploy.backends.cuda.triton_attention import decode_launch_options, prefill_launch_options
+from fastdeploy.backends.cuda.triton_moe import gemm_config
 
 _TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 #: shared memory one program may use (bytes, the opt-in maximum per block): A100 / H100
@@ -44,9 +56,6 @@ def _specialisations(dtype: str, shared_memory: int) -> list[Launch]:
     precision = "ieee" if dtype == "float32" else "tf32"
     attention_common = {"scale_log2": "fp32", "num_heads": "i32", "num_kv_heads": "i32", "head_dim": "i32"}
     attention_common |= {"block_size": "i32", "max_blocks": "i32"}
-    from fastdeploy.backends.cuda.triton_attention import decode_launch_options, prefill_launch_options
-    from fastdeploy.backends.cuda.triton_moe import gemm_config
-
     fp32 = dtype == "float32"
     specs: list[Launch] = [
         (
@@ -176,8 +185,6 @@ def _specialisations(dtype: str, shared_memory: int) -> list[Launch]:
 def _dtype_free_specialisations() -> list[Launch]:
     """Kernels whose inputs do not depend on the model dtype: sampling (float32 logits) and the
     MoE entry sort."""
-    from fastdeploy.backends.cuda import triton_sampling as sampling
-
     vocab = 152064
     chunk = sampling.chunk_size(vocab)
     num_chunks = -(-vocab // chunk)
@@ -276,12 +283,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _compile_one(arch: int, dtype: str, spec: Launch) -> CompiledKernel:
-    import importlib
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     module, name, signature, constexprs, options = spec
     kernel = getattr(importlib.import_module(f"fastdeploy.backends.cuda.{module}"), name)
     if not isinstance(kernel, triton.runtime.JITFunction):
@@ -304,8 +305,6 @@ def compile_kernels(
     archs: tuple[int, ...] = (80, 90), dtypes: tuple[str, ...] = DTYPES
 ) -> list[CompiledKernel]:
     """Compile every kernel for each arch (e.g. 80, 90) and dtype, on all cores; raises on an error."""
-    from concurrent.futures import ProcessPoolExecutor
-
     jobs = [
         (arch, dtype, spec)
         for arch in archs
@@ -318,8 +317,6 @@ def compile_kernels(
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m fastdeploy.backends.cuda.aot")
     parser.add_argument(
         "archs", nargs="*", type=int, default=[80, 90], help="compute capabilities, e.g. 80 90"

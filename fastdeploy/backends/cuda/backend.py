@@ -18,10 +18,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fastdeploy.backends.base import Backend, BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
+from fastdeploy.backends.base import Backend
+from fastdeploy.backends.capabilities import Capability
 from fastdeploy.backends.conformance import numpy_reference
 from fastdeploy.backends.cpu.attention import build_metadata
-from fastdeploy.backends.cpu.backend import _available_host_memory
+from fastdeploy.backends.cpu.host_memory import available_host_memory, physical_host_memory
 from fastdeploy.backends.cuda import reference
 from fastdeploy.backends.cuda.attention_metadata import CudaBatch, build_host_metadata
 from fastdeploy.backends.cuda.cuda_graphs import DecodeGraphs
@@ -37,6 +38,7 @@ from fastdeploy.backends.cuda.runtimes import (
     torch_runtime,
 )
 from fastdeploy.backends.cuda.token_bitmask import TokenBitmask
+from fastdeploy.backends.types import BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
 
@@ -64,8 +66,17 @@ class TensorBackend(Backend):
     on_gpu: ClassVar[bool] = False
     #: "paddle" or "torch"; None: chosen at construction (cuda)
     runtime_name: ClassVar[str | None] = None
-    samples_on_device = True
-    overlaps_host = True
+    capabilities = frozenset(
+        {
+            Capability.DEVICE_SAMPLING,
+            Capability.OVERLAPS_HOST,
+            Capability.TOKEN_BITMASK,
+            Capability.KV_BLOCK_COPY,
+            Capability.FUSED_MOE,
+            Capability.DEVICE_ROW_REDUCTIONS,
+            Capability.VISION_OPS,
+        }
+    )
 
     def __init__(self, options: BackendOptions, kernels: str | None = None) -> None:
         super().__init__(options)
@@ -115,7 +126,10 @@ class TensorBackend(Backend):
 
     # --- memory ---------------------------------------------------------------------------
     def free_memory_bytes(self) -> int:
-        return self.memory.free() if self.memory is not None else _available_host_memory()
+        return self.memory.free() if self.memory is not None else available_host_memory()
+
+    def total_memory_bytes(self) -> int:
+        return self.memory.total() if self.memory is not None else physical_host_memory()
 
     def kv_cache_budget_bytes(self, utilization: float, profile_forward: Callable[[], Any]) -> int | None:
         memory = self.memory
@@ -549,6 +563,9 @@ class CudaBackend(TensorBackend):
     name = "cuda"
     auto_priority = 100
     on_gpu = True
+    #: decode steps captured in CUDA graphs (with the Triton kernels; `decode_graphs` returns None
+    #: with the reference kernels)
+    capabilities = TensorBackend.capabilities | {Capability.GRAPH_CAPTURE}
     default_dtype = "bfloat16"
     #: vLLM's default for offline use on large GPUs: a step's kernel launches cost ~20 ms however
     #: few tokens it computes (measured on an H100: 8 x 2048-token prefills ran 90k tok/s at 2064

@@ -14,11 +14,23 @@ from typing import Any
 
 from fastdeploy import envs
 from fastdeploy.backends.cuda.runtimes.base import TensorRuntime
+from fastdeploy.backends.cuda.shared_memory import LARGE_SHARED_MEMORY, device_shared_memory
 from fastdeploy.errors import BackendUnavailableError, InvalidArgumentError
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
 KERNEL_CHOICES = ("auto", "triton", "reference")
+#: `LARGE_SHARED_MEMORY` and `device_shared_memory` live in `shared_memory` (the kernels read
+#: them there) and are re-exported here for callers of the launcher
+__all__ = [
+    "KERNEL_CHOICES",
+    "LARGE_SHARED_MEMORY",
+    "TritonLauncher",
+    "choose_kernels",
+    "device_shared_memory",
+    "triton_interpreter_enabled",
+    "triton_unavailable_reason",
+]
 
 
 def triton_interpreter_enabled() -> bool:
@@ -54,27 +66,11 @@ def choose_kernels(on_gpu: bool, requested: str | None = None) -> str:
     return choice
 
 
-#: shared memory per program from which the prefill and MoE kernels take larger tiles (Hopper's
-#: 227 KiB; an A100's 163 KiB does not fit them)
-LARGE_SHARED_MEMORY = 200_000
-
-
-def device_shared_memory() -> int | None:
-    """Shared memory one program may use on the current GPU (bytes), from Triton's driver; None
-    where it cannot say (the interpreter): the kernels then take tiles that fit every GPU."""
-    try:
-        from triton.runtime import driver
-
-        properties = driver.active.utils.get_device_properties(driver.active.get_current_device())
-        return int(properties["max_shared_mem"])
-    except Exception:  # noqa: BLE001 - no GPU driver behind Triton: the conservative tiles
-        return None
-
-
 class TritonLauncher:
     """Calls a launcher function of the kernel modules with the runtime's tensors."""
 
     def __init__(self, runtime: TensorRuntime) -> None:
+        # the kernel modules import triton, an optional dependency (the reference kernels need none)
         from fastdeploy.backends.cuda import triton_attention, triton_kernels, triton_moe, triton_sampling
 
         self.runtime = runtime

@@ -24,7 +24,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from fastdeploy.backends.cuda.launch import LARGE_SHARED_MEMORY
+from fastdeploy.backends.cuda.shared_memory import LARGE_SHARED_MEMORY
 
 
 @triton.jit

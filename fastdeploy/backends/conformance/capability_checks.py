@@ -1,0 +1,344 @@
+"""The capability checks of the conformance suite: each optional capability against numpy.
+
+A capability with a portable default is checked whether the backend declares it or not (the
+default must be right too); one without (device sampling, KV block copy, graph capture) is
+checked only where declared, and the check says so otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from fastdeploy.backends.base import Backend
+from fastdeploy.backends.capabilities import Capability
+from fastdeploy.backends.conformance import numpy_reference as ref
+from fastdeploy.backends.conformance.op_checks import assert_close, batch_layout, random_normal
+from fastdeploy.backends.fused import AttentionBlock, MLPBlock
+from fastdeploy.backends.types import KVCacheSpec
+
+
+def check_vision_ops(backend: Backend) -> None:
+    """The ops vision encoders use: exact and quick GELU, segment attention (also from a fused
+    projection with rotary), merge_rows."""
+    rng = np.random.default_rng(7)
+    x = np.linspace(-9, 9, 48, dtype=np.float32).reshape(2, 24)
+    assert_close("gelu", backend.to_numpy(backend.gelu(backend.from_numpy(x))), ref.gelu_erf(x))
+    assert_close("quick_gelu", backend.to_numpy(backend.quick_gelu(backend.from_numpy(x))), ref.quick_gelu(x))
+    # short segments and tiny heads; then head_dim 64 over segments longer than a kernel's tiles
+    for shape, bounds in (((11, 2, 8), [0, 4, 11]), ((150, 2, 64), [0, 70, 71, 150])):
+        q, k, v = (random_normal(rng, *shape) for _ in range(3))
+        out = backend.encoder_attention(*(backend.from_numpy(t) for t in (q, k, v)), np.asarray(bounds), 0.35)
+        assert_close("encoder_attention", backend.to_numpy(out), ref.segment_attention(q, k, v, bounds, 0.35))
+    # from a fused projection, q and k rotated by per-token tables (a vision tower's 2-D positions)
+    tokens, heads, head_dim = 75, 2, 64
+    qkv = random_normal(rng, tokens, 3 * heads * head_dim)
+    positions = rng.integers(0, 40, tokens)
+    inv_freq = 1.0 / 10000 ** (np.arange(0, head_dim, 2) / head_dim)
+    angles = np.outer(positions, inv_freq)
+    cos, sin = (backend.from_numpy(f(angles).astype(np.float32)) for f in (np.cos, np.sin))
+    bounds = [0, 70, 71, 75]
+    out = backend.encoder_attention_qkv(backend.from_numpy(qkv), cos, sin, np.asarray(bounds), heads, 0.35)
+    q, k, v = qkv.reshape(tokens, 3, heads, head_dim).transpose(1, 0, 2, 3)
+    q, k = ref.rotary(q, positions, inv_freq), ref.rotary(k, positions, inv_freq)
+    expected = ref.segment_attention(q, k, v, bounds, 0.35).reshape(tokens, heads * head_dim)
+    assert_close("encoder_attention_qkv", backend.to_numpy(out), expected)
+    a, b = random_normal(rng, 3, 5), random_normal(rng, 2, 5)
+    rows_a, rows_b = np.array([4, 0, 2]), np.array([1, 3])
+    merged = backend.merge_rows([(backend.from_numpy(a), rows_a), (backend.from_numpy(b), rows_b)], 5)
+    expected = np.empty((5, 5))
+    expected[rows_a], expected[rows_b] = a, b
+    assert_close("merge_rows", backend.to_numpy(merged), expected)
+
+
+def check_kv_block_copy(backend: Backend) -> str | None:
+    """Copy-on-write for beam search (optional): a copied block reads like its source, in every
+    layer, and writing into the copy leaves the source as it was."""
+    if not backend.supports(Capability.KV_BLOCK_COPY):
+        return "backend cannot copy KV blocks (Capability.KV_BLOCK_COPY): beam search is refused on it"
+    rng = np.random.default_rng(19)
+    block, dim = 4, 8
+    spec = KVCacheSpec(num_layers=2, num_blocks=6, block_size=block, num_kv_heads=1, head_dim=dim)
+    caches = backend.allocate_kv_cache(spec)
+    keys = [random_normal(rng, 4, 1, dim) for _ in caches]
+    values = [random_normal(rng, 4, 1, dim) for _ in caches]
+
+    def attend(
+        layer: int, table: list[int], start: int, end: int, k: np.ndarray, v: np.ndarray
+    ) -> np.ndarray:
+        q = random_normal(rng, end - start, 2, dim)
+        out = backend.attention(
+            backend.from_numpy(q),
+            backend.from_numpy(k[start:end]),
+            backend.from_numpy(v[start:end]),
+            caches[layer],
+            backend.prepare_batch(batch_layout({"s": table}, [("s", start, end)], block)),
+            0.5,
+        )
+        return q, backend.to_numpy(out)
+
+    for layer in range(2):
+        attend(layer, [4], 0, 3, keys[layer], values[layer])  # 3 of block 4's slots written
+    backend.copy_kv_blocks(caches, np.array([[4, 1]], dtype=np.int64), block)
+    for layer in range(2):
+        forked_k, forked_v = keys[layer].copy(), values[layer].copy()
+        forked_k[3], forked_v[3] = random_normal(rng, 1, dim), random_normal(rng, 1, dim)
+        q, out = attend(layer, [1], 3, 4, forked_k, forked_v)
+        assert_close(f"copy_kv_blocks (layer {layer})", out, ref.causal_attention(q, forked_k, forked_v, 0.5))
+        q, out = attend(layer, [4], 3, 4, keys[layer], values[layer])
+        assert_close(
+            f"copy_kv_blocks leaves the source (layer {layer})",
+            out,
+            ref.causal_attention(q, keys[layer], values[layer], 0.5),
+        )
+    return None
+
+
+def check_sampling(backend: Backend) -> str | None:
+    """Device sampling (optional): each row's token equals the numpy definition's."""
+    rng = np.random.default_rng(17)
+    rows, vocab = 8, 200
+    logits = (random_normal(rng, rows, vocab) * 3).astype(np.float32)
+    temperatures = np.array([1.0, 0.7, 1.3, 1.0, 0.5, 2.0, 1.0, 0.9], dtype=np.float32)
+    top_k = np.array([0, 5, 50, 1, 0, 300, 20, 0], dtype=np.int32)
+    top_p = np.array([1.0, 0.9, 0.5, 1.0, 0.3, 0.95, 0.8, 0.6], dtype=np.float32)
+    uniforms = rng.random(rows).astype(np.float32)
+    if not backend.supports(Capability.DEVICE_SAMPLING):
+        return "backend leaves sampling to the host sampler (no Capability.DEVICE_SAMPLING)"
+    tokens = backend.sample_top_k_top_p(backend.from_numpy(logits), temperatures, top_k, top_p, uniforms)
+    expected = [
+        ref.sample_top_k_top_p(
+            logits[i], float(temperatures[i]), int(top_k[i]), float(top_p[i]), float(uniforms[i])
+        )
+        for i in range(rows)
+    ]
+    if list(np.asarray(tokens)) != expected:
+        raise AssertionError(f"op sample_top_k_top_p: got {list(np.asarray(tokens))}, expected {expected}")
+    return None
+
+
+def check_token_bitmask(backend: Backend) -> None:
+    """Guided decoding's mask: forbidden tokens of the listed rows become -inf, nothing else moves.
+
+    Three calls: two of five rows, the same two listed in the other order, and every row in order
+    (backends may take a shortcut there)."""
+    rng = np.random.default_rng(18)
+    rows, vocab = 5, 70  # 70 tokens: three int32 words, the last one partly used
+    logits = random_normal(rng, rows, vocab)
+    allowed = {0: [2], 1: [0, 31, 32, 69], 2: list(range(64)), 3: [5, 40, 63, 64], 4: list(range(vocab))}
+    for listed in ([1, 3], [3, 1], [0, 1, 2, 3, 4]):
+        bitmask = np.zeros((len(listed), 3), dtype=np.uint32)
+        for i, row in enumerate(listed):
+            for token in allowed[row]:
+                bitmask[i, token // 32] |= np.uint32(1 << (token % 32))
+        expected = logits.astype(np.float64)
+        for row in listed:
+            keep = expected[row, allowed[row]].copy()
+            expected[row] = -np.inf
+            expected[row, allowed[row]] = keep
+        out = backend.apply_token_bitmask(
+            backend.from_numpy(logits), bitmask.view(np.int32), np.array(listed, dtype=np.int64)
+        )
+        assert_close(f"apply_token_bitmask (rows {listed})", backend.to_numpy(out), expected, rtol=0, atol=0)
+
+
+def check_nonfinite_rows(backend: Backend) -> None:
+    """Fault isolation's logits check: a row is broken when it holds a NaN or +inf or only -inf;
+    -inf entries beside finite ones are masked tokens, which is fine."""
+    logits = np.ones((6, 40), dtype=np.float32)
+    logits[1, 7] = np.nan
+    logits[2, 39] = np.inf
+    logits[3] = -np.inf
+    logits[4, :30] = -np.inf
+    logits[5, 0] = np.nan
+    logits[5, 1:] = -np.inf
+    got = np.asarray(backend.nonfinite_rows(backend.from_numpy(logits))).astype(bool).tolist()
+    expected = [False, True, True, True, False, True]
+    if got != expected:
+        raise AssertionError(f"op nonfinite_rows: got {got}, expected {expected}")
+
+
+def check_row_reductions(backend: Backend) -> None:
+    """`argmax_rows` (the first of equal maxima) and `nonfinite_rows`."""
+    logits = np.array([[1.0, 3.0, 3.0, 0.0], [-1.0, -2.0, -0.5, -7.0], [0.0, 0.0, 0.0, 0.0]], np.float32)
+    got = np.asarray(backend.argmax_rows(backend.from_numpy(logits))).tolist()
+    if got != [1, 2, 0]:
+        raise AssertionError(f"op argmax_rows: got {got}, expected [1, 2, 0]")
+    check_nonfinite_rows(backend)
+
+
+def check_async_tokens(backend: Backend) -> None:
+    """`greedy_tokens` then `feed_tokens`: the pending tokens reach the host with the broken rows,
+    and the next pass's input ids take them from the device."""
+    rng = np.random.default_rng(21)
+    logits = random_normal(rng, 4, 30)
+    logits[2, 5] = np.inf  # broken, and its argmax
+    pending = backend.greedy_tokens(backend.from_numpy(logits))
+    fed = backend.feed_tokens(
+        np.array([5, -1, 7, -1], dtype=np.int64),
+        np.array([1, 3], dtype=np.int64),
+        pending,
+        np.array([2, 0], dtype=np.int64),
+    )
+    ids, broken = pending.wait()
+    expected = logits.argmax(axis=-1)
+    if np.asarray(ids).tolist() != expected.tolist():
+        raise AssertionError(
+            f"op greedy_tokens: got {np.asarray(ids).tolist()}, expected {expected.tolist()}"
+        )
+    if np.asarray(broken).astype(bool).tolist() != [False, False, True, False]:
+        raise AssertionError(f"op greedy_tokens: broken rows {np.asarray(broken).tolist()}")
+    got = np.asarray(backend.to_numpy(fed)).astype(np.int64).tolist()
+    if got != [5, int(expected[2]), 7, int(expected[0])]:
+        raise AssertionError(
+            f"op feed_tokens: got {got}, expected {[5, int(expected[2]), 7, int(expected[0])]}"
+        )
+
+
+def check_moe(backend: Backend) -> None:
+    """Routing with a selection bias (ERNIE-4.5's correction bias), grouped experts, and a rank's
+    slice of the experts (expert parallelism)."""
+    rng = np.random.default_rng(22)
+    tokens, hidden, inner, experts, top_k = 9, 8, 6, 5, 2
+    logits = random_normal(rng, tokens, experts)
+    bias = rng.uniform(0.0, 0.3, experts).astype(np.float32)
+    for selection_bias, renormalize in ((bias, True), (None, False)):
+        weights, ids = backend.moe_route(
+            backend.from_numpy(logits),
+            top_k,
+            None if selection_bias is None else backend.from_numpy(selection_bias),
+            renormalize=renormalize,
+            norm_min=1e-12,
+        )
+        want_weights, want_ids = ref.moe_route(logits, top_k, selection_bias, renormalize, 1e-12)
+        got_ids = np.asarray(backend.to_numpy(ids)).astype(np.int64).tolist()
+        if got_ids != want_ids.tolist():
+            raise AssertionError(f"op moe_route: experts {got_ids}, expected {want_ids.tolist()}")
+        assert_close("moe_route weights", backend.to_numpy(weights), want_weights)
+    gate, up = ([random_normal(rng, inner, hidden) for _ in range(experts)] for _ in range(2))
+    down = [random_normal(rng, hidden, inner) for _ in range(experts)]
+    x = random_normal(rng, tokens, hidden)
+    route = (backend.from_numpy(want_weights.astype(np.float32)), backend.from_numpy(want_ids))
+    for first in (0, 2):  # all experts, then the slice 2.. of a rank
+        held = backend.moe_expert_weights(gate[first:], up[first:], down[first:])
+        out = backend.moe_experts(backend.from_numpy(x), held, *route, first_expert=first)
+        expected = ref.moe_experts(x, gate[first:], up[first:], down[first:], want_weights, want_ids, first)
+        assert_close(f"moe_experts (first_expert {first})", backend.to_numpy(out), expected, 1e-4, 1e-4)
+
+
+def _decoder_layer(
+    rng: np.random.Generator, hidden: int, heads: int, kv_heads: int, dim: int, qk_norm: bool
+) -> dict:
+    inner = 24
+    layer = {
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": dim,
+        "eps": 1e-6,
+        "scale": dim**-0.5,
+        "input_norm": 1.0 + 0.1 * random_normal(rng, hidden),
+        "qkv": 0.2 * random_normal(rng, (heads + 2 * kv_heads) * dim, hidden),
+        "o_proj": 0.2 * random_normal(rng, hidden, heads * dim),
+        "post_norm": 1.0 + 0.1 * random_normal(rng, hidden),
+        "gate_up": 0.2 * random_normal(rng, 2 * inner, hidden),
+        "down": 0.2 * random_normal(rng, hidden, inner),
+    }
+    if qk_norm:  # Qwen3
+        layer["q_norm"], layer["k_norm"] = (
+            1.0 + 0.1 * random_normal(rng, dim),
+            1.0 + 0.1 * random_normal(rng, dim),
+        )
+    else:
+        layer["qkv_bias"] = 0.1 * random_normal(rng, (heads + 2 * kv_heads) * dim)
+    return layer
+
+
+def _blocks(backend: Backend, layer: dict) -> tuple[AttentionBlock, MLPBlock]:
+    put = backend.from_numpy
+    attention = AttentionBlock(
+        input_norm=put(layer["input_norm"]),
+        qkv=backend.linear_weight(layer["qkv"]),
+        o_proj=backend.linear_weight(layer["o_proj"]),
+        num_heads=layer["heads"],
+        num_kv_heads=layer["kv_heads"],
+        head_dim=layer["head_dim"],
+        eps=layer["eps"],
+        scale=layer["scale"],
+        qkv_bias=backend.linear_bias(layer["qkv_bias"]) if "qkv_bias" in layer else None,
+        q_norm=put(layer["q_norm"]) if "q_norm" in layer else None,
+        k_norm=put(layer["k_norm"]) if "k_norm" in layer else None,
+    )
+    mlp = MLPBlock(
+        put(layer["post_norm"]),
+        backend.linear_weight(layer["gate_up"]),
+        backend.linear_weight(layer["down"]),
+        layer["eps"],
+    )
+    return attention, mlp
+
+
+def check_decoder_layers(backend: Backend) -> None:
+    """Two decoder layers (one with q/k biases, one with Qwen3's per-head q/k norms) over a
+    prompt, through `attention_block` + `mlp_block` and through `decoder_layers`: the residual
+    stream after them equals the numpy layers'."""
+    rng = np.random.default_rng(23)
+    hidden, heads, kv_heads, dim, tokens, block = 32, 4, 2, 16, 6, 4
+    layers = [_decoder_layer(rng, hidden, heads, kv_heads, dim, qk_norm) for qk_norm in (False, True)]
+    blocks = [_blocks(backend, layer) for layer in layers]
+    inv_freq = 1.0 / 10000 ** (np.arange(0, dim, 2) / dim)
+    angles = np.outer(np.arange(16), inv_freq)
+    cos, sin = (backend.from_numpy(f(angles).astype(np.float32)) for f in (np.cos, np.sin))
+    layout = batch_layout({"s": [2, 0]}, [("s", 0, tokens)], block)
+    positions = backend.from_numpy(layout.positions)
+    x = random_normal(rng, tokens, hidden)
+    expected = x.astype(np.float64)
+    for layer in layers:
+        expected = ref.decoder_layer(expected, layer, layout.positions, inv_freq)
+    spec = KVCacheSpec(num_layers=2, num_blocks=3, block_size=block, num_kv_heads=kv_heads, head_dim=dim)
+    caches = backend.allocate_kv_cache(spec)
+    out, residual = backend.from_numpy(x), None
+    for (attention, mlp), cache in zip(blocks, caches, strict=True):
+        out, residual = backend.attention_block(
+            out, residual, attention, positions, cos, sin, backend.prepare_batch(layout), cache
+        )
+        out, residual = backend.mlp_block(out, residual, mlp)
+    stream = backend.to_numpy(out).astype(np.float64) + backend.to_numpy(residual)
+    assert_close("attention_block + mlp_block", stream, expected, 2e-4, 2e-4)
+    out, residual = backend.decoder_layers(
+        backend.from_numpy(x),
+        None,
+        blocks,
+        positions,
+        cos,
+        sin,
+        backend.prepare_batch(layout),
+        backend.allocate_kv_cache(spec),
+    )
+    stream = backend.to_numpy(out).astype(np.float64) + backend.to_numpy(residual)
+    assert_close("decoder_layers", stream, expected, 2e-4, 2e-4)
+
+
+def check_graph_capture(backend: Backend) -> str | None:
+    """Captured decode steps need a model and a GPU: `check_greedy_generation` on the device
+    runs them; here only that a declaring backend implements `decode_graphs` (see the platform
+    check of declarations)."""
+    if not backend.supports(Capability.GRAPH_CAPTURE):
+        return "backend runs decode steps eagerly (no Capability.GRAPH_CAPTURE)"
+    if type(backend).decode_graphs is Backend.decode_graphs:
+        raise AssertionError("Capability.GRAPH_CAPTURE is declared but decode_graphs is Backend's default")
+    return None
+
+
+#: one check per capability, `check(backend) -> None | skip reason`
+CAPABILITY_CHECKS: dict[Capability, Callable[[Backend], str | None]] = {
+    Capability.DEVICE_SAMPLING: check_sampling,
+    Capability.TOKEN_BITMASK: check_token_bitmask,
+    Capability.KV_BLOCK_COPY: check_kv_block_copy,
+    Capability.GRAPH_CAPTURE: check_graph_capture,
+    Capability.FUSED_DECODER_LAYERS: check_decoder_layers,
+    Capability.FUSED_MOE: check_moe,
+    Capability.OVERLAPS_HOST: check_async_tokens,
+    Capability.DEVICE_ROW_REDUCTIONS: check_row_reductions,
+    Capability.VISION_OPS: check_vision_ops,
+}

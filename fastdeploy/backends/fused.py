@@ -1,0 +1,119 @@
+"""Fused decoder-layer ops (`Capability.FUSED_DECODER_LAYERS`): their data and portable default.
+
+A decoder layer of the Llama family (Llama, Qwen2/3, ERNIE-4.5 and its VL model) is an attention
+half and a SwiGLU half. The models hand both halves to the backend as data (`AttentionBlock`,
+`MLPBlock`), so a backend that fuses them (the cpu backend: one native call for a whole run of
+layers) speeds up every such model at once. Model-specific parts are options of the data, not
+methods of the contract: Qwen3's per-head q/k RMSNorm is `AttentionBlock.q_norm` / `k_norm`.
+
+The functions here are the portable default, built from the generic ops of `DeviceOps` only;
+`Backend` runs them where a backend does not declare the capability, and a backend that fuses
+must give the same results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastdeploy.backends.ops import DeviceOps
+
+
+@dataclass(eq=False)
+class AttentionBlock:
+    """A decoder layer's attention half, computed by `Backend.attention_block`: RMSNorm of
+    (x + residual), the fused q/k/v projection, per-head q/k RMSNorm where given (Qwen3), the
+    rotate-half rotary embedding, paged attention, the output projection.
+
+    Weights are this backend's arrays (`linear_weight`, `linear_bias`, `from_numpy`). `qkv`
+    stacks the rows of the q heads, then the k heads, then the v heads (`num_heads` and
+    `num_kv_heads` of this rank); the q and k rows are in the rotate-half layout.
+    """
+
+    input_norm: Any
+    qkv: Any
+    o_proj: Any
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    #: of the input RMSNorm and the per-head q/k norms
+    eps: float
+    #: attention softmax scale (usually head_dim ** -0.5)
+    scale: float
+    qkv_bias: Any | None = None
+    o_bias: Any | None = None
+    #: per-head RMSNorm weights [head_dim] of queries and keys, applied before rotary (both or neither)
+    q_norm: Any | None = None
+    k_norm: Any | None = None
+    #: the backend's own form of the block (e.g. its kernels' arguments), made at first use
+    prepared: Any = field(default=None, repr=False, compare=False)
+
+
+@dataclass(eq=False)
+class MLPBlock:
+    """A decoder layer's SwiGLU half, computed by `Backend.mlp_block`: RMSNorm of (x + residual),
+    the fused gate/up projection (gate rows first), silu(gate) * up, the down projection."""
+
+    norm: Any
+    gate_up: Any
+    down: Any
+    eps: float
+    gate_up_bias: Any | None = None
+    down_bias: Any | None = None
+    #: the backend's own form of the block (e.g. its kernels' arguments), made at first use
+    prepared: Any = field(default=None, repr=False, compare=False)
+
+
+def attention_block(
+    ops: DeviceOps,
+    x: Any,
+    residual: Any | None,
+    block: AttentionBlock,
+    positions: Any,
+    cos: Any,
+    sin: Any,
+    batch: Any,
+    kv_cache: Any,
+) -> tuple[Any, Any]:
+    """`Backend.attention_block` from the ops one by one."""
+    normed, residual = ops.rms_norm(x, block.input_norm, block.eps, residual)
+    qkv = ops.linear(normed, block.qkv, block.qkv_bias)
+    tokens, dim = qkv.shape[0], block.head_dim
+    q_size, kv_size = block.num_heads * dim, block.num_kv_heads * dim
+    q = qkv[:, :q_size].reshape(tokens, block.num_heads, dim)
+    k = qkv[:, q_size : q_size + kv_size].reshape(tokens, block.num_kv_heads, dim)
+    v = qkv[:, q_size + kv_size :].reshape(tokens, block.num_kv_heads, dim)
+    if block.q_norm is not None:
+        q = ops.rms_norm(q.reshape(-1, dim), block.q_norm, block.eps)[0].reshape(tokens, -1, dim)
+        k = ops.rms_norm(k.reshape(-1, dim), block.k_norm, block.eps)[0].reshape(tokens, -1, dim)
+    q = ops.rotary_embedding(q, positions, cos, sin)
+    k = ops.rotary_embedding(k, positions, cos, sin)
+    out = ops.attention(q, k, v, kv_cache, batch, block.scale)
+    return ops.linear(out.reshape(tokens, q_size), block.o_proj, block.o_bias), residual
+
+
+def mlp_block(ops: DeviceOps, x: Any, residual: Any | None, block: MLPBlock) -> tuple[Any, Any]:
+    """`Backend.mlp_block` from the ops one by one."""
+    normed, residual = ops.rms_norm(x, block.norm, block.eps, residual)
+    up = ops.silu_and_mul(ops.linear(normed, block.gate_up, block.gate_up_bias))
+    return ops.linear(up, block.down, block.down_bias), residual
+
+
+def decoder_layers(
+    backend: Any,
+    x: Any,
+    residual: Any | None,
+    layers: Sequence[tuple[AttentionBlock, MLPBlock]],
+    positions: Any,
+    cos: Any,
+    sin: Any,
+    batch: Any,
+    kv_caches: Sequence[Any],
+) -> tuple[Any, Any]:
+    """`Backend.decoder_layers` layer by layer through the backend's own `attention_block` and
+    `mlp_block` (fused or not)."""
+    for (attention, mlp), kv_cache in zip(layers, kv_caches, strict=True):
+        x, residual = backend.attention_block(x, residual, attention, positions, cos, sin, batch, kv_cache)
+        x, residual = backend.mlp_block(x, residual, mlp)
+    return x, residual

@@ -1,0 +1,97 @@
+"""The data the device contract passes around: options, the KV cache's shape, a pass's layout.
+
+Plain host values (numpy arrays, dataclasses) shared by the platform part, the ops part and the
+engine; no device code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Settings a user can give any backend."""
+
+    #: worker threads for host compute (None: every core this process may run on)
+    threads: int | None = None
+    #: data type for weights and activations; "auto" is replaced by the backend's
+    #: `resolve_default_dtype()` before the backend is built
+    dtype: str = "float32"
+
+    def thread_count(self) -> int:
+        """`threads`, or the cores this process may run on (its CPU affinity, which containers and
+        `taskset` narrow; `os.cpu_count()` would count the whole host)."""
+        if self.threads:
+            return self.threads
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            return os.cpu_count() or 1
+
+
+#: bytes of one cached element, for `KVCacheSpec.dtype` names numpy may not know (bfloat16)
+KV_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+#: `kv_cache_dtype` values: "auto" caches in the compute dtype (`LLM(dtype=...)`)
+KV_CACHE_DTYPES = ("auto", *KV_ITEM_BYTES)
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """Shape of the paged KV cache: `num_blocks` blocks of `block_size` token slots per layer."""
+
+    num_layers: int
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str = "float32"
+
+    def bytes_per_block(self) -> int:
+        """Bytes one block takes across all layers, keys and values (int8: with a float32 scale per
+        position and kv head)."""
+        itemsize = KV_ITEM_BYTES.get(self.dtype) or np.dtype(self.dtype).itemsize
+        per_position = self.head_dim * itemsize + (4 if self.dtype == "int8" else 0)
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * per_position
+
+
+@dataclass
+class BatchLayout:
+    """Host-side description of one forward pass, built by the model runner.
+
+    Tokens of all scheduled sequences are flattened in sequence order: sequence `i` contributes
+    `query_lens[i]` tokens, whose positions end at `context_lens[i] - 1`.
+    """
+
+    input_ids: np.ndarray  # [num_tokens] int64
+    positions: np.ndarray  # [num_tokens] int64
+    slot_mapping: np.ndarray  # [num_tokens] int64: KV slot each token's key/value is written to
+    query_lens: np.ndarray  # [num_seqs] int64
+    context_lens: np.ndarray  # [num_seqs] int64: tokens in the cache after this pass
+    block_tables: np.ndarray  # [num_seqs, max_blocks] int64, padded with 0
+    logits_indices: np.ndarray  # [num_logits] int64: token rows whose logits are needed
+    block_size: int
+    #: [n, 2] int64 (source, destination) KV blocks the model runner copies before the pass
+    #: (`Backend.copy_kv_blocks`: beams that share blocks copy-on-write)
+    block_copies: np.ndarray = field(default_factory=lambda: np.empty((0, 2), dtype=np.int64))
+
+
+class PendingTokens:
+    """Greedy tokens of a pass on their way to the host (async scheduling, `Backend.greedy_tokens`).
+
+    `device` holds the tokens on the device ([rows] int64): the next pass reads its inputs from
+    there before the host has them. `wait()` blocks until the pass is done and returns the host
+    tokens and the rows `Backend.nonfinite_rows` marks (host bool [rows]).
+    """
+
+    def __init__(self, device: Any, wait: Callable[[], tuple[np.ndarray, np.ndarray]]) -> None:
+        self.device = device
+        self._wait = wait
+
+    def wait(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._wait()

@@ -177,6 +177,12 @@ class EngineConfig:
     allowed_local_media_path: bool | str = True
     #: whether chat requests may name http(s) media URLs
     allow_media_url_fetch: bool = True
+    #: the only hosts media URLs may name (None: any host that passes the address rules)
+    allowed_media_domains: list[str] | None = None
+    #: fetch media URLs from loopback, private, link-local and carrier-grade NAT addresses too
+    media_allow_private_networks: bool = False
+    #: refuse every redirect a media URL answers with (default: up to 3, each hop checked)
+    media_url_no_redirects: bool = False
     #: weight-only quantisation of a float checkpoint at load: "wint8", "wint4" or None
     quantization: str | None = None
     #: KV-cache element type: "auto" (the compute dtype), "float32", "float16", "bfloat16", "int8"

@@ -58,7 +58,7 @@ from fastdeploy.engine.sequence import Sequence, SequenceStatus
 from fastdeploy.engine.spec_decode.decoder import Verified, build_speculative_decoder
 from fastdeploy.errors import EngineDeadError, InvalidArgumentError, KVCacheAllocationError
 from fastdeploy.input.detokenizer import IncrementalDetokenizer
-from fastdeploy.input.multimodal.options import build_multimodal_processor, check_limits
+from fastdeploy.input.multimodal.options import build_multimodal_processor, check_limits, media_policy
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.model_loader import (
@@ -248,6 +248,8 @@ class LLMEngine:
         self.mm_processor = None
         #: most images / videos per request (`limit_mm_per_prompt`), enforced before the processor
         self.mm_limits = check_limits(config.limit_mm_per_prompt)
+        #: where requests' media may come from (local files, fetched URLs)
+        self.media_policy = media_policy(config)
         if self.executor is not None:
             self.model = None
             num_blocks = self.executor.wait_ready()
@@ -261,7 +263,7 @@ class LLMEngine:
             checkpoint, self.backend, self.max_model_len, registry, quantization=config.quantization
         )
         self.mm_processor = build_multimodal_processor(
-            registry, self.model, self.tokenizer, self.model_config, config, self.mm_limits
+            registry, self.model, self.tokenizer, self.model_config, config, self.mm_limits, self.media_policy
         )
         spec = plan_kv_cache(
             config,

@@ -36,6 +36,9 @@ def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     # chat requests come from the network: local media only under the named directory
     kwargs["allowed_local_media_path"] = getattr(args, "allowed_local_media_path", None) or ""
     kwargs["allow_media_url_fetch"] = not getattr(args, "disable_media_url_fetch", False)
+    kwargs["allowed_media_domains"] = getattr(args, "allowed_media_domains", None)
+    kwargs["media_allow_private_networks"] = getattr(args, "media_allow_private_networks", False)
+    kwargs["media_url_no_redirects"] = getattr(args, "media_url_no_redirects", False)
     if "dtype" not in kwargs and getattr(args, "dtype", None) not in (None, "auto"):
         kwargs["dtype"] = args.dtype
     return kwargs

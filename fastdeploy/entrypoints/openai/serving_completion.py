@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.chat_utils import check_text_fits
-from fastdeploy.entrypoints.multimodal import prompt_inputs
+from fastdeploy.entrypoints.multimodal import prefetch_media, prompt_inputs
 from fastdeploy.entrypoints.openai.errors import invalid_request
 from fastdeploy.entrypoints.openai.logprobs import completion_logprobs, echoed_logprobs, prompt_logprobs_field
 from fastdeploy.entrypoints.openai.params import completion_sampling_params, reject_unsupported
@@ -93,6 +93,11 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     # a full queue refuses every prompt of the request before any CPU is spent on them
     ctx.admit(len(items))
     await check_request_guided_decoding(ctx.engine.engine, request, params)
+    for item in items:  # media URLs fetched here, not on the preprocessing threads
+        try:
+            item.media = await prefetch_media(ctx.engine.engine, item.media) if item.has_media else item.media
+        except InvalidArgumentError as exc:
+            raise invalid_request(str(exc), param="prompt") from exc
     prompts = await ctx.offload(prepare_prompts, ctx, items)
     if "max_tokens" in request.model_fields_set:  # the default (16) is cut to what fits
         for prompt in prompts:

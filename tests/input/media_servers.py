@@ -5,16 +5,25 @@
 `/huge-length` (a Content-Length above the cap, then nothing), `/growing` (a chunked body that
 never ends). `SilentServer` accepts connections and never answers. Both count connections as they
 are accepted, so "nothing reached this server" is checked on the socket, not on parsed requests.
+`private_namespace` puts a counting `MediaServer` on a 10.x and a 169.254.x address inside a
+network namespace the test creates (root only), the only private addresses a test may send to.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.server
+import os
+import shutil
 import socket
 import socketserver
+import subprocess
+import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import pytest
 
 IMAGES = Path(__file__).resolve().parents[1] / "fixtures" / "images"
 PNG = (IMAGES / "chelsea_180x120.png").read_bytes()
@@ -134,3 +143,87 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _netns_addresses() -> dict[str, str]:
+    """{our end: the namespace's end} of a /30 in 10.213.0.0/16 and one in 169.254.0.0/16, picked
+    by process id so parallel test workers never share one."""
+    third, fourth = (os.getpid() >> 6) % 250 + 1, (os.getpid() % 60) * 4
+    return {f"{net}.{third}.{fourth + 1}": f"{net}.{third}.{fourth + 2}" for net in ("10.213", "169.254")}
+
+
+COUNTING_SERVER = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from media_servers import MediaServer
+count_file = sys.argv[2]
+class Counting(MediaServer):
+    def get_request(self):
+        request = super().get_request()
+        with open(count_file + ".new", "w") as out:
+            out.write(str(self.connections))
+        os.replace(count_file + ".new", count_file)  # whole counts only
+        return request
+server = Counting("0.0.0.0")
+print(server.port, flush=True)
+sys.stdin.read()
+"""
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+@contextlib.contextmanager
+def private_namespace(tmp_path: Path) -> Iterator[tuple[list[str], int, Callable[[], int]]]:
+    """A network namespace holding a 10.213.x.x and a 169.254.x.x address behind a veth pair, with
+    a counting media server on both; yields (those addresses, the server's port, a function
+    returning how many connections it accepted).
+    Skips (pytest.skip) where namespaces cannot be made: not root, no `ip`, no permission."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2's `ip`")
+    addresses = _netns_addresses()
+    present = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, timeout=30).stdout
+    if any(address in present for pair in addresses.items() for address in pair):
+        pytest.skip("the namespace test's addresses are already in use on this host")
+    tag = f"fdm{os.getpid() % 100000}"
+    outer, inner = f"{tag}a", f"{tag}b"
+    try:
+        _ip("netns", "add", tag)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        pytest.skip(f"cannot create a network namespace here: {exc}")
+    server = None
+    try:
+        _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+        _ip("link", "set", inner, "netns", tag)
+        for mine, theirs in addresses.items():
+            _ip("addr", "add", f"{mine}/30", "dev", outer)
+            _ip("-n", tag, "addr", "add", f"{theirs}/30", "dev", inner)
+        _ip("link", "set", outer, "up")
+        _ip("-n", tag, "link", "set", inner, "up")
+        _ip("-n", tag, "link", "set", "lo", "up")
+        counts = tmp_path / "connections"
+        server = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                tag,
+                sys.executable,
+                "-c",
+                COUNTING_SERVER,
+                str(Path(__file__).parent),
+                counts,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        port = int(server.stdout.readline())
+        yield list(addresses.values()), port, lambda: int(counts.read_text()) if counts.exists() else 0
+    finally:
+        if server is not None:
+            server.stdin.close()
+            server.wait(30)
+        subprocess.run(["ip", "link", "del", outer], capture_output=True, timeout=30)
+        subprocess.run(["ip", "netns", "del", tag], capture_output=True, timeout=30)

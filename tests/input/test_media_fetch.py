@@ -10,17 +10,12 @@ one that fails the test if called), and, when the test may create network namesp
 from __future__ import annotations
 
 import ipaddress
-import os
-import shutil
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from media_servers import PNG, MediaServer, SilentServer, closed_port
+from media_servers import PNG, MediaServer, SilentServer, closed_port, private_namespace
 
 from fastdeploy.config import EngineConfig
 from fastdeploy.entrypoints.openai.api_server import _llm_kwargs
@@ -301,91 +296,23 @@ def test_engine_options_and_server_flags_build_the_policy():
 
 # --- private and link-local addresses of a network namespace this test creates ----------------
 
-NETNS_ADDRESSES = {"10.213.77.1": "10.213.77.2", "169.254.213.1": "169.254.213.2"}
-
-COUNTING_SERVER = """
-import sys
-sys.path.insert(0, sys.argv[1])
-from media_servers import MediaServer
-count_file = sys.argv[2]
-class Counting(MediaServer):
-    def get_request(self):
-        request = super().get_request()
-        with open(count_file, "w") as out:
-            out.write(str(self.connections))
-        return request
-server = Counting("0.0.0.0")
-print(server.port, flush=True)
-sys.stdin.read()
-"""
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
 
 @pytest.fixture
 def namespace(tmp_path):
-    """A network namespace holding 10.213.77.2 and 169.254.213.2 behind a veth pair, with a
-    counting media server on both; yields (port, a function returning its connection count)."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2's `ip`")
-    present = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, timeout=30).stdout
-    if any(address in present for pair in NETNS_ADDRESSES.items() for address in pair):
-        pytest.skip("the namespace test's addresses are already in use on this host")
-    tag = f"fdm{os.getpid() % 100000}"
-    outer, inner = f"{tag}a", f"{tag}b"
-    try:
-        _ip("netns", "add", tag)
-    except (subprocess.CalledProcessError, OSError) as exc:
-        pytest.skip(f"cannot create a network namespace here: {exc}")
-    server = None
-    try:
-        _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
-        _ip("link", "set", inner, "netns", tag)
-        for mine, theirs in NETNS_ADDRESSES.items():
-            _ip("addr", "add", f"{mine}/30", "dev", outer)
-            _ip("-n", tag, "addr", "add", f"{theirs}/30", "dev", inner)
-        _ip("link", "set", outer, "up")
-        _ip("-n", tag, "link", "set", inner, "up")
-        _ip("-n", tag, "link", "set", "lo", "up")
-        counts = tmp_path / "connections"
-        server = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                tag,
-                sys.executable,
-                "-c",
-                COUNTING_SERVER,
-                str(Path(__file__).parent),
-                counts,
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        port = int(server.stdout.readline())
-        yield port, lambda: int(counts.read_text()) if counts.exists() else 0
-    finally:
-        if server is not None:
-            server.stdin.close()
-            server.wait(30)
-        subprocess.run(["ip", "link", "del", outer], capture_output=True, timeout=30)
-        subprocess.run(["ip", "netns", "del", tag], capture_output=True, timeout=30)
+    with private_namespace(tmp_path) as served:
+        yield served
 
 
 def test_private_and_link_local_servers_of_our_namespace_are_refused(namespace):
-    port, connections = namespace
+    addresses, port, connections = namespace
     policy = MediaPolicy(fetch=FetchPolicy(timeout=5))
-    for address in NETNS_ADDRESSES.values():
+    for address in addresses:
         with pytest.raises(MediaError) as info:
             load_image(f"http://{address}:{port}/image.png", "message 0 content part 0", policy)
         assert str(info.value) == UNIFORM
     assert connections() == 0
     # the servers are there: with private networks allowed, both addresses answer
     allowed = MediaPolicy(fetch=FetchPolicy(allow_private_networks=True, timeout=5))
-    for address in NETNS_ADDRESSES.values():
+    for address in addresses:
         assert load_image(f"http://{address}:{port}/image.png", "image 0", allowed).size == (180, 120)
-    assert connections() == len(NETNS_ADDRESSES)
+    assert connections() == len(addresses)

@@ -183,9 +183,10 @@ async def prefetch_media(engine: Any, media: Media) -> Media:
     tasks = {url: asyncio.ensure_future(fetch_media(url, label, policy)) for url, label in jobs.items()}
     try:
         await asyncio.gather(*tasks.values())
-    finally:
+    finally:  # one failed (or the request went away): the others stop, their outcomes collected
         for task in tasks.values():
             task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
     fetched = {url: task.result() for url, task in tasks.items()}
     return Media(
         [_replaced(value, fetched) for value in media.images],

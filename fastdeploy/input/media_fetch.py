@@ -209,6 +209,10 @@ class _FetchLoop:
             return await asyncio.wait_for(self._limited(url, policy), policy.timeout)
         except asyncio.TimeoutError as exc:
             raise FetchFailed(f"no complete answer within {policy.timeout} s") from exc
+        except FetchFailed:
+            raise
+        except Exception as exc:  # whatever a client's URL provokes is its failed fetch, not a 500
+            raise FetchFailed(f"{type(exc).__name__}: {exc}") from exc
 
     async def _limited(self, url: str, policy: FetchPolicy) -> bytes:
         async with self._slots:

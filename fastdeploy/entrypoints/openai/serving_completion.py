@@ -95,7 +95,7 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     await check_request_guided_decoding(ctx.engine.engine, request, params)
     for item in items:  # media URLs fetched here, not on the preprocessing threads
         try:
-            item.media = await prefetch_media(ctx.engine.engine, item.media) if item.has_media else item.media
+            item.media = await prefetch_media(ctx.engine.engine, item.media)
         except InvalidArgumentError as exc:
             raise invalid_request(str(exc), param="prompt") from exc
     prompts = await ctx.offload(prepare_prompts, ctx, items)

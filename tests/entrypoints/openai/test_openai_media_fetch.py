@@ -207,3 +207,20 @@ def test_media_hosts_that_never_answer_hold_neither_health_nor_text_chats(privat
         pool.shutdown()
     for response in responses:
         assert_uniform(response)
+
+
+def test_completions_multimodal_data_urls_follow_the_same_rules(default_server, private_ok_server, media):
+    def complete(base: str, url: str) -> httpx.Response:
+        prompt = {"prompt": "<|image@placeholder|>Describe it.", "multimodal_data": {"image": [url]}}
+        return httpx.post(base + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=120)
+
+    url = f"http://127.0.0.1:{media.port}/image.png"
+    refused = complete(default_server, url)
+    assert refused.status_code == 400
+    assert (
+        refused.json()["error"]["message"]
+        == "prompt 0: multimodal_data image 0: could not fetch the media URL"
+    )
+    assert media.connections == 0
+    assert complete(private_ok_server, url).status_code == 200
+    assert media.paths == ["/image.png"]

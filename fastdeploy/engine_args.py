@@ -186,6 +186,23 @@ class EngineArgs:
     allow_media_url_fetch: bool = option(
         True, "whether chat requests may name http(s) media URLs", group=None
     )
+    allowed_media_domains: list[str] | None = option(
+        None,
+        "the only hosts media URLs may name, e.g. ['a.com', 'b.org'] (None: any host that passes the "
+        "address rules; docs/multimodal.md, 'Media URLs')",
+        group=None,
+    )
+    media_allow_private_networks: bool = option(
+        False,
+        "fetch media URLs from loopback, private, link-local and carrier-grade NAT addresses too "
+        "(on-premise deployments)",
+        group=None,
+    )
+    media_url_no_redirects: bool = option(
+        False,
+        "refuse every redirect a media URL answers with (default: up to 3, each hop checked)",
+        group=None,
+    )
     data_parallel_rank: int = option(
         0,
         "this replica's index among the server's data-parallel replicas (its ranks take the devices "

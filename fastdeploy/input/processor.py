@@ -17,8 +17,14 @@ from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.chat_template import load_chat_template
 from fastdeploy.input.conversation import check_text_fits, render_conversation
 from fastdeploy.input.multimodal.inputs import MultiModalPrompt
-from fastdeploy.input.multimodal.options import build_multimodal_processor, check_limits, enforce_limits
-from fastdeploy.input.multimodal.parts import Media
+from fastdeploy.input.multimodal.media import MediaPolicy
+from fastdeploy.input.multimodal.options import (
+    build_multimodal_processor,
+    check_limits,
+    enforce_limits,
+    media_policy,
+)
+from fastdeploy.input.multimodal.parts import Media, prefetch_media
 from fastdeploy.input.prompts import PromptItem
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.model_resolver import resolve_model
@@ -35,6 +41,7 @@ class InputProcessor:
         max_model_len: int,
         limit_mm_per_prompt: dict[str, int] | None = None,
         text_only_reason: str = "this model takes text only, not images or videos",
+        policy: MediaPolicy | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -44,6 +51,8 @@ class InputProcessor:
         #: turns images and videos into model inputs; None for text-only models (`attach_media`)
         self.mm_processor: Any = None
         self._text_only_reason = text_only_reason
+        #: where requests' media may come from (local files, fetched URLs: input/media_fetch.py)
+        self.media_policy = policy if policy is not None else MediaPolicy()
 
     @classmethod
     def load(
@@ -72,15 +81,30 @@ class InputProcessor:
             if config.runs_in_rank_processes
             else f"{architecture} takes text only, not images or videos"
         )
-        return cls(tokenizer, model_config.vocab_size, max_model_len, config.limit_mm_per_prompt, reason)
+        return cls(
+            tokenizer,
+            model_config.vocab_size,
+            max_model_len,
+            config.limit_mm_per_prompt,
+            reason,
+            media_policy(config),
+        )
 
     def attach_media(
         self, registry: PluginRegistry, model: Any, model_config: ModelConfig, config: EngineConfig
     ) -> None:
         """Build the multimodal processor of an in-process `model` (none for text-only models)."""
         self.mm_processor = build_multimodal_processor(
-            registry, model, self.tokenizer, model_config, config, self.mm_limits
+            registry, model, self.tokenizer, model_config, config, self.mm_limits, self.media_policy
         )
+
+    async def fetch_media_urls(self, media: Media) -> Media:
+        """`media` with its http(s) URLs fetched on the caller's event loop (the server calls this
+        before a request reaches the preprocessing threads); nothing is fetched for a model that
+        refuses media, which the processing step then reports."""
+        if self.mm_processor is None:
+            return media
+        return await prefetch_media(media, self.media_policy, self.mm_limits)
 
     def media_refusal(self) -> str:
         """Why this engine refuses images and videos: a text-only model, or one whose model runs in

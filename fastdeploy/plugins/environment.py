@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastdeploy.errors import FastDeployError
+from fastdeploy.input.media_fetch import MAX_FETCHES_IN_FLIGHT, FetchPolicy
 from fastdeploy.plugins.registry import PluginInfo, PluginRegistry
 from fastdeploy.version import __version__
 
@@ -62,6 +63,8 @@ class EnvironmentReport:
     #: hook -> error text, when a hook's answers conflict or a plugin raised
     errors: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    #: the default rules for media URLs a request names (`media_fetch_defaults`)
+    media_fetch: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,6 +92,22 @@ def _backend_statuses(registry: PluginRegistry, errors: dict[str, str]) -> list[
             )
         )
     return statuses
+
+
+def media_fetch_defaults() -> dict[str, Any]:
+    """What a server or `LLM` fetches for a request's media URLs unless its options say otherwise
+    (the keys are the `LLM(...)` keywords; docs/serving.md, "Media URLs")."""
+    policy = FetchPolicy()
+    return {
+        "allow_media_url_fetch": True,
+        "allowed_media_domains": None,
+        "media_allow_private_networks": policy.allow_private_networks,
+        "media_url_no_redirects": policy.max_redirects == 0,
+        "max_redirects": policy.max_redirects,
+        "timeout_s": policy.timeout,
+        "max_bytes": policy.max_bytes,
+        "max_fetches_in_flight": MAX_FETCHES_IN_FLIGHT,
+    }
 
 
 def collect_environment(registry: PluginRegistry) -> EnvironmentReport:
@@ -128,6 +147,7 @@ def collect_environment(registry: PluginRegistry) -> EnvironmentReport:
         components=components,
         errors=errors,
         env={name: os.environ[name] for name in ENV_VARS if name in os.environ},
+        media_fetch=media_fetch_defaults(),
     )
 
 
@@ -146,6 +166,36 @@ _TITLES = {
 def _width(names: list[str], minimum: int) -> int:
     """A column wide enough for every name, so long names never shift the next column."""
     return max([minimum, *map(len, names)])
+
+
+def _media_fetch_lines(media: dict[str, Any]) -> list[str]:
+    if not media:
+        return []
+    domains = media["allowed_media_domains"]
+    redirects = (
+        "refused" if media["media_url_no_redirects"] else f"up to {media['max_redirects']}, each hop checked"
+    )
+    rows = [
+        (
+            "fetch http(s) URLs",
+            "on" if media["allow_media_url_fetch"] else "off",
+            "--disable-media-url-fetch",
+        ),
+        ("allowed hosts", ", ".join(domains) if domains else "any public host", "--allowed-media-domains"),
+        (
+            "private networks",
+            "fetched" if media["media_allow_private_networks"] else "refused",
+            "--media-allow-private-networks",
+        ),
+        ("redirects", redirects, "--media-url-no-redirects"),
+    ]
+    lines = ["Media URLs in requests (defaults; `fastdeploy serve` flags and LLM(...) keywords change them):"]
+    lines += [f"  {name:<20} {value:<30} {flag}" for name, value, flag in rows]
+    lines.append(
+        f"  {'limits':<20} {media['timeout_s']:g} s, {media['max_bytes']} bytes, "
+        f"{media['max_fetches_in_flight']} in flight per process"
+    )
+    return lines
 
 
 def format_environment(report: EnvironmentReport) -> str:
@@ -176,6 +226,7 @@ def format_environment(report: EnvironmentReport) -> str:
         name = _width(list(entries), 32)
         lines += ["", f"{title}:"]
         lines += [f"  {entry:<{name}} {owner}" for entry, owner in entries.items()] or ["  (none)"]
+    lines += ["", *_media_fetch_lines(report.media_fetch)]
     if report.errors:
         lines += ["", "Errors:"]
         lines += [f"  {hook}: {error}" for hook, error in report.errors.items()]

@@ -25,6 +25,9 @@ NOT_ENGINE_FLAGS = {
     "data_parallel_size",
     "allowed_local_media_path",
     "allow_media_url_fetch",
+    "allowed_media_domains",
+    "media_allow_private_networks",
+    "media_url_no_redirects",
     "data_parallel_rank",
     "dist_init_timeout",
 }

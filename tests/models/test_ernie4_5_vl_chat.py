@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import base64
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("PIL")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "input"))
 import tiny_vl_checkpoint as tiny  # noqa: E402
+from media_servers import MediaServer  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from fastdeploy import LLM, SamplingParams  # noqa: E402
@@ -119,3 +122,42 @@ def test_video_url_parts_and_frame_lists(llm, tmp_path):
     output = llm.chat(messages, PARAMS, use_tqdm=False)[0]
     assert output.error_code == 200, output.error_msg
     assert "Video 1:<|VIDEO_START|>" in output.prompt and output.num_input_video_tokens > 0
+
+
+def test_media_urls_offline_follow_the_llm_keywords(llm, model_dir):
+    """Offline, LLM(...) takes the server's media URL options: by default a loopback URL fails
+    alone with the uniform message and is never connected to; with allowed_media_domains,
+    media_allow_private_networks and media_url_no_redirects, localhost is fetched (the same
+    answer as the PNG inline), 127.0.0.1 is not on the list, and a redirect is refused."""
+    media = MediaServer()
+    try:
+        loopback = conversation(f"http://127.0.0.1:{media.port}/image.png")
+        inline, refused = llm.chat(
+            [conversation(data_url("chelsea_180x120.png")), loopback], PARAMS, use_tqdm=False
+        )
+        assert inline.error_code == 200, inline.error_msg
+        assert refused.error_code == 400
+        assert refused.error_msg == "message 0 content part 0: could not fetch the media URL"
+        assert media.connections == 0
+        custom = LLM(
+            model=model_dir,
+            max_model_len=512,
+            limit_mm_per_prompt={"image": 2},
+            reasoning_parser="ernie-45-vl",
+            allowed_media_domains=["localhost"],
+            media_allow_private_networks=True,
+            media_url_no_redirects=True,
+        )
+        urls = [f"http://localhost:{media.port}/image.png", f"http://localhost:{media.port}/hop1"]
+        fetched, redirected, unlisted = custom.chat(
+            [conversation(urls[0]), conversation(urls[1]), loopback], PARAMS, use_tqdm=False
+        )
+        assert fetched.error_code == 200, fetched.error_msg
+        assert fetched.prompt_token_ids == inline.prompt_token_ids
+        assert fetched.outputs.token_ids == inline.outputs.token_ids
+        for output in (redirected, unlisted):
+            assert output.error_msg == "message 0 content part 0: could not fetch the media URL"
+        assert media.paths == ["/image.png", "/hop1"]  # the redirect's target and 127.0.0.1: never
+        custom.shutdown()
+    finally:
+        media.close()

@@ -128,6 +128,16 @@ def test_the_schema_rejects_what_the_command_never_prints(env_schema):
         "components": {"fastdeploy_model_architectures": {"LlamaForCausalLM": "fastdeploy.llama"}},
         "errors": {},
         "env": {},
+        "media_fetch": {
+            "allow_media_url_fetch": True,
+            "allowed_media_domains": ["a.com"],
+            "media_allow_private_networks": False,
+            "media_url_no_redirects": False,
+            "max_redirects": 3,
+            "timeout_s": 10.0,
+            "max_bytes": 1024,
+            "max_fetches_in_flight": 16,
+        },
     }
     assert validator.is_valid(report)
     assert not validator.is_valid(report | {"plugins": [{k: v for k, v in plugin.items() if k != "loaded"}]})

@@ -37,6 +37,9 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
     # chat requests come from the network: local media only under the named directory
     options["allowed_local_media_path"] = getattr(args, "allowed_local_media_path", None) or ""
     options["allow_media_url_fetch"] = not getattr(args, "disable_media_url_fetch", False)
+    options["allowed_media_domains"] = getattr(args, "allowed_media_domains", None)
+    options["media_allow_private_networks"] = getattr(args, "media_allow_private_networks", False)
+    options["media_url_no_redirects"] = getattr(args, "media_url_no_redirects", False)
     return options
 
 

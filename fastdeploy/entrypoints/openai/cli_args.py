@@ -139,6 +139,24 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="refuse http(s) image/video URLs in chat requests (data: URLs still work)",
     )
+    media.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        default=None,
+        metavar="HOST",
+        help="fetch media URLs only from these host names (exact match; default: any public host)",
+    )
+    media.add_argument(
+        "--media-allow-private-networks",
+        action="store_true",
+        help="also fetch media URLs from loopback, private (RFC 1918, unique-local), link-local and "
+        "carrier-grade NAT addresses (default: refused, so requests cannot probe the server's network)",
+    )
+    media.add_argument(
+        "--media-url-no-redirects",
+        action="store_true",
+        help="refuse every redirect a media URL answers with (default: up to 3, each hop checked)",
+    )
     compat = parser.add_argument_group("accepted for vLLM / FastDeploy compatibility")
     for flag, options in _NO_EFFECT_FLAGS.items():
         if not _has_flag(parser, flag):

@@ -43,18 +43,27 @@ from fastdeploy.entrypoints.openai.structured_outputs import check_request_guide
 from fastdeploy.entrypoints.streaming import DeltaTracker
 from fastdeploy.errors import InvalidArgumentError, PromptTooLongError
 from fastdeploy.input.conversation import with_tools
-from fastdeploy.input.multimodal.parts import extract_media
+from fastdeploy.input.multimodal.parts import Media, extract_media
 from fastdeploy.tool_calling.request import ToolPlan, template_messages
 
 
+async def request_media(ctx: ServingContext, request: ChatCompletionRequest) -> Media:
+    """The conversation's images and videos, their URLs already fetched (off the preprocessing
+    threads, so a slow media host holds only this request)."""
+    try:
+        return await ctx.inputs.fetch_media_urls(extract_media(request.messages))
+    except InvalidArgumentError as exc:
+        raise invalid_request(str(exc), param="messages") from exc
+
+
 def prepare_conversation(
-    ctx: ServingContext, request: ChatCompletionRequest, plan: ToolPlan
+    ctx: ServingContext, request: ChatCompletionRequest, plan: ToolPlan, media: Media
 ) -> PreparedPrompt:
-    """The conversation rendered as `LLM.chat` renders it (same template, same encoding)."""
+    """The conversation rendered as `LLM.chat` renders it (same template, same encoding), with
+    `media` (`request_media`) through the model's processor."""
     if not request.messages:
         raise invalid_request("messages must be a non-empty list of messages", param="messages")
     try:
-        media = extract_media(request.messages)
         item = ctx.inputs.render(
             template_messages(request.messages),
             chat_template=request.chat_template,
@@ -88,7 +97,8 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
     ctx.admit(1)  # a full queue refuses before any CPU is spent on the prompt
     await check_request_guided_decoding(ctx.engine.engine, request, params)
     params = await constrain_for_tools(ctx.engine.engine, request, params, plan)
-    prompt = await ctx.offload(prepare_conversation, ctx, request, plan)
+    media = await request_media(ctx, request)
+    prompt = await ctx.offload(prepare_conversation, ctx, request, plan, media)
     max_param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
     ctx.check_max_tokens(len(prompt.token_ids), params.max_tokens, max_param, "messages")
     request_id = new_id("chatcmpl")

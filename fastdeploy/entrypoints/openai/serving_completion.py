@@ -90,6 +90,11 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     # a full queue refuses every prompt of the request before any CPU is spent on them
     ctx.admit(len(items))
     await check_request_guided_decoding(ctx.engine.engine, request, params)
+    for item in items:  # media URLs fetched here, not on the preprocessing threads
+        try:
+            item.media = await ctx.inputs.fetch_media_urls(item.media)
+        except InvalidArgumentError as exc:
+            raise invalid_request(str(exc), param="prompt") from exc
     prompts = await ctx.offload(prepare_prompts, ctx, items)
     if "max_tokens" in request.model_fields_set:  # the default (16) is cut to what fits
         for prompt in prompts:

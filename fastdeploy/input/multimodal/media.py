@@ -2,33 +2,47 @@
 
 Accepted images: a PIL image, encoded bytes, a file path, a numpy array ([H, W], [H, W, 3|4]
 uint8, or float in [0, 1]), and in chat content parts `data:` URLs, `file://` or plain local
-paths (when `MediaPolicy.allow_local` permits) and `http(s)://` URLs (when fetching is on, with
-a timeout and a size cap). Accepted videos: encoded bytes or a file path (decoded by PyAV), a
+paths (when `MediaPolicy.allow_local` permits) and `http(s)://` URLs (when fetching is on, under
+the rules of `fastdeploy.input.media_fetch`: no private destinations by default, checked
+redirects, a timeout and a size cap). Accepted videos: encoded bytes or a file path (decoded by PyAV), a
 list of frames (any image form above), a numpy array [T, H, W, 3], or a dict
 `{"video": <one of those>, "fps": .., "min_frames": .., "max_frames": ..}` as in FastDeploy's
 documentation.
 
 Decompression bombs are refused: an image whose pixel count exceeds
 `MediaPolicy.max_image_pixels` fails before it is decoded.
+
+Whatever goes wrong with a fetched URL (refused, unreachable, timed out, too large, not an image)
+answers the same `"<part>: could not fetch the media URL"`, so errors cannot map the server's
+network; the reason goes to the server log. `data:` URLs, bytes and files keep specific messages.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import os
 import urllib.parse
 import urllib.request
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from fastdeploy.input.media_fetch import FetchFailed, FetchPolicy, fetch, fetch_async
 from fastdeploy.input.multimodal.errors import MediaError, require_pillow
 from fastdeploy.input.multimodal.image_processor import to_rgb
 from fastdeploy.input.multimodal.video_processor import DecodedVideo, decode_video
+from fastdeploy.logger import get_logger
+
+logger = get_logger(__name__)
+
+#: the whole client-facing reason of any failed or refused URL fetch, after the part's name
+FETCH_FAILED = "could not fetch the media URL"
 
 
 @dataclass(frozen=True)
@@ -39,8 +53,9 @@ class MediaPolicy:
     allow_local: bool | str = True
     #: fetch http(s) URLs
     allow_fetch: bool = True
-    fetch_timeout: float = 10.0
-    #: largest download or inline payload, in bytes
+    #: which URLs may be fetched: hosts, private networks, redirects, timeout, size cap
+    fetch: FetchPolicy = FetchPolicy()
+    #: largest inline payload (bytes, data: URL, file), in bytes
     max_bytes: int = 64 * 1024 * 1024
     #: largest image, in pixels (Pillow's decompression-bomb limit is 89.5 M)
     max_image_pixels: int = 89_478_485
@@ -74,24 +89,88 @@ def _local_path(path: str, what: str, policy: MediaPolicy) -> str:
     return real
 
 
-def _fetch(url: str, what: str, policy: MediaPolicy) -> bytes:
+class FetchedMedia(bytes):
+    """Bytes a client's URL answered with: anything wrong with them is reported as a failed
+    fetch (the uniform message), not in detail."""
+
+    url: str
+
+    def __new__(cls, data: bytes, url: str) -> FetchedMedia:
+        fetched = super().__new__(cls, data)
+        fetched.url = url
+        return fetched
+
+
+def _loggable(url: str) -> str:
+    """The URL without credentials or query, shortened, for the server log."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        return f"{parts.scheme}://{host}{':' + str(parts.port) if parts.port else ''}{parts.path}"[:200]
+    except ValueError:
+        return repr(url[:80])
+
+
+def fetch_failed(what: str, url: str, reason: str) -> MediaError:
+    """The uniform client-facing error of a failed fetch; the reason is logged, not returned."""
+    logger.warning("%s: media URL %s not fetched: %s", what, _loggable(url), reason)
+    return MediaError(f"{what}: {FETCH_FAILED}")
+
+
+@contextlib.contextmanager
+def _uniform_if_fetched(data: Any, what: str) -> Iterator[None]:
+    """Turn a MediaError about fetched bytes into the uniform failed-fetch error."""
+    try:
+        yield
+    except MediaError as exc:
+        if isinstance(data, FetchedMedia):
+            raise fetch_failed(what, data.url, str(exc)) from None
+        raise
+
+
+def _check_fetch_allowed(what: str, policy: MediaPolicy) -> None:
     if not policy.allow_fetch:
         raise MediaError(f"{what}: fetching media from URLs is turned off; send the data inline (data: URL)")
+
+
+def _fetch(url: str, what: str, policy: MediaPolicy) -> FetchedMedia:
+    _check_fetch_allowed(what, policy)
     try:
-        with urllib.request.urlopen(url, timeout=policy.fetch_timeout) as response:  # noqa: S310
-            data = response.read(policy.max_bytes + 1)
-    except (OSError, ValueError) as exc:
-        raise MediaError(f"{what}: cannot fetch {url!r}: {exc}") from exc
-    if len(data) > policy.max_bytes:
-        raise MediaError(f"{what}: {url!r} is larger than {policy.max_bytes} bytes")
-    return data
+        return FetchedMedia(fetch(url, policy.fetch), url)
+    except FetchFailed as exc:
+        raise fetch_failed(what, url, str(exc)) from None
+
+
+async def fetch_media(url: str, what: str, policy: MediaPolicy) -> FetchedMedia:
+    """The bytes of an `http(s)` media URL, fetched without blocking the caller's event loop;
+    MediaError (the uniform message) when fetching is off, refused or fails."""
+    _check_fetch_allowed(what, policy)
+    try:
+        return FetchedMedia(await fetch_async(url, policy.fetch), url)
+    except FetchFailed as exc:
+        raise fetch_failed(what, url, str(exc)) from None
+
+
+def _scheme(url: str) -> str | None:
+    """The URL's scheme in lower case (None: not even a URL's shape)."""
+    try:
+        return urllib.parse.urlsplit(url).scheme.lower()
+    except ValueError:
+        return None
+
+
+def is_fetched_url(value: Any) -> bool:
+    """Whether `value` is an `http(s)` URL, which `fetch_media` fetches."""
+    return isinstance(value, str) and _scheme(value) in ("http", "https")
 
 
 def resolve_url(url: str, what: str, policy: MediaPolicy) -> bytes | str:
     """The bytes of a `data:` / `http(s):` URL, or the checked path of a local file."""
     if not isinstance(url, str) or not url:
         raise MediaError(f"{what}: the url must be a non-empty string")
-    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    scheme = _scheme(url)
+    if scheme is None:
+        raise fetch_failed(what, url, "malformed URL")
     if scheme == "data":
         data = _decode_data_url(url, what)
         if len(data) > policy.max_bytes:
@@ -101,8 +180,8 @@ def resolve_url(url: str, what: str, policy: MediaPolicy) -> bytes | str:
         return _fetch(url, what, policy)
     if scheme == "file":
         return _local_path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path), what, policy)
-    if scheme and len(scheme) > 1:
-        raise MediaError(f"{what}: unsupported URL scheme {scheme!r} (use data:, http(s): or a file path)")
+    if scheme and len(scheme) > 1:  # a one-letter scheme is a Windows drive
+        raise fetch_failed(what, url, f"unsupported URL scheme {scheme!r}")
     return _local_path(url, what, policy)
 
 
@@ -151,14 +230,17 @@ def load_image(value: Any, what: str, policy: MediaPolicy) -> Any:
     Image = require_pillow()
     if isinstance(value, Image.Image):
         return value
-    if isinstance(value, (bytes, bytearray)):
-        if len(value) > policy.max_bytes:
-            raise MediaError(f"{what}: the image data is larger than {policy.max_bytes} bytes")
-        return _open_encoded(bytes(value), what, policy)
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if isinstance(value, str):
-        return _open_encoded(resolve_url(value, what, policy), what, policy)
+        value = resolve_url(value, what, policy)
+        if isinstance(value, str):  # a checked local path
+            return _open_encoded(value, what, policy)
+    if isinstance(value, (bytes, bytearray)):
+        with _uniform_if_fetched(value, what):
+            if len(value) > policy.max_bytes:
+                raise MediaError(f"{what}: the image data is larger than {policy.max_bytes} bytes")
+            return _open_encoded(bytes(value), what, policy)
     if isinstance(value, np.ndarray):
         return _from_array(value, what)
     raise MediaError(
@@ -174,14 +256,17 @@ def load_video(value: Any, what: str, policy: MediaPolicy) -> tuple[DecodedVideo
             raise MediaError(f"{what}: a video dict needs a 'video' entry (bytes, path or frames)")
         options = _sampling_options(value, what)
         value = value["video"]
-    if isinstance(value, (bytes, bytearray)):
-        if len(value) > policy.max_bytes:
-            raise MediaError(f"{what}: the video data is larger than {policy.max_bytes} bytes")
-        return decode_video(bytes(value), what), options
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if isinstance(value, str):
-        return decode_video(resolve_url(value, what, policy), what), options
+        value = resolve_url(value, what, policy)
+        if isinstance(value, str):  # a checked local path
+            return decode_video(value, what), options
+    if isinstance(value, (bytes, bytearray)):
+        with _uniform_if_fetched(value, what):
+            if len(value) > policy.max_bytes:
+                raise MediaError(f"{what}: the video data is larger than {policy.max_bytes} bytes")
+            return decode_video(bytes(value), what), options
     if isinstance(value, np.ndarray) and value.ndim == 4:
         value = list(value)
     if isinstance(value, (list, tuple)) and value:

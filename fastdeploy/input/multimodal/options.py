@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.input.media_fetch import FetchPolicy
 from fastdeploy.input.multimodal.errors import MediaError
 from fastdeploy.input.multimodal.media import MediaPolicy
 
@@ -52,11 +53,37 @@ def enforce_limits(limits: Mapping[str, int], counts: Mapping[str, int]) -> None
             )
 
 
+def media_policy(config: Any) -> MediaPolicy:
+    """Where an engine's requests may take media from (its `EngineConfig`'s media fields)."""
+    domains = config.allowed_media_domains
+    if domains is not None:
+        if isinstance(domains, str) or not all(isinstance(d, str) and d.strip() for d in domains):
+            raise InvalidArgumentError(
+                f"allowed_media_domains must be a list of host names like ['a.com'], got {domains!r}"
+            )
+        domains = tuple(domains)
+    fetch = FetchPolicy(
+        allowed_domains=domains,
+        allow_private_networks=bool(config.media_allow_private_networks),
+        max_redirects=0 if config.media_url_no_redirects else FetchPolicy.max_redirects,
+    )
+    return MediaPolicy(
+        allow_local=config.allowed_local_media_path, allow_fetch=config.allow_media_url_fetch, fetch=fetch
+    )
+
+
 def build_multimodal_processor(
-    registry: Any, model: Any, tokenizer: Any, model_config: Any, config: Any, limits: dict[str, int]
+    registry: Any,
+    model: Any,
+    tokenizer: Any,
+    model_config: Any,
+    config: Any,
+    limits: dict[str, int],
+    policy: MediaPolicy,
 ) -> Any:
     """The processor of a multimodal model (None for text-only models), from the plugin hook;
-    `limits` is `config.limit_mm_per_prompt` as `check_limits` returned it."""
+    `limits` is `config.limit_mm_per_prompt` as `check_limits` returned it, `policy` the
+    engine's `media_policy(config)`."""
     if not getattr(model, "supports_multimodal", False):
         return None
     factories = registry.multimodal_processors()
@@ -66,8 +93,5 @@ def build_multimodal_processor(
             f"{model_config.architecture} takes images, but no plugin registers a multimodal processor for it "
             "(hook fastdeploy_multimodal_processors)"
         )
-    policy = MediaPolicy(
-        allow_local=config.allowed_local_media_path, allow_fetch=config.allow_media_url_fetch
-    )
     options = ProcessorOptions(dict(limits), dict(config.mm_processor_kwargs or {}), policy)
     return factory(tokenizer, model_config, options)

@@ -6,11 +6,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastdeploy import envs
-from fastdeploy.backends.base import KV_CACHE_DTYPES
-from fastdeploy.engine.spec_decode.config import parse_speculative_config
 from fastdeploy.engine_args import GENERATION_CONFIG_MODES, EngineArgs
 from fastdeploy.errors import InvalidArgumentError
-from fastdeploy.model_executor.quantization import check_quantization_name
+from fastdeploy.speculative_config import parse_speculative_config
+
+#: bytes of one cached element of each KV cache type (`KVCacheSpec.dtype`; numpy may not know bfloat16)
+KV_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+#: `kv_cache_dtype` values: "auto" caches in the compute dtype (`LLM(dtype=...)`)
+KV_CACHE_DTYPES = ("auto", *KV_ITEM_BYTES)
+#: `quantization` values: weight-only quantisation of a float checkpoint at load
+#: (`model_executor/quantization.py` says what each becomes)
+QUANTIZATION_NAMES = ("wint8", "wint4")
+
+
+def check_quantization_name(value: Any) -> None:
+    """Raise InvalidArgumentError unless `value` is None or a known quantisation."""
+    if value is not None and value not in QUANTIZATION_NAMES:
+        raise InvalidArgumentError(
+            f"quantization must be one of {', '.join(QUANTIZATION_NAMES)} (or None for the checkpoint's own "
+            f"weights); got {value!r}"
+        )
 
 
 @dataclass

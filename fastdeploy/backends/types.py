@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from fastdeploy.config import KV_ITEM_BYTES
+
 
 @dataclass(frozen=True)
 class BackendOptions:
@@ -33,12 +35,6 @@ class BackendOptions:
             return len(os.sched_getaffinity(0))
         except AttributeError:  # not on Linux
             return os.cpu_count() or 1
-
-
-#: bytes of one cached element, for `KVCacheSpec.dtype` names numpy may not know (bfloat16)
-KV_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
-#: `kv_cache_dtype` values: "auto" caches in the compute dtype (`LLM(dtype=...)`)
-KV_CACHE_DTYPES = ("auto", *KV_ITEM_BYTES)
 
 
 @dataclass(frozen=True)

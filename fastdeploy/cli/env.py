@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported when used: listing the commands does not load the plugins (cli/__init__)
-    from fastdeploy.plugins.environment import collect_environment, format_environment
+    from fastdeploy.cli.environment import collect_environment, format_environment
     from fastdeploy.plugins.registry import get_registry
 
     report = collect_environment(get_registry())

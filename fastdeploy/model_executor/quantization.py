@@ -48,19 +48,11 @@ class WeightQuantization:
     head_type: str
 
 
+#: what each of `config.QUANTIZATION_NAMES` becomes
 QUANTIZATIONS = {
     "wint8": WeightQuantization("wint8", "Q8_0", "Q8_0"),
     "wint4": WeightQuantization("wint4", "Q4_1", "Q8_0"),
 }
-
-
-def check_quantization_name(value: Any) -> None:
-    """Raise InvalidArgumentError unless `value` is None or a known quantisation."""
-    if value is not None and value not in QUANTIZATIONS:
-        raise InvalidArgumentError(
-            f"quantization must be one of {', '.join(QUANTIZATIONS)} (or None for the checkpoint's own "
-            f"weights); got {value!r}"
-        )
 
 
 def _is_head(name: str, tied: bool) -> bool:

@@ -17,8 +17,8 @@ import pytest
 from fastdeploy.backends.base import BackendOptions
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
+from fastdeploy.cli.environment import collect_environment
 from fastdeploy.errors import InvalidArgumentError
-from fastdeploy.plugins.environment import collect_environment
 from fastdeploy.plugins.registry import get_registry
 
 pytestmark = pytest.mark.skipif(

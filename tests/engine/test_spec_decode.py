@@ -12,12 +12,12 @@ from decoding_cases import generate_checking_each_step
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.engine.sequence import Sequence, SequenceStatus
-from fastdeploy.engine.spec_decode.config import parse_speculative_config
 from fastdeploy.engine.spec_decode.decoder import SpeculativeDecoder
 from fastdeploy.engine.spec_decode.ngram import propose_ngram
 from fastdeploy.engine.spec_decode.proposal import Proposal
 from fastdeploy.engine.spec_decode.rejection import rejection_sample
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.speculative_config import parse_speculative_config
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 #: a prompt whose continuation copies its input (an edited copy of the function), so prompt

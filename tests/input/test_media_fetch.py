@@ -18,7 +18,7 @@ import pytest
 from media_servers import PNG, MediaServer, SilentServer, closed_port, private_namespace
 
 from fastdeploy.config import EngineConfig
-from fastdeploy.entrypoints.openai.api_server import _llm_kwargs
+from fastdeploy.entrypoints.openai.api_server import _engine_options
 from fastdeploy.entrypoints.openai.cli_args import build_parser
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.media_fetch import FetchFailed, FetchPolicy, address_refusal, fetch
@@ -277,7 +277,7 @@ def test_engine_options_and_server_flags_build_the_policy():
             "--media-url-no-redirects",
         ]
     )
-    kwargs = _llm_kwargs(args)
+    kwargs = _engine_options(args)
     assert kwargs["allowed_media_domains"] == ["A.com", "b.org."]
     config = EngineConfig(
         model="unused",

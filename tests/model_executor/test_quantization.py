@@ -184,3 +184,10 @@ def test_cli_flags_reach_the_engine_arguments():
     defaults = engine_kwargs(parser.parse_args([]))
     assert defaults["quantization"] is None and defaults["enable_prefix_caching"] is True
     assert engine_kwargs(parser.parse_args(["--no-enable-prefix-caching"]))["enable_prefix_caching"] is False
+
+
+def test_every_quantization_name_the_options_accept_has_a_recipe():
+    from fastdeploy.config import QUANTIZATION_NAMES
+    from fastdeploy.model_executor.quantization import QUANTIZATIONS
+
+    assert tuple(QUANTIZATIONS) == QUANTIZATION_NAMES

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastdeploy.plugins.environment import BackendStatus, EnvironmentReport, format_environment
+from fastdeploy.cli.environment import BackendStatus, EnvironmentReport, format_environment
 from fastdeploy.plugins.registry import PluginInfo
 
 

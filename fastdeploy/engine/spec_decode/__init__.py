@@ -1,5 +1,2 @@
-"""Speculative decoding: proposers (prompt lookup, draft model), verification, configuration.
-
-Kept free of imports so that `fastdeploy.config` can read `spec_decode.config` without pulling
-in the engine.
-"""
+"""Speculative decoding: proposers (prompt lookup, draft model) and verification; its option,
+`speculative_config`, is parsed by `fastdeploy.speculative_config` in the configuration layer."""

@@ -42,7 +42,6 @@ from fastdeploy.engine.sampler import filtered_distribution, record_logprobs, sa
 from fastdeploy.engine.sampling_rules import speculation_allowed
 from fastdeploy.engine.sequence import Sequence, SequenceStatus
 from fastdeploy.engine.spec_decode import draft_model, ngram  # noqa: F401  (they register their proposers)
-from fastdeploy.engine.spec_decode.config import SpeculativeConfig
 from fastdeploy.engine.spec_decode.proposal import PROPOSERS, Proposer, ProposerContext
 from fastdeploy.engine.spec_decode.rejection import accept_matching, rejection_sample
 from fastdeploy.engine.step_feature import Emitted, StepFeature
@@ -50,6 +49,7 @@ from fastdeploy.engine.totals import summed_fields
 from fastdeploy.errors import EngineDeadError
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.batch import ScheduledBatch
+from fastdeploy.speculative_config import SpeculativeConfig
 
 logger = get_logger(__name__)
 

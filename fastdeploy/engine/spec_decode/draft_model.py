@@ -25,7 +25,6 @@ from fastdeploy.backends.base import Backend, KVCacheSpec
 from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.sampler import filtered_distribution
 from fastdeploy.engine.sequence import Sequence
-from fastdeploy.engine.spec_decode.config import SpeculativeConfig
 from fastdeploy.engine.spec_decode.proposal import Proposal, ProposerContext, register_proposer
 from fastdeploy.engine.spec_decode.rejection import draw
 from fastdeploy.errors import InvalidArgumentError
@@ -34,6 +33,7 @@ from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoi
 from fastdeploy.model_executor.model_runner import ModelRunner
 from fastdeploy.model_resolver import resolve_model
 from fastdeploy.plugins.registry import PluginRegistry
+from fastdeploy.speculative_config import SpeculativeConfig
 
 
 @dataclass

@@ -12,8 +12,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from fastdeploy.engine.sequence import Sequence
-from fastdeploy.engine.spec_decode.config import SpeculativeConfig
 from fastdeploy.engine.spec_decode.proposal import Proposal, ProposerContext, register_proposer
+from fastdeploy.speculative_config import SpeculativeConfig
 
 
 def propose_ngram(token_ids: list[int], max_tokens: int, min_size: int, max_size: int) -> list[int]:

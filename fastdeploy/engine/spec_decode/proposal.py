@@ -14,8 +14,8 @@ import numpy as np
 
 from fastdeploy.backends.base import Backend
 from fastdeploy.engine.sequence import Sequence
-from fastdeploy.engine.spec_decode.config import SpeculativeConfig
 from fastdeploy.plugins.registry import PluginRegistry
+from fastdeploy.speculative_config import SpeculativeConfig
 
 
 @dataclass

@@ -35,13 +35,12 @@ from fastdeploy.backends.ops import DeviceOps
 from fastdeploy.backends.platform import Platform
 from fastdeploy.backends.portable import apply_token_bitmask_numpy
 from fastdeploy.backends.types import (
-    KV_CACHE_DTYPES,
-    KV_ITEM_BYTES,
     BackendOptions,
     BatchLayout,
     KVCacheSpec,
     PendingTokens,
 )
+from fastdeploy.config import KV_CACHE_DTYPES, KV_ITEM_BYTES
 
 #: the names this module has always offered (importers of the 0.1 contract use them)
 __all__ = [

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from fastdeploy.backends.base import Backend
 from fastdeploy.backends.capabilities import Capability, implemented_methods
-from fastdeploy.backends.types import KV_CACHE_DTYPES
+from fastdeploy.config import KV_CACHE_DTYPES
 
 
 def check_identity(backend: Backend) -> None:

@@ -243,14 +243,15 @@ def handle_line(session: ChatSession, line: str, system: str | None, out: Any) -
 
 def run(args: argparse.Namespace) -> int:
     from fastdeploy.entrypoints.llm import LLM
-    from fastdeploy.tool_calling.request import plan_for_engine
+    from fastdeploy.tool_calling.request import parser_factory, plan_tools
 
     params = sampling_params_from(args)  # before the model loads: a bad flag fails at once
     tools = read_tools(args.tools) if args.tools is not None else None
     llm = LLM(**engine_kwargs(args))
     plan = None
     if tools is not None or args.tool_choice is not None:
-        plan = plan_for_engine(llm.llm_engine, tools, tool_choice(args.tool_choice), _AUTO_HINT)
+        parser = parser_factory(llm.llm_engine.tool_parser_class, llm.input_processor.tokenizer)
+        plan = plan_tools(tools, tool_choice(args.tool_choice), parser, _AUTO_HINT)
     template_kwargs = {} if args.enable_thinking is None else {"enable_thinking": args.enable_thinking}
     session = ChatSession(llm.llm_engine, params, template_kwargs, args.show_reasoning, plan)
     session.clear(args.system)

@@ -32,7 +32,7 @@ from fastdeploy.input.processor import InputProcessor
 from fastdeploy.input.prompts import PromptItem, normalize_prompts
 from fastdeploy.logger import get_logger
 from fastdeploy.plugins.registry import get_registry
-from fastdeploy.tool_calling.request import template_messages
+from fastdeploy.tool_calling.request import parser_factory, template_messages
 
 logger = get_logger(__name__)
 
@@ -154,7 +154,8 @@ class LLM:
             )
         conversations = messages if all(isinstance(m, list) for m in messages) else [messages]
         template = load_chat_template(chat_template) if chat_template is not None else None
-        plan, tool_error = plan_offline(self.llm_engine, tools, tool_choice)
+        parser = parser_factory(self.llm_engine.tool_parser_class, self.input_processor.tokenizer)
+        plan, tool_error = plan_offline(parser, tools, tool_choice)
         template_kwargs = with_tools(chat_template_kwargs, plan.tools)
         items = [
             self._render(

@@ -9,19 +9,24 @@ output fails that conversation alone.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from fastdeploy.engine.request import OK, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.tool_calling.request import ToolPlan, ToolRequestError, finish_answer, plan_for_engine
+from fastdeploy.tool_calling.parser import ToolCallParser
+from fastdeploy.tool_calling.request import ToolPlan, ToolRequestError, finish_answer, plan_tools
 
 _AUTO_HINT = "build the LLM with tool_call_parser=NAME (hermes, qwen3, ernie-x1)"
 
 
-def plan_offline(engine: Any, tools: Any, tool_choice: Any) -> tuple[ToolPlan, str | None]:
-    """(the plan, None) or (a plan without tools, the error every conversation fails with)."""
+def plan_offline(
+    parser: Callable[[], ToolCallParser] | None, tools: Any, tool_choice: Any
+) -> tuple[ToolPlan, str | None]:
+    """(the plan, None) or (a plan without tools, the error every conversation fails with);
+    `parser` builds the configured tool-call parser (`tool_calling.request.parser_factory`)."""
     try:
-        return plan_for_engine(engine, tools, tool_choice, _AUTO_HINT), None
+        return plan_tools(tools, tool_choice, parser, _AUTO_HINT), None
     except ToolRequestError as exc:
         return ToolPlan("none", None), f"{exc.param}: {exc}"
 

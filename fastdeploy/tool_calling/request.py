@@ -199,11 +199,9 @@ def _with_parsed_arguments(call: Any) -> Any:
     return {**call, "function": {**function, "arguments": parsed}}
 
 
-def plan_for_engine(engine: Any, tools: Any, tool_choice: Any, auto_hint: str) -> ToolPlan:
-    """`plan_tools` with the engine's configured tool-call parser."""
-    parser_class = engine.tool_parser_class
-    factory = (lambda: parser_class(engine.tokenizer)) if parser_class is not None else None
-    return plan_tools(tools, tool_choice, factory, auto_hint)
+def parser_factory(parser_class: type | None, tokenizer: Any) -> Callable[[], ToolCallParser] | None:
+    """What `plan_tools` builds the configured tool-call parser with (None: none configured)."""
+    return (lambda: parser_class(tokenizer)) if parser_class is not None else None
 
 
 def finish_answer(

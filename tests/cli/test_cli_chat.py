@@ -13,7 +13,7 @@ from fastdeploy import SamplingParams
 from fastdeploy.cli import main
 from fastdeploy.cli.chat import HELP, ChatSession, handle_line, read_tools, tool_choice
 from fastdeploy.input.chat_template import load_chat_template
-from fastdeploy.tool_calling.request import plan_for_engine
+from fastdeploy.tool_calling.request import parser_factory, plan_tools
 
 SYSTEM = "You are a concise geography assistant."
 TOOLS_TEMPLATE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_tools_chat_template.jinja"
@@ -190,7 +190,13 @@ def test_chat_session_calls_a_tool_and_takes_its_result(llm, monkeypatch):
     monkeypatch.setattr(engine, "add_request", recording_add_request)
     choice = tool_choice("get_time")
     greedy = SamplingParams(temperature=0, max_tokens=32)
-    session = ChatSession(engine, greedy, {}, False, plan_for_engine(engine, [TIME_TOOL], choice, ""))
+    session = ChatSession(
+        engine,
+        greedy,
+        {},
+        False,
+        plan_tools([TIME_TOOL], choice, parser_factory(engine.tool_parser_class, engine.tokenizer), ""),
+    )
     out = Recorder()
     question = [{"role": "user", "content": "What time is it in Tokyo?"}]
     session.reply(question[0]["content"], out)

@@ -10,14 +10,17 @@ streamed, the calls come as `delta.tool_calls` deltas.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
+from fastdeploy.engine.guided.decoder import GuidedDecoder
 from fastdeploy.engine.request import CompletionOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.openai.errors import invalid_request
 from fastdeploy.entrypoints.openai.protocol import ChatCompletionRequest
 from fastdeploy.entrypoints.openai.structured_outputs import check_guided_decoding, requested_constraint
-from fastdeploy.tool_calling.request import ToolPlan, ToolRequestError, finish_answer, plan_for_engine
+from fastdeploy.tool_calling.parser import ToolCallParser
+from fastdeploy.tool_calling.request import ToolPlan, ToolRequestError, finish_answer, plan_tools
 from fastdeploy.tool_calling.stream import ToolCallStream
 
 _AUTO_HINT = (
@@ -25,20 +28,21 @@ _AUTO_HINT = (
 )
 
 
-def plan_chat_tools(engine: Any, request: ChatCompletionRequest) -> ToolPlan:
-    """The request's tool plan; a 400 naming `tools` or `tool_choice` if they are invalid."""
+def plan_chat_tools(parser: Callable[[], ToolCallParser] | None, request: ChatCompletionRequest) -> ToolPlan:
+    """The request's tool plan (`parser` builds the server's tool-call parser); a 400 naming
+    `tools` or `tool_choice` if they are invalid."""
     if request.functions:
         raise invalid_request(
             "'functions' is OpenAI's deprecated form; send 'tools' with type 'function'", param="functions"
         )
     try:
-        return plan_for_engine(engine, request.tools, request.tool_choice, _AUTO_HINT)
+        return plan_tools(request.tools, request.tool_choice, parser, _AUTO_HINT)
     except ToolRequestError as exc:
         raise invalid_request(str(exc), param=exc.param) from exc
 
 
 async def constrain_for_tools(
-    engine: Any, request: ChatCompletionRequest, params: SamplingParams, plan: ToolPlan
+    guided: GuidedDecoder, request: ChatCompletionRequest, params: SamplingParams, plan: ToolPlan
 ) -> SamplingParams:
     """`params` with the forced call's constraint, compiled now (400 naming `tools` if invalid)."""
     if plan.guided_decoding is None:
@@ -51,7 +55,7 @@ async def constrain_for_tools(
             param=constraint[0],
         )
     params = dataclasses.replace(params, guided_decoding=plan.guided_decoding, structured_outputs=None)
-    await check_guided_decoding(engine, params, "tools")
+    await check_guided_decoding(guided, params, "tools")
     return params
 
 

@@ -44,7 +44,7 @@ from fastdeploy.entrypoints.streaming import DeltaTracker
 from fastdeploy.errors import InvalidArgumentError, PromptTooLongError
 from fastdeploy.input.conversation import with_tools
 from fastdeploy.input.multimodal.parts import Media, extract_media
-from fastdeploy.tool_calling.request import ToolPlan, template_messages
+from fastdeploy.tool_calling.request import ToolPlan, parser_factory, template_messages
 
 
 async def request_media(ctx: ServingContext, request: ChatCompletionRequest) -> Media:
@@ -91,12 +91,13 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
             "--trust-request-chat-template to allow it); leave the field out to use the model's template",
             param="chat_template",
         )
-    plan = plan_chat_tools(ctx.engine.engine, request)
+    engine = ctx.engine.engine
+    plan = plan_chat_tools(parser_factory(engine.tool_parser_class, ctx.inputs.tokenizer), request)
     params = chat_sampling_params(request, ctx.generation_defaults)
     ctx.check_params(params, CHAT_RENAMES)
     ctx.admit(1)  # a full queue refuses before any CPU is spent on the prompt
-    await check_request_guided_decoding(ctx.engine.engine, request, params)
-    params = await constrain_for_tools(ctx.engine.engine, request, params, plan)
+    await check_request_guided_decoding(engine.guided, request, params)
+    params = await constrain_for_tools(engine.guided, request, params, plan)
     media = await request_media(ctx, request)
     prompt = await ctx.offload(prepare_conversation, ctx, request, plan, media)
     max_param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"

@@ -89,7 +89,7 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     items = request_prompts(request.prompt)
     # a full queue refuses every prompt of the request before any CPU is spent on them
     ctx.admit(len(items))
-    await check_request_guided_decoding(ctx.engine.engine, request, params)
+    await check_request_guided_decoding(ctx.engine.engine.guided, request, params)
     for item in items:  # media URLs fetched here, not on the preprocessing threads
         try:
             item.media = await ctx.inputs.fetch_media_urls(item.media)

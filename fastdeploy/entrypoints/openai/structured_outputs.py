@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from fastdeploy.engine.guided.decoder import GuidedDecoder
 from fastdeploy.engine.guided.params import GuidedDecodingError, GuidedDecodingParams
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.openai.errors import OpenAIError, invalid_request
@@ -96,20 +97,21 @@ def guided_error(param: str, exc: GuidedDecodingError) -> OpenAIError:
     return invalid_request(f"{param}: {exc}", param=param, code="invalid_guided_decoding")
 
 
-async def check_guided_decoding(engine: Any, params: SamplingParams, param: str) -> None:
-    """Compile the request's grammar now (cached for the engine); a 400 naming `param` if invalid."""
+async def check_guided_decoding(guided: GuidedDecoder, params: SamplingParams, param: str) -> None:
+    """Compile the request's grammar now (cached by the engine's guided decoder); a 400 naming
+    `param` if invalid."""
     if params.guided_decoding is None:
         return
     try:
-        await asyncio.to_thread(engine.guided.compile, params.guided_decoding)
+        await asyncio.to_thread(guided.compile, params.guided_decoding)
     except GuidedDecodingError as exc:
         raise guided_error(param, exc) from exc
 
 
 async def check_request_guided_decoding(
-    engine: Any, request: SamplingRequest, params: SamplingParams
+    guided: GuidedDecoder, request: SamplingRequest, params: SamplingParams
 ) -> None:
     """`check_guided_decoding` for a constraint the request set itself."""
     constraint = requested_constraint(request)
     if constraint is not None:
-        await check_guided_decoding(engine, params, constraint[0])
+        await check_guided_decoding(guided, params, constraint[0])

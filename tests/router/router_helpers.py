@@ -11,6 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "entrypoints" / "openai"))
 
 from openai_server_helpers import (  # noqa: E402
+    ENGINE_ARGS,
     HOST,
     ServerProcess,
     free_port,
@@ -20,7 +21,16 @@ from openai_server_helpers import (  # noqa: E402
     wait_until,
 )
 
-__all__ = ["HOST", "ServerProcess", "free_port", "http_get", "http_post", "metric", "wait_until"]
+__all__ = [
+    "ENGINE_ARGS",
+    "HOST",
+    "ServerProcess",
+    "free_port",
+    "http_get",
+    "http_post",
+    "metric",
+    "wait_until",
+]
 
 STANDIN = str(Path(__file__).resolve().parent / "standin_worker.py")
 

@@ -25,6 +25,8 @@ DEFERRED_IMPORTS = {
     "fastdeploy/__init__.py",
     # a CLI subcommand imports only what it runs, so `fastdeploy --help` answers at once
     "fastdeploy/cli/__init__.py",
+    # `fastdeploy router` imports its HTTP stack (seconds) only when it runs
+    "fastdeploy/cli/router.py",
     # the fork server answers its first request before it imports a rank's code (issue 16's
     # start-up overlap); a rank then imports it once, before it is forked
     "fastdeploy/executor/forkserver_process.py",

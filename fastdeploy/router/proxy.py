@@ -116,33 +116,48 @@ class Proxy:
         while another worker may take the request)."""
         worker.outstanding += 1
         handed_over = False
-        upstream: httpx.Response | None = None
         try:
-            sent = self.client.build_request("POST", worker.url + path, content=body, headers=headers)
-            upstream = await _unless_disconnected(self.client.send(sent, stream=True), request)
-            if upstream.status_code == 503 and may_retry:
-                raise WorkerFailed("it answered 503")
-            if streaming and upstream.status_code == 200:
-                events = upstream.aiter_raw()
-                first = await _unless_disconnected(_first_events(events), request)
-                handed_over = True
-                return StreamingResponse(
-                    self._relay(worker, upstream, events, first),
-                    status_code=upstream.status_code,
-                    headers=_answer_headers(upstream),
+            upstream, events, first = await _unless_disconnected(
+                self._open(worker, path, body, headers, streaming, may_retry), request
+            )
+            if events is None:
+                self._count(worker, upstream.status_code)
+                return Response(
+                    upstream.content, status_code=upstream.status_code, headers=_answer_headers(upstream)
                 )
-            content = await _unless_disconnected(upstream.aread(), request)
-            self._count(worker, upstream.status_code)
-            return Response(content, status_code=upstream.status_code, headers=_answer_headers(upstream))
+            handed_over = True
+            return StreamingResponse(
+                self._relay(worker, upstream, events, first),
+                status_code=upstream.status_code,
+                headers=_answer_headers(upstream),
+            )
         except httpx.TransportError as exc:
             reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
             self.workers.mark_failed(worker, reason)
             raise WorkerFailed(reason) from None
         finally:
             if not handed_over:
-                if upstream is not None:
-                    await _closed(upstream)
                 worker.outstanding -= 1
+
+    async def _open(
+        self, worker: Worker, path: str, body: bytes, headers: dict, streaming: bool, may_retry: bool
+    ) -> tuple[httpx.Response, AsyncIterator[bytes] | None, bytes]:
+        """The worker's answer read whole (no event iterator), or, for a stream, read up to the end
+        of its first event; closed unless a stream is handed back."""
+        sent = self.client.build_request("POST", worker.url + path, content=body, headers=headers)
+        upstream = await self.client.send(sent, stream=True)
+        try:
+            if upstream.status_code == 503 and may_retry:
+                raise WorkerFailed("it answered 503")
+            if streaming and upstream.status_code == 200:
+                events = upstream.aiter_raw()
+                return upstream, events, await _first_events(events)
+            await upstream.aread()
+        except BaseException:
+            await _closed(upstream)
+            raise
+        await _closed(upstream)
+        return upstream, None, b""
 
     async def _relay(
         self, worker: Worker, upstream: httpx.Response, events: AsyncIterator[bytes], first: bytes

@@ -128,7 +128,8 @@ def test_a_client_leaving_mid_stream_closes_the_workers_stream(pair, router_fact
     with httpx.Client(timeout=60) as client:
         payload = {"prompt": "hold-after-first@a", "stream": True}
         with client.stream("POST", router.url + "/v1/completions", json=payload) as response:
-            assert json.loads(next(events(response)))["worker"] == "a"
+            stream = events(response)  # kept: dropping it would close the connection here
+            assert json.loads(next(stream))["worker"] == "a"
             assert standin_state(a)["open_streams"] == 1
     # leaving the block closed the client's connection: the router must close its own to a
     wait_until(lambda: standin_state(a)["open_streams"] == 0, 30, "the worker's stream to be closed")

@@ -7,6 +7,7 @@ mid-stream" and "killed before answering" happen exactly there, with no timing i
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 
@@ -212,3 +213,42 @@ def test_the_workers_file_is_followed_while_the_router_runs(pair, router_factory
         assert served == {"b"}
     finally:
         assert router.stop(10) == 0
+
+
+def open_sockets(pid: int) -> int:
+    """How many sockets the process holds open (Linux /proc)."""
+    fds = os.listdir(f"/proc/{pid}/fd")
+    return sum(1 for fd in fds if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"))
+
+
+def test_clients_leaving_and_workers_failing_leave_no_connections_or_processes(pair, router_factory):
+    a, b = pair
+    router = router_factory(pair, "--policy", "round-robin")
+    pid = router.process.pid
+
+    def leave_mid_stream() -> None:
+        with httpx.Client(timeout=60) as client:
+            payload = {"prompt": "hold-after-first@a hold-after-first@b", "stream": True}
+            with client.stream("POST", router.url + "/v1/completions", json=payload) as response:
+                stream = events(response)
+                next(stream)
+
+    leave_mid_stream()
+    wait_until(
+        lambda: standin_state(a)["open_streams"] + standin_state(b)["open_streams"] == 0, 30, "streams"
+    )
+    # kept-alive connections to the workers may vary by one or two; six leaks would add twelve
+    baseline = open_sockets(pid) + 2
+    for _ in range(6):
+        leave_mid_stream()
+    wait_until(
+        lambda: standin_state(a)["open_streams"] + standin_state(b)["open_streams"] == 0, 30, "streams"
+    )
+    wait_until(lambda: open_sockets(pid) <= baseline, 30, f"the router's sockets back to {baseline}")
+    kill(a)  # and a worker that dies under a request
+    with httpx.Client(timeout=60) as client:
+        for _ in range(4):
+            assert client.post(router.url + "/v1/completions", json={"prompt": "x"}).json()["worker"] == "b"
+    wait_until(lambda: open_sockets(pid) <= baseline, 30, f"the router's sockets back to {baseline}")
+    with open(f"/proc/{pid}/task/{pid}/children") as handle:
+        assert handle.read().split() == []  # the router starts no processes

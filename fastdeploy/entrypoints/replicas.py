@@ -35,8 +35,8 @@ class ReplicaRouter:
         self.prefix_slack = prefix_slack
         self._owner: dict[str, AsyncLLMEngine] = {}
         self._least = LeastLoaded()
-        self._affinity: PrefixAffinity[AsyncLLMEngine] = PrefixAffinity(
-            self.engine.config.block_size, slack=prefix_slack
+        self._affinity: PrefixAffinity[AsyncLLMEngine] | None = (
+            PrefixAffinity(self.engine.config.block_size, slack=prefix_slack) if prefix_aware else None
         )
         self._latest: list[StepStats | None] = [None] * len(replicas)
 
@@ -133,7 +133,7 @@ class ReplicaRouter:
     def route(self, prompt_token_ids: list[int]) -> AsyncLLMEngine:
         """The replica for a new request (see the module docstring)."""
         least = self._least_loaded()
-        if not self.prefix_aware:
+        if self._affinity is None:
             return least
         return self._affinity.choose(prompt_token_ids, self.replicas, _in_flight, least)
 

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -73,13 +73,10 @@ def build_app(settings: RouterSettings, workers: WorkerSet) -> FastAPI:
 
     app = FastAPI(title="fastdeploy router", lifespan=lifespan)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await app.state.proxy.forward(request, "/v1/completions")
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await app.state.proxy.forward(request, "/v1/chat/completions")
+    # plain Starlette routes: the body goes on as bytes, so FastAPI's parameter handling would be
+    # work for nothing on every request
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        app.add_route(path, forwarding(path), methods=["POST"])
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -102,6 +99,15 @@ def build_app(settings: RouterSettings, workers: WorkerSet) -> FastAPI:
         )
 
     return app
+
+
+def forwarding(path: str) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint that forwards a request to a worker's `path`."""
+
+    async def forward(request: Request) -> Response:
+        return await request.app.state.proxy.forward(request, path)
+
+    return forward
 
 
 def new_client(settings: RouterSettings) -> httpx.AsyncClient:

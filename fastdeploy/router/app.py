@@ -80,7 +80,9 @@ def build_app(settings: RouterSettings, workers: WorkerSet) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        return await merged_models(app.state.client, workers.available(), forwarded_headers(request))
+        return await merged_models(
+            app.state.client, workers.available(), forwarded_headers(request), settings.health_timeout
+        )
 
     @app.get("/health")
     async def health() -> Response:
@@ -119,19 +121,19 @@ def new_client(settings: RouterSettings) -> httpx.AsyncClient:
 
 
 async def merged_models(
-    client: httpx.AsyncClient, workers: list[Worker], headers: dict[str, str]
+    client: httpx.AsyncClient, workers: list[Worker], headers: dict[str, str], timeout: float
 ) -> Response:
     """Every healthy worker's models, each id once; if none answers 200, the first answer as is."""
     answers = await asyncio.gather(
-        *(client.get(worker.url + "/v1/models", headers=headers) for worker in workers),
+        *(client.get(worker.url + "/v1/models", headers=headers, timeout=timeout) for worker in workers),
         return_exceptions=True,
     )
     models: dict[str, dict] = {}
     refusal: httpx.Response | None = None
     for answer in answers:
         if isinstance(answer, httpx.Response) and answer.status_code == 200:
-            for model in answer.json().get("data", []):
-                models.setdefault(model.get("id"), model)
+            for model in _listed_models(answer):
+                models.setdefault(model["id"], model)
         elif isinstance(answer, httpx.Response) and refusal is None:
             refusal = answer
     if not models and refusal is not None:
@@ -141,6 +143,19 @@ async def merged_models(
             {"error": {"message": "no worker is healthy", "type": "service_unavailable"}}, 503
         )
     return JSONResponse({"object": "list", "data": list(models.values())})
+
+
+def _listed_models(answer: httpx.Response) -> list[dict]:
+    """The models in a worker's /v1/models answer (none if it is not a model list)."""
+    try:
+        data = answer.json().get("data")
+    except (ValueError, AttributeError):
+        return []
+    return (
+        [model for model in data if isinstance(model, dict) and "id" in model]
+        if isinstance(data, list)
+        else []
+    )
 
 
 async def worker_metrics(client: httpx.AsyncClient, workers: list[Worker], timeout: float) -> dict[str, str]:

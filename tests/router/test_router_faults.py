@@ -252,3 +252,15 @@ def test_clients_leaving_and_workers_failing_leave_no_connections_or_processes(p
     wait_until(lambda: open_sockets(pid) <= baseline, 30, f"the router's sockets back to {baseline}")
     with open(f"/proc/{pid}/task/{pid}/children") as handle:
         assert handle.read().split() == []  # the router starts no processes
+
+
+def test_models_are_merged_by_id_and_the_authorization_header_reaches_the_worker(pair, router_factory):
+    a, b = pair
+    router = router_factory(pair, "--policy", "round-robin")
+    with httpx.Client(timeout=60, headers={"Authorization": "Bearer client-key"}) as client:
+        listed = client.get(router.url + "/v1/models").json()["data"]
+        for _ in range(2):
+            assert client.post(router.url + "/v1/completions", json={"prompt": "x"}).status_code == 200
+    assert [model["id"] for model in listed] == ["shared-model", "model-a", "model-b"]
+    assert standin_state(a)["authorization"] == ["Bearer client-key"]
+    assert standin_state(b)["authorization"] == ["Bearer client-key"]

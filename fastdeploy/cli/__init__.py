@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "serve": "fastdeploy.cli.serve",
     "chat": "fastdeploy.cli.chat",
     "bench": "fastdeploy.cli.bench",
+    "router": "fastdeploy.cli.router",
 }
 
 

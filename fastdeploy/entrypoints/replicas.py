@@ -10,7 +10,6 @@ whose model runs in its own rank processes, so replicas compute in parallel.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -20,11 +19,7 @@ from fastdeploy.engine.prefix_cache_stats import PrefixCacheStats
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.spec_decode.decoder import SpecDecodeStats
-
-#: prompt prefixes remembered for prefix-aware routing
-_PREFIX_MEMORY = 4096
-#: longest prefix (in blocks) a routing key covers
-_PREFIX_BLOCKS = 8
+from fastdeploy.load_balancing import LeastLoaded, PrefixAffinity
 
 
 class ReplicaRouter:
@@ -39,9 +34,11 @@ class ReplicaRouter:
         self.prefix_aware = prefix_aware
         self.prefix_slack = prefix_slack
         self._owner: dict[str, AsyncLLMEngine] = {}
-        self._prefixes: OrderedDict[tuple[int, ...], int] = OrderedDict()
+        self._least = LeastLoaded()
+        self._affinity: PrefixAffinity[AsyncLLMEngine] | None = (
+            PrefixAffinity(self.engine.config.block_size, slack=prefix_slack) if prefix_aware else None
+        )
         self._latest: list[StepStats | None] = [None] * len(replicas)
-        self._next = 0
 
     # --- lifecycle (the AsyncLLMEngine interface) -----------------------------------------
     def start(self) -> None:
@@ -136,37 +133,13 @@ class ReplicaRouter:
     def route(self, prompt_token_ids: list[int]) -> AsyncLLMEngine:
         """The replica for a new request (see the module docstring)."""
         least = self._least_loaded()
-        if not self.prefix_aware:
+        if self._affinity is None:
             return least
-        keys = self._prefix_keys(prompt_token_ids)
-        for key in reversed(keys):  # longest known prefix first
-            index = self._prefixes.get(key)
-            if (
-                index is not None
-                and self.replicas[index].num_in_flight <= least.num_in_flight + self.prefix_slack
-            ):
-                self._remember(keys, index)
-                return self.replicas[index]
-        self._remember(keys, self.replicas.index(least))
-        return least
+        return self._affinity.choose(prompt_token_ids, self.replicas, _in_flight, least)
 
     def _least_loaded(self) -> AsyncLLMEngine:
-        """Fewest requests in flight; ties go round-robin so idle replicas share the work."""
-        count = len(self.replicas)
-        order = [(self._next + offset) % count for offset in range(count)]
-        index = min(order, key=lambda i: self.replicas[i].num_in_flight)
-        self._next = (index + 1) % count
-        return self.replicas[index]
+        return self._least.choose(self.replicas, _in_flight)
 
-    def _prefix_keys(self, prompt_token_ids: list[int]) -> list[tuple[int, ...]]:
-        """The prompt's whole-block prefixes, shortest first (the prefix cache works in blocks)."""
-        block = self.engine.config.block_size
-        whole = min(len(prompt_token_ids) // block, _PREFIX_BLOCKS)
-        return [tuple(prompt_token_ids[: n * block]) for n in range(1, whole + 1)]
 
-    def _remember(self, keys: list[tuple[int, ...]], index: int) -> None:
-        for key in keys:
-            self._prefixes[key] = index
-            self._prefixes.move_to_end(key)
-        while len(self._prefixes) > _PREFIX_MEMORY:
-            self._prefixes.popitem(last=False)
+def _in_flight(replica: AsyncLLMEngine) -> int:
+    return replica.num_in_flight

@@ -1,0 +1,224 @@
+"""The router's HTTP app (the OpenAI API of its workers, /health, /metrics) and its start-up.
+
+Start-up refuses to run without a reachable worker; after that, workers come and go (health
+checks, the workers file) while the router keeps serving with whichever are healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.logger import get_logger
+from fastdeploy.router.metrics import RouterMetrics, merge_worker_metrics
+from fastdeploy.router.policies import make_policy
+from fastdeploy.router.proxy import Proxy, forwarded_headers
+from fastdeploy.router.workers import Worker, WorkerSet
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class RouterSettings:
+    """What `fastdeploy router`'s flags set (see fastdeploy/cli/router.py for each one's meaning)."""
+
+    workers: list[str] = field(default_factory=list)
+    workers_file: str | None = None
+    policy: str = "least-outstanding"
+    prefix_block_chars: int = 128
+    prefix_slack: int = 2
+    health_interval: float = 2.0
+    health_timeout: float = 2.0
+    connect_timeout: float = 5.0
+    startup_timeout: float = 30.0
+
+    @property
+    def workers_flag(self) -> str:
+        """The flag(s) the workers came from, for error messages."""
+        if self.workers and self.workers_file:
+            return "--workers/--workers-file"
+        return "--workers-file" if self.workers_file else "--workers"
+
+
+def build_app(settings: RouterSettings, workers: WorkerSet) -> FastAPI:
+    """The router's app over `workers`; health checks and file reloads run while it serves."""
+    metrics = RouterMetrics()
+    policy = make_policy(settings.policy, settings.prefix_block_chars, settings.prefix_slack)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with new_client(settings) as client:
+            app.state.client = client
+            app.state.proxy = Proxy(workers, policy, client, metrics)
+            await workers.check(client, settings.health_timeout)
+            watcher = asyncio.create_task(
+                workers.watch(client, settings.health_interval, settings.health_timeout)
+            )
+            try:
+                yield
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+
+    app = FastAPI(title="fastdeploy router", lifespan=lifespan)
+
+    # plain Starlette routes: the body goes on as bytes, so FastAPI's parameter handling would be
+    # work for nothing on every request
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        app.add_route(path, forwarding(path), methods=["POST"])
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        return await merged_models(
+            app.state.client, workers.available(), forwarded_headers(request), settings.health_timeout
+        )
+
+    @app.get("/health")
+    async def health() -> Response:
+        states = {worker.url: "healthy" if worker.healthy else "unhealthy" for worker in workers.all}
+        status = 200 if workers.available() else 503
+        return JSONResponse(
+            {"status": "ok" if status == 200 else "no healthy worker", "workers": states}, status
+        )
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        texts = await worker_metrics(app.state.client, workers.available(), settings.health_timeout)
+        return PlainTextResponse(
+            metrics.render(workers.all) + merge_worker_metrics(texts),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
+        )
+
+    return app
+
+
+def forwarding(path: str) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint that forwards a request to a worker's `path`."""
+
+    async def forward(request: Request) -> Response:
+        return await request.app.state.proxy.forward(request, path)
+
+    return forward
+
+
+def new_client(settings: RouterSettings) -> httpx.AsyncClient:
+    """The pooled client for the workers: no read timeout (a long generation is not a failure),
+    and answers uncompressed so streams can be relayed byte for byte."""
+    timeout = httpx.Timeout(None, connect=settings.connect_timeout)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    return httpx.AsyncClient(timeout=timeout, limits=limits, headers={"accept-encoding": "identity"})
+
+
+async def merged_models(
+    client: httpx.AsyncClient, workers: list[Worker], headers: dict[str, str], timeout: float
+) -> Response:
+    """Every healthy worker's models, each id once; if none answers 200, the first answer as is."""
+    answers = await asyncio.gather(
+        *(client.get(worker.url + "/v1/models", headers=headers, timeout=timeout) for worker in workers),
+        return_exceptions=True,
+    )
+    models: dict[str, dict] = {}
+    refusal: httpx.Response | None = None
+    for answer in answers:
+        if isinstance(answer, httpx.Response) and answer.status_code == 200:
+            for model in _listed_models(answer):
+                models.setdefault(model["id"], model)
+        elif isinstance(answer, httpx.Response) and refusal is None:
+            refusal = answer
+    if not models and refusal is not None:
+        return Response(refusal.content, refusal.status_code, media_type=refusal.headers.get("content-type"))
+    if not models and not workers:
+        return JSONResponse(
+            {"error": {"message": "no worker is healthy", "type": "service_unavailable"}}, 503
+        )
+    return JSONResponse({"object": "list", "data": list(models.values())})
+
+
+def _listed_models(answer: httpx.Response) -> list[dict]:
+    """The models in a worker's /v1/models answer (none if it is not a model list)."""
+    try:
+        data = answer.json().get("data")
+    except (ValueError, AttributeError):
+        return []
+    return (
+        [model for model in data if isinstance(model, dict) and "id" in model]
+        if isinstance(data, list)
+        else []
+    )
+
+
+async def worker_metrics(client: httpx.AsyncClient, workers: list[Worker], timeout: float) -> dict[str, str]:
+    """Each healthy worker's /metrics text, leaving out those that do not answer in time."""
+    answers = await asyncio.gather(
+        *(client.get(worker.url + "/metrics", timeout=timeout) for worker in workers), return_exceptions=True
+    )
+    return {
+        worker.url: answer.text
+        for worker, answer in zip(workers, answers, strict=True)
+        if isinstance(answer, httpx.Response) and answer.status_code == 200
+    }
+
+
+async def wait_for_workers(settings: RouterSettings, workers: WorkerSet) -> None:
+    """Return once a worker is healthy; raise naming the flag if none is within the start-up timeout."""
+    deadline = time.monotonic() + settings.startup_timeout
+    async with new_client(settings) as client:
+        while True:
+            await workers.check(client, settings.health_timeout)
+            if workers.available() or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(0.5, settings.health_interval))
+    if not workers.available():
+        reasons = "; ".join(f"{worker.url}: {worker.last_error}" for worker in workers.all)
+        raise InvalidArgumentError(
+            f"{settings.workers_flag}: no reachable worker within {settings.startup_timeout:g} s ({reasons})"
+        )
+
+
+def run_router(
+    settings: RouterSettings, host: str, port: int, log_level: str, shutdown_timeout: float
+) -> int:
+    """Check the workers, then serve until SIGTERM / Ctrl+C."""
+    workers = WorkerSet(settings.workers, settings.workers_file)
+    if not workers.all:
+        raise InvalidArgumentError(
+            f"{settings.workers_flag}: no worker address given (expected http://host:port)"
+        )
+    make_policy(settings.policy)  # an unknown policy is refused before any worker is asked
+    asyncio.run(wait_for_workers(settings, workers))
+    logger.info("routing to %s", ", ".join(worker.url for worker in workers.available()))
+    config = uvicorn.Config(
+        build_app(settings, workers),
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=shutdown_timeout,
+    )
+    _QuietExitServer(config).run()
+    return 0
+
+
+class _QuietExitServer(uvicorn.Server):
+    """uvicorn, except that after a SIGTERM/SIGINT shutdown it exits 0 instead of re-raising the
+    signal (which would kill the process with it): stopping the router is not a failure."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -1,0 +1,110 @@
+"""A stand-in for `fastdeploy serve` (no model): answers the OpenAI routes the router forwards, and
+can be told, by the prompt, to stop at a chosen point so a test can kill it exactly there.
+
+Prompts naming this worker (`@NAME`) make it stop at a point:
+- "hold-before-answer@NAME": accept the request and never answer
+- "hold-after-headers@NAME": send the stream's headers, then nothing
+- "hold-after-first@NAME": stream one chunk, then wait forever
+Anything else is answered at once; a stream has `chunks` chunks (default 3).
+
+GET /state reports what it saw: requests, streams open now, Authorization headers, held requests;
+POST /health/{ok|fail} makes /health answer 200 or 503.
+Run: python standin_worker.py --name NAME --host H --port P [--uvicorn-log-level L]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+
+def build_app(name: str) -> FastAPI:
+    app = FastAPI()
+    state = {"healthy": True, "requests": 0, "open_streams": 0, "held": 0, "authorization": [], "paths": []}
+    forever = asyncio.Event()  # never set: what a held request waits on
+
+    @app.get("/health")
+    async def health():
+        return JSONResponse({"healthy": state["healthy"]}, 200 if state["healthy"] else 503)
+
+    @app.post("/health/{verdict}")
+    async def set_health(verdict: str):
+        state["healthy"] = verdict == "ok"
+        return {"healthy": state["healthy"]}
+
+    @app.get("/state")
+    async def get_state():
+        return state
+
+    @app.get("/v1/models")
+    async def models():
+        return {
+            "object": "list",
+            "data": [{"id": "shared-model", "object": "model"}, {"id": f"model-{name}"}],
+        }
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(
+            "# HELP standin:requests_total Requests seen\n# TYPE standin:requests_total counter\n"
+            f"standin:requests_total {state['requests']}\n"
+        )
+
+    async def answer(request: Request, path: str):
+        body = await request.json()
+        state["requests"] += 1
+        state["paths"].append(path)
+        state["authorization"].append(request.headers.get("authorization"))
+        prompt = body.get("prompt") or json.dumps(body.get("messages"))
+        if f"hold-before-answer@{name}" in prompt:
+            state["held"] += 1
+            await forever.wait()
+        if not body.get("stream"):
+            return JSONResponse({"object": "text_completion", "worker": name, "choices": [{"text": name}]})
+        return StreamingResponse(stream(prompt, int(body.get("chunks", 3))), media_type="text/event-stream")
+
+    async def stream(prompt: str, chunks: int):
+        state["open_streams"] += 1
+        try:
+            if f"hold-after-headers@{name}" in prompt:
+                state["held"] += 1
+                yield b""
+                await forever.wait()
+            for index in range(chunks):
+                yield f"data: {json.dumps({'worker': name, 'index': index, 'choices': [{'text': str(index)}]})}\n\n"
+                if f"hold-after-first@{name}" in prompt:
+                    state["held"] += 1
+                    await forever.wait()
+                await asyncio.sleep(0)
+            yield "data: [DONE]\n\n"
+        finally:
+            state["open_streams"] -= 1
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await answer(request, "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await answer(request, "/v1/chat/completions")
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--uvicorn-log-level", default="warning")
+    args = parser.parse_args()
+    uvicorn.run(build_app(args.name), host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -86,7 +86,6 @@ class BeamSearch:
         self.beams: list[Sequence] = [root]
         self.scores: list[float] = [0.0]
         self.hypotheses: list[Hypothesis] = []
-        self.improvable = True
         self.done = False
         self._rows: dict[int, np.ndarray] = {}
 

@@ -28,10 +28,6 @@ class SampleDelta:
     #: set on the one update where the sample finishes
     finish_reason: str | None = None
 
-    @property
-    def is_empty(self) -> bool:
-        return not (self.text or self.reasoning_content or self.token_ids or self.finish_reason)
-
 
 @dataclass
 class _Sent:

@@ -23,6 +23,7 @@ native_kernels = Extension(
             "packing",
             "block_packing",
             "gemm_blocks",
+            "gemm_mixed",
             "gemm_blocks_avx2",
             "gemm_blocks_avx512",
             "attention",

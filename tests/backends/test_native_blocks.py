@@ -1,5 +1,5 @@
-"""The sub-block kernels (Q4_0, Q5_0, Q5_1, K-quants, IQ4_*) against `gguf`'s dequantisers and
-float64 products, on both instruction sets.
+"""The block kernels of every GGUF type the cpu backend keeps (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+K-quants, IQ4_*) against `gguf`'s dequantisers and float64 products, on both instruction sets.
 
 Weights are random valid blocks (random integers and sub-block scales, sane float16 scales), and
 for the types `gguf.quants` can quantise also quantised real float data. Every product must
@@ -22,6 +22,8 @@ from fastdeploy.formats.ggml_tensor import GGMLTensor
 #: byte offsets of each type's float16 super-block factors inside a block (gguf's layouts)
 HALF_FIELDS = {
     "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q8_0": (0,),
     "Q5_0": (0,),
     "Q5_1": (0, 2),
     "Q2_K": (80, 82),
@@ -33,18 +35,20 @@ HALF_FIELDS = {
     "IQ4_XS": (0,),
 }
 NEW_TYPES = list(HALF_FIELDS)
-LEGACY = ("Q4_0", "Q5_0", "Q5_1", "IQ4_NL")  # 32-weight blocks
-QUANTIZABLE = ("Q4_0", "Q5_0", "Q5_1")  # what gguf.quants.quantize makes
+LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL")  # 32-weight blocks
+QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # what gguf.quants.quantize makes
 
 
-def random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> GGMLTensor:
-    """Random block bytes with float16 factors of either sign and magnitudes 2^-12 .. 2^-4."""
+def random_blocks(
+    type_name: str, rows: int, cols: int, seed: int = 0, exponents: tuple[float, float] = (-12, -4)
+) -> GGMLTensor:
+    """Random block bytes with float16 factors of either sign and magnitudes 2^exponents."""
     qtype = GGMLQuantizationType[type_name]
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, (rows * cols // block_size, type_size), dtype=np.uint8)
     for offset in HALF_FIELDS[type_name]:
-        halves = (rng.choice([-1.0, 1.0], len(blocks)) * 2.0 ** rng.uniform(-12, -4, len(blocks))).astype(
+        halves = (rng.choice([-1.0, 1.0], len(blocks)) * 2.0 ** rng.uniform(*exponents, len(blocks))).astype(
             np.float16
         )
         blocks[:, offset : offset + 2] = halves.view(np.uint8).reshape(-1, 2)
@@ -154,3 +158,29 @@ def test_a_shape_the_type_cannot_hold_is_refused():
     tensor = random_blocks("Q4_K", 16, 256)
     with pytest.raises(ValueError, match="buffer sizes do not match"):
         native._native.pack_blocks(native._native.KIND_Q4_K, tensor.rows, np.empty(10, np.uint8), 16, 256)
+
+
+@requires_native
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("tokens", [1, 3, 17, 40])
+def test_fused_parts_of_different_types_keep_their_types(isa, tokens):
+    """A Q4_K_M layer's fused q/k/v: q and k in Q4_K, v in Q6_K (and a float32 part, and one of a
+    type without a kernel): each segment runs its own kernel, so the product's columns equal each
+    part's own product bit for bit, and the float64 reference within rounding."""
+    q, k, v = (
+        random_blocks("Q4_K", 32, 256, 1),
+        random_blocks("Q4_K", 16, 256, 2),
+        random_blocks("Q6_K", 16, 256, 3),
+    )
+    dense = np.random.default_rng(4).standard_normal((5, 256)).astype(np.float32)
+    parts = [q, k, v, dense]
+    fused = native.pack(parts)
+    assert fused.type_name == "MIXED" and fused.segments == (("Q4_K", 48), ("Q6_K", 16), ("F32", 5))
+    x = np.random.default_rng(tokens).standard_normal((tokens, 256)).astype(np.float32)
+    bias = np.random.default_rng(6).standard_normal(69).astype(np.float32)
+    out = native.matmul(x, fused, isa, threads=2, bias=bias)
+    alone = [native.matmul(x, native.pack(group), isa, threads=2) for group in ([q, k], [v], [dense])]
+    np.testing.assert_array_equal(out, np.concatenate(alone, axis=1) + bias)
+    matrix = np.concatenate([reference(q), reference(k), reference(v), dense])
+    expected = x.astype(np.float64) @ matrix.T.astype(np.float64) + bias
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())

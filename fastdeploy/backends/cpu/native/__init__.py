@@ -88,7 +88,8 @@ def best_isa() -> str:
 @dataclass(frozen=True)
 class PackedWeight:
     """A [out_features, in_features] weight in the kernels' panel layout; `type_name` is the GGML
-    block type kept (one of `SUPPORTED_TYPES`), F32 or BF16 (`pack_bf16`); `activations` what the kernel quantises
+    block type kept (one of `SUPPORTED_TYPES`), F32, BF16, or MIXED (fused parts of different types,
+    each kept in its own: `segments`) (`pack_bf16`); `activations` what the kernel quantises
     x to (block weights only: float32 weights multiply in float32, bfloat16 ones in bfloat16)."""
 
     type_name: str
@@ -96,6 +97,8 @@ class PackedWeight:
     out_features: int
     in_features: int
     activations: str = "float32"
+    #: type "MIXED" only: (type name, output columns) of each part, in column order
+    segments: tuple[tuple[str, int], ...] = ()
 
     @cached_property
     def kind(self) -> int:
@@ -105,7 +108,7 @@ class PackedWeight:
 
 def _kind(type_name: str, activations: str) -> int:
     """The extension's kind for weights of a type multiplied by activations of `activations`."""
-    suffix = "_I8" if activations == "int8" else ""
+    suffix = "_I8" if activations == "int8" and type_name in INT8_TYPES else ""
     return getattr(_native, f"KIND_{type_name}{suffix}")
 
 
@@ -124,8 +127,10 @@ def pack(
         raise ValueError(
             f"linear weight parts must be [out, in] matrices with one `in`; got {[p.shape for p in parts]}"
         )
-    type_names = {part.type_name if isinstance(part, GGMLTensor) else None for part in parts}
-    type_name = type_names.pop() if len(type_names) == 1 else None
+    type_names = [part.type_name if isinstance(part, GGMLTensor) else None for part in parts]
+    if len(set(type_names)) > 1 and any(name in SUPPORTED_TYPES for name in type_names):
+        return _pack_mixed(parts, activations, empty)
+    type_name = type_names[0] if len(set(type_names)) == 1 else None
     if type_name in SUPPORTED_TYPES:
         rows = np.ascontiguousarray(np.concatenate([part.rows for part in parts], axis=0), np.uint8)
         out_features, depth = rows.shape[0], in_features.pop()
@@ -137,6 +142,39 @@ def pack(
         return PackedWeight(type_name, packed, out_features, depth, activations)
     out_features = sum(part.shape[0] for part in parts)
     return PackedWeight("F32", _pack_f32(parts, empty), out_features, in_features.pop())
+
+
+def _pack_mixed(
+    parts: Sequence[GGMLTensor | np.ndarray], activations: str, empty: Callable[[int], np.ndarray]
+) -> PackedWeight:
+    """Parts of different types (a Q4_K_M file's q/k in Q4_K and v in Q6_K) as one KIND_MIXED
+    weight (gemm_mixed.c): each run of parts of one type packed in its own kind, behind a header of
+    (kind, columns, byte offset) per segment; `segments` names each one's type and columns."""
+    runs: list[list] = []
+    for part in parts:
+        name = part.type_name if isinstance(part, GGMLTensor) else None
+        if runs and (runs[-1][0].type_name if isinstance(runs[-1][0], GGMLTensor) else None) == name:
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    if len(runs) > _native.MIXED_MAX_SEGMENTS:
+        raise ValueError(f"a fused weight has at most {_native.MIXED_MAX_SEGMENTS} parts of different types")
+    packed_runs = [pack(run, activations) for run in runs]
+    offsets, end = [], _native.MIXED_HEADER_BYTES
+    for weight in packed_runs:
+        offsets.append(end)
+        end += -(-weight.packed.nbytes // 64) * 64
+    packed = empty(end)
+    packed[:] = 0
+    header = [len(packed_runs)]
+    for weight, offset in zip(packed_runs, offsets, strict=True):
+        header += [weight.kind, weight.out_features, offset]
+        packed[offset : offset + weight.packed.nbytes] = weight.packed.reshape(-1).view(np.uint8)
+    packed[: 8 * len(header)] = np.array(header, np.int64).view(np.uint8)
+    segments = tuple((weight.type_name, weight.out_features) for weight in packed_runs)
+    return PackedWeight(
+        "MIXED", packed, sum(n for _, n in segments), packed_runs[0].in_features, segments=segments
+    )
 
 
 def _pack_f32(parts: Sequence[GGMLTensor | np.ndarray], empty: Callable[[int], np.ndarray]) -> np.ndarray:

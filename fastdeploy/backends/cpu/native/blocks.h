@@ -30,7 +30,7 @@
 
 #define GROUP 32 /* k per panel group */
 
-static inline int is_subblock_kind(int kind) { return kind >= KIND_Q4_0 && kind < KINDS; }
+static inline int is_subblock_kind(int kind) { return kind >= KIND_Q4_0 && kind <= KIND_IQ4_XS; }
 
 /* k per sub-block (one scale and minimum) */
 static inline __attribute__((always_inline)) int block_sub(int kind)

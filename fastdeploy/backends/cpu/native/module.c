@@ -154,6 +154,9 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "KIND_Q5_K", KIND_Q5_K) < 0 || PyModule_AddIntConstant(m, "KIND_Q6_K", KIND_Q6_K) < 0 ||
         PyModule_AddIntConstant(m, "KIND_IQ4_NL", KIND_IQ4_NL) < 0 ||
         PyModule_AddIntConstant(m, "KIND_IQ4_XS", KIND_IQ4_XS) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_MIXED", KIND_MIXED) < 0 ||
+        PyModule_AddIntConstant(m, "MIXED_HEADER_BYTES", MIXED_HEADER_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "MIXED_MAX_SEGMENTS", MIXED_MAX_SEGMENTS) < 0 ||
         PyModule_AddIntConstant(m, "ACT_QUICK_GELU", ACT_QUICK_GELU) < 0 ||
         PyModule_AddIntConstant(m, "ACT_GELU_ERF", ACT_GELU_ERF) < 0) {
         Py_DECREF(m);

@@ -145,7 +145,7 @@ PyObject *native_packed_bytes(PyObject *self, PyObject *args)
     int kind;
     Py_ssize_t out_features, in_features;
     if (!PyArg_ParseTuple(args, "inn", &kind, &out_features, &in_features)) return NULL;
-    if (kind < KIND_Q4_1 || kind >= KINDS || out_features <= 0 || in_features <= 0) {
+    if (kind < KIND_Q4_1 || kind >= KINDS || kind == KIND_MIXED || out_features <= 0 || in_features <= 0) {
         PyErr_Format(PyExc_ValueError, "packed_bytes: no weight of kind %d and shape [%zd, %zd]", kind, out_features,
                      in_features);
         return NULL;

@@ -230,11 +230,37 @@ def _read_tensor_table(cursor: _Cursor, count: int, alignment: int) -> list[GGUF
         GGUFTensorInfo(name, shape, kind, data_start + offset) for name, shape, kind, offset in entries
     ]
     for tensor in tensors:
-        if tensor.offset > len(cursor.buffer):
+        end = tensor.offset + _data_bytes(tensor, cursor.path)
+        if end > len(cursor.buffer):
             raise UnsupportedModelError(
-                f"{cursor.path} is truncated: tensor {tensor.name!r} lies past its end"
+                f"{cursor.path} is truncated: the data of tensor {tensor.name!r} runs to byte {end}, "
+                f"past the end of the file ({len(cursor.buffer)} bytes)"
             )
     return tensors
+
+
+def _data_bytes(tensor: GGUFTensorInfo, path: str) -> int:
+    """The bytes of a tensor's data; an unknown type, or a row that is no whole number of its
+    type's blocks, is refused naming the file and the tensor."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        qtype = GGMLQuantizationType(tensor.ggml_type)
+        block_size, type_size = GGML_QUANT_SIZES[qtype]
+    except (ValueError, KeyError):
+        raise UnsupportedModelError(
+            f"{path}: tensor {tensor.name!r} has GGML type {tensor.ggml_type}, which is not a known "
+            "quantisation type (the file may be newer than the installed `gguf` package, or damaged)"
+        ) from None
+    if tensor.shape and tensor.shape[-1] % block_size != 0:
+        raise UnsupportedModelError(
+            f"{path}: tensor {tensor.name!r} of type {qtype.name} has rows of {tensor.shape[-1]} values, "
+            f"expected a multiple of its block size {block_size}"
+        )
+    elements = 1
+    for size in tensor.shape:
+        elements *= size
+    return elements // block_size * type_size
 
 
 def _read(buffer: mmap.mmap, path: str) -> GGUFFile:

@@ -1,5 +1,6 @@
 """A tiny Llama GGUF whose tensors are of every block type the cpu kernels keep, mixed tensor by
-tensor as llama.cpp's Q4_K_M-style files mix them (fused q/k/v and gate/up of different types).
+tensor as llama.cpp's Q4_K_M-style files mix them (fused q/k/v and gate/up of different types),
+whole or split into shards.
 
 Each weight must stay in the type it was written in (no float32 copy), and greedy decoding on the
 native kernels (both instruction sets) must give the tokens of the numpy path, which multiplies
@@ -20,6 +21,8 @@ from fastdeploy import LLM, SamplingParams
 from fastdeploy.backends.base import BackendOptions
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
+from fastdeploy.errors import UnsupportedModelError
+from fastdeploy.formats.gguf_file import read_gguf
 from fastdeploy.input.gguf_tokenizer import _BYTE_CHARS
 from fastdeploy.model_executor.loaders.gguf_loader import GGUFLoader
 
@@ -47,7 +50,9 @@ def shapes() -> dict[str, tuple[int, int]]:
     }
 
 
-def write_model(path: Path) -> None:
+def write_model(path: Path, shard: tuple[int, int] = (0, 1)) -> None:
+    """The model, or shard (index, count) of it: every count-th tensor from the index-th on
+    (the metadata in every shard)."""
     tokens = [_BYTE_CHARS[byte] for byte in range(256)] + ["he"] + CONTROL
     writer = GGUFWriter(str(path), "llama")
     writer.add_block_count(len(LAYERS))
@@ -66,20 +71,25 @@ def write_model(path: Path) -> None:
     writer.add_eos_token_id(tokens.index("<|end|>"))
     rng = np.random.default_rng(0)
     seed = iter(range(1000))
+    order = iter(range(1000))
+
+    def add(name: str, array: np.ndarray, raw_dtype=None) -> None:
+        if next(order) % shard[1] == shard[0]:
+            writer.add_tensor(name, array, raw_dtype=raw_dtype)
 
     def blocks(name: str, type_name: str, rows: int, cols: int) -> None:
         tensor = random_blocks(type_name, rows, cols, next(seed), exponents=(-12, -9))
-        writer.add_tensor(name, tensor.rows, raw_dtype=tensor.ggml_type)
+        add(name, tensor.rows, raw_dtype=tensor.ggml_type)
 
     blocks("token_embd.weight", "Q4_K", len(tokens), HIDDEN)
     blocks("output.weight", "Q6_K", len(tokens), HIDDEN)
-    writer.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
+    add("output_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
     for layer, types in enumerate(LAYERS):
         for name, type_name in zip(NAMES, types, strict=True):
             blocks(f"blk.{layer}.{name}.weight", type_name, *shapes()[name])
         for norm in ("attn_norm", "ffn_norm"):
             weight = (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32)
-            writer.add_tensor(f"blk.{layer}.{norm}.weight", weight)
+            add(f"blk.{layer}.{norm}.weight", weight)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -141,3 +151,18 @@ def merge(parts: list[tuple[str, int]]) -> list[tuple[str, int]]:
         else:
             merged.append((name, columns))
     return merged
+
+
+@requires_native
+def test_a_split_gguf_loads_as_one_model(model_path, tmp_path, monkeypatch):
+    """llama.cpp's gguf-split shards (NAME-0000i-of-00003.gguf) run as the single file does; a
+    missing shard fails at load, naming it."""
+    for index in range(3):
+        write_model(tmp_path / f"mixed-{index + 1:05d}-of-00003.gguf", shard=(index, 3))
+    first = str(tmp_path / "mixed-00001-of-00003.gguf")
+    assert greedy(first, "auto", monkeypatch) == greedy(model_path, "auto", monkeypatch)
+    (tmp_path / "mixed-00002-of-00003.gguf").unlink()
+    with pytest.raises(
+        UnsupportedModelError, match=r"one of 3 shards .* missing: .*mixed-00002-of-00003.gguf"
+    ):
+        read_gguf(first)

@@ -175,11 +175,12 @@ static void scatter_row(int kind, uint8_t *panel, int n, const uint8_t *q, const
             if (block_has_min(kind)) memcpy(grp + group_min_offset(kind) + (s * PANEL + n) * 4, minimum + g * subs + s, 4);
         }
         const uint8_t *qg = q + g * GROUP;
-        uint8_t *nibbles = grp + group_nibble_offset(kind), *planes = grp + group_plane_offset(kind);
-        for (int j = 0; j < GROUP / 2; j++) nibbles[PANEL * j + n] = (uint8_t)((qg[2 * j] & 0x0F) | (qg[2 * j + 1] & 0x0F) << 4);
-        for (int p = 0; p < block_planes(kind); p++)
-            for (int k = 0; k < GROUP; k++)
-                planes[p * PANEL * 4 + PANEL * (k / 8) + n] |= (uint8_t)(((qg[k] >> (4 + p)) & 1) << (k % 8));
+        uint8_t *integers = grp + group_nibble_offset(kind);
+        if (block_bytewise(kind))
+            for (int k = 0; k < GROUP; k++) integers[PANEL * k + n] = (uint8_t)(int8_t)(qg[k] - block_offset(kind));
+        else
+            for (int j = 0; j < GROUP / 2; j++)
+                integers[PANEL * j + n] = (uint8_t)((qg[2 * j] & 0x0F) | (qg[2 * j + 1] & 0x0F) << 4);
     }
 }
 

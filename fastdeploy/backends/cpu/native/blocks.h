@@ -17,10 +17,13 @@
  * of a 256-weight super-block), in this order:
  *   scales   float32 [32 / S][16]
  *   minimums float32 [32 / S][16]              (types with a minimum only)
- *   nibbles  16 rows j of 16 bytes: byte n = low 4 bits of q[2j][n] | of q[2j + 1][n] << 4
- *   planes   PLANES x 4 rows of 16 bytes: plane p, row k / 8, byte n, bit k % 8 = bit 4 + p of q[k][n]
- * The integer of (k, column n) is the nibble, the plane bits above it, then minus the type's offset
- * or through its 16-entry codebook: all on 16 bytes at once (one k of the 16 columns), then widened.
+ *   nibbles  16 rows j of 16 bytes: byte n = q[2j][n] | q[2j + 1][n] << 4    (types of 4 bits or fewer)
+ *   or bytes 32 rows k of 16 int8: q[k][n] - offset                           (5- and 6-bit types)
+ * The integer of (k, column n) is the nibble minus the type's offset or through its 16-entry codebook,
+ * or the byte: on 16 bytes at once (one k of the 16 columns), then widened. The 5- and 6-bit types
+ * take a byte per weight rather than a nibble and bit planes: one-row products are short of
+ * arithmetic, not bandwidth, and decoding planes cost 3 operations per plane and k (measured: a
+ * Q6_K one-row product took 2.9x Q8_0's time with two planes).
  * A panel's groups follow each other along k, panels along n; columns past the matrix are zero.
  */
 #ifndef FASTDEPLOY_BLOCKS_H
@@ -43,13 +46,13 @@ static inline __attribute__((always_inline)) int block_has_min(int kind)
     return kind == KIND_Q5_1 || kind == KIND_Q2_K || kind == KIND_Q4_K || kind == KIND_Q5_K;
 }
 
-/* bit planes above the nibble */
-static inline __attribute__((always_inline)) int block_planes(int kind)
+/* whether the integers are stored as bytes (offset applied) rather than nibbles */
+static inline __attribute__((always_inline)) int block_bytewise(int kind)
 {
-    return kind == KIND_Q6_K ? 2 : (kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_Q5_K) ? 1 : 0;
+    return kind == KIND_Q6_K || kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_Q5_K;
 }
 
-/* what is subtracted from the stored integer */
+/* what is subtracted from gguf's integer (by the kernels for nibbles, by the packing for bytes) */
 static inline __attribute__((always_inline)) int block_offset(int kind)
 {
     switch (kind) {
@@ -79,13 +82,9 @@ static inline __attribute__((always_inline)) Py_ssize_t group_nibble_offset(int 
 {
     return group_min_offset(kind) * (1 + block_has_min(kind));
 }
-static inline __attribute__((always_inline)) Py_ssize_t group_plane_offset(int kind)
-{
-    return group_nibble_offset(kind) + PANEL * GROUP / 2;
-}
 static inline __attribute__((always_inline)) Py_ssize_t group_bytes(int kind)
 {
-    return group_plane_offset(kind) + block_planes(kind) * PANEL * GROUP / 8;
+    return group_nibble_offset(kind) + PANEL * GROUP / (block_bytewise(kind) ? 1 : 2);
 }
 
 #endif

@@ -13,8 +13,8 @@
  * against the many-rows path): per row, column and sub-block, s = x.q as one chain of FMAs along
  * k in order, from 0; then total = fma(scale, s, total) and, with a minimum, total = fma(minimum,
  * xsum, total), sub-block after sub-block from total = 0; xsum, the sub-block's sum of x, comes from
- * gemm_blocks.c (one order for all). The integers are decoded from the nibbles, planes, offset or
- * codebook on 16 bytes (one k of the panel's 16 columns) and widened to floats where they are used
+ * gemm_blocks.c (one order for all). The integers are read as bytes or decoded from the nibbles,
+ * offset or codebook on 16 bytes (one k of the panel's 16 columns) and widened to floats where they are used
  * (few rows: each weight is read once), or once per task into a float buffer that every row tile
  * reuses (many rows). One row takes four panels at once (four to eight independent FMA chains),
  * few rows the pair's two panels. The buffered tiles are compiled per sub-block size and minimum,
@@ -71,16 +71,10 @@ INLINE void prefetch_bytes(const uint8_t *p, Py_ssize_t bytes)
 /* The integers of row k (0..31) of a panel group, its 16 columns as int8 (layout: blocks.h). */
 INLINE __m128i quants(int kind, const uint8_t *grp, int k)
 {
+    if (block_bytewise(kind)) return _mm_loadu_si128((const __m128i *)(grp + group_nibble_offset(kind) + PANEL * k));
     __m128i q = _mm_loadu_si128((const __m128i *)(grp + group_nibble_offset(kind) + PANEL * (k / 2)));
     if (k % 2) q = _mm_srli_epi16(q, 4);
     q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
-    for (int p = 0; p < block_planes(kind); p++) {
-        __m128i h = _mm_loadu_si128((const __m128i *)(grp + group_plane_offset(kind) + p * PANEL * 4 + PANEL * (k / 8)));
-        const int shift = 4 + p - k % 8; /* bit k % 8 of each byte to bit 4 + p (16-bit shifts: the mask drops what crossed bytes) */
-        if (shift > 0) h = _mm_slli_epi16(h, shift);
-        if (shift < 0) h = _mm_srli_epi16(h, -shift);
-        q = _mm_or_si128(q, _mm_and_si128(h, _mm_set1_epi8((char)(1 << (4 + p)))));
-    }
     if (block_codebook(kind)) q = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)IQ4_CODEBOOK), q);
     if (block_offset(kind)) q = _mm_sub_epi8(q, _mm_set1_epi8((char)block_offset(kind)));
     return q;
@@ -131,7 +125,7 @@ INLINE void tile(const struct gemm_args *a, const float *xsums, int kind, Py_ssi
             v16 sum[MAX_TILE];
 #pragma GCC unroll 12
             for (int i = 0; i < rows * width; i++) sum[i] = v_zero();
-            /* unrolled by 8 only (short builds): the nibble half and plane bit of k are constants */
+            /* unrolled by 8 only (short builds): the nibble half of k is a constant */
 #pragma GCC unroll 1
             for (int k8 = s * sub; k8 < (s + 1) * sub; k8 += 8)
 #pragma GCC unroll 8

@@ -21,6 +21,11 @@ native_kernels = Extension(
             "gemm_int8",
             "gemm_bf16",
             "packing",
+            "block_packing",
+            "gemm_blocks",
+            "gemm_mixed",
+            "gemm_blocks_avx2",
+            "gemm_blocks_avx512",
             "attention",
             "encoder_attention",
             "encoder_attention_bf16",
@@ -33,7 +38,7 @@ native_kernels = Extension(
     ],
     depends=[
         f"fastdeploy/backends/cpu/native/{name}.h"
-        for name in ("native", "row_kernels", "attention_kernels", "thread_adapt")
+        for name in ("native", "row_kernels", "attention_kernels", "thread_adapt", "blocks", "gemm_blocks")
     ],
     # -fno-trapping-math: nothing here reads floating-point exception flags, and without it GCC will
     # not turn the float selects of the AVX2 kernels (exp's clamp) into vector blends. Results are

@@ -1,4 +1,5 @@
-"""fastdeploy against llama.cpp and transformers on the embedded SmolLM2 model, interleaved in one run.
+"""fastdeploy against llama.cpp and transformers on the embedded SmolLM2 model (or `--model PATH`,
+any GGUF), interleaved in one run.
 
 Workloads (greedy, end-of-sequence ignored, so every engine generates the same number of tokens):
   * prefill: one 512-token prompt and one new token (prompt tok/s)
@@ -27,7 +28,7 @@ keys starting with FD_ are environment variables of that row's process, e.g.
 at load beside the default row on the GGUF, `--variant int8:FD_CPU_ACTIVATIONS=int8` the int8
 activations.
 
-    python benchmarks/throughput.py [--peers llama.cpp,transformers] [--repeats 3]
+    python benchmarks/throughput.py [--model PATH] [--peers llama.cpp,transformers] [--repeats 3]
         [--checkpoint gguf|safetensors] [--background-load N] [--skip-contention] [--skip-startup]
 
 `--device cuda` runs the GPU comparison instead (benchmarks/throughput_cuda.py; its peer is
@@ -280,6 +281,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--model",
+        metavar="PATH",
+        help="any GGUF file (e.g. from benchmarks/make_gguf_quants.py) instead of the embedded SmolLM2",
+    )
     parser.add_argument("--peers", default="llama.cpp,transformers", help="comma list, or '' for none")
     parser.add_argument("--llama-cpp-python", default=sys.executable, metavar="PY")
     parser.add_argument("--transformers-python", default=sys.executable, metavar="PY")
@@ -331,7 +337,7 @@ def main() -> None:
     from fastdeploy.input.gguf_tokenizer import GGUFTokenizerLoader
     from fastdeploy.model_resolver import embedded_model_path
 
-    gguf = embedded_model_path()
+    gguf = args.model or embedded_model_path()
     variants = [parse_variant(text) for text in args.variant]
     with tempfile.TemporaryDirectory(prefix="smollm2-float32-") as directory:
         models = {"gguf": gguf, "safetensors": directory}

@@ -21,8 +21,9 @@ from __future__ import annotations
 import functools
 import mmap
 import os
+import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -153,6 +154,8 @@ class GGUFTensorInfo:
     ggml_type: int
     #: absolute byte offset of the data in the file
     offset: int
+    #: the file holding the data when it is another shard of a split GGUF ("": the file itself)
+    path: str = ""
 
 
 @dataclass
@@ -177,7 +180,7 @@ class GGUFFile:
         block_size, type_size = GGML_QUANT_SIZES[qtype]
         elements = int(np.prod(info.shape))
         size = elements // block_size * type_size
-        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=info.offset, shape=(size,))
+        raw = np.memmap(info.path or self.path, dtype=np.uint8, mode="r", offset=info.offset, shape=(size,))
         if qtype == GGMLQuantizationType.F32:
             return raw.view(np.float32).reshape(info.shape)
         if qtype == GGMLQuantizationType.F16:
@@ -195,12 +198,40 @@ def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
-    """Metadata and tensor table of a GGUF file (tensor data is read later, on demand).
+    """Metadata and tensor table of a GGUF file (tensor data is read later, on demand); a shard of a
+    split GGUF (NAME-00001-of-00003.gguf, llama.cpp's gguf-split) reads as the whole model: the
+    first shard's metadata and every shard's tensors.
 
     An engine start reads the file three times (config, tokenizer, weights): the parsed header is
     kept for a file whose path, size and modification time are unchanged. Treat it as read-only.
     """
     path = os.fspath(path)
+    split = _SPLIT_NAME.match(os.path.basename(path))
+    if split is None or int(split["count"]) == 1:
+        return _read_file(path)
+    count = int(split["count"])
+    shards = [
+        os.path.join(os.path.dirname(path), f"{split['stem']}-{index:05d}-of-{count:05d}.gguf")
+        for index in range(1, count + 1)
+    ]
+    missing = [shard for shard in shards if not os.path.exists(shard)]
+    if missing:
+        raise UnsupportedModelError(
+            f"{path} is one of {count} shards of a split GGUF, and {len(missing)} of them are missing: "
+            + ", ".join(missing)
+        )
+    files = [_read_file(shard) for shard in shards]
+    if len({file.byte_order for file in files}) != 1:
+        raise UnsupportedModelError(f"the shards of {shards[0]} do not share one byte order")
+    tensors = [replace(tensor, path=file.path) for file in files for tensor in file.tensors]
+    return GGUFFile(shards[0], files[0].metadata, tensors, files[0].byte_order)
+
+
+#: llama.cpp's gguf-split names: NAME-00001-of-00003.gguf
+_SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def _read_file(path: str) -> GGUFFile:
     status = os.stat(path)
     return _read_cached(path, status.st_size, status.st_mtime_ns)
 
@@ -230,11 +261,37 @@ def _read_tensor_table(cursor: _Cursor, count: int, alignment: int) -> list[GGUF
         GGUFTensorInfo(name, shape, kind, data_start + offset) for name, shape, kind, offset in entries
     ]
     for tensor in tensors:
-        if tensor.offset > len(cursor.buffer):
+        end = tensor.offset + _data_bytes(tensor, cursor.path)
+        if end > len(cursor.buffer):
             raise UnsupportedModelError(
-                f"{cursor.path} is truncated: tensor {tensor.name!r} lies past its end"
+                f"{cursor.path} is truncated: the data of tensor {tensor.name!r} runs to byte {end}, "
+                f"past the end of the file ({len(cursor.buffer)} bytes)"
             )
     return tensors
+
+
+def _data_bytes(tensor: GGUFTensorInfo, path: str) -> int:
+    """The bytes of a tensor's data; an unknown type, or a row that is no whole number of its
+    type's blocks, is refused naming the file and the tensor."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        qtype = GGMLQuantizationType(tensor.ggml_type)
+        block_size, type_size = GGML_QUANT_SIZES[qtype]
+    except (ValueError, KeyError):
+        raise UnsupportedModelError(
+            f"{path}: tensor {tensor.name!r} has GGML type {tensor.ggml_type}, which is not a known "
+            "quantisation type (the file may be newer than the installed `gguf` package, or damaged)"
+        ) from None
+    if tensor.shape and tensor.shape[-1] % block_size != 0:
+        raise UnsupportedModelError(
+            f"{path}: tensor {tensor.name!r} of type {qtype.name} has rows of {tensor.shape[-1]} values, "
+            f"expected a multiple of its block size {block_size}"
+        )
+    elements = 1
+    for size in tensor.shape:
+        elements *= size
+    return elements // block_size * type_size
 
 
 def _read(buffer: mmap.mmap, path: str) -> GGUFFile:

@@ -148,11 +148,10 @@ def test_float32_parts_are_packed_in_the_kernels_panel_pairs(sizes):
 @pytest.mark.parametrize(
     "parts",
     [
-        [ggml_matrix("Q4_1", 16, 64), ggml_matrix("Q8_0", 16, 64)],  # mixed block types
-        [ggml_matrix("Q5_0", 16, 64)],  # a block type without a kernel
+        [ggml_matrix("MXFP4", 16, 64)],  # a block type without a kernel
         [np.random.default_rng(4).standard_normal((40, 64)).astype(np.float16)],
     ],
-    ids=["mixed", "q5_0", "float16"],
+    ids=["mxfp4", "float16"],
 )
 def test_parts_without_a_block_kernel_are_packed_as_float32(parts):
     packed = native.pack(parts)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf import GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter
 
 from fastdeploy.errors import UnsupportedModelError
 from fastdeploy.formats.gguf_file import read_gguf_metadata
@@ -132,3 +132,64 @@ def test_written_tensors_round_trip(tmp_path: Path) -> None:
     assert [t.name for t in parsed.tensors] == ["first", "second"]
     np.testing.assert_array_equal(parsed.tensor_data(parsed.tensors[0]), first)
     np.testing.assert_array_equal(parsed.tensor_data(parsed.tensors[1]), second)
+
+
+def _write_blocks(path: Path) -> bytes:
+    """A file with one Q4_K tensor [2, 256] of zero blocks; its bytes."""
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor(
+        "blk.0.attn_q.weight", np.zeros((2, 144), np.uint8), raw_dtype=GGMLQuantizationType.Q4_K
+    )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.read_bytes()
+
+
+def _type_field(data: bytes, name: str) -> int:
+    """Where the GGML type of tensor `name` sits in the tensor table (after its name and dims)."""
+    start = data.index(name.encode()) + len(name)
+    dims = int.from_bytes(data[start : start + 4], "little")
+    return start + 4 + 8 * dims
+
+
+def test_tensor_data_running_past_the_end_names_the_tensor(tmp_path: Path) -> None:
+    from fastdeploy.formats.gguf_file import read_gguf
+
+    path = tmp_path / "cut.gguf"
+    data = _write_blocks(path)
+    path.write_bytes(data[:-100])
+    with pytest.raises(
+        UnsupportedModelError, match=r"cut.gguf is truncated: the data of tensor 'blk.0.attn_q.weight'"
+    ):
+        read_gguf(path)
+
+
+def test_unknown_quant_type_names_the_tensor(tmp_path: Path) -> None:
+    from fastdeploy.formats.gguf_file import read_gguf
+
+    path = tmp_path / "odd.gguf"
+    data = bytearray(_write_blocks(path))
+    at = _type_field(bytes(data), "blk.0.attn_q.weight")
+    data[at : at + 4] = (250).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(
+        UnsupportedModelError, match=r"odd.gguf: tensor 'blk.0.attn_q.weight' has GGML type 250"
+    ):
+        read_gguf(path)
+
+
+def test_rows_that_are_no_whole_blocks_are_refused(tmp_path: Path) -> None:
+    from fastdeploy.formats.gguf_file import read_gguf
+
+    path = tmp_path / "rows.gguf"
+    data = bytearray(_write_blocks(path))
+    at = _type_field(bytes(data), "blk.0.attn_q.weight")
+    data[at : at + 4] = int(GGMLQuantizationType.Q8_0).to_bytes(4, "little")  # 256 values: 8 Q8_0 blocks
+    data[at - 16 : at - 8] = (100).to_bytes(8, "little")  # rows of 100 values
+    path.write_bytes(bytes(data))
+    with pytest.raises(
+        UnsupportedModelError, match=r"rows of 100 values, expected a multiple of its block size 32"
+    ):
+        read_gguf(path)

@@ -1,8 +1,9 @@
 """The cpu backend's native kernels: products on GGUF-quantised weights kept in their blocks,
 paged attention and the element-wise ops of a decoder layer.
 
-`pack` turns the parts of a linear weight into a `PackedWeight` (Q4_1/Q8_0 blocks repacked into
-column panels by packing.c, anything else as float32 panels); `matmul` multiplies float32
+`pack` turns the parts of a linear weight into a `PackedWeight` (GGUF blocks of the
+`SUPPORTED_TYPES` repacked into column panels by packing.c / block_packing.c, anything else as
+float32 panels); `matmul` multiplies float32
 activations by it. Every kernel takes the instruction set to run (`isa`), so the backend
 runs what `FD_CPU_KERNELS` names and tests exercise the AVX2 code on an AVX-512 machine. Where the extension was not built, `unavailable_reason`
 says why and the backend keeps its numpy path.
@@ -44,10 +45,13 @@ def _import_extension() -> tuple[Any, str | None]:
 
 _native, _IMPORT_ERROR = _import_extension()
 
-#: GGML type name -> (kernel kind, bytes of one packed block: 16 columns x 32 k, see gemm.c) for the
-#: block types multiplied without dequantising
-_FORMATS: dict[str, tuple[str, int]] = {"Q4_1": ("KIND_Q4_1", 320), "Q8_0": ("KIND_Q8_0", 544)}
-SUPPORTED_TYPES = tuple(_FORMATS)
+#: the GGML block types multiplied in their blocks, never dequantised: Q4_1 and Q8_0 in gemm.c's
+#: panels, the others in blocks.h's sub-block panels (gemm_blocks.c)
+SUPPORTED_TYPES = (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+)  # fmt: skip
+#: the block types with int8-activation kernels too (gemm_int8.c); the others multiply float32
+INT8_TYPES = ("Q4_1", "Q8_0")
 PANEL = 16
 ISAS = ("avx512", "avx2")
 #: what the activations are multiplied in: float32 (exact) or int8 (gemm_int8.c, opt-in)
@@ -84,7 +88,8 @@ def best_isa() -> str:
 @dataclass(frozen=True)
 class PackedWeight:
     """A [out_features, in_features] weight in the kernels' panel layout; `type_name` is the GGML
-    block type kept (Q4_1, Q8_0), F32 or BF16 (`pack_bf16`); `activations` what the kernel quantises
+    block type kept (one of `SUPPORTED_TYPES`), F32, BF16, or MIXED (fused parts of different types,
+    each kept in its own: `segments`) (`pack_bf16`); `activations` what the kernel quantises
     x to (block weights only: float32 weights multiply in float32, bfloat16 ones in bfloat16)."""
 
     type_name: str
@@ -92,12 +97,19 @@ class PackedWeight:
     out_features: int
     in_features: int
     activations: str = "float32"
+    #: type "MIXED" only: (type name, output columns) of each part, in column order
+    segments: tuple[tuple[str, int], ...] = ()
 
     @cached_property
     def kind(self) -> int:
         """The extension's weight kind (native.h `enum weight_kind`); cached: every product asks."""
-        suffix = "_I8" if self.activations == "int8" else ""
-        return getattr(_native, f"KIND_{self.type_name}{suffix}")
+        return _kind(self.type_name, self.activations)
+
+
+def _kind(type_name: str, activations: str) -> int:
+    """The extension's kind for weights of a type multiplied by activations of `activations`."""
+    suffix = "_I8" if activations == "int8" and type_name in INT8_TYPES else ""
+    return getattr(_native, f"KIND_{type_name}{suffix}")
 
 
 def pack(
@@ -115,18 +127,54 @@ def pack(
         raise ValueError(
             f"linear weight parts must be [out, in] matrices with one `in`; got {[p.shape for p in parts]}"
         )
-    type_names = {part.type_name if isinstance(part, GGMLTensor) else None for part in parts}
-    type_name = type_names.pop() if len(type_names) == 1 else None
-    if type_name in _FORMATS:
-        block_bytes = _FORMATS[type_name][1]
+    type_names = [part.type_name if isinstance(part, GGMLTensor) else None for part in parts]
+    if len(set(type_names)) > 1 and any(name in SUPPORTED_TYPES for name in type_names):
+        return _pack_mixed(parts, activations, empty)
+    type_name = type_names[0] if len(set(type_names)) == 1 else None
+    if type_name in SUPPORTED_TYPES:
         rows = np.ascontiguousarray(np.concatenate([part.rows for part in parts], axis=0), np.uint8)
         out_features, depth = rows.shape[0], in_features.pop()
-        packed = empty(-(-out_features // PANEL) * (depth // 32) * block_bytes)
-        weight = PackedWeight(type_name, packed, out_features, depth, activations)
-        _native.pack_blocks(weight.kind, rows, packed, out_features, depth)
-        return weight
+        if type_name not in INT8_TYPES:
+            activations = "float32"
+        kind = _kind(type_name, activations)
+        packed = empty(_native.packed_bytes(kind, out_features, depth))
+        _native.pack_blocks(kind, rows, packed, out_features, depth)
+        return PackedWeight(type_name, packed, out_features, depth, activations)
     out_features = sum(part.shape[0] for part in parts)
     return PackedWeight("F32", _pack_f32(parts, empty), out_features, in_features.pop())
+
+
+def _pack_mixed(
+    parts: Sequence[GGMLTensor | np.ndarray], activations: str, empty: Callable[[int], np.ndarray]
+) -> PackedWeight:
+    """Parts of different types (a Q4_K_M file's q/k in Q4_K and v in Q6_K) as one KIND_MIXED
+    weight (gemm_mixed.c): each run of parts of one type packed in its own kind, behind a header of
+    (kind, columns, byte offset) per segment; `segments` names each one's type and columns."""
+    runs: list[list] = []
+    for part in parts:
+        name = part.type_name if isinstance(part, GGMLTensor) else None
+        if runs and (runs[-1][0].type_name if isinstance(runs[-1][0], GGMLTensor) else None) == name:
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    if len(runs) > _native.MIXED_MAX_SEGMENTS:
+        raise ValueError(f"a fused weight has at most {_native.MIXED_MAX_SEGMENTS} parts of different types")
+    packed_runs = [pack(run, activations) for run in runs]
+    offsets, end = [], _native.MIXED_HEADER_BYTES
+    for weight in packed_runs:
+        offsets.append(end)
+        end += -(-weight.packed.nbytes // 64) * 64
+    packed = empty(end)
+    packed[:] = 0
+    header = [len(packed_runs)]
+    for weight, offset in zip(packed_runs, offsets, strict=True):
+        header += [weight.kind, weight.out_features, offset]
+        packed[offset : offset + weight.packed.nbytes] = weight.packed.reshape(-1).view(np.uint8)
+    packed[: 8 * len(header)] = np.array(header, np.int64).view(np.uint8)
+    segments = tuple((weight.type_name, weight.out_features) for weight in packed_runs)
+    return PackedWeight(
+        "MIXED", packed, sum(n for _, n in segments), packed_runs[0].in_features, segments=segments
+    )
 
 
 def _pack_f32(parts: Sequence[GGMLTensor | np.ndarray], empty: Callable[[int], np.ndarray]) -> np.ndarray:

@@ -38,6 +38,7 @@
  *     row tile then reads.
  */
 #include "native.h"
+#include "blocks.h"
 
 #include <immintrin.h>
 #include <stdlib.h>
@@ -519,8 +520,10 @@ static AVX2_TARGET void avx2_pair(const struct gemm_args *a, Py_ssize_t p)
 /* ----------------------------------------------------------- dispatching */
 Py_ssize_t fd_packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
 {
+    if (kind == KIND_MIXED) return -1; /* not a function of the shape: fd_packed_valid reads its header */
     if (kind == KIND_F32) return (cols + 2 * PANEL - 1) / (2 * PANEL) * depth * 2 * PANEL * (Py_ssize_t)sizeof(float);
     const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
+    if (is_subblock_kind(kind)) return panels * (depth / GROUP) * group_bytes(kind);
     return panels * (depth / QBLOCK) * BLOCK_BYTES(kind);
 }
 
@@ -620,6 +623,8 @@ int fd_gemm(const struct gemm_args *a, int isa, int threads)
 {
     if (a->rows <= 0) return 0;
     if (a->kind == KIND_Q4_1_I8 || a->kind == KIND_Q8_0_I8) return gemm_int8(a, isa, threads);
+    if (is_subblock_kind(a->kind)) return gemm_blocks(a, isa, threads);
+    if (a->kind == KIND_MIXED) return gemm_mixed(a, isa, threads);
     const Py_ssize_t panels = (a->cols + PANEL - 1) / PANEL;
     struct gemm_job job = {*a, panels, isa, panels_per_task(a)};
     float on_stack[BLOCK_SUMS_ON_STACK], *sums = NULL;
@@ -658,7 +663,7 @@ PyObject *native_gemm(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "bias has %zd bytes, expected cols=%zd float32 values", bias.len, cols);
     } else if (isa < 0) {
         /* native_isa_checked set the error */
-    } else if (kind < KIND_Q4_1 || kind > KIND_Q8_0_I8) {
+    } else if (kind < KIND_Q4_1 || kind >= KINDS) {
         PyErr_Format(PyExc_ValueError, "unknown weight kind %d", kind);
     } else if (rows < 0 || cols <= 0 || depth <= 0 || (kind != KIND_F32 && depth % QBLOCK != 0)) {
         PyErr_Format(PyExc_ValueError,
@@ -666,7 +671,7 @@ PyObject *native_gemm(PyObject *self, PyObject *args)
                      depth, QBLOCK);
     } else if (x.len != rows * depth * (Py_ssize_t)sizeof(float) ||
                out.len != rows * cols * (Py_ssize_t)sizeof(float) ||
-               packed.len != fd_packed_bytes(kind, cols, depth)) {
+               !fd_packed_valid(kind, packed.buf, packed.len, cols, depth)) {
         PyErr_Format(PyExc_ValueError, "buffer sizes do not match rows=%zd cols=%zd depth=%zd", rows, cols,
                      depth);
     } else {

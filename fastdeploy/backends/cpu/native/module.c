@@ -123,6 +123,8 @@ static PyMethodDef methods[] = {
     {"shm_collective", native_shm_collective, METH_VARARGS,
      "shm_collective(shm, x, out, rank, world, seq, slot_floats, timeout): sum x (out None) or gather it into out "
      "over the ranks mapping shm; the next seq."},
+    {"packed_bytes", native_packed_bytes, METH_VARARGS,
+     "packed_bytes(kind, out_features, in_features): the bytes of a packed weight of that kind and shape."},
     {"pack_blocks", native_pack_blocks, METH_VARARGS,
      "pack_blocks(kind, rows, out, out_features, in_features): GGUF rows into gemm's column panels."},
     {"gemm", native_gemm, METH_VARARGS,
@@ -146,6 +148,15 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "KIND_F32", KIND_F32) < 0 || PyModule_AddIntConstant(m, "PANEL", PANEL) < 0 ||
         PyModule_AddIntConstant(m, "KIND_Q4_1_I8", KIND_Q4_1_I8) < 0 ||
         PyModule_AddIntConstant(m, "KIND_Q8_0_I8", KIND_Q8_0_I8) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_Q4_0", KIND_Q4_0) < 0 || PyModule_AddIntConstant(m, "KIND_Q5_0", KIND_Q5_0) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_Q5_1", KIND_Q5_1) < 0 || PyModule_AddIntConstant(m, "KIND_Q2_K", KIND_Q2_K) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_Q3_K", KIND_Q3_K) < 0 || PyModule_AddIntConstant(m, "KIND_Q4_K", KIND_Q4_K) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_Q5_K", KIND_Q5_K) < 0 || PyModule_AddIntConstant(m, "KIND_Q6_K", KIND_Q6_K) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_IQ4_NL", KIND_IQ4_NL) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_IQ4_XS", KIND_IQ4_XS) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_MIXED", KIND_MIXED) < 0 ||
+        PyModule_AddIntConstant(m, "MIXED_HEADER_BYTES", MIXED_HEADER_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "MIXED_MAX_SEGMENTS", MIXED_MAX_SEGMENTS) < 0 ||
         PyModule_AddIntConstant(m, "ACT_QUICK_GELU", ACT_QUICK_GELU) < 0 ||
         PyModule_AddIntConstant(m, "ACT_GELU_ERF", ACT_GELU_ERF) < 0) {
         Py_DECREF(m);

@@ -3,6 +3,11 @@
  *
  * gemm.c              matrix products on GGUF Q4_1/Q8_0 blocks (dequantised in registers) and float32 panels
  * packing.c           GGUF Q4_1/Q8_0 rows repacked into gemm.c's column panels
+ * blocks.h            the sub-block panel layout of every other GGUF block type (Q4_0, Q5_*, K-quants, IQ4_*)
+ * block_packing.c     GGUF rows of those types repacked into that layout
+ * gemm_mixed.c        fused weights whose parts keep different kinds
+ * gemm_blocks.c       products on sub-block panels (entry), gemm_blocks.h their kernels, compiled per
+ *                     instruction set by gemm_blocks_avx2.c and gemm_blocks_avx512.c
  * gemm_int8.c         the same blocks times int8-quantised activations (FD_CPU_ACTIVATIONS=int8)
  * gemm_bf16.c         bfloat16 weights times activations rounded to bfloat16 (FD_CPU_VISION_MATMUL=bfloat16)
  * encoder_attention_bf16.c  encoder_attention.c's work with bfloat16 products (the same opt-in, AVX512_BF16)
@@ -68,7 +73,14 @@ void *fd_thread_scratch(size_t bytes);
 
 /* Weight layouts (gemm.c, packing.c): GGUF blocks for float activations, the same blocks for int8
  * activations (gemm_int8.c), float32 panels. */
-enum weight_kind { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_F32 = 2, KIND_Q4_1_I8 = 3, KIND_Q8_0_I8 = 4 };
+enum weight_kind {
+    KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_F32 = 2, KIND_Q4_1_I8 = 3, KIND_Q8_0_I8 = 4,
+    /* sub-block panels (blocks.h, gemm_blocks.c) */
+    KIND_Q4_0 = 5, KIND_Q5_0 = 6, KIND_Q5_1 = 7, KIND_Q2_K = 8, KIND_Q3_K = 9, KIND_Q4_K = 10, KIND_Q5_K = 11,
+    KIND_Q6_K = 12, KIND_IQ4_NL = 13, KIND_IQ4_XS = 14,
+    KIND_MIXED = 15, /* parts of different kinds, each in its own layout (gemm_mixed.c) */
+    KINDS = 16
+};
 enum isa { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
 /* The widest instruction set this CPU runs; the name of one; a name's value, or -1 with a Python
@@ -223,12 +235,26 @@ Py_ssize_t fd_packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth);
 /* gemm_int8.c: the product for the KIND_*_I8 layouts, activations quantised to int8 (with the
  * caller's threads; the GIL released); -1 when out of memory. */
 int gemm_int8(const struct gemm_args *a, int isa, int threads);
+/* gemm_blocks.c: the product for the sub-block kinds (KIND_Q4_0 .. KIND_IQ4_XS, blocks.h), on the
+ * caller's threads (the GIL released); -1 when out of memory. */
+int gemm_blocks(const struct gemm_args *a, int isa, int threads);
+/* gemm_mixed.c: whether `packed` (len bytes) holds a [cols, depth] weight of `kind` (any kind,
+ * KIND_MIXED's header included); the product of a KIND_MIXED weight (-1 when out of memory). */
+#define MIXED_HEADER_BYTES 128
+#define MIXED_MAX_SEGMENTS 4
+int fd_packed_valid(int kind, const uint8_t *packed, Py_ssize_t len, Py_ssize_t cols, Py_ssize_t depth);
+int gemm_mixed(const struct gemm_args *a, int isa, int threads);
+/* block_packing.c: GGUF rows [out_features][in_features / weights per block * block bytes] of a
+ * sub-block kind repacked into its panels (`out` has fd_packed_bytes); 0, or -1 on a bad shape. */
+int pack_subblock_rows(int kind, const uint8_t *rows, Py_ssize_t rows_len, uint8_t *out, Py_ssize_t out_len,
+                       Py_ssize_t out_features, Py_ssize_t in_features);
 /* Whether the int8 kernels use AVX-512 VNNI here (else AVX2's maddubs). */
 int native_cpu_has_vnni(void);
 
 PyObject *native_best_isa(PyObject *self, PyObject *noargs);
 PyObject *native_gemm(PyObject *self, PyObject *args);
 PyObject *native_pack_blocks(PyObject *self, PyObject *args);
+PyObject *native_packed_bytes(PyObject *self, PyObject *args);
 PyObject *native_shm_collective(PyObject *self, PyObject *args);
 PyObject *native_attention(PyObject *self, PyObject *args);
 PyObject *native_encoder_attention(PyObject *self, PyObject *args);

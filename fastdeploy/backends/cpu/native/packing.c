@@ -91,6 +91,21 @@ PyObject *native_pack_blocks(PyObject *self, PyObject *args)
     Py_ssize_t out_features, in_features;
     if (!PyArg_ParseTuple(args, "iy*w*nn", &kind, &rows, &out, &out_features, &in_features)) return NULL;
     PyObject *result = NULL;
+    if (kind >= KIND_Q4_0 && kind < KINDS) { /* the sub-block kinds: block_packing.c */
+        int failed;
+        Py_BEGIN_ALLOW_THREADS
+        failed = pack_subblock_rows(kind, rows.buf, rows.len, out.buf, out.len, out_features, in_features);
+        Py_END_ALLOW_THREADS
+        if (failed == -2)
+            PyErr_NoMemory();
+        else if (failed)
+            PyErr_SetString(PyExc_ValueError, "pack_blocks: buffer sizes do not match the shape");
+        else
+            result = Py_NewRef(Py_None);
+        PyBuffer_Release(&rows);
+        PyBuffer_Release(&out);
+        return result;
+    }
     const Py_ssize_t blocks = in_features / QBLOCK, panels = (out_features + PANEL - 1) / PANEL;
     const int q4_1 = kind == KIND_Q4_1 || kind == KIND_Q4_1_I8;
     const Py_ssize_t src_bytes = q4_1 ? Q4_1_BLOCK_BYTES : Q8_0_BLOCK_BYTES;
@@ -122,4 +137,18 @@ PyObject *native_pack_blocks(PyObject *self, PyObject *args)
     PyBuffer_Release(&rows);
     PyBuffer_Release(&out);
     return result;
+}
+
+/* packed_bytes(kind, out_features, in_features) */
+PyObject *native_packed_bytes(PyObject *self, PyObject *args)
+{
+    int kind;
+    Py_ssize_t out_features, in_features;
+    if (!PyArg_ParseTuple(args, "inn", &kind, &out_features, &in_features)) return NULL;
+    if (kind < KIND_Q4_1 || kind >= KINDS || kind == KIND_MIXED || out_features <= 0 || in_features <= 0) {
+        PyErr_Format(PyExc_ValueError, "packed_bytes: no weight of kind %d and shape [%zd, %zd]", kind, out_features,
+                     in_features);
+        return NULL;
+    }
+    return PyLong_FromSsize_t(fd_packed_bytes(kind, out_features, in_features));
 }

@@ -1,0 +1,215 @@
+/*
+ * GGUF rows of the sub-block kinds repacked into blocks.h's panels, once at load.
+ *
+ * Each GGUF block (32 weights, or a 256-weight super-block) is decoded into its integers (as the
+ * layout stores them: before the offset or codebook), its effective float32 scale per sub-block
+ * and, where the type has one, its minimum with gguf's sign: the formulas of gguf-py's
+ * `gguf.quants` dequantisers, whose products the kernels reproduce bit for bit (tests check). A
+ * matrix row is decoded whole, then scattered into its column of every panel group.
+ */
+#include "blocks.h"
+
+#include <string.h>
+
+static float half_to_float(const uint8_t *p)
+{
+    const uint16_t h = (uint16_t)(p[0] | p[1] << 8);
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    uint32_t bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | mantissa << 13; /* inf, nan */
+    } else if (exponent != 0) {
+        bits = sign | (exponent + 112) << 23 | mantissa << 13;
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        int e = -1;
+        uint32_t m = mantissa;
+        do {
+            e++;
+            m <<= 1;
+        } while ((m & 0x400) == 0);
+        bits = sign | (uint32_t)(112 - e) << 23 | (m & 0x3FF) << 13;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+/* weights per GGUF block and its bytes */
+static int gguf_block_weights(int kind) { return kind == KIND_Q4_0 || kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_IQ4_NL ? 32 : 256; }
+
+static Py_ssize_t gguf_block_bytes(int kind)
+{
+    switch (kind) {
+    case KIND_Q4_0: return 18;
+    case KIND_Q5_0: return 22;
+    case KIND_Q5_1: return 24;
+    case KIND_Q2_K: return 84;
+    case KIND_Q3_K: return 110;
+    case KIND_Q4_K: return 144;
+    case KIND_Q5_K: return 176;
+    case KIND_Q6_K: return 210;
+    case KIND_IQ4_NL: return 18;
+    case KIND_IQ4_XS: return 136;
+    default: return 0;
+    }
+}
+
+/* Q4_K's and Q5_K's 6-bit scale and minimum of sub-block j from their 12 packed bytes */
+static void k_scale_min(const uint8_t *s, int j, int *scale, int *min)
+{
+    if (j < 4) {
+        *scale = s[j] & 63;
+        *min = s[j + 4] & 63;
+    } else {
+        *scale = (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30);
+        *min = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+    }
+}
+
+/* One GGUF block: q[weights] (stored integers), scale[] and minimum[] per sub-block. */
+static void decode_block(int kind, const uint8_t *b, uint8_t *q, float *scale, float *minimum)
+{
+    switch (kind) {
+    case KIND_Q4_0:
+    case KIND_IQ4_NL:
+        scale[0] = half_to_float(b);
+        for (int i = 0; i < 16; i++) q[i] = b[2 + i] & 0x0F, q[i + 16] = b[2 + i] >> 4;
+        return;
+    case KIND_Q5_0:
+    case KIND_Q5_1: {
+        const int with_min = kind == KIND_Q5_1;
+        scale[0] = half_to_float(b);
+        if (with_min) minimum[0] = half_to_float(b + 2);
+        const uint8_t *qh = b + 2 + 2 * with_min, *qs = qh + 4;
+        const uint32_t high = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+        for (int i = 0; i < 16; i++) {
+            q[i] = (uint8_t)((qs[i] & 0x0F) | ((high >> i) & 1) << 4);
+            q[i + 16] = (uint8_t)((qs[i] >> 4) | ((high >> (i + 16)) & 1) << 4);
+        }
+        return;
+    }
+    case KIND_Q2_K: {
+        const uint8_t *scales = b, *qs = b + 16;
+        const float d = half_to_float(b + 80), dmin = half_to_float(b + 82);
+        for (int s = 0; s < 16; s++) {
+            scale[s] = d * (float)(scales[s] & 0x0F);
+            minimum[s] = -(dmin * (float)(scales[s] >> 4));
+        }
+        for (int w = 0; w < 256; w++) {
+            const int h = w / 128, shift = (w % 128) / 32, l = w % 32;
+            q[w] = (qs[32 * h + l] >> (2 * shift)) & 3;
+        }
+        return;
+    }
+    case KIND_Q3_K: {
+        const uint8_t *hmask = b, *qs = b + 32, *sc = b + 96;
+        const float d = half_to_float(b + 108);
+        for (int j = 0; j < 16; j++) {
+            const int low = j < 8 ? sc[j] & 0x0F : sc[j - 8] >> 4, high = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+            scale[j] = d * (float)((low | high << 4) - 32);
+        }
+        for (int w = 0; w < 256; w++) {
+            const int h = w / 128, shift = (w % 128) / 32, l = w % 32;
+            const int low = (qs[32 * h + l] >> (2 * shift)) & 3, bit = (hmask[w % 32] >> (w / 32)) & 1;
+            q[w] = (uint8_t)(low | bit << 2); /* gguf's low - 4 * (1 - bit), plus the offset 4 */
+        }
+        return;
+    }
+    case KIND_Q4_K:
+    case KIND_Q5_K: {
+        const float d = half_to_float(b), dmin = half_to_float(b + 2);
+        const uint8_t *scales = b + 4, *qh = b + 16, *qs = kind == KIND_Q4_K ? b + 16 : b + 48;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            k_scale_min(scales, j, &sc, &m);
+            scale[j] = d * (float)sc;
+            minimum[j] = -(dmin * (float)m);
+        }
+        for (int w = 0; w < 256; w++) {
+            const int c = w / 64, h = (w % 64) / 32, l = w % 32;
+            q[w] = (qs[32 * c + l] >> (4 * h)) & 0x0F;
+            if (kind == KIND_Q5_K) q[w] |= (uint8_t)(((qh[l] >> (w / 32)) & 1) << 4);
+        }
+        return;
+    }
+    case KIND_Q6_K: {
+        const uint8_t *ql = b, *qh = b + 128, *scales = b + 192;
+        const float d = half_to_float(b + 208);
+        for (int j = 0; j < 16; j++) scale[j] = d * (float)(int8_t)scales[j];
+        for (int w = 0; w < 256; w++) {
+            const int h = w / 128, low = (ql[64 * h + w % 64] >> (4 * ((w % 128) / 64))) & 0x0F;
+            const int high = (qh[32 * h + w % 32] >> (2 * ((w % 128) / 32))) & 3;
+            q[w] = (uint8_t)(low | high << 4);
+        }
+        return;
+    }
+    case KIND_IQ4_XS: {
+        const float d = half_to_float(b);
+        const int scales_h = b[2] | b[3] << 8;
+        const uint8_t *scales_l = b + 4, *qs = b + 8;
+        for (int j = 0; j < 8; j++) {
+            const int ls = ((scales_l[j / 2] >> (4 * (j % 2))) & 0x0F) | ((scales_h >> (2 * j)) & 3) << 4;
+            scale[j] = d * (float)(ls - 32);
+        }
+        for (int w = 0; w < 256; w++) {
+            const int c = w / 32, h = (w % 32) / 16, l = w % 16;
+            q[w] = (qs[16 * c + l] >> (4 * h)) & 0x0F;
+        }
+        return;
+    }
+    }
+}
+
+/* Column n of every group of a panel from one decoded matrix row. */
+static void scatter_row(int kind, uint8_t *panel, int n, const uint8_t *q, const float *scale, const float *minimum,
+                        Py_ssize_t depth)
+{
+    const int sub = block_sub(kind), subs = GROUP / sub;
+    const Py_ssize_t bytes = group_bytes(kind);
+    for (Py_ssize_t g = 0; g < depth / GROUP; g++) {
+        uint8_t *grp = panel + g * bytes;
+        for (int s = 0; s < subs; s++) {
+            memcpy(grp + (s * PANEL + n) * 4, scale + g * subs + s, 4);
+            if (block_has_min(kind)) memcpy(grp + group_min_offset(kind) + (s * PANEL + n) * 4, minimum + g * subs + s, 4);
+        }
+        const uint8_t *qg = q + g * GROUP;
+        uint8_t *integers = grp + group_nibble_offset(kind);
+        if (block_bytewise(kind))
+            for (int k = 0; k < GROUP; k++) integers[PANEL * k + n] = (uint8_t)(int8_t)(qg[k] - block_offset(kind));
+        else
+            for (int j = 0; j < GROUP / 2; j++)
+                integers[PANEL * j + n] = (uint8_t)((qg[2 * j] & 0x0F) | (qg[2 * j + 1] & 0x0F) << 4);
+    }
+}
+
+int pack_subblock_rows(int kind, const uint8_t *rows, Py_ssize_t rows_len, uint8_t *out, Py_ssize_t out_len,
+                       Py_ssize_t out_features, Py_ssize_t in_features)
+{
+    const int weights = gguf_block_weights(kind);
+    const Py_ssize_t row_bytes = in_features / weights * gguf_block_bytes(kind);
+    if (!is_subblock_kind(kind) || out_features <= 0 || in_features <= 0 || in_features % weights != 0 ||
+        rows_len != out_features * row_bytes || out_len != fd_packed_bytes(kind, out_features, in_features))
+        return -1;
+    uint8_t *q = PyMem_RawMalloc((size_t)in_features);
+    float *scale = PyMem_RawMalloc((size_t)in_features / 16 * sizeof(float) * 2);
+    if (q == NULL || scale == NULL) {
+        PyMem_RawFree(q);
+        PyMem_RawFree(scale);
+        return -2;
+    }
+    float *minimum = scale + in_features / 16;
+    memset(out, 0, (size_t)out_len);
+    const int per_block = weights / block_sub(kind);
+    const Py_ssize_t panel_bytes = in_features / GROUP * group_bytes(kind);
+    for (Py_ssize_t row = 0; row < out_features; row++) {
+        for (Py_ssize_t b = 0; b < in_features / weights; b++)
+            decode_block(kind, rows + row * row_bytes + b * gguf_block_bytes(kind), q + b * weights,
+                         scale + b * per_block, minimum + b * per_block);
+        scatter_row(kind, out + row / PANEL * panel_bytes, (int)(row % PANEL), q, scale, minimum, in_features);
+    }
+    PyMem_RawFree(q);
+    PyMem_RawFree(scale);
+    return 0;
+}

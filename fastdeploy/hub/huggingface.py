@@ -1,6 +1,6 @@
 """Hugging Face Hub downloads through `huggingface_hub`, into its usual cache.
 
-The repository's file list is read first (one API call), so only what the model needs is
+The repository's file list is read first (its model info), so only what the model needs is
 downloaded (`choose_files`); `snapshot_download` then fetches it into the cache (`HF_HUB_CACHE`,
 `HF_HOME`) with the hub's progress bar and a token from `HF_TOKEN` (or `hf auth login`): a file
 whose connection drops resumes from the bytes it has, and the files a failed run finished are kept.
@@ -15,16 +15,6 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-from huggingface_hub import HfApi, snapshot_download
-from huggingface_hub.errors import (
-    EntryNotFoundError,
-    GatedRepoError,
-    HfHubHTTPError,
-    LocalEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
 
 from fastdeploy import envs
 from fastdeploy.errors import FastDeployError, InvalidArgumentError, ModelDownloadError, ModelNotFoundError
@@ -49,9 +39,16 @@ def fetch_from_huggingface(model: HubModelId, revision: str | None, gguf_file: s
     if envs.hf_hub_offline():
         reason = "HF_HUB_OFFLINE=1 forbids downloading it: download it once online, or unset HF_HUB_OFFLINE"
         return cached_snapshot(model, revision, cache, reason), cached
+    # imported on first use: huggingface_hub and its HTTP client take about half a second to import,
+    # which only runs that resolve a hub id should pay
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError
+
     with _one_line_errors(model, revision, host, cache):
         try:
-            listing = HfApi(endpoint=endpoint).list_repo_files(model.repo_id, revision=revision)
+            # the model info lists every file, in one request that is not retried (an unreachable hub
+            # falls back to the cache at once)
+            info = HfApi(endpoint=endpoint).model_info(model.repo_id, revision=revision)
         except (HfHubHTTPError, ValueError):
             raise
         except Exception as exc:  # the hub cannot be reached: its client raises its HTTP library's errors
@@ -60,7 +57,7 @@ def fetch_from_huggingface(model: HubModelId, revision: str | None, gguf_file: s
             logger.warning("%s cannot be reached (%s); using the cached %s", host, first_line(exc), folder)
             return folder, cached
         where = f"{model.repo_id} (revision {revision or 'main'!r} on {host})"
-        selection = choose_files(listing, model, gguf_file, where)
+        selection = choose_files([file.rfilename for file in info.siblings or []], model, gguf_file, where)
         logger.info("downloading %d files of %s from %s into %s", len(selection.files), model, host, cache)
         folder = snapshot_download(
             model.repo_id,
@@ -98,6 +95,15 @@ def _read_ref(path: str) -> str | None:
 @contextmanager
 def _one_line_errors(model: HubModelId, revision: str | None, host: str, cache: str) -> Iterator[None]:
     """huggingface_hub's exceptions (several lines each) as fastdeploy's one-line errors."""
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
     name = revision or "main"
     try:
         yield

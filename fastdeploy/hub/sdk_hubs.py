@@ -69,7 +69,9 @@ def _import(module: str, source: str, package: str, extra: str) -> ModuleType:
         ) from None
 
 
-def _download(call: Callable[..., Any], hub: str, model: HubModelId, *args: Any, **kwargs: Any) -> tuple[str, str]:
+def _download(
+    call: Callable[..., Any], hub: str, model: HubModelId, *args: Any, **kwargs: Any
+) -> tuple[str, str]:
     logger.info("downloading %s from %s (%s)", model, hub, ", ".join(kwargs["allow_patterns"]))
     try:
         folder = call(*args, **kwargs)

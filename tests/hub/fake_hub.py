@@ -3,7 +3,7 @@
 Two HTTP servers on 127.0.0.1: the hub (HF_ENDPOINT) and, on another port, the "CDN" its large
 files redirect to, as huggingface.co redirects LFS files to its storage host:
 
-- `GET /api/models/ORG/NAME/revision/REV`: the model's info (`sha`, `siblings`);
+- `GET /api/models/ORG/NAME[/revision/REV]`: the model's info (`sha`, `siblings`);
 - `GET /api/models/ORG/NAME/tree/REV?recursive=...`: the file listing (`lfs` for large files);
 - `HEAD|GET /ORG/NAME/resolve/REV/PATH`: small files redirect (307, relative) to
   `/api/resolve-cache/models/ORG/NAME/COMMIT/PATH`, which serves them with `ETag`,
@@ -71,7 +71,9 @@ class FakeHub:
         self._cdn = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self, cdn=True))
         self.endpoint = f"http://127.0.0.1:{self._hub.server_address[1]}"
         self.cdn = f"http://127.0.0.1:{self._cdn.server_address[1]}"
-        self._threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (self._hub, self._cdn)]
+        self._threads = [
+            threading.Thread(target=s.serve_forever, daemon=True) for s in (self._hub, self._cdn)
+        ]
 
     def __enter__(self) -> FakeHub:
         for thread in self._threads:
@@ -105,7 +107,7 @@ class FakeHub:
             if request.method != "GET":
                 continue
             if request.path.startswith("/cdn/"):
-                found.add(unquote(request.path.split("/", 4)[4]))
+                found.add(unquote(request.path.split("/", 3)[3]))
             elif request.path.startswith("/api/resolve-cache/"):
                 found.add(unquote(request.path.split("/", 7)[7]))
         return found
@@ -149,7 +151,7 @@ def _handler(hub: FakeHub, cdn: bool) -> type[BaseHTTPRequestHandler]:
                 self.send_header(key, value)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            if body and data:
+            if body and data and self.command != "HEAD":
                 self.wfile.write(data)
 
         def _error(self, status: int, code: str, message: str, extra: dict[str, str] | None = None):
@@ -168,7 +170,7 @@ def _handler(hub: FakeHub, cdn: bool) -> type[BaseHTTPRequestHandler]:
             return repo, commit
 
         def _api(self, rest: str) -> None:
-            org, name, kind, revision = rest.split("/", 3)
+            org, name, kind, revision = (rest.split("/", 3) + ["revision", "main"])[:4]  # no revision: main
             found = self._repo(f"{org}/{name}", unquote(revision))
             if found is None:
                 return
@@ -188,9 +190,15 @@ def _handler(hub: FakeHub, cdn: bool) -> type[BaseHTTPRequestHandler]:
                 folders.update("/".join(parts[: i + 1]) for i in range(len(parts)))
                 entry = {"type": "file", "oid": git_sha1(data), "size": len(data), "path": path}
                 if path.endswith(LARGE_SUFFIXES):
-                    entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                    entry["lfs"] = {
+                        "oid": hashlib.sha256(data).hexdigest(),
+                        "size": len(data),
+                        "pointerSize": 134,
+                    }
                 entries.append(entry)
-            entries += [{"type": "directory", "oid": git_sha1(f.encode()), "size": 0, "path": f} for f in folders]
+            entries += [
+                {"type": "directory", "oid": git_sha1(f.encode()), "size": 0, "path": f} for f in folders
+            ]
             self._reply(200, json.dumps(entries).encode(), {"Content-Type": "application/json"})
 
         def _resolve(self, repo_id: str, revision: str, file: str, body: bool, cached: bool = False) -> None:

@@ -111,7 +111,9 @@ def test_a_split_gguf_downloads_every_shard():
 def test_without_a_tag_a_gguf_repository_gives_q4_k_m_or_its_only_model():
     assert pick(GGUFS).weights == "Model-Q4_K_M.gguf"
     assert pick(["a.gguf", "mmproj-a.gguf", "README.md"]).weights == "a.gguf"
-    with pytest.raises(InvalidArgumentError, match=r"several GGUFs \(a-Q8_0.gguf, b-F16.gguf\).*org/name:QUANT"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"several GGUFs \(a-Q8_0.gguf, b-F16.gguf\).*org/name:QUANT"
+    ):
         pick(["a-Q8_0.gguf", "b-F16.gguf"])
 
 
@@ -120,7 +122,9 @@ def test_missing_tags_files_and_weights_are_named():
         pick(GGUFS, "org/name:IQ1_S")
     with pytest.raises(ModelNotFoundError, match=r"no GGUF file 'x.gguf'"):
         pick(GGUFS, gguf_file="x.gguf")
-    with pytest.raises(ModelNotFoundError, match=r"holds no weights .* it holds: config.json, pytorch_model.bin"):
+    with pytest.raises(
+        ModelNotFoundError, match=r"holds no weights .* it holds: config.json, pytorch_model.bin"
+    ):
         pick(["config.json", "pytorch_model.bin"])
 
 

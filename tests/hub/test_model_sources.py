@@ -42,7 +42,7 @@ def test_modelscope_downloads_the_needed_patterns_with_fastdeploy_s_names(monkey
     monkeypatch.setenv("FD_MODEL_SOURCE", "modelscope")
     calls = stub_sdk(monkeypatch, "modelscope", str(tmp_path / "ms"))
     assert resolve_model("baidu/ERNIE-tiny") == str(tmp_path / "ms")
-    (args, kwargs), = calls
+    ((args, kwargs),) = calls
     assert args == ("PaddlePaddle/ERNIE-tiny",)
     assert kwargs["revision"] == "master"
     assert {"config.json", "tokenizer.json", "*.safetensors"} <= set(kwargs["allow_patterns"])
@@ -54,7 +54,7 @@ def test_aistudio_picks_a_gguf_by_its_tag(monkeypatch, tmp_path):
     folder = str(tmp_path / "ai")
     calls = stub_sdk(monkeypatch, "aistudio_sdk.snapshot_download", folder, {"m-Q8_0.gguf": b"GGUF"})
     assert resolve_model("org/m-GGUF:q8_0", revision="v2") == os.path.join(folder, "m-Q8_0.gguf")
-    (args, kwargs), = calls
+    ((args, kwargs),) = calls
     assert args == ()
     assert kwargs == {"repo_id": "org/m-GGUF", "revision": "v2", "allow_patterns": ["*[qQ]8_0*.gguf"]}
 
@@ -90,5 +90,7 @@ def test_sdk_failures_are_one_line(monkeypatch, tmp_path):
 
 def test_an_unknown_source_is_refused(monkeypatch):
     monkeypatch.setenv("FD_MODEL_SOURCE", "GITHUB")
-    with pytest.raises(InvalidArgumentError, match="FD_MODEL_SOURCE must be one of HUGGINGFACE, MODELSCOPE, AISTUDIO"):
+    with pytest.raises(
+        InvalidArgumentError, match="FD_MODEL_SOURCE must be one of HUGGINGFACE, MODELSCOPE, AISTUDIO"
+    ):
         resolve_model("org/name")

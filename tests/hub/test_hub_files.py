@@ -7,6 +7,7 @@ import pytest
 from fastdeploy.errors import InvalidArgumentError, ModelNotFoundError
 from fastdeploy.hub.files import choose_files, download_patterns
 from fastdeploy.hub.model_id import HubModelId, parse_hub_id
+from fastdeploy.model_resolver import is_hub_id, resolve_model
 
 QWEN_LIKE = [
     ".gitattributes",
@@ -137,3 +138,25 @@ def test_patterns_for_hubs_whose_listing_is_not_read():
     patterns = download_patterns(HubModelId("o/n"), None)
     assert {"config.json", "tokenizer.json", "*.safetensors", "*.safetensors.index.json"} <= set(patterns)
     assert not any(pattern.endswith((".bin", ".gguf", ".pth")) for pattern in patterns)
+
+
+def test_paths_and_embedded_aliases_come_before_hub_ids(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    (tmp_path / "org" / "name" / "m-Q8_0.gguf").write_bytes(b"GGUF")
+    assert not is_hub_id("org/name")
+    assert resolve_model("org/name") == str(tmp_path / "org" / "name")
+    assert resolve_model("org/name", gguf_file="m-Q8_0.gguf") == str(
+        tmp_path / "org" / "name" / "m-Q8_0.gguf"
+    )
+    with pytest.raises(ModelNotFoundError, match="gguf_file='x.gguf' is not a file in"):
+        resolve_model("org/name", gguf_file="x.gguf")
+    with pytest.raises(
+        InvalidArgumentError, match=r"revision= applies to hub ids \(org/name\); 'org/name' is not one"
+    ):
+        resolve_model("org/name", revision="v1")
+    assert not is_hub_id("HuggingFaceTB/SmolLM2-135M-Instruct")  # the embedded model
+    assert is_hub_id("HuggingFaceTB/SmolLM2-135M-Instruct", revision="main")
+    assert is_hub_id("org/other:Q8_0") and not is_hub_id("other") and not is_hub_id(None)
+    with pytest.raises(InvalidArgumentError, match="revision must be a non-empty string"):
+        resolve_model("org/other", revision="")

@@ -22,6 +22,7 @@ from fastdeploy.hub.files import choose_files
 from fastdeploy.hub.messages import disk_full, first_line
 from fastdeploy.hub.model_id import HubModelId
 from fastdeploy.logger import get_logger
+from fastdeploy.version import __version__
 
 logger = get_logger(__name__)
 
@@ -48,7 +49,8 @@ def fetch_from_huggingface(model: HubModelId, revision: str | None, gguf_file: s
         try:
             # the model info lists every file, in one request that is not retried (an unreachable hub
             # falls back to the cache at once)
-            info = HfApi(endpoint=endpoint).model_info(model.repo_id, revision=revision)
+            api = HfApi(endpoint=endpoint, library_name="fastdeploy", library_version=__version__)
+            info = api.model_info(model.repo_id, revision=revision)
         except (HfHubHTTPError, ValueError):
             raise
         except Exception as exc:  # the hub cannot be reached: its client raises its HTTP library's errors
@@ -65,6 +67,8 @@ def fetch_from_huggingface(model: HubModelId, revision: str | None, gguf_file: s
             allow_patterns=list(selection.files),
             cache_dir=cache,
             endpoint=endpoint,
+            library_name="fastdeploy",
+            library_version=__version__,
         )
     return folder, f"the downloaded copy of {model.repo_id}"
 

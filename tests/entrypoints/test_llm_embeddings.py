@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))
 
 pytest.importorskip(
     "sentence_transformers", reason="the reference embeddings come from sentence-transformers"
@@ -21,6 +22,8 @@ pytest.importorskip(
 torch = pytest.importorskip("torch", reason="sentence-transformers runs on torch")
 
 import embedding_checkpoint  # noqa: E402
+from fake_hub import FakeHub, Repo  # noqa: E402
+from huggingface_hub import constants as hf_constants  # noqa: E402
 
 from fastdeploy import LLM, PoolingParams, SamplingParams  # noqa: E402
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError  # noqa: E402
@@ -209,6 +212,24 @@ def test_files_as_qwen3_embedding_publishes_them(tmp_path, last_token):
     llm = LLM(str(directory), runner="pooling")
     reference = last_token[1].encode(SENTENCES, prompt_name="query", convert_to_numpy=True)
     ours = embeddings(llm.embed(SENTENCES, prompt_name="query", use_tqdm=False))
+    assert cosine_distance(ours, reference).max() < COSINE
+
+
+def test_a_hub_id_downloads_the_sentence_transformers_files(tmp_path, monkeypatch, last_token):
+    """`LLM("org/name", runner="pooling")` from a loopback Hugging Face hub: the pooling and the
+    prompts arrive with the weights (tests/hub/fake_hub.py; nothing reaches the internet)."""
+    root = Path(last_token[0])
+    files = {str(path.relative_to(root)): path.read_bytes() for path in root.rglob("*") if path.is_file()}
+    with FakeHub({"org/tiny-embed": Repo(files)}) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "FD_MODEL_SOURCE"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+        llm = LLM("org/tiny-embed", runner="pooling")
+        # built: modules.json and 1_Pooling/config.json came (without them it refuses to load)
+    reference = last_token[1].encode(SENTENCES[:2], prompt_name="query", convert_to_numpy=True)
+    ours = embeddings(llm.embed(SENTENCES[:2], prompt_name="query", use_tqdm=False))
     assert cosine_distance(ours, reference).max() < COSINE
 
 

@@ -170,6 +170,30 @@ def test_one_bad_prompt_fails_alone(last_token, last_llm):
     assert cosine_distance(embeddings([outputs[0], outputs[3]]), reference).max() < COSINE
 
 
+def test_a_failing_pass_fails_only_its_request(last_token, last_llm, monkeypatch):
+    """A pass that raises is run again per sequence (fault isolation): the prompt that fails
+    alone ends with 500, the others get their embeddings."""
+    engine = last_llm.llm_engine
+    pool = engine._runner.pool
+    poison = last_token[1].tokenizer("fish")["input_ids"][0]
+
+    def failing_pool(batch, pooling_type):
+        if any(poison in seq.token_ids for seq in batch.seqs):
+            raise RuntimeError("injected kernel failure")
+        return pool(batch, pooling_type)
+
+    monkeypatch.setattr(engine._runner, "pool", failing_pool)
+    outputs = last_llm.embed([SENTENCES[0], "a fish in the sea", SENTENCES[2]], use_tqdm=False)
+    assert [output.error_code for output in outputs] == [200, 500, 200]
+    assert "injected kernel failure" in outputs[1].error_msg
+    reference = last_token[1].encode([SENTENCES[0], SENTENCES[2]], convert_to_numpy=True)
+    assert cosine_distance(embeddings([outputs[0], outputs[2]]), reference).max() < COSINE
+    assert (
+        not engine.has_unfinished_requests()
+        and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    )
+
+
 def test_the_runners_refuse_each_others_calls(last_llm, llm):
     with pytest.raises(
         InvalidArgumentError, match=r"LLM.generate\(\) needs runner='generate'.*use embed\(\)"

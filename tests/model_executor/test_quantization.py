@@ -130,7 +130,7 @@ def test_which_tensors_are_quantised_and_to_what():
     assert tied["model.layers.0.self_attn.q_proj.weight"].type_name == "Q8_0"
 
 
-@pytest.mark.parametrize("value", ["wint3", "int4", "fp8", 4])
+@pytest.mark.parametrize("value", ["wint3", "int4", "w4a8", 4])
 def test_unknown_quantization_lists_the_allowed_values(value):
     with pytest.raises(InvalidArgumentError, match="quantization must be one of wint8, wint4"):
         LLM(model="/nonexistent", quantization=value)

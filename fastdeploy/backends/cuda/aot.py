@@ -285,8 +285,8 @@ def _dtype_free_specialisations() -> list[Launch]:
 
 def _quant_specialisations(dtype: str, arch: int) -> list[Launch]:
     """The quantised matmul (`triton_quant`) for each weight format at a decode (skinny, split-K)
-    and a prefill (tiled) launch of a 4096 x 4096 weight on a 132-SM GPU; FP8 where the
-    architecture has e4m3 (sm_89+)."""
+    and a prefill (tiled) launch of a 4096 x 4096 weight on a 132-SM GPU, FP8 where the
+    architecture has e4m3 (sm_89+); and the fused MoE GEMM over wint8 / wint4 experts."""
     t = "*" + _TRITON_DTYPES[dtype]
     precision = "ieee" if dtype == "float32" else "tf32"
     specs: list[Launch] = []
@@ -312,6 +312,26 @@ def _quant_specialisations(dtype: str, arch: int) -> list[Launch]:
                     {key: value for key, value in launch.items() if key.startswith("num_")},
                 )
             )
+    # the fused MoE GEMM with wint8 and wint4 experts (ERNIE-4.5-21B-A3B, 4096 tokens' tiles)
+    launch = gemm_config(24576, 64, dtype == "float32", SHARED_MEMORY_LIMIT[arch])
+    config = {k: v for k, v in launch.items() if not k.startswith("num_")}
+    for w_format, weight in ((1, "*i8"), (2, "*u8")):
+        specs.append(
+            (
+                "triton_moe",
+                "_gemm_kernel",
+                {"a_ptr": t, "w_ptr": weight, "c_ptr": t, "sorted_ptr": "*i32", "block_expert_ptr": "*i32"}
+                | {"total_ptr": "*i32", "routing_ptr": "*fp32", "scale_ptr": "*fp32", "entries": "i32"}
+                | {"n_size": "i32", "k_size": "i32"}
+                | dict.fromkeys(("TOP_K", "A_PER_ENTRY", "MUL_ROUTING", "PRECISION"), "constexpr")
+                | dict.fromkeys(("W_FORMAT", "GROUP"), "constexpr")
+                | dict.fromkeys(config, "constexpr"),
+                {"TOP_K": 6, "A_PER_ENTRY": True, "MUL_ROUTING": True, "PRECISION": precision}
+                | {"W_FORMAT": w_format, "GROUP": 128}
+                | config,
+                {k: v for k, v in launch.items() if k.startswith("num_")},
+            )
+        )
     return specs
 
 

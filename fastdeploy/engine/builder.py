@@ -78,7 +78,7 @@ def prepare(config: EngineConfig) -> EngineSetup:
         )
         check_backend_quantization(config.quantization, backend)
         check_backend_kv_cache_dtype(config, backend)
-    model_path = resolve_model(config.model)
+    model_path = resolve_model(config.model, config.revision, config.gguf_file)
     checkpoint = inspect_checkpoint(model_path, registry)
     check_model_quantization(
         config.quantization, config.quantization_group_size, checkpoint, backend_class.weight_packing

@@ -16,8 +16,8 @@ CUDA GPU with torch and triton; without one it says why and exits 0 (nothing is 
 - moe: ERNIE-4.5-21B-A3B's experts (64, top-6, hidden 2560, width 1536), bf16, 256 and 4096
   tokens: routing-free grouped GEMMs + SwiGLU + the top-k sum, against one dense torch matmul of
   the same FLOPs ([tokens x 6, 2560] @ [2560, 4608]). Target >= 0.5x its TFLOP/s.
-- quant: the quantised matmuls (wint8, wint4 with groups of 128, GGUF Q8_0 and Q4_0, block FP8
-  where the GPU has FP8) on a 4096 x 4096 and a 2048 x 8192 weight, against torch's bf16 matmul
+- quant: the quantised matmuls (wint8, wint4 with groups of 128, GGUF Q8_0, Q4_0, Q4_K and Q6_K
+  (random super-blocks), block FP8 where the GPU has FP8) on a 4096 x 4096 and a 2048 x 8192 weight, against torch's bf16 matmul
   of the dequantised weight: decode rows (1 and 16; targets 2x for 4-bit, 1.4x for 8-bit) and a
   2048-row prefill (target 0.7x). Each also reports the largest error against that product.
 """
@@ -30,7 +30,15 @@ import sys
 
 TARGETS = {"prefill": 0.5, "decode": 0.8, "sampling": 1.0, "moe": 0.5, "quant": 0.7}
 #: issue 32's decode-row targets against bf16: 4-bit reads 4x fewer bytes, 8-bit 2x
-QUANT_DECODE_TARGETS = {"wint4": 2.0, "Q4_0": 2.0, "wint8": 1.4, "Q8_0": 1.4, "fp8": 1.4}
+QUANT_DECODE_TARGETS = {
+    "wint4": 2.0,
+    "Q4_0": 2.0,
+    "Q4_K": 2.0,
+    "wint8": 1.4,
+    "Q8_0": 1.4,
+    "Q6_K": 1.4,
+    "fp8": 1.4,
+}
 
 
 def gpu_missing() -> str | None:
@@ -292,7 +300,23 @@ def _packed_weight(torch, format_name: str, matrix):
 
     from fastdeploy.formats.weight_only import quantize_weight_only
 
-    if format_name in ("Q8_0", "Q4_0"):
+    if format_name in ("Q4_K", "Q6_K"):  # gguf cannot make K-quants: random super-blocks
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        qtype = GGMLQuantizationType[format_name]
+        block_size, type_size = GGML_QUANT_SIZES[qtype]
+        rng = np.random.default_rng(1)
+        blocks = rng.integers(0, 256, (matrix.size // block_size, type_size), dtype=np.uint8)
+        for offset in (0, 2) if format_name == "Q4_K" else (208,):
+            halves = (
+                rng.choice([-1.0, 1.0], len(blocks)) * 2.0 ** rng.uniform(-14, -10, len(blocks))
+            ).astype(np.float16)
+            blocks[:, offset : offset + 2] = halves.view(np.uint8).reshape(-1, 2)
+        rows = blocks.reshape(matrix.shape[0], -1)
+        dense = dequantize(rows, qtype).reshape(matrix.shape)
+        weight, scales, group = torch.from_numpy(np.ascontiguousarray(rows)).cuda(), None, 0
+    elif format_name in ("Q8_0", "Q4_0"):
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize, quantize
 
@@ -343,7 +367,7 @@ def _quant_case(torch, format_name: str, packed: tuple, rows: int, n: int, k: in
 def bench_quant(torch) -> list[dict]:
     import numpy as np
 
-    formats = ["wint8", "wint4", "Q8_0", "Q4_0"]
+    formats = ["wint8", "wint4", "Q8_0", "Q4_0", "Q4_K", "Q6_K"]
     if torch.cuda.get_device_capability() >= (8, 9):
         formats.append("fp8")
     sms = torch.cuda.get_device_properties(0).multi_processor_count

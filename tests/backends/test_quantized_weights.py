@@ -193,3 +193,19 @@ def test_quantised_experts_stay_packed_in_the_fused_moe(backend, kind, tokens):
             up = reference(packed["up"][e]) @ x[t]
             expected[t] += weights[t, k] * (reference(packed["down"][e]) @ (gate / (1 + np.exp(-gate)) * up))
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_k_quant_matrices_stay_in_their_super_blocks(backend, type_name):
+    qtype = GGMLQuantizationType[type_name]
+    rng = np.random.default_rng(7)
+    # gguf cannot make K-quants: start from bytes, with small float16 factors where they sit
+    blocks = rng.integers(0, 256, (48, 144 if type_name == "Q4_K" else 210), dtype=np.uint8)
+    for offset in (0, 2) if type_name == "Q4_K" else (208,):
+        blocks[:, offset : offset + 2] = np.full(48, 2.0**-8, np.float16).view(np.uint8).reshape(-1, 2)
+    weight = backend.linear_weight(GGMLTensor(int(qtype), blocks, (48, 256)))
+    assert isinstance(weight, QuantizedWeight) and weight.format == type_name
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    expected = x.astype(np.float64) @ dequantize(blocks, qtype).reshape(48, 256).T.astype(np.float64)
+    out = backend.to_numpy(backend.linear(backend.from_numpy(x), weight))
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)

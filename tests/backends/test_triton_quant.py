@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from quant_reference import fp8_reference, wint4_reference, wint8_reference
 
@@ -87,6 +87,31 @@ def test_gguf_blocks(type_name, m, n, k):
     check(out, x, dequantize(rows, qtype).reshape(n, k).astype(np.float64))
 
 
+#: byte offsets of the float16 factors in a K-quant super-block (gguf's layouts)
+K_QUANT_HALVES = {"Q4_K": (0, 2), "Q6_K": (208,)}
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize(("m", "n", "k"), [(3, 40, 256), (37, 24, 512)])
+def test_gguf_k_quant_super_blocks(type_name, m, n, k):
+    """Random block bytes (every scale, minimum and level pattern) with float16 factors of either
+    sign, as gguf's dequantiser reads them."""
+    qtype = GGMLQuantizationType[type_name]
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(k + m)
+    blocks = rng.integers(0, 256, (n * k // block_size, type_size), dtype=np.uint8)
+    for offset in K_QUANT_HALVES[type_name]:
+        halves = rng.choice([-1.0, 1.0], len(blocks)) * 2.0 ** rng.uniform(-10, -6, len(blocks))
+        blocks[:, offset : offset + 2] = halves.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    rows = blocks.reshape(n, -1)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    out, _ = run(type_name, x, rows, None, n, k)
+    weights = dequantize(rows, qtype).reshape(n, k).astype(np.float64)
+    np.testing.assert_allclose(
+        out, x.astype(np.float64) @ weights.T, rtol=1e-4, atol=1e-4 * np.abs(weights).max()
+    )
+
+
 def test_fp8_blocks():
     x, w = inputs(3, 140, 200, 8)
     w[:, 150:] *= 40  # a second column of blocks on another scale
@@ -150,6 +175,6 @@ def test_quant_kernels_compile_for_sm80_and_sm90_without_a_gpu():
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     names = [line.split()[2] for line in lines]
-    assert names.count("_quant_matmul_kernel") == 2 * 4 + 2 * 5, lines
+    assert names.count("_quant_matmul_kernel") == 2 * 6 + 2 * 7, lines
     assert names.count("_gemm_kernel") == 2 * 2  # the MoE GEMM over wint8 and wint4 experts
-    assert sum(line.startswith("sm_90") for line in lines) == 10 + 2
+    assert sum(line.startswith("sm_90") for line in lines) == 14 + 2

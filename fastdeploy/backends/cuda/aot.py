@@ -290,11 +290,11 @@ def _quant_specialisations(dtype: str, arch: int) -> list[Launch]:
     t = "*" + _TRITON_DTYPES[dtype]
     precision = "ieee" if dtype == "float32" else "tf32"
     specs: list[Launch] = []
-    for name in ("wint8", "wint4", "Q8_0", "Q4_0", "fp8"):
+    for name in ("wint8", "wint4", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "fp8"):
         if name == "fp8" and arch < 89:
             continue
         weight = "*i8" if name == "wint8" else "*u8"
-        scales = "*u8" if name in ("Q8_0", "Q4_0") else "*fp32"
+        scales = "*u8" if name.startswith("Q") else "*fp32"
         for rows in (1, 2048):
             launch = triton_quant.matmul_config(name, rows, 4096, 4096, 132, dtype == "float32", 128)
             out = "*fp32" if launch["SPLIT_K"] > 1 else t

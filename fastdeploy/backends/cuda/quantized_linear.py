@@ -3,7 +3,7 @@
 `linear_weight` parts arrive from the loader as float arrays, `WeightOnlyTensor`s (`quantization=`
 wint8 / wint4 / fp8, quantised on the host while loading) or `GGMLTensor`s (a GGUF checkpoint).
 (Triton is imported only by the launcher: this module is safe without it.) `packed_parts` decides whether they stay packed: weight-only parts of one kind, or GGUF parts of
-one type the kernels read in their blocks (Q8_0, Q4_0), are stacked along the outputs and sent
+one type the kernels read in their blocks (Q8_0, Q4_0, Q4_K, Q6_K), are stacked along the outputs and sent
 as they are; anything else is dequantised to the compute dtype as before.
 """
 
@@ -19,7 +19,7 @@ from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.formats.weight_only import WeightOnlyTensor, concat_rows
 
 #: GGUF block types the kernels read in their blocks
-GGUF_BLOCK_TYPES = ("Q8_0", "Q4_0")
+GGUF_BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q6_K")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@ One kernel serves every format; `FORMAT` picks how a [BLOCK_K, BLOCK_N] tile of 
 - `Q8_0`, `Q4_0`: GGUF blocks as the file stores them, rows [N, K / 32 * block bytes] (a float16
   scale, then 32 int8, or 16 bytes holding inputs p and p + 16 of the block in their low and
   high nibbles, value = (nibble - 8) * scale);
+- `Q4_K`, `Q6_K`: GGUF's 256-input super-blocks as stored (144 / 210 bytes); each weight of the
+  tile is decoded where it sits (`_q4_k_values`, `_q6_k_values`: sub-block scales unpacked per
+  weight from the bytes L1 already holds);
 - `FP8`: e4m3 [N, K] (its bits) with one float scale per 128 x 128 block ([N / 128, K / 128]).
 
 Two launch shapes (`matmul_config`): for decode-sized M (<= 16) a skinny tile of 16 rows with
@@ -25,10 +28,10 @@ from typing import Any
 import triton
 import triton.language as tl
 
-WINT8, WINT4, Q8_0, Q4_0, FP8 = 0, 1, 2, 3, 4
-FORMATS = {"wint8": WINT8, "wint4": WINT4, "Q8_0": Q8_0, "Q4_0": Q4_0, "fp8": FP8}
-#: bytes of one 32-input GGUF block
-GGUF_BLOCK_BYTES = {Q8_0: 34, Q4_0: 18}
+WINT8, WINT4, Q8_0, Q4_0, FP8, Q4_K, Q6_K = 0, 1, 2, 3, 4, 5, 6
+FORMATS = {"wint8": WINT8, "wint4": WINT4, "Q8_0": Q8_0, "Q4_0": Q4_0, "fp8": FP8, "Q4_K": Q4_K, "Q6_K": Q6_K}
+#: (inputs, bytes) of one GGUF block
+GGUF_BLOCKS = {Q8_0: (32, 34), Q4_0: (32, 18), Q4_K: (256, 144), Q6_K: (256, 210)}
 #: rows at or below which the skinny (decode) launch is used
 SKINNY_MAX_M = 16
 
@@ -40,6 +43,38 @@ def _half_scale(row_ptr, mask):
     low = tl.load(row_ptr, mask=mask, other=0).to(tl.uint16)
     high = tl.load(row_ptr + 1, mask=mask, other=0).to(tl.uint16)
     return (low | (high << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _q4_k_values(block, e, mask):
+    """Weights at offsets e of Q4_K super-blocks (`block`: their first byte): d (float16), dmin,
+    12 bytes of 6-bit scales and minimums for eight 32-input sub-blocks, 128 bytes of nibbles
+    (sub-blocks 2j and 2j + 1 share bytes 32j.., low and high nibble); w = d * sc * q - dmin * m."""
+    pair, r = e // 64, e % 64
+    sub = 2 * pair + r // 32
+    byte = tl.load(block + 16 + 32 * pair + r % 32, mask=mask, other=0).to(tl.int32)
+    level = tl.where(r < 32, byte & 15, byte >> 4).to(tl.float32)
+    first = sub < 4
+    own = tl.load(block + 4 + sub, mask=mask, other=0).to(tl.int32)
+    later = tl.load(block + 8 + sub, mask=mask, other=0).to(tl.int32)
+    early = tl.load(block + 4 + tl.where(first, sub, sub - 4), mask=mask, other=0).to(tl.int32)
+    scale = tl.where(first, own & 63, (later & 15) | ((early >> 6) << 4)).to(tl.float32)
+    minimum = tl.where(first, later & 63, (later >> 4) | ((own >> 6) << 4)).to(tl.float32)
+    return _half_scale(block, mask) * scale * level - _half_scale(block + 2, mask) * minimum
+
+
+@triton.jit
+def _q6_k_values(block, e, mask):
+    """Weights at offsets e of Q6_K super-blocks: 128 bytes of low nibbles, 64 of 2-bit high parts,
+    16 int8 scales (one per 16 inputs), d (float16); w = d * scale * (6-bit level - 32)."""
+    half, r = e // 128, e % 128
+    quarter, lane = r // 32, r % 32
+    low = tl.load(block + 64 * half + 32 * (quarter % 2) + lane, mask=mask, other=0).to(tl.int32)
+    high = tl.load(block + 128 + 32 * half + lane, mask=mask, other=0).to(tl.int32)
+    level = tl.where(quarter < 2, low & 15, low >> 4) | (((high >> (2 * quarter)) & 3) << 4)
+    scale = tl.load(block + 192 + 8 * half + 2 * quarter + lane // 16, mask=mask, other=0)
+    scale = scale.to(tl.int8, bitcast=True).to(tl.float32)
+    return _half_scale(block + 208, mask) * scale * (level - 32).to(tl.float32)
 
 
 @triton.jit
@@ -127,6 +162,18 @@ def _quant_matmul_kernel(
             x_high = tl.load(x_rows + first[None, :] + 16, mask=x_mask, other=0.0)
             acc = tl.dot(x_low, low, acc, input_precision=PRECISION)
             acc = tl.dot(x_high, high, acc, input_precision=PRECISION)
+        elif FORMAT == 5 or FORMAT == 6:  # Q4_K / Q6_K rows [N, K / 256 * 144 or 210]
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = k < k_stop
+            mask = k_mask[:, None] & n_mask[None, :]
+            block_bytes = 144 if FORMAT == 5 else 210
+            block = w_ptr + n.to(tl.int64)[None, :] * w_row_bytes + (k // 256 * block_bytes)[:, None]
+            if FORMAT == 5:
+                w = _q4_k_values(block, (k % 256)[:, None], mask)
+            else:
+                w = _q6_k_values(block, (k % 256)[:, None], mask)
+            x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            acc = tl.dot(x, w.to(compute), acc, input_precision=PRECISION)
         else:  # FP8: e4m3 bits [N, K], scales [ceil(N / 128), ceil(K / 128)]
             k = k0 + tl.arange(0, BLOCK_K)
             k_mask = k < k_stop
@@ -206,7 +253,8 @@ def quant_matmul(
     block_k, split = config["BLOCK_K"], config["SPLIT_K"]
     k_tiles = triton.cdiv(k, block_k)
     per_split = triton.cdiv(k_tiles, split) * block_k
-    row_bytes = k // 32 * GGUF_BLOCK_BYTES[fmt] if fmt in GGUF_BLOCK_BYTES else 0
+    inputs, block_bytes = GGUF_BLOCKS.get(fmt, (1, 0))
+    row_bytes = k // inputs * block_bytes
     grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(m, config["BLOCK_M"]), split)
     options = {key: value for key, value in config.items() if key.startswith("num_")}
     _quant_matmul_kernel[grid](

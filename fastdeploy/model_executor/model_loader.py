@@ -10,7 +10,12 @@ from fastdeploy.config import EngineConfig, ModelConfig
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
-from fastdeploy.model_executor.quantization import check_quantization_shapes, quantize_tensors
+from fastdeploy.model_executor.quantization import (
+    check_quantization_shapes,
+    fp8_block_checkpoint,
+    pair_fp8_scales,
+    quantize_tensors,
+)
 from fastdeploy.models.base import CausalLM
 from fastdeploy.parallel.model_parallel import ModelParallel
 from fastdeploy.plugins.registry import PluginRegistry, first_that_can_load
@@ -96,6 +101,8 @@ def build_model(
     else:
         model = cls(checkpoint.config, backend, max_positions)
     tensors = checkpoint.loader.load_tensors(checkpoint.path)
+    if fp8_block_checkpoint(checkpoint.config):
+        tensors = pair_fp8_scales(tensors, checkpoint.path)
     if quantization is not None:
         tensors = quantize_tensors(
             tensors,

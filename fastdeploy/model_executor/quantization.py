@@ -33,12 +33,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from fastdeploy.config import ModelConfig
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
-from fastdeploy.formats.weight_only import WeightOnlyTensor, quantize_weight_only
+from fastdeploy.formats.weight_only import FP8_BLOCK, WeightOnlyTensor, quantize_weight_only
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -228,4 +229,53 @@ def check_quantization_shapes(
             f"quantization='wint4' with quantization_group_size={group_size} needs every linear layer's "
             f"input width to be a multiple of {group_size}, but this model's {listed}; supported: "
             "quantization_group_size 64 or 128 dividing those widths, or quantization='wint8' / 'fp8'"
+        )
+
+
+def fp8_block_checkpoint(config: ModelConfig) -> bool:
+    """Whether config.json declares block-wise FP8 weights with 128 x 128 scales (DeepSeek-V3's and
+    Qwen3-FP8's `quantization_config`: quant_method "fp8", weight_block_size [128, 128])."""
+    quant = config.raw.get("quantization_config")
+    if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
+        return False
+    block = quant.get("weight_block_size")
+    if list(block or ()) != [FP8_BLOCK, FP8_BLOCK]:
+        raise InvalidArgumentError(
+            f"FP8 checkpoints are read with 128 x 128 block scales (weight_block_size [128, 128]); this "
+            f"one declares weight_block_size {block!r}"
+        )
+    return True
+
+
+def pair_fp8_scales(tensors: Iterable[tuple[str, Any]], source: str) -> Iterator[tuple[str, Any]]:
+    """A block-FP8 checkpoint's stream with each e4m3 `X.weight` and its `X.weight_scale_inv`
+    joined into one `WeightOnlyTensor` ("fp8") under `X.weight` (the two may sit in different
+    shards: the first waits, memory-mapped, for the second). Other tensors pass unchanged."""
+    pending: dict[str, Any] = {}
+    for name, tensor in tensors:
+        if name.endswith(".weight_scale_inv"):
+            base = name[: -len("_scale_inv")]
+        elif name.endswith(".weight") and np.dtype(tensor.dtype) == np.dtype(ml_dtypes.float8_e4m3fn):
+            base = name
+        else:
+            yield name, tensor
+            continue
+        if base not in pending:
+            pending[base] = (name, tensor)
+            continue
+        _, other = pending.pop(base)
+        weight, scales = (tensor, other) if name == base else (other, tensor)
+        yield (
+            base,
+            WeightOnlyTensor(
+                "fp8",
+                np.asarray(weight).view(np.uint8),
+                np.asarray(scales, dtype=np.float32),
+                tuple(weight.shape),
+            ),
+        )
+    if pending:
+        raise InvalidArgumentError(
+            f"FP8 checkpoint {source}: {', '.join(sorted(pending)[:4])} without its weight / "
+            "weight_scale_inv partner"
         )

@@ -209,3 +209,54 @@ def test_k_quant_matrices_stay_in_their_super_blocks(backend, type_name):
     expected = x.astype(np.float64) @ dequantize(blocks, qtype).reshape(48, 256).T.astype(np.float64)
     out = backend.to_numpy(backend.linear(backend.from_numpy(x), weight))
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def _write_fp8_checkpoint(directory, config, weights):
+    """tiny_llama as a block-FP8 checkpoint (DeepSeek-V3 / Qwen3-FP8 layout): each projection's
+    e4m3 `weight` (safetensors F8_E4M3) and float32 `weight_scale_inv`, the rest float32, and
+    config.json's quantization_config; written byte by byte (safetensors' numpy API has no e4m3)."""
+    import json
+    import os
+    import struct
+
+    stored = {}
+    for name, value in weights.items():
+        if name.endswith("_proj.weight"):
+            packed = quantize_fp8(value)
+            stored[name] = ("F8_E4M3", packed.qweight)
+            stored[name.replace(".weight", ".weight_scale_inv")] = ("F32", packed.scales)
+        else:
+            stored[name] = ("F32", np.ascontiguousarray(value, np.float32))
+    header, offset, chunks = {}, 0, []
+    for name, (dtype, array) in sorted(stored.items(), reverse=True):  # scales before their weights
+        data = np.ascontiguousarray(array).tobytes()
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        offset += len(data)
+        chunks.append(data)
+    text = json.dumps(header).encode()
+    with open(os.path.join(directory, "model.safetensors"), "wb") as handle:
+        handle.write(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+    config = dict(config, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+    with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as handle:
+        json.dump(config, handle)
+
+
+@pytest.mark.parametrize("device", ["torch-cpu", "cpu"])
+def test_an_fp8_checkpoint_loads_without_a_float_copy(tmp_path, monkeypatch, device):
+    """On torch-cpu (Triton) the e4m3 projections stay packed; the cpu backend dequantises them."""
+    monkeypatch.setenv("FD_CUDA_KERNELS", "triton")
+    config, weights = tiny_llama(str(tmp_path))
+    _write_fp8_checkpoint(str(tmp_path), config, weights)
+    llm = LLM(model=str(tmp_path), device=device, max_model_len=64, block_size=4, enforce_eager=True)
+    if device == "torch-cpu":
+        assert "fp8 " in llm.llm_engine.backend.loaded_weights_summary()
+    prompt = [72, 101, 108, 108, 111, 44, 32]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    (output,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    seen = _quantised_reference(weights, "fp8", 0)
+    expected = ref.greedy_tokens(lambda ids: ref.llama_logits(seen, config, ids), prompt, 6)
+    assert list(output.outputs[0].token_ids) == expected

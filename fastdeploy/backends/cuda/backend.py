@@ -214,6 +214,8 @@ class TensorBackend(Backend):
         """[in, out] on the device; with the Triton kernels, `quantization=` weights (wint8, wint4,
         fp8) and GGUF Q8_0 / Q4_0 blocks stay packed (`quantized_linear`)."""
         packed = packed_parts(parts) if self.launch is not None else None
+        if packed is not None and packed.format == "fp8" and self.quantization_refusal("fp8") is not None:
+            packed = None  # an FP8 checkpoint on a GPU without e4m3: dequantised at load
         if packed is None:
             weight = self._float_weight(parts)
             out, inp = sum(int(np.shape(part)[0]) for part in parts), int(np.shape(parts[0])[1])

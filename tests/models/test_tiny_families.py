@@ -52,24 +52,8 @@ def hf_dirs(tmp_path_factory) -> dict[str, str]:
     return dirs
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> str:
-    """A SentencePiece tokenizer for the GGUFs whose vocabulary is SentencePiece (llama.cpp's
-    "llama" tokenizer model), which the GGUF tokenizer loader does not build yet; the tests
-    pass token ids, so any tokenizer covering the vocabulary serves."""
-    directory = tmp_path_factory.mktemp("tokenizer")
-    tiny.write_ernie_tokenizer(directory)
-    return str(directory)
-
-
 def model_path(name: str, form: str, hf_dirs: dict[str, str]) -> str:
     return hf_dirs[name] if form == "hf" else str(families.gguf_path(name))
-
-
-def tokenizer_for(name: str, form: str, tokenizer_dir: str) -> str | None:
-    if form == "gguf" and read_gguf(families.gguf_path(name)).metadata["tokenizer.ggml.model"] == "llama":
-        return tokenizer_dir
-    return None
 
 
 def test_fixture_weights_are_the_ones_the_tests_rebuild(references):
@@ -119,15 +103,12 @@ def test_first_step_logits_match_transformers(form, hf_dirs, references):
 
 
 @pytest.mark.parametrize("form", FORMS, ids=lambda f: f"{f[0]}-{f[1]}")
-def test_llm_generates_the_reference_greedy_tokens(form, hf_dirs, tokenizer_dir, references):
+def test_llm_generates_the_reference_greedy_tokens(form, hf_dirs, references):
+    """GGUFs run with the tokenizer their own metadata describes (SentencePiece or BPE)."""
     name, kind = form
     params = SamplingParams(temperature=0, max_tokens=families.NEW_TOKENS, ignore_eos=True)
     for prompt_set in references[name]["prompt_sets"].values():
-        llm = LLM(
-            model=model_path(name, kind, hf_dirs),
-            tokenizer=tokenizer_for(name, kind, tokenizer_dir),
-            max_model_len=prompt_set["max_model_len"],
-        )
+        llm = LLM(model=model_path(name, kind, hf_dirs), max_model_len=prompt_set["max_model_len"])
         cases = prompt_set["cases"]
         outputs = llm.generate(
             [{"prompt_token_ids": c["prompt_token_ids"]} for c in cases], params, use_tqdm=False

@@ -24,6 +24,7 @@ from fastdeploy.backends.selection import create_backend
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.formats.gguf_file import read_gguf
+from fastdeploy.input.family_templates import GEMMA_CHAT_TEMPLATE
 from fastdeploy.model_executor.loaders.gguf_loader import config_from_gguf, config_from_metadata
 from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint
 from fastdeploy.plugins.registry import get_registry
@@ -195,6 +196,20 @@ def test_phi3_sliding_window_beyond_the_window_is_refused(tmp_path):
     directory = _write_with_config(tmp_path, "phi4", sliding_window=16)
     with pytest.raises(UnsupportedModelError, match="max_model_len <= 16"):
         LLM(model=directory, max_model_len=32)
+
+
+def test_sentencepiece_ggufs_bring_their_tokenizer_and_gemma_its_family_template():
+    """The GGUFs llama.cpp's converter wrote with a SentencePiece tokenizer.model (and no chat
+    template) run with the tokenizer their metadata describes; Gemma 3's gets Gemma's turns."""
+    metadata = read_gguf(families.gguf_path("gemma3")).metadata
+    assert metadata["tokenizer.ggml.model"] == "llama" and "tokenizer.chat_template" not in metadata
+    tokenizer = LLM(model=str(families.gguf_path("gemma3")), max_model_len=32).get_tokenizer()
+    assert tokenizer.vocab_size == len(metadata["tokenizer.ggml.tokens"])
+    assert tokenizer.chat_template == GEMMA_CHAT_TEMPLATE
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "A river"}])
+    assert text == "<s><start_of_turn>user\nA river<end_of_turn>\n<start_of_turn>model\n"
+    ids = tokenizer.encode("A river begins as rain.", add_special_tokens=False)
+    assert tokenizer.decode(ids) == "A river begins as rain."
 
 
 def test_gemma3_beyond_its_sliding_window_is_refused(hf_dirs):

@@ -135,6 +135,9 @@ def test_a_missing_score_list_is_named() -> None:
     metadata["tokenizer.ggml.scores"] = [0.0, 1.0]
     with pytest.raises(UnsupportedModelError, match="tokenizer.ggml.scores has 2 entries"):
         build_gguf_tokenizer(metadata, source="x.gguf")
+    metadata["tokenizer.ggml.scores"] = ["high"] * len(metadata["tokenizer.ggml.tokens"])
+    with pytest.raises(UnsupportedModelError, match="x.gguf: tokenizer.ggml.scores must be numbers"):
+        build_gguf_tokenizer(metadata, source="x.gguf")
 
 
 def test_an_unknown_tokenizer_model_is_named() -> None:

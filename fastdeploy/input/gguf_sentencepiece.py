@@ -5,7 +5,9 @@ llama.cpp's converter writes a SentencePiece model as three parallel lists: the 
 a type per piece (`tokenizer.ggml.token_type`: normal, unknown, control, user-defined, unused,
 byte). llama.cpp tokenizes such a vocabulary (its "SPM" tokenizer) like this:
 
-- control, unknown and user-defined tokens written in the text are cut out first and kept whole;
+- control, unknown and user-defined tokens written in the text are cut out first and kept whole
+  (for Phi-3, whose `general.name` says so, they also swallow the whitespace after them, except
+  `<unk>`, `<s>` and `<|endoftext|>`: the `rstrip` its Hugging Face tokenizer sets on them);
 - each remaining stretch of text gets a leading space if `tokenizer.ggml.add_space_prefix`
   (default on; Gemma's files turn it off), then every space becomes "▁";
 - the stretch starts as single characters, and the adjacent pair whose concatenation is a piece
@@ -37,6 +39,8 @@ TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TO
 
 #: how SentencePiece spells a space inside pieces
 SPACE = "\u2581"
+#: the special tokens that keep the whitespace after them when the others strip it (Phi-3)
+_NEVER_RSTRIP = frozenset({"<unk>", "<s>", "<|endoftext|>"})
 
 
 def sentencepiece_backend(
@@ -45,8 +49,10 @@ def sentencepiece_backend(
     token_types: Sequence[int],
     add_space_prefix: bool,
     source: str,
+    rstrip_special: bool = False,
 ) -> RustTokenizer:
-    """The `tokenizers.Tokenizer` that splits text as llama.cpp's SPM tokenizer does."""
+    """The `tokenizers.Tokenizer` that splits text as llama.cpp's SPM tokenizer does
+    (`rstrip_special`: special tokens swallow the whitespace after them, as for Phi-3)."""
     if len(scores) != len(tokens):
         raise UnsupportedModelError(
             f"{source}: tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens"
@@ -79,22 +85,18 @@ def sentencepiece_backend(
     if add_space_prefix:
         steps.append(decoders.Strip(content=" ", left=1, right=0))
     backend.decoder = decoders.Sequence(steps)
+
     # matched in the raw text before the prefix rule runs, so each stretch after one of them
     # gets its own leading space, as llama.cpp does
+    def added(token: str, special: bool) -> AddedToken:
+        strip = rstrip_special and token not in _NEVER_RSTRIP
+        return AddedToken(token, special=special, normalized=False, rstrip=strip)
+
+    kinds = list(zip(tokens, token_types, strict=True))
     backend.add_special_tokens(
-        [
-            AddedToken(token, special=True, normalized=False)
-            for token, kind in zip(tokens, token_types, strict=True)
-            if kind in (TOKEN_CONTROL, TOKEN_UNKNOWN)
-        ]
+        [added(token, True) for token, kind in kinds if kind in (TOKEN_CONTROL, TOKEN_UNKNOWN)]
     )
-    backend.add_tokens(
-        [
-            AddedToken(token, special=False, normalized=False)
-            for token, kind in zip(tokens, token_types, strict=True)
-            if kind == TOKEN_USER_DEFINED
-        ]
-    )
+    backend.add_tokens([added(token, False) for token, kind in kinds if kind == TOKEN_USER_DEFINED])
     return backend
 
 

@@ -98,7 +98,10 @@ def build_gguf_tokenizer(metadata: Mapping[str, Any], source: str = "GGUF metada
     if model == "llama":
         scores = _require_list(metadata, "tokenizer.ggml.scores", source)
         add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
-        backend = sentencepiece_backend(tokens, scores, token_types, add_space_prefix, source)
+        # llama.cpp recognises Phi-3 by its name alone, as here
+        name = str(metadata.get("general.name", "")).lower()
+        phi3 = "phi-3" in name or "phi3" in name
+        backend = sentencepiece_backend(tokens, scores, token_types, add_space_prefix, source, phi3)
         add_bos_default = True
     else:
         merges = _require_list(metadata, "tokenizer.ggml.merges", source)

@@ -127,6 +127,24 @@ def test_add_eos_and_add_bos_flags(references) -> None:
     assert tokenizer.encode(hello["text"]) == [*hello["ids"], 2]
 
 
+def test_phi3_special_tokens_swallow_the_whitespace_after_them(references) -> None:
+    """llama.cpp (and Phi-3's tokenizer.json) strip whitespace after Phi-3's special tokens but
+    not after <s>; the stretch after them still gets its leading "▁"."""
+    metadata = dict(read_gguf_metadata(gguf_path("llama")))
+    hello = references["llama"]["encodings"][0]
+    assert hello["text"] == "Hello world"
+    plain = build_gguf_tokenizer(metadata)
+    metadata["general.name"] = "Phi-3 Mini 4k Instruct"
+    phi3 = build_gguf_tokenizer(metadata)
+    text = "</s> \n  Hello world"
+    assert phi3.encode(text, add_special_tokens=False) == [2, *hello["sentencepiece_ids"]]
+    assert plain.encode(text, add_special_tokens=False) != [2, *hello["sentencepiece_ids"]]
+    assert phi3.encode("<s>Hello world", add_special_tokens=False) == [1, *hello["sentencepiece_ids"]]
+    assert phi3.encode("<s> Hello world", add_special_tokens=False) == plain.encode(
+        "<s> Hello world", add_special_tokens=False
+    )
+
+
 def test_a_missing_score_list_is_named() -> None:
     metadata = dict(read_gguf_metadata(gguf_path("llama")))
     del metadata["tokenizer.ggml.scores"]

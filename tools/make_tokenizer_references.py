@@ -265,7 +265,7 @@ def main() -> None:
             convert(args.llama_cpp, directory, target)
             digests[target.name] = hashlib.sha256(target.read_bytes()).hexdigest()
             data["models"][style] = references(directory, style, processor)
-    FIXTURE.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    FIXTURE.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"wrote {FIXTURE.relative_to(REPO_ROOT)} ({FIXTURE.stat().st_size} bytes)")
     print(json.dumps(digests, indent=1))
 

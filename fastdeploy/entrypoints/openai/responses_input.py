@@ -33,8 +33,9 @@ class ResponsesRequest(OpenAIBaseModel):
     input: Any = None
     instructions: str | None = None
     previous_response_id: str | None = None
-    store: bool = True
-    stream: bool = False
+    #: null means the default (true), as in OpenAI's API
+    store: bool | None = True
+    stream: bool | None = False
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -145,7 +146,7 @@ def _string(item: dict[str, Any], key: str, where: str) -> str:
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     role = item.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise _bad(f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}"[:300])
     content = item.get("content")
     if isinstance(content, str):

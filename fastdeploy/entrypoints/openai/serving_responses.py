@@ -131,7 +131,7 @@ class _Turn:
             "parallel_tool_calls": request.parallel_tool_calls is not False,
             "previous_response_id": request.previous_response_id,
             "reasoning": {"effort": (request.reasoning or {}).get("effort"), "summary": None},
-            "store": request.store and self.ctx.responses.capacity > 0,
+            "store": request.store is not False and self.ctx.responses.capacity > 0,
             "temperature": request.temperature,
             "text": request.text or {"format": {"type": "text"}},
             "tool_choice": request.tool_choice if request.tool_choice is not None else "auto",
@@ -153,7 +153,7 @@ class _Turn:
         )
         status = "incomplete" if sample.finish_reason == "length" else "completed"
         body = self.envelope(status, items.items, usage)
-        if self.request.store:
+        if self.request.store is not False:
             self.ctx.responses.put(self.id, StoredResponse(body, [*self.conversation, *items.messages()]))
         return body
 

@@ -154,12 +154,12 @@ def test_delete_and_store_false_leave_nothing_behind(client):
 def test_text_format_json_schema_validates_and_equals_chat(client):
     fmt = {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}
     ask = "Describe the city of Paris as JSON."
-    response = respond(client, input=ask, text={"format": fmt}, max_output_tokens=60)
+    response = respond(client, input=ask, text={"format": fmt}, max_output_tokens=80)
     jsonschema.validate(json.loads(response.output_text), CITY)
     expected = chat(
         client,
         [{"role": "user", "content": ask}],
-        max_tokens=60,
+        max_tokens=80,
         response_format={
             "type": "json_schema",
             "json_schema": {"name": "city", "schema": CITY, "strict": True},

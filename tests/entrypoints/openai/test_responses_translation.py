@@ -93,6 +93,7 @@ def test_a_call_without_a_message_before_it_opens_an_assistant_turn():
         (["hello"], "input[0] must be an object"),
         ([{"role": "user", "content": "ok"}, {"role": "robot", "content": "x"}], "input[1].role"),
         ([{"role": "user", "content": 5}], "input[0].content must be"),
+        ([{"role": ["user"], "content": "x"}], "input[0].role must be one of"),
         (
             [{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_audio"}]}],
             "input[0].content[1].type",

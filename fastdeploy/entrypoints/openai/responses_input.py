@@ -102,14 +102,17 @@ def reject_unsupported_fields(request: ResponsesRequest) -> None:
         raise unsupported("max_tool_calls", "a bound on tool calls")
 
 
-def input_messages(value: Any) -> list[dict[str, Any]]:
-    """The chat messages of a request's `input`; a 400 naming the malformed item otherwise."""
+def input_messages(value: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """The chat messages of a request's `input`, and for each the input field its content parts
+    came from (`input[2].content`), which errors about a part name; a 400 naming the malformed
+    item otherwise."""
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
+        return [{"role": "user", "content": value}], ["input"]
     if not isinstance(value, list):
         shown = "nothing" if value is None else type(value).__name__
         raise invalid_request(f"input must be a string or a list of input items, got {shown}", param="input")
     messages: list[dict[str, Any]] = []
+    sources: list[str] = []
     for index, item in enumerate(value):
         where = f"input[{index}]"
         if not isinstance(item, dict):
@@ -117,12 +120,15 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "message":
             messages.append(_message(item, where))
+            sources.append(f"{where}.content")
         elif kind == "function_call":
-            _add_call(messages, item, where)
+            if _add_call(messages, item, where):
+                sources.append(where)
         elif kind == "function_call_output":
             messages.append(
                 {"role": "tool", "tool_call_id": _string(item, "call_id", where), **_output(item, where)}
             )
+            sources.append(f"{where}.output")
         elif kind != "reasoning":
             raise _bad(
                 f"{where}.type {kind!r} is not supported; use message, function_call, "
@@ -130,7 +136,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
             )
     if not messages:
         raise invalid_request("input must contain at least one message", param="input")
-    return messages
+    return messages, sources
 
 
 def _bad(message: str) -> Exception:
@@ -188,8 +194,9 @@ def _text(part: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _add_call(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
-    """A `function_call` item joins the assistant message before it (a turn that called tools)."""
+def _add_call(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> bool:
+    """A `function_call` item joins the assistant message before it (a turn that called tools);
+    True when it had to open a message of its own."""
     arguments = item.get("arguments", "")
     if not isinstance(arguments, str):
         raise _bad(f"{where}.arguments must be a string (the call's JSON arguments)")
@@ -201,8 +208,9 @@ def _add_call(messages: list[dict[str, Any]], item: dict[str, Any], where: str) 
     last = messages[-1] if messages else None
     if last is not None and last["role"] == "assistant":
         last.setdefault("tool_calls", []).append(call)
-    else:
-        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        return False
+    messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    return True
 
 
 def _output(item: dict[str, Any], where: str) -> dict[str, Any]:

@@ -67,21 +67,10 @@ _FIELD_NAMES = {
     "response_format": "text.format",
 }
 _FIELD_PATTERN = re.compile(r"\b(" + "|".join(_FIELD_NAMES) + r")\b")
+#: how the chat layer names a content part (the chat message's index, the part's)
+_CHAT_PART = re.compile(r"\bmessage (\d+) content part (\d+)")
 #: what a stream's last event says when the server aborted the request (shutting down)
 _ABORTED = "the server stopped this request before it finished (it is shutting down); retry it"
-
-
-def _as_responses_error(error: OpenAIError) -> OpenAIError:
-    """`error` of the chat preparation, naming the Responses request's fields."""
-    if error.param not in _FIELD_NAMES and not _FIELD_PATTERN.search(error.message):
-        return error
-    message = _FIELD_PATTERN.sub(lambda match: _FIELD_NAMES[match.group(1)], error.message)
-    param = _FIELD_NAMES.get(error.param or "", error.param)
-    if param == "text.format":
-        param = "text"
-    return OpenAIError(
-        error.status, message, param=param, code=error.code, type=error.type, headers=error.headers
-    )
 
 
 def not_found(response_id: str, param: str | None) -> OpenAIError:
@@ -110,7 +99,29 @@ class _Turn:
             if stored is None:
                 raise not_found(request.previous_response_id, "previous_response_id")
             history = stored.conversation
-        self.conversation = [*history, *input_messages(request.input)]
+        messages, self._sources = input_messages(request.input)
+        #: chat messages before this request's input: the instructions and the stored conversation
+        self._before = len(history) + (1 if request.instructions else 0)
+        self.conversation = [*history, *messages]
+
+    def as_responses_error(self, error: OpenAIError) -> OpenAIError:
+        """`error` of the chat preparation, naming the Responses request's fields (`input`,
+        `max_output_tokens`, `text.format`) and the input item of a content part."""
+
+        def part(match: re.Match[str]) -> str:
+            index = int(match.group(1)) - self._before
+            if not 0 <= index < len(self._sources):
+                return match.group(0)  # a part of the stored conversation
+            return f"{self._sources[index]}[{match.group(2)}]"
+
+        message = _CHAT_PART.sub(part, error.message)
+        message = _FIELD_PATTERN.sub(lambda match: _FIELD_NAMES[match.group(1)], message)
+        param = _FIELD_NAMES.get(error.param or "", error.param)
+        if param == "text.format":
+            param = "text"
+        return OpenAIError(
+            error.status, message, param=param, code=error.code, type=error.type, headers=error.headers
+        )
 
     def envelope(
         self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None
@@ -167,7 +178,7 @@ async def create_response(ctx: ServingContext, raw: Request) -> Response:
     try:
         plan, params, prompt = await prepare_chat(ctx, chat)
     except OpenAIError as exc:
-        raise _as_responses_error(exc) from exc
+        raise turn.as_responses_error(exc) from exc
     if request.stream:
         ctx.admit(1)
         events = _guarded(_events(turn, prompt, params, plan), ctx.metrics)

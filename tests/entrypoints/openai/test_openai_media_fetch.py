@@ -231,14 +231,21 @@ def test_responses_input_images_follow_the_same_rules(default_server, private_ok
     private address by default (never connected to), and where allowed the same greedy answer as
     the chat request with the same image."""
 
-    def respond(base: str, url: str) -> httpx.Response:
+    def respond(base: str, url: str, **fields) -> httpx.Response:
         content = [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": "Describe it."}]
-        body = {"input": [{"role": "user", "content": content}], "max_output_tokens": 4, "temperature": 0}
+        body = {
+            "input": [{"role": "user", "content": content}],
+            "max_output_tokens": 4,
+            "temperature": 0,
+            **fields,
+        }
         return httpx.post(base + "/v1/responses", json=body, timeout=120)
 
     url = f"http://127.0.0.1:{media.port}/image.png"
-    assert_uniform(respond(default_server, url))
-    assert media.connections == 0
+    refused = respond(default_server, url, instructions="Be brief.")  # the system message comes first
+    assert refused.status_code == 400  # the chat path's uniform answer, naming the input item's part
+    assert refused.json()["error"]["message"] == "input[0].content[0]: could not fetch the media URL"
+    assert refused.json()["error"]["param"] == "input" and media.connections == 0
     answered = respond(private_ok_server, url)
     assert answered.status_code == 200, answered.text
     expected = chat(private_ok_server, url).json()

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import jsonschema
 import openai
+import pydantic
 import pytest
 from openai_server_helpers import engine_idle, http_get, http_post, metric, wait_until
 
@@ -34,6 +36,13 @@ CITY = {
     "required": ["name", "country"],
     "additionalProperties": False,
 }
+
+
+class City(pydantic.BaseModel):
+    name: str
+    country: Literal["France", "Italy", "Japan"]
+
+
 #: the fixtures' tools in the Responses API's flat form
 RESPONSE_TOOLS = [{"type": "function", **tool["function"]} for tool in TOOLS]
 WEATHER_CHOICE = {"type": "function", "name": "get_weather"}
@@ -167,6 +176,11 @@ def test_text_format_json_schema_validates_and_equals_chat(client):
     )
     assert response.output_text == expected.choices[0].message.content
     assert response.text.format.type == "json_schema"
+    # the client's own helper: a pydantic model as the format, the answer parsed into it
+    parsed = client.responses.parse(
+        model=MODEL, input=ask, text_format=City, temperature=0, max_output_tokens=80
+    ).output_parsed
+    assert isinstance(parsed, City) and parsed.country in ("France", "Italy", "Japan")
 
 
 def test_forced_tool_call_and_its_output_in_a_second_turn(client):

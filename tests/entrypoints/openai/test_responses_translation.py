@@ -22,7 +22,7 @@ from fastdeploy.errors import InvalidArgumentError
 
 
 def test_string_input_is_one_user_message():
-    assert input_messages("hi") == [{"role": "user", "content": "hi"}]
+    assert input_messages("hi") == ([{"role": "user", "content": "hi"}], ["input"])
 
 
 def test_items_become_chat_messages():
@@ -53,7 +53,16 @@ def test_items_become_chat_messages():
             "output": [{"type": "input_text", "text": "a dog"}],
         },
     ]
-    assert input_messages(items) == [
+    messages, sources = input_messages(items)
+    # the part labels of each message: the assistant turn's calls joined the message of input[3]
+    assert sources == [
+        "input[0].content",
+        "input[1].content",
+        "input[3].content",
+        "input[6].output",
+        "input[7].output",
+    ]
+    assert messages == [
         {"role": "system", "content": "Be brief."},
         {
             "role": "user",
@@ -80,7 +89,7 @@ def test_a_call_without_a_message_before_it_opens_an_assistant_turn():
         {"role": "user", "content": "hi"},
         {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
     ]
-    assert input_messages(items)[1] == {
+    assert input_messages(items)[0][1] == {
         "role": "assistant",
         "content": "",
         "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
@@ -164,7 +173,7 @@ def test_chat_request_puts_instructions_first_and_maps_the_fields():
         seed=3,
     )
     history = [{"role": "user", "content": "before"}, {"role": "assistant", "content": "ok"}]
-    chat = chat_request(request, [*history, *input_messages(request.input)])
+    chat = chat_request(request, [*history, *input_messages(request.input)[0]])
     assert chat.messages == [
         {"role": "system", "content": "Be brief."},
         *history,

@@ -295,6 +295,7 @@ def chat_request(request: ResponsesRequest, conversation: list[dict[str, Any]]) 
         if getattr(request, name) is not None
     }
     return ChatCompletionRequest(
+        model=request.model,
         messages=[*system, *conversation],
         max_completion_tokens=request.max_output_tokens,
         ignore_eos=request.ignore_eos,

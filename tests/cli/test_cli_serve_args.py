@@ -98,7 +98,10 @@ def test_request_size_rejects_garbage(capsys):
         (["--max-waiting=-1"], "--max-waiting-requests must be >= 0"),
         (["--max-request-size=0"], "--max-request-size must be at least 1 byte"),
         (["--header-timeout=0"], "--header-timeout must be > 0 seconds"),
-        (["--responses-store-size=-1"], "--responses-store-size must be >= 0 (0 stores no responses), got -1"),
+        (
+            ["--responses-store-size=-1"],
+            "--responses-store-size must be >= 0 (0 stores no responses), got -1",
+        ),
         (["--metrics-require-api-key"], "--metrics-require-api-key needs --api-key"),
         (
             ["--metrics-require-api-key", "--api-key=k", "--metrics-port=9100"],

@@ -210,10 +210,11 @@ def reasoning_tokens(sample: CompletionOutput, end_token_ids: list[int] | None) 
     return len(tokens)
 
 
-def response_usage(input_tokens: int, output_tokens: int, reasoning: int) -> dict[str, Any]:
+def response_usage(input_tokens: int, cached: int, output_tokens: int, reasoning: int) -> dict[str, Any]:
+    """OpenAI's usage object; `cached`: prompt tokens whose KV blocks the prefix cache served."""
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": input_tokens + output_tokens,

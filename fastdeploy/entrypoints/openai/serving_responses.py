@@ -159,6 +159,7 @@ class _Turn:
         end = self.ctx.engine.engine.reasoning_parser
         usage = response_usage(
             len(output.prompt_token_ids),
+            output.num_cached_tokens,
             len(sample.token_ids),
             reasoning_tokens(sample, end.reasoning_end_token_ids() if end is not None else None),
         )

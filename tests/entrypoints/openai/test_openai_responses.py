@@ -144,6 +144,29 @@ def test_previous_response_id_continues_the_stored_conversation(client):
     assert stored.usage.output_tokens == first.usage.output_tokens
 
 
+def test_cached_tokens_are_the_whole_blocks_of_a_shared_prefix(client, llm):
+    """Two requests with the same long instructions: the second's prompt starts with the first's
+    KV blocks (64 tokens each), which `input_tokens_details.cached_tokens` reports."""
+    instructions = "You answer questions about European geography. " * 20
+    tokenizer = llm.get_tokenizer()
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "system", "content": instructions}, {"role": "user", "content": question}],
+                tokenize=False,
+            ),
+            add_special_tokens=False,
+        )
+        for question in ("Where is Paris?", "Where is Rome?")
+    ]
+    shared = next(i for i, (a, b) in enumerate(zip(*prompts, strict=False)) if a != b)
+    assert shared >= 128  # the instructions fill at least two blocks
+    respond(client, input="Where is Paris?", instructions=instructions, max_output_tokens=2)
+    second = respond(client, input="Where is Rome?", instructions=instructions, max_output_tokens=2)
+    assert second.usage.input_tokens == len(prompts[1])
+    assert second.usage.input_tokens_details.cached_tokens == shared // 64 * 64
+
+
 def test_delete_and_store_false_leave_nothing_behind(client):
     kept = respond(client, input=QUESTION, max_output_tokens=4)
     assert client.responses.delete(kept.id) is None

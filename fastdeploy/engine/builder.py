@@ -77,7 +77,7 @@ def prepare(config: EngineConfig) -> EngineSetup:
         )
         check_backend_quantization(config.quantization, backend)
         check_backend_kv_cache_dtype(config, backend)
-    model_path = resolve_model(config.model)
+    model_path = resolve_model(config.model, config.revision, config.gguf_file)
     checkpoint = inspect_checkpoint(model_path, registry)
     model_config = checkpoint.config
     max_model_len = resolve_max_model_len(config, model_config, backend)

@@ -187,6 +187,14 @@ class EngineArgs:
         flag={"type": int},
         group="server",
     )
+    #: the server's --responses-store-size; offline, `LLM` stores no responses
+    responses_store_size: int = option(
+        1024,
+        "responses the server keeps for previous_response_id and GET /v1/responses/{id}, the least "
+        "recently used forgotten first (0: none; server only)",
+        flag={"type": int},
+        group="server",
+    )
     dtype: str = option(
         "auto",
         "weights / activations dtype: 'auto' (default: float32 on the cpu backend, bfloat16 on a GPU "

@@ -172,7 +172,14 @@ class EngineArgs:
         "(temperature, top_p, top_k, min_p, penalties, max_new_tokens); none: SamplingParams' defaults",
         flag={"choices": GENERATION_CONFIG_MODES},
     )
-    quantization: str | None = option(None, "weight-only quantisation of a float checkpoint: wint8 or wint4")
+    quantization: str | None = option(
+        None, "weight-only quantisation of a float checkpoint: wint8, wint4 or fp8 (block-wise e4m3; cuda)"
+    )
+    quantization_group_size: int = option(
+        128,
+        "inputs per scale of wint4 on the cuda backend: 64 or 128 (must divide every layer's input width)",
+        flag={"type": int},
+    )
     #: the server's --data-parallel-size; offline, `LLM` runs one replica
     data_parallel_size: int = option(
         1,

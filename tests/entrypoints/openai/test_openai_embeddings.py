@@ -141,6 +141,15 @@ def test_generation_on_a_pooling_server_is_400(client):
     )
     with pytest.raises(openai.BadRequestError, match="--runner generate"):
         client.completions.create(model="tiny-embed", prompt="hi")
+    with pytest.raises(openai.BadRequestError, match="--runner generate"):
+        client.responses.create(model="tiny-embed", input="hi")
+
+
+def test_tokenize_serves_either_runner(pooling_server, checkpoint):
+    status, body = http_post(pooling_server + "/tokenize", {"prompt": TEXTS[0]})
+    assert status == 200
+    # /tokenize encodes as generation does (no appended end token); embeddings add it
+    assert body["tokens"] == checkpoint[1].tokenizer(TEXTS[0])["input_ids"][:-1]
 
 
 def test_embeddings_on_a_generating_server_is_400(llm):

@@ -129,6 +129,16 @@ def test_mean_matches_sentence_transformers_across_chunks(mean):
         assert abs(np.linalg.norm(ours[0]) - 1) > 1e-2  # not normalised, as the checkpoint says
 
 
+@pytest.mark.parametrize("device", ["torch-cpu", "paddle-cpu"])
+def test_the_cuda_backends_code_pools_alike(mean, device):
+    """The cuda backend's runtime code on the host (rows gathered and copied from its tensors),
+    prompts computed 4 tokens a pass."""
+    directory, reference_model = mean
+    llm = LLM(directory, runner="pooling", device=device, max_num_batched_tokens=4, max_model_len=128)
+    ours = embeddings(llm.embed(SENTENCES, use_tqdm=False))
+    assert cosine_distance(ours, reference_model.encode(SENTENCES, convert_to_numpy=True)).max() < COSINE
+
+
 def test_cls_and_mean_equal_transformers_hidden_states(mean):
     """CLS (pooler_config) and mean against transformers' own last hidden state."""
     directory, reference_model = mean

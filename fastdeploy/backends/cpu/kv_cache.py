@@ -21,6 +21,8 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
+from fastdeploy.errors import InvalidArgumentError
+
 #: kv_cache_dtype -> the native kernels' enum kv_type (native.h)
 KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3}
 _EMPTY = np.zeros(0, np.float32)
@@ -130,3 +132,21 @@ def gather_numpy(cache: LayerKVCache, slots: np.ndarray) -> tuple[np.ndarray, np
         keys *= cache.key_scales[slots][..., None]
         values *= cache.value_scales[slots][..., None]
     return keys, values
+
+
+class LatentKVCache(NamedTuple):
+    """One layer's "latent" cache (multi-head latent attention): [slots, lora + rope], the same
+    layout for the native and the numpy paths (the latent attention runs in numpy)."""
+
+    latent: np.ndarray
+
+
+def allocate_latent(num_slots: int, width: int, kv_dtype: str) -> LatentKVCache:
+    """One layer's latent cache, zeroed; float32, float16 or bfloat16 (int8's per-vector scale
+    would cover the latent and the rotary key at once, which differ in range: refused)."""
+    if kv_dtype == "int8":
+        raise InvalidArgumentError(
+            "kv_cache_dtype='int8' is not supported for a latent (multi-head latent attention) KV cache; "
+            "use float32, float16 or bfloat16"
+        )
+    return LatentKVCache(_zeroed((num_slots, width), _storage_dtype(kv_dtype, native=False)))

@@ -136,9 +136,10 @@ def test_mtp_drafts_equal_the_reference_module_and_greedy_output_is_unchanged(ch
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs.token_ids for o in outputs] == expected
     assert calls, "the MTP proposer never drafted"
+    assert max(len(d) for _, d in calls) == K
     for tokens, drafts in calls:
-        assert len(drafts) == K
-        assert drafts == reference.drafts(tokens, K), tokens
+        assert drafts, tokens
+        assert drafts == reference.drafts(tokens, len(drafts)), tokens
     stats = llm.llm_engine.spec_decoder.stats
     assert stats.num_draft_tokens == sum(len(d) for _, d in calls)
     assert 0 <= stats.num_accepted_tokens <= stats.num_draft_tokens

@@ -10,7 +10,9 @@ import tiny_deepseek as deepseek
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.backends.base import BackendOptions, BatchLayout, KVCacheSpec
+from fastdeploy.backends.cpu import latent_attention
 from fastdeploy.backends.cpu.attention import build_metadata
+from fastdeploy.backends.cpu.latent_attention import absorbed_attention, absorbs, expanded_attention
 from fastdeploy.backends.cpu.native import attention_batch
 from fastdeploy.backends.selection import create_backend
 from fastdeploy.errors import InvalidArgumentError
@@ -57,9 +59,33 @@ def _full_attention(q_nope, q_rope, latent, k_rope, absorb_k, absorb_v, scale, f
     return out
 
 
+@pytest.mark.parametrize("path", [absorbed_attention, expanded_attention], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(("length", "context"), [(7, 7), (3, 9), (1, 9)], ids=["prefill", "verify", "decode"])
+def test_both_latent_attention_paths_equal_full_attention(path, length, context):
+    """The absorbed and the expanded path each give what attention over explicit per-head keys
+    and values gives, for the last `length` positions of a context."""
+    rng = np.random.default_rng(length)
+    heads, nope, rope, lora, v_dim = 3, 8, 4, 6, 5
+    absorb_k = rng.standard_normal((heads, nope, lora)).astype(np.float32)
+    absorb_v = rng.standard_normal((heads, v_dim, lora)).astype(np.float32)
+    q_nope = rng.standard_normal((length, heads, nope)).astype(np.float32)
+    q_rope = rng.standard_normal((length, heads, rope)).astype(np.float32)
+    latent = rng.standard_normal((context, lora)).astype(np.float32)
+    k_rope = rng.standard_normal((context, rope)).astype(np.float32)
+    expected = _full_attention(q_nope, q_rope, latent, k_rope, absorb_k, absorb_v, 0.3, context - length)
+    got = path(q_nope, q_rope, latent, k_rope, absorb_k, absorb_v, 0.3)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_decode_absorbs_and_a_prompt_expands_at_deepseek_v3_dims():
+    assert absorbs(1, lora=512, rope=64, nope=128, v_dim=128)
+    assert absorbs(4, lora=512, rope=64, nope=128, v_dim=128)  # a verify pass of 3 drafts
+    assert not absorbs(1024, lora=512, rope=64, nope=128, v_dim=128)
+
+
 @pytest.mark.parametrize("metadata", ["numpy", "native"])
 def test_latent_attention_prefill_and_decode_paths_equal_full_attention(metadata):
-    """A 7-token prefill (expanded path) then one decode step (absorbed path), in blocks of 4,
+    """The backend op: a 7-token prefill then one decode step, in blocks of 4 out of order,
     against attention over explicit per-head keys and values."""
     rng = np.random.default_rng(0)
     heads, nope, rope, lora, v_dim, length, block = 3, 8, 4, 6, 5, 8, 4
@@ -140,8 +166,11 @@ def test_grouped_routing_against_hand_computed_choices():
     np.testing.assert_allclose(weights[0], [0.3, 0.92], rtol=1e-5)
 
 
+@pytest.mark.parametrize("path", ["absorbed", "expanded"])
 @pytest.mark.parametrize("name", list(deepseek.SPECS))
-def test_greedy_tokens_equal_transformers(name, checkpoints, references):
+def test_greedy_tokens_equal_transformers(name, path, checkpoints, references, monkeypatch):
+    """With every sequence's attention forced through one path (prompts, decode steps alike)."""
+    monkeypatch.setattr(latent_attention, "absorbs", lambda *args: path == "absorbed")
     llm = LLM(model=checkpoints[name], max_model_len=deepseek.MAX_MODEL_LEN, block_size=16)
     params = SamplingParams(temperature=0, max_tokens=deepseek.NEW_TOKENS, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in deepseek.PROMPTS], params, use_tqdm=False)

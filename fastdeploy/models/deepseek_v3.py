@@ -121,7 +121,7 @@ def grouped_topk(
     group_scores = grouped[..., -min(2, per_group) :].sum(axis=-1)
     best_groups = np.argsort(-group_scores, axis=-1, kind="stable")[:, :top_groups]
     allowed = np.zeros((tokens, num_groups), dtype=bool)
-    np.put_along_axis(allowed, best_groups, True, axis=1)
+    allowed[np.arange(tokens)[:, None], best_groups] = True
     choice = np.where(np.repeat(allowed, per_group, axis=1), choice, -np.inf)
     ids = np.argsort(-choice, axis=-1, kind="stable")[:, :top_k]
     weights = np.take_along_axis(scores, ids, axis=1)

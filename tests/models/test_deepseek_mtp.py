@@ -143,6 +143,9 @@ def test_mtp_drafts_equal_the_reference_module_and_greedy_output_is_unchanged(ch
     stats = llm.llm_engine.spec_decoder.stats
     assert stats.num_draft_tokens == sum(len(d) for _, d in calls)
     assert 0 <= stats.num_accepted_tokens <= stats.num_draft_tokens
+    # each request reports its own share, as with the other proposers
+    assert sum(o.metrics.spec_num_draft_tokens for o in outputs) == stats.num_draft_tokens
+    assert sum(o.metrics.spec_num_accepted_tokens for o in outputs) == stats.num_accepted_tokens
 
 
 def test_mtp_on_a_checkpoint_without_mtp_layers_is_refused(tmp_path):

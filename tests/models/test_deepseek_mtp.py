@@ -14,7 +14,7 @@ import pytest
 import tiny_deepseek as deepseek
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.errors import UnsupportedModelError
+from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 
 torch = pytest.importorskip("torch", reason="the reference MTP module runs in torch")
 modeling = pytest.importorskip(
@@ -156,3 +156,8 @@ def test_mtp_on_a_checkpoint_without_mtp_layers_is_refused(tmp_path):
             max_model_len=32,
             speculative_config={"method": "mtp", "num_speculative_tokens": 2},
         )
+
+
+def test_mtp_on_a_model_without_mtp_layers_is_refused():
+    with pytest.raises(InvalidArgumentError, match="multi-token-prediction"):
+        LLM(max_model_len=64, speculative_config={"method": "mtp", "num_speculative_tokens": 2})

@@ -45,6 +45,7 @@ from fastdeploy.models.llama import DenseMLPWeights, LlamaForCausalLM, required_
 from fastdeploy.plugins.api import (
     Backend,
     Capability,
+    InvalidArgumentError,
     KVCacheSpec,
     MLPBlock,
     ModelConfig,
@@ -210,7 +211,13 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
         return 1
 
     def kv_cache_spec(self, num_blocks: int, block_size: int, dtype: str) -> KVCacheSpec:
-        """One latent vector (kv_lora_rank + qk_rope_head_dim) per token and layer."""
+        """One latent vector (kv_lora_rank + qk_rope_head_dim) per token and layer; not in int8,
+        whose one scale per vector would cover the latent and the rotary key, of unlike ranges."""
+        if dtype == "int8":
+            raise InvalidArgumentError(
+                f"kv_cache_dtype='int8' is not supported by {self.config.architecture}'s latent KV cache; "
+                "use float32, float16 or bfloat16"
+            )
         width = self.kv_lora_rank + self.rope_dim
         return KVCacheSpec(self.kv_cache_layers(), num_blocks, block_size, 1, width, dtype, kind="latent")
 

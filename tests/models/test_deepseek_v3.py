@@ -182,3 +182,8 @@ def test_a_missing_config_field_is_named(tmp_path, field):
     deepseek.write_checkpoint(tmp_path, "v3", **{field: None})
     with pytest.raises(InvalidArgumentError, match=field):
         LLM(model=str(tmp_path), max_model_len=32)
+
+
+def test_an_int8_latent_cache_is_refused_naming_the_option(checkpoints):
+    with pytest.raises(InvalidArgumentError, match="kv_cache_dtype='int8'"):
+        LLM(model=checkpoints["v3"], max_model_len=32, kv_cache_dtype="int8")

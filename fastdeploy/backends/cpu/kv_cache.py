@@ -21,8 +21,6 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from fastdeploy.errors import InvalidArgumentError
-
 #: kv_cache_dtype -> the native kernels' enum kv_type (native.h)
 KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3}
 _EMPTY = np.zeros(0, np.float32)
@@ -142,11 +140,5 @@ class LatentKVCache(NamedTuple):
 
 
 def allocate_latent(num_slots: int, width: int, kv_dtype: str) -> LatentKVCache:
-    """One layer's latent cache, zeroed; float32, float16 or bfloat16 (int8's per-vector scale
-    would cover the latent and the rotary key at once, which differ in range: refused)."""
-    if kv_dtype == "int8":
-        raise InvalidArgumentError(
-            "kv_cache_dtype='int8' is not supported for a latent (multi-head latent attention) KV cache; "
-            "use float32, float16 or bfloat16"
-        )
+    """One layer's latent cache, zeroed; float32, float16 or bfloat16 (models refuse int8)."""
     return LatentKVCache(_zeroed((num_slots, width), _storage_dtype(kv_dtype, native=False)))

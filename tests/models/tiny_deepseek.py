@@ -202,21 +202,19 @@ def _layer_of(tensor_name: str) -> int:
 
 
 def transformers_greedy(directory: str | os.PathLike[str], prompts: list[list[int]]) -> list[list[int]]:
-    """transformers' float32 greedy continuations (NEW_TOKENS each), recomputing the whole
-    sequence every step (no cache), from a checkpoint directory without MTP tensors."""
+    """transformers' float32 greedy continuations (NEW_TOKENS each, EOS ignored) from a checkpoint
+    directory without MTP tensors."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         str(directory), dtype=torch.float32, attn_implementation="eager"
     )
-    model.eval()
-    outputs = []
+    model.generation_config.eos_token_id = None
     with torch.no_grad():
-        for prompt in prompts:
-            tokens = list(prompt)
-            for _ in range(NEW_TOKENS):
-                logits = model(torch.tensor([tokens])).logits[0, -1]
-                tokens.append(int(torch.argmax(logits)))
-            outputs.append(tokens[len(prompt) :])
-    return outputs
+        return [
+            model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[
+                0, len(p) :
+            ].tolist()
+            for p in prompts
+        ]

@@ -132,6 +132,7 @@ class CpuBackend(Backend):
             Capability.DEVICE_ROW_REDUCTIONS,
             Capability.VISION_OPS,
             Capability.LATENT_ATTENTION,
+            Capability.QUANTIZED_WEIGHTS,
         }
     )
     # logits are host arrays here: the portable reductions are this backend's own

@@ -42,6 +42,9 @@ class Capability(str, enum.Enum):
     #: `encoder_attention`, `encoder_attention_qkv`, `quick_gelu`, `gelu`, `merge_rows`: the ops
     #: of vision encoders
     VISION_OPS = "vision_ops"
+    #: `lora_stack`, `set_lora_slot`, `lora_rows`, `add_lora`: LoRA adapters' low-rank products,
+    #: batched over the adapters of one pass (segmented by adapter)
+    LORA = "lora"
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,11 @@ CAPABILITY_SPECS: dict[Capability, CapabilitySpec] = {
     Capability.VISION_OPS: CapabilitySpec(
         ("encoder_attention", "encoder_attention_qkv", "quick_gelu", "gelu", "merge_rows"),
         "vision encoder attention and activations run on the host with numpy",
+    ),
+    Capability.LORA: CapabilitySpec(
+        ("lora_stack", "set_lora_slot", "lora_rows", "add_lora"),
+        "LoRA adapters are refused (enable_lora=True fails at construction)",
+        portable=False,
     ),
 }
 

@@ -31,6 +31,7 @@ from fastdeploy.input.multimodal.parts import extract_media
 from fastdeploy.input.processor import InputProcessor
 from fastdeploy.input.prompts import PromptItem, normalize_prompts
 from fastdeploy.logger import get_logger
+from fastdeploy.model_executor.lora import LoRARequest
 from fastdeploy.plugins.registry import get_registry
 from fastdeploy.tool_calling.request import parser_factory, template_messages
 
@@ -122,11 +123,16 @@ class LLM:
         prompts: Any,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Complete each prompt (str, token ids or {"prompt"/"prompt_token_ids": ...} dicts)."""
+        """Complete each prompt (str, token ids or {"prompt"/"prompt_token_ids": ...} dicts).
+
+        `lora_request` (with `enable_lora=True`): the LoRA adapter of every prompt, or a list with
+        one per prompt (None: the base model); see docs/lora.md."""
         arrival = time.time()
         items = normalize_prompts(prompts)
-        return self._run(items, self._params_per_prompt(sampling_params, len(items)), use_tqdm, arrival)
+        params = self._params_per_prompt(sampling_params, len(items))
+        return self._run(items, params, use_tqdm, arrival, _adapters_per_prompt(lora_request, len(items)))
 
     def chat(
         self,
@@ -138,12 +144,14 @@ class LLM:
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Reply to one conversation (a list of messages) or a batch of them, via the chat template.
 
         `tools` (OpenAI function tools) reach the template; with `tool_choice` "required" or a
         named function, or "auto" and a `tool_call_parser`, the calls land in
-        `CompletionOutput.tool_calls` (see docs/tool_calling.md).
+        `CompletionOutput.tool_calls` (see docs/tool_calling.md). `lora_request` as in `generate`
+        (one per conversation when a list).
         """
         arrival = time.time()
         if not isinstance(messages, list) or not messages:
@@ -167,7 +175,7 @@ class LLM:
         for index, item in enumerate(items):
             params[index], error = constrain_offline(params[index], plan)
             item.error = item.error or tool_error or error
-        outputs = self._run(items, params, use_tqdm, arrival)
+        outputs = self._run(items, params, use_tqdm, arrival, _adapters_per_prompt(lora_request, len(items)))
         fill_tool_calls(outputs, plan)
         return outputs
 
@@ -215,15 +223,25 @@ class LLM:
         )
 
     def _run(
-        self, items: list[PromptItem], params: list[SamplingParams], use_tqdm: bool, arrival: float
+        self,
+        items: list[PromptItem],
+        params: list[SamplingParams],
+        use_tqdm: bool,
+        arrival: float,
+        adapters: list[LoRARequest | None],
     ) -> list[RequestOutput]:
         if not isinstance(use_tqdm, bool):
             raise InvalidArgumentError(f"use_tqdm must be a bool, got {use_tqdm!r}")
         with self._calls:
-            return self._run_alone(items, params, use_tqdm, arrival)
+            return self._run_alone(items, params, use_tqdm, arrival, adapters)
 
     def _run_alone(
-        self, items: list[PromptItem], params: list[SamplingParams], use_tqdm: bool, arrival: float
+        self,
+        items: list[PromptItem],
+        params: list[SamplingParams],
+        use_tqdm: bool,
+        arrival: float,
+        adapters: list[LoRARequest | None],
     ) -> list[RequestOutput]:
         if self._shut_down:
             raise EngineStoppedError("this LLM has been shut down (LLM.shutdown()); build a new one")
@@ -231,7 +249,7 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
         try:
-            for item, item_params in zip(items, params, strict=True):
+            for item, item_params, adapter in zip(items, params, adapters, strict=True):
                 request_id = str(next(self._request_ids))
                 order.append(request_id)
                 if item.error is None:
@@ -245,6 +263,7 @@ class LLM:
                             arrival_time=arrival,
                             thinking_enabled=item.thinking_enabled,
                             multimodal=multimodal,
+                            lora_request=adapter,
                         )
                         continue
                     except FastDeployError as exc:
@@ -282,6 +301,26 @@ class LLM:
                     )
         finally:
             bar.close()
+
+
+def _adapters_per_prompt(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, count: int
+) -> list[LoRARequest | None]:
+    """One adapter (or None) per prompt from a call's `lora_request`."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * count
+    if isinstance(lora_request, (list, tuple)) and all(
+        item is None or isinstance(item, LoRARequest) for item in lora_request
+    ):
+        if len(lora_request) != count:
+            raise InvalidArgumentError(
+                f"got {len(lora_request)} lora_request entries for {count} prompts; pass one, or one per prompt"
+            )
+        return list(lora_request)
+    raise InvalidArgumentError(
+        f"lora_request must be a LoRARequest, a list of them (None for the base model) or None, got "
+        f"{type(lora_request).__name__}"
+    )
 
 
 def _document_options() -> None:

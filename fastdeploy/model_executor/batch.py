@@ -25,6 +25,8 @@ class BatchSequence(Protocol):
     prompt_logprobs: list[Any] | None
     #: what the model needs beyond token ids (a multimodal prompt), or None
     extra_inputs: Any
+    #: the LoRA adapter it runs with (a `LoRARequest`), or None
+    lora: Any
 
 
 @dataclass

@@ -22,6 +22,7 @@ from fastdeploy.backends.cpu.host_memory import (
 from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache, allocate_native, allocate_numpy
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
 from fastdeploy.backends.fused import AttentionBlock, MLPBlock
+from fastdeploy.backends.lora import LoRASegments, LoRAStack, segments_by_slot
 from fastdeploy.backends.portable import apply_token_bitmask_numpy
 from fastdeploy.backends.types import BackendOptions, BatchLayout, KVCacheSpec
 from fastdeploy.errors import InvalidArgumentError
@@ -123,6 +124,7 @@ class CpuBackend(Backend):
             Capability.FUSED_MOE,
             Capability.DEVICE_ROW_REDUCTIONS,
             Capability.VISION_OPS,
+            Capability.LORA,
         }
     )
     # logits are host arrays here: the portable reductions are this backend's own
@@ -411,6 +413,42 @@ class CpuBackend(Backend):
 
     def gather_rows(self, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
         return x[indices]
+
+    # --- LoRA: per adapter segment, the shrink and the expand on the native kernels' float path
+    # (numpy's BLAS is held at one thread here), each slot's A and B packed like a weight --------
+    def lora_stack(self, slots: int, rank: int, in_features: int, out_features: int) -> LoRAStack:
+        a, b = np.zeros((in_features, rank), np.float32), np.zeros((rank, out_features), np.float32)
+        if not self.native_isa:
+            return LoRAStack(np.stack([a] * slots), np.stack([b] * slots))
+        return LoRAStack([self._lora_pack(a)] * slots, [self._lora_pack(b)] * slots)
+
+    def _lora_pack(self, matrix: np.ndarray) -> native.PackedWeight:
+        """[k, n] packed for `native.matmul` (which takes [n, k]); numpy memory, not the weight
+        arena, since slots are rewritten as adapters come and go."""
+        return native.pack([np.ascontiguousarray(matrix.T, np.float32)])
+
+    def set_lora_slot(self, stack: LoRAStack, slot: int, a: np.ndarray, b: np.ndarray) -> None:
+        if self.native_isa:
+            stack.a[slot], stack.b[slot] = self._lora_pack(a), self._lora_pack(b)
+        else:
+            stack.a[slot], stack.b[slot] = a, b
+
+    def lora_rows(self, token_slots: np.ndarray) -> LoRASegments:
+        return segments_by_slot(token_slots)
+
+    def add_lora(self, y: np.ndarray, x: np.ndarray, stack: LoRAStack, rows: LoRASegments) -> np.ndarray:
+        if not rows.count:
+            return y
+        picked = x[rows.rows]
+        delta = np.empty((rows.count, y.shape[1]), np.float32)
+        for slot, start, end in rows.segments:
+            if self.native_isa:
+                shrunk = native.matmul(picked[start:end], stack.a[slot], self.native_isa, self.threads)
+                delta[start:end] = native.matmul(shrunk, stack.b[slot], self.native_isa, self.threads)
+            else:
+                np.matmul(picked[start:end] @ stack.a[slot], stack.b[slot], out=delta[start:end])
+        y[rows.rows] += delta
+        return y
 
     def apply_token_bitmask(self, logits: np.ndarray, bitmask: np.ndarray, rows: np.ndarray) -> np.ndarray:
         apply_token_bitmask_numpy(logits, bitmask, rows)  # logits are host arrays: in place, no copy

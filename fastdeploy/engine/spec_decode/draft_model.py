@@ -50,6 +50,8 @@ class DraftSequence:
     prompt_logprobs: None = None
     #: the draft model is text-only: a multimodal prompt's placeholder ids reach it as plain tokens
     extra_inputs: None = None
+    #: speculative decoding is refused with LoRA adapters
+    lora: None = None
 
     @property
     def num_tokens(self) -> int:

@@ -26,6 +26,7 @@ from fastdeploy.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from fastdeploy.entrypoints.openai.serving import ServingContext, as_openai_error
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
+from fastdeploy.entrypoints.openai.serving_lora import add_lora_routes
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -114,6 +115,8 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
             }
             for name in ctx.served_model_names
         ]
+        if ctx.adapters is not None:
+            data += ctx.adapters.model_entries(ctx.served_model_names[0], started, ctx.max_model_len)
         return JSONResponse({"object": "list", "data": data})
 
     @app.post("/v1/completions", dependencies=authorized)
@@ -124,6 +127,8 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
     async def chat_completions(request: Request) -> Response:
         return await _serve(create_chat_completion, ctx, request)
 
+    if ctx.adapters is not None:
+        add_lora_routes(app, ctx, authorized)
     return RequestGuard(app, max_request_bytes, on_refusal=ctx.metrics.count_error)
 
 

@@ -4,12 +4,17 @@
 
 from __future__ import annotations
 
+import httpx
 import lora_fixtures as fixtures
 import openai
 import pytest
-from openai_server_helpers import ServerProcess, free_port, http_post
+from openai_server_helpers import ServerProcess, free_port
 
 from fastdeploy import LLM
+from fastdeploy.entrypoints.openai.api_server import check_server_flags
+from fastdeploy.entrypoints.openai.cli_args import build_parser
+from fastdeploy.entrypoints.openai.serving_lora import parse_lora_modules
+from fastdeploy.errors import InvalidArgumentError
 
 
 @pytest.fixture(scope="module")
@@ -89,17 +94,28 @@ def test_unknown_adapter_is_404_listing_the_names(client):
 
 
 def test_load_and_unload_at_run_time(server, client, adapters, expected_text):
-    status, _ = http_post(server.url + "/v1/load_lora_adapter", {"lora_name": "mlp", "lora_path": "/nowhere"})
-    assert status == 400
-    status, _ = http_post(
-        server.url + "/v1/load_lora_adapter", {"lora_name": "mlp", "lora_path": adapters["mlp-r2-rslora"]}
-    )
-    assert status == 200
+    """vLLM's endpoints and bodies: a text answer on success, the OpenAI error shape otherwise."""
+    load, unload = server.url + "/v1/load_lora_adapter", server.url + "/v1/unload_lora_adapter"
+    missing = httpx.post(load, json={"lora_name": "mlp", "lora_path": "/nowhere"})
+    assert missing.status_code == 400 and "no such directory" in missing.json()["error"]["message"]
+    loaded = httpx.post(load, json={"lora_name": "mlp", "lora_path": adapters["mlp-r2-rslora"]})
+    assert loaded.status_code == 200 and "mlp" in loaded.text
+    assert httpx.post(load, json={"lora_name": "mlp", "lora_path": adapters["mlp-r2-rslora"]}).status_code == 400
     assert _complete(client, "mlp", fixtures.PROMPTS[1]) == expected_text["mlp-r2-rslora"][1]
     assert "mlp" in {model.id for model in client.models.list().data}
-    status, _ = http_post(server.url + "/v1/unload_lora_adapter", {"lora_name": "mlp"})
-    assert status == 200
+    assert httpx.post(unload, json={"lora_name": "mlp"}).status_code == 200
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="mlp", prompt=[1, 2, 3], max_tokens=2)
-    status, _ = http_post(server.url + "/v1/unload_lora_adapter", {"lora_name": "mlp"})
-    assert status == 404
+    assert httpx.post(unload, json={"lora_name": "mlp"}).status_code == 404
+    assert httpx.post(load, json={"lora_name": "x"}).status_code == 400  # lora_path missing
+
+
+def test_lora_flags_need_enable_lora_and_well_formed_modules():
+    parser = build_parser("serve")
+    with pytest.raises(InvalidArgumentError, match="need --enable-lora"):
+        check_server_flags(parser.parse_args(["--lora-modules", "a=/x"]))
+    assert parse_lora_modules(["a=/x", '{"name": "b", "path": "/y"}']) == [("a", "/x"), ("b", "/y")]
+    with pytest.raises(InvalidArgumentError, match="expected name=path"):
+        parse_lora_modules(["just-a-path"])
+    with pytest.raises(InvalidArgumentError, match="must be distinct"):
+        parse_lora_modules(["a=/x", "a=/y"])

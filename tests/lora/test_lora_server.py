@@ -100,7 +100,9 @@ def test_load_and_unload_at_run_time(server, client, adapters, expected_text):
     assert missing.status_code == 400 and "no such directory" in missing.json()["error"]["message"]
     loaded = httpx.post(load, json={"lora_name": "mlp", "lora_path": adapters["mlp-r2-rslora"]})
     assert loaded.status_code == 200 and "mlp" in loaded.text
-    assert httpx.post(load, json={"lora_name": "mlp", "lora_path": adapters["mlp-r2-rslora"]}).status_code == 400
+    assert (
+        httpx.post(load, json={"lora_name": "mlp", "lora_path": adapters["mlp-r2-rslora"]}).status_code == 400
+    )
     assert _complete(client, "mlp", fixtures.PROMPTS[1]) == expected_text["mlp-r2-rslora"][1]
     assert "mlp" in {model.id for model in client.models.list().data}
     assert httpx.post(unload, json={"lora_name": "mlp"}).status_code == 200

@@ -326,9 +326,14 @@ class Backend(Platform, DeviceOps):
         raise NotImplementedError(f"the {self.name} backend cannot copy KV blocks")
 
     # --- Capability.LORA (no portable default) ---------------------------------------------------
-    def lora_stack(self, slots: int, rank: int, in_features: int, out_features: int) -> LoRAStack:
+    def lora_stack(
+        self, slots: int, rank: int, in_features: int, out_features: int, parts: Sequence[int] = ()
+    ) -> LoRAStack:
         """Zeroed device stacks for one projection's adapters: a [slots, in, rank], b [slots,
-        rank, out] in the compute dtype (`backends/lora.py`)."""
+        rank, out] in the compute dtype (`backends/lora.py`). `parts`, for a fused projection,
+        are its parts' output widths: part p owns rank columns p * rank / len(parts) onwards of A
+        and the matching block of B (B is block-diagonal), which a backend may store and multiply
+        by blocks."""
         raise NotImplementedError(f"the {self.name} backend does not run LoRA adapters")
 
     def set_lora_slot(self, stack: LoRAStack, slot: int, a: np.ndarray, b: np.ndarray) -> None:

@@ -337,9 +337,12 @@ def check_lora(backend: Backend) -> str | None:
         return "backend runs no LoRA adapters (Capability.LORA): enable_lora is refused on it"
     rng = np.random.default_rng(23)
     slots, rank, width_in, width_out = 3, 4, 16, 24
-    stack = backend.lora_stack(slots, rank, width_in, width_out)
+    # a fused projection of two parts (10 and 14 outputs), each with rank 2: B block-diagonal
+    stack = backend.lora_stack(slots, rank, width_in, width_out, parts=(10, 14))
     a = random_normal(rng, slots, width_in, rank)
     b = random_normal(rng, slots, rank, width_out)
+    b[:, :2, 10:] = 0
+    b[:, 2:, :10] = 0
     for slot in (0, 2):  # slot 1 stays zero: a resident slot nobody targets adds nothing
         backend.set_lora_slot(stack, slot, a[slot], b[slot])
     a[1], b[1] = 0, 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -109,6 +110,43 @@ def _waiting_policy(adaptive: bool) -> str:
     return (
         f"idle threads {waits} (FD_CPU_SPIN_US); loops never wait for a thread that has not started; {count}"
     )
+
+
+@dataclass(frozen=True)
+class CpuLoRARows:
+    """A pass's adapter rows (`segments_by_slot`) and, when its segments are of similar length,
+    their batched form: `padded` [segments, longest] pass rows (a short segment repeats its
+    first row), `slots` the segments' slots (a slice when consecutive), `targets` the pass row
+    of each real entry of the flattened batch and `real` those entries (None: all are)."""
+
+    grouped: LoRASegments
+    padded: np.ndarray | None = None
+    slots: slice | np.ndarray | None = None
+    targets: np.ndarray | None = None
+    real: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, grouped: LoRASegments) -> CpuLoRARows:
+        if not grouped.count:
+            return cls(grouped)
+        lengths = [end - start for _, start, end in grouped.segments]
+        longest = max(lengths)
+        if len(lengths) > 1 and len(lengths) * longest > 2 * grouped.count:
+            return cls(grouped)  # padding would more than double the work
+        rows = grouped.rows
+        order = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
+        padded = np.empty((len(lengths), longest), np.int64)
+        for index, (_, start, end) in enumerate(grouped.segments):
+            padded[index, : end - start] = order[start:end]
+            padded[index, end - start :] = order[start]
+        slot_ids = [slot for slot, _, _ in grouped.segments]
+        consecutive = slot_ids == list(range(slot_ids[0], slot_ids[0] + len(slot_ids)))
+        slots = slice(slot_ids[0], slot_ids[-1] + 1) if consecutive else np.array(slot_ids, np.int64)
+        real = None
+        if min(lengths) != longest:
+            real = np.concatenate([index * longest + np.arange(n) for index, n in enumerate(lengths)])
+        targets = padded.reshape(-1) if real is None else padded.reshape(-1)[real]
+        return cls(grouped, padded, slots, targets, real)
 
 
 class CpuBackend(Backend):
@@ -414,40 +452,51 @@ class CpuBackend(Backend):
     def gather_rows(self, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
         return x[indices]
 
-    # --- LoRA: per adapter segment, the shrink and the expand on the native kernels' float path
-    # (numpy's BLAS is held at one thread here), each slot's A and B packed like a weight --------
-    def lora_stack(self, slots: int, rank: int, in_features: int, out_features: int) -> LoRAStack:
-        a, b = np.zeros((in_features, rank), np.float32), np.zeros((rank, out_features), np.float32)
-        if not self.native_isa:
-            return LoRAStack(np.stack([a] * slots), np.stack([b] * slots))
-        return LoRAStack([self._lora_pack(a)] * slots, [self._lora_pack(b)] * slots)
-
-    def _lora_pack(self, matrix: np.ndarray) -> native.PackedWeight:
-        """[k, n] packed for `native.matmul` (which takes [n, k]); numpy memory, not the weight
-        arena, since slots are rewritten as adapters come and go."""
-        return native.pack([np.ascontiguousarray(matrix.T, np.float32)])
+    # --- LoRA: numpy products (ranks are small), batched over the adapters of a pass; B by the
+    # blocks of a fused projection's parts (its zeros are never read) --------------------------
+    def lora_stack(
+        self, slots: int, rank: int, in_features: int, out_features: int, parts: Sequence[int] = ()
+    ) -> LoRAStack:
+        widths = tuple(parts) or (out_features,)
+        part_rank = rank // len(widths)
+        blocks = []
+        for index, width in enumerate(widths):
+            first_column = sum(widths[:index])
+            columns = slice(first_column, first_column + width)
+            ranks = slice(index * part_rank, (index + 1) * part_rank)
+            blocks.append((ranks, columns, np.zeros((slots, part_rank, width), np.float32)))
+        return LoRAStack(np.zeros((slots, in_features, rank), np.float32), blocks)
 
     def set_lora_slot(self, stack: LoRAStack, slot: int, a: np.ndarray, b: np.ndarray) -> None:
-        if self.native_isa:
-            stack.a[slot], stack.b[slot] = self._lora_pack(a), self._lora_pack(b)
-        else:
-            stack.a[slot], stack.b[slot] = a, b
+        stack.a[slot] = a
+        for ranks, columns, block in stack.b:
+            block[slot] = b[ranks, columns]
 
-    def lora_rows(self, token_slots: np.ndarray) -> LoRASegments:
-        return segments_by_slot(token_slots)
+    def lora_rows(self, token_slots: np.ndarray) -> CpuLoRARows:
+        return CpuLoRARows.of(segments_by_slot(token_slots))
 
-    def add_lora(self, y: np.ndarray, x: np.ndarray, stack: LoRAStack, rows: LoRASegments) -> np.ndarray:
-        if not rows.count:
+    def add_lora(self, y: np.ndarray, x: np.ndarray, stack: LoRAStack, rows: CpuLoRARows) -> np.ndarray:
+        """Segments of similar length (decode steps): every adapter's shrink and expand in one
+        batched matmul each (a few numpy calls per projection, whatever the adapters); uneven
+        ones (a long prompt beside decodes): one product pair per segment."""
+        grouped = rows.grouped
+        if not grouped.count:
             return y
-        picked = x[rows.rows]
-        delta = np.empty((rows.count, y.shape[1]), np.float32)
-        for slot, start, end in rows.segments:
-            if self.native_isa:
-                shrunk = native.matmul(picked[start:end], stack.a[slot], self.native_isa, self.threads)
-                delta[start:end] = native.matmul(shrunk, stack.b[slot], self.native_isa, self.threads)
-            else:
-                np.matmul(picked[start:end] @ stack.a[slot], stack.b[slot], out=delta[start:end])
-        y[rows.rows] += delta
+        if rows.padded is not None:
+            shrunk = np.matmul(x[rows.padded], stack.a[rows.slots])
+            delta = np.empty((*shrunk.shape[:2], y.shape[1]), np.float32)
+            for ranks, columns, block in stack.b:
+                np.matmul(shrunk[..., ranks], block[rows.slots], out=delta[..., columns])
+            delta = delta.reshape(-1, y.shape[1])
+            y[rows.targets] += delta if rows.real is None else delta[rows.real]
+            return y
+        picked = x[grouped.rows]
+        delta = np.empty((grouped.count, y.shape[1]), np.float32)
+        for slot, start, end in grouped.segments:
+            shrunk = picked[start:end] @ stack.a[slot]
+            for ranks, columns, block in stack.b:
+                np.matmul(shrunk[:, ranks], block[slot], out=delta[start:end, columns])
+        y[grouped.rows] += delta
         return y
 
     def apply_token_bitmask(self, logits: np.ndarray, bitmask: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ framework-specific few (tensor creation, matmul, casts, memory statistics, graph
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -515,7 +515,9 @@ class TensorBackend(Backend):
         return self.rt.sum_rows(down.reshape([tokens, top_k, hidden]), 1)
 
     # --- LoRA: per adapter segment, one shrink and one expand matmul on the device --------------
-    def lora_stack(self, slots: int, rank: int, in_features: int, out_features: int) -> LoRAStack:
+    def lora_stack(
+        self, slots: int, rank: int, in_features: int, out_features: int, parts: Sequence[int] = ()
+    ) -> LoRAStack:
         return LoRAStack(
             self.rt.zeros([slots, in_features, rank], self.dtype),
             self.rt.zeros([slots, rank, out_features], self.dtype),

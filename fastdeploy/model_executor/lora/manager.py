@@ -72,6 +72,7 @@ class LoRAManager:
                     max_lora_rank * len(projection.parts),
                     projection.in_features,
                     sum(rows for _, rows in projection.parts),
+                    tuple(rows for _, rows in projection.parts),
                 )
                 for name, projection in self.projections.items()
             }

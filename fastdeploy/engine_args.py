@@ -55,9 +55,18 @@ class EngineArgs:
 
     model: str | None = option(
         None,
-        "a local directory (config.json + safetensors + tokenizer files), a .gguf file or an embedded "
-        "model's name (default: the embedded SmolLM2-135M-Instruct)",
+        "a local directory (config.json + safetensors + tokenizer files), a .gguf file, an embedded "
+        "model's name (default: the embedded SmolLM2-135M-Instruct) or a hub id: org/name, or "
+        "org/name:QUANT for one GGUF of the repository (FD_MODEL_SOURCE picks the hub)",
         group=None,  # the positional MODEL of the commands (and --model), added with them
+    )
+    revision: str | None = option(
+        None,
+        "branch, tag or commit of a hub model (default: the repository's main branch; master on "
+        "ModelScope and AIStudio)",
+    )
+    gguf_file: str | None = option(
+        None, "the GGUF to load from a model directory or hub repository holding several (or org/name:QUANT)"
     )
     tokenizer: str | None = option(None, "tokenizer directory or model name (default: the model's own)")
     device: str | None = option(None, "backend name or 'auto' (default: FD_DEVICE or auto)")
@@ -186,6 +195,14 @@ class EngineArgs:
     data_parallel_size: int = option(
         1,
         "engine replicas behind this endpoint; each request goes to the least-loaded one (default 1)",
+        flag={"type": int},
+        group="server",
+    )
+    #: the server's --responses-store-size; offline, `LLM` stores no responses
+    responses_store_size: int = option(
+        1024,
+        "responses the server keeps for previous_response_id and GET /v1/responses/{id}, the least "
+        "recently used forgotten first (0: none; server only)",
         flag={"type": int},
         group="server",
     )

@@ -79,5 +79,8 @@ def build_features(
     # a dead rank raises WorkerFailedError: only an in-process model has a probe
     fault_isolation = FaultIsolation(setup.backend, loaded.executor.probe)
     prompt_logprobs = PromptLogprobs()
+    needs.scheduler.prompt_scoring = prompt_logprobs
+    if spec_decoder is not None:
+        needs.scheduler.drafts = spec_decoder.drafts
     ordered = [fault_isolation, prompt_logprobs, *([spec_decoder] if spec_decoder else []), guided, beams]
     return Features(fault_isolation, prompt_logprobs, spec_decoder, guided, beams, ordered)

@@ -23,6 +23,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 NOT_ENGINE_FLAGS = {
     "model",
     "data_parallel_size",
+    "responses_store_size",
     "allowed_local_media_path",
     "allow_media_url_fetch",
     "allowed_media_domains",

@@ -75,6 +75,7 @@ def build_context(args: argparse.Namespace) -> ServingContext:
         metrics_require_api_key=args.metrics_require_api_key,
         trust_request_chat_template=args.trust_request_chat_template,
         adapters=adapters,
+        responses_store_size=args.responses_store_size,
     )
 
 
@@ -91,6 +92,10 @@ def check_server_flags(args: argparse.Namespace) -> None:
             )
     if (args.lora_modules or args.allow_runtime_lora_updating) and not args.enable_lora:
         raise InvalidArgumentError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
+    if args.responses_store_size < 0:
+        raise InvalidArgumentError(
+            f"--responses-store-size must be >= 0 (0 stores no responses), got {args.responses_store_size}"
+        )
     if args.metrics_require_api_key and args.api_key is None:
         raise InvalidArgumentError(
             "--metrics-require-api-key needs --api-key (the key /metrics should require)"

@@ -17,15 +17,16 @@ import asyncio
 import functools
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
 
+from fastdeploy.client_disconnects import ClientDisconnected as ClientDisconnected
+from fastdeploy.client_disconnects import unless_disconnected as unless_disconnected
 from fastdeploy.engine.async_engine import (
     AsyncLLMEngine,
     EngineOverloadedError,
@@ -36,6 +37,7 @@ from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.openai.errors import OpenAIError, from_sampling_error, invalid_request
 from fastdeploy.entrypoints.openai.metrics import ServerMetrics
+from fastdeploy.entrypoints.openai.responses_store import DEFAULT_RESPONSES_STORE_SIZE, ResponseStore
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.processor import InputProcessor
 from fastdeploy.logger import get_logger
@@ -52,10 +54,6 @@ SSE_DONE = "data: [DONE]\n\n"
 PREPROCESS_THREADS = 2
 #: `Retry-After` seconds sent with a 503 (overloaded or shutting down)
 RETRY_AFTER_SECONDS = 1
-
-
-class ClientDisconnected(Exception):
-    """The client closed the connection before the response was ready."""
 
 
 @dataclass
@@ -83,6 +81,7 @@ class ServingContext:
         metrics_require_api_key: bool = False,
         trust_request_chat_template: bool = False,
         adapters: Any = None,
+        responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE,
     ) -> None:
         if not served_model_names:
             raise InvalidArgumentError("served_model_names must name at least one model")
@@ -101,6 +100,8 @@ class ServingContext:
         self.metrics_require_api_key = metrics_require_api_key
         #: render a request's own `chat_template` (`--trust-request-chat-template`)
         self.trust_request_chat_template = trust_request_chat_template
+        #: the Responses API's stored responses (`--responses-store-size`)
+        self.responses = ResponseStore(responses_store_size)
         self._preprocess = ThreadPoolExecutor(PREPROCESS_THREADS, thread_name_prefix="fastdeploy-preprocess")
         #: the LoRA adapters served by name (`serving_lora.ServedAdapters`), None without
         self.adapters = adapters
@@ -319,32 +320,6 @@ def output_usage(outputs: list[RequestOutput]) -> dict[str, int]:
     prompt_tokens = sum(len(output.prompt_token_ids) for output in outputs)
     completion_tokens = sum(len(sample.token_ids) for output in outputs for sample in output.outputs)
     return usage(prompt_tokens, completion_tokens)
-
-
-async def until_disconnected(request: Request) -> None:
-    """Return when the client closes the connection (the body must have been read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def unless_disconnected(work: Awaitable[T], request: Request) -> T:
-    """Await `work`, cancelling it (which aborts its engine requests) if the client goes away."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(until_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the server is cancelling this handler: stop the work too
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    raise ClientDisconnected()
 
 
 async def sse_stream(events: AsyncIterator[str], metrics: ServerMetrics) -> AsyncIterator[str]:

@@ -178,3 +178,13 @@ def test_enable_lora_refusals(llama_dir):
             enable_lora=True,
             speculative_config={"method": "ngram", "num_speculative_tokens": 2},
         )
+
+
+def test_mixed_batch_on_the_cuda_backends_code(llama_dir, adapters, reference_tokens):
+    """torch-cpu runs the cuda backend's code (its LoRA ops, async scheduling) on the host."""
+    pytest.importorskip("torch", reason="the torch-cpu backend needs torch (the test extra installs it)")
+    llm = LLM(llama_dir, device="torch-cpu", enable_lora=True, max_loras=4, max_lora_rank=8, max_num_seqs=16)
+    prompts, loras, keys = _mixed_batch(adapters)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=loras)
+    for (name, prompt_index), output in zip(keys, outputs, strict=True):
+        assert output.outputs[0].token_ids == reference_tokens[name][prompt_index], (name, prompt_index)

@@ -172,7 +172,6 @@ class EngineArgs:
         "(temperature, top_p, top_k, min_p, penalties, max_new_tokens); none: SamplingParams' defaults",
         flag={"choices": GENERATION_CONFIG_MODES},
     )
-    quantization: str | None = option(None, "weight-only quantisation of a float checkpoint: wint8 or wint4")
     enable_lora: bool = option(
         False,
         "serve LoRA adapters (PEFT directories, llama.cpp GGUF LoRA files) on top of the model, chosen per "
@@ -189,6 +188,14 @@ class EngineArgs:
         None,
         "adapters kept read in host memory, least recently used evicted first (default: max_loras); "
         "an evicted adapter is read again from its path when asked for",
+        flag={"type": int},
+    )
+    quantization: str | None = option(
+        None, "weight-only quantisation of a float checkpoint: wint8, wint4 or fp8 (block-wise e4m3; cuda)"
+    )
+    quantization_group_size: int = option(
+        128,
+        "inputs per scale of wint4 on the cuda backend: 64 or 128 (must divide every layer's input width)",
         flag={"type": int},
     )
     #: the server's --data-parallel-size; offline, `LLM` runs one replica

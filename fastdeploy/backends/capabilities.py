@@ -45,6 +45,11 @@ class Capability(str, enum.Enum):
     #: `lora_stack`, `set_lora_slot`, `lora_rows`, `add_lora`: LoRA adapters' low-rank products,
     #: batched over the adapters of one pass (segmented by adapter)
     LORA = "lora"
+    #: `latent_attention`: multi-head latent attention (DeepSeek-V3) over a "latent" KV cache
+    LATENT_ATTENTION = "latent_attention"
+    #: `supported_quantizations`, `quantization_refusal`: linear weights kept packed (quantised at
+    #: load with `quantization=`, or a quantised checkpoint's blocks) and multiplied in that form
+    QUANTIZED_WEIGHTS = "quantized_weights"
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,16 @@ CAPABILITY_SPECS: dict[Capability, CapabilitySpec] = {
     Capability.LORA: CapabilitySpec(
         ("lora_stack", "set_lora_slot", "lora_rows", "add_lora"),
         "LoRA adapters are refused (enable_lora=True fails at construction)",
+        portable=False,
+    ),
+    Capability.LATENT_ATTENTION: CapabilitySpec(
+        ("latent_attention",),
+        "models with multi-head latent attention (DeepSeek-V3) are refused",
+        portable=False,
+    ),
+    Capability.QUANTIZED_WEIGHTS: CapabilitySpec(
+        ("supported_quantizations", "quantization_refusal"),
+        "quantization= is refused; a quantised checkpoint is dequantised to the compute dtype at load",
         portable=False,
     ),
 }

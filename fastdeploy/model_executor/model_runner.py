@@ -186,6 +186,10 @@ class ModelRunner:
         self.graphs = graphs
         #: the resident LoRA adapters (`enable_lora`), None without
         self.lora = lora
+        #: called after each `execute` with the batch and the pass's final hidden states [tokens,
+        #: hidden] (device), when set: the MTP proposer drafts from the target's hidden states
+        self.hidden_listener: Callable[[ScheduledBatch, Any], None] | None = None
+        self._pass_hidden: Any = None
 
     def execute(
         self, batch: ScheduledBatch, feed: Callable[[BatchLayout], Any] | None = None
@@ -204,6 +208,9 @@ class ModelRunner:
         if adapters is not None:  # a pass with LoRA adapters (never a captured graph)
             extra["lora"] = adapters
         logits = self.run(layout, extra, input_ids)
+        if self.hidden_listener is not None and self._pass_hidden is not None:
+            self.hidden_listener(batch, self._pass_hidden)
+            self._pass_hidden = None
         return logits, sampling, time.perf_counter() - start
 
     def run(self, layout: BatchLayout, extra: dict[str, Any] | None = None, input_ids: Any = None) -> Any:
@@ -216,7 +223,8 @@ class ModelRunner:
         """
         if layout.block_copies.size:
             self.backend.copy_kv_blocks(self.kv_caches, layout.block_copies, self.block_size)
-        if self.graphs is not None and not extra:  # captured graphs take no extra inputs
+        # captured graphs take no extra inputs and keep their hidden states
+        if self.graphs is not None and not extra and self.hidden_listener is None:
             logits = self.graphs.run(layout, input_ids)
             if logits is not None:
                 return logits
@@ -229,6 +237,8 @@ class ModelRunner:
             self.kv_caches,
             **(extra or {}),
         )
+        if self.hidden_listener is not None:
+            self._pass_hidden = hidden
         if hidden is None or not layout.logits_indices.size:
             return None
         rows = backend.gather_rows(hidden, backend.from_numpy(layout.logits_indices))

@@ -76,6 +76,7 @@ class TritonLauncher:
             triton_kernels,
             triton_lora,
             triton_moe,
+            triton_quant,
             triton_sampling,
         )
 
@@ -86,6 +87,7 @@ class TritonLauncher:
         self.elementwise = triton_kernels
         self.moe = triton_moe
         self.lora = triton_lora
+        self.quant = triton_quant
         self.sampling = triton_sampling
 
     def _convert(self, value: Any) -> Any:

@@ -12,6 +12,7 @@ __all__ = [
     "LLM",
     "GuidedDecodingParams",
     "PoolingParams",
+    "LoRARequest",
     "SamplingParams",
     "StructuredOutputsParams",
     "__version__",
@@ -31,6 +32,10 @@ def __getattr__(name: str) -> Any:
         from fastdeploy.engine.pooling_request import PoolingParams
 
         return PoolingParams
+    if name == "LoRARequest":
+        from fastdeploy.model_executor.lora.request import LoRARequest
+
+        return LoRARequest
     if name in ("GuidedDecodingParams", "StructuredOutputsParams"):
         from fastdeploy.engine.guided import params
 

@@ -219,6 +219,7 @@ class EngineConfig(EngineArgs):
         self._check_speculative()
         self._check_async_scheduling()
         self._check_runner()
+        self._check_lora()
 
     def _resolve(self) -> None:
         """The forms `LLM(...)` and FastDeploy accept, in the one form the engine reads; unset
@@ -295,6 +296,37 @@ class EngineConfig(EngineArgs):
                 "speculative_config method 'draft_model' runs the draft model in the engine process; "
                 "it is not supported when the model runs in rank processes (tensor or pipeline "
                 "parallelism); use method 'ngram'"
+            )
+
+    def _check_lora(self) -> None:
+        """LoRA sizes; adapters run on the in-process model, without a draft model."""
+        if not isinstance(self.enable_lora, bool):
+            raise InvalidArgumentError(f"enable_lora must be a bool, got {self.enable_lora!r}")
+        for name in ("max_loras", "max_lora_rank"):
+            _positive_int(name, getattr(self, name), allow_none=False)
+        _positive_int("max_cpu_loras", self.max_cpu_loras)
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        if self.max_cpu_loras < self.max_loras:
+            raise InvalidArgumentError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}): every "
+                "resident adapter is also kept read"
+            )
+        if not self.enable_lora:
+            return
+        if self.runs_in_rank_processes:
+            raise InvalidArgumentError(
+                "enable_lora=True is not supported when the model runs in rank processes (tensor or "
+                "pipeline parallelism); use tensor_parallel_size=1 and pipeline_parallel_size=1"
+            )
+        if self.speculative_config is not None:
+            raise InvalidArgumentError(
+                "enable_lora=True cannot be combined with speculative_config: the drafts would come "
+                "from the model without the request's adapter"
+            )
+        if self.runner == "pooling":
+            raise InvalidArgumentError(
+                "enable_lora=True is not supported with runner='pooling' (adapters apply to generation)"
             )
 
     def _check_parallel(self) -> None:

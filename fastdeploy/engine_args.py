@@ -188,6 +188,24 @@ class EngineArgs:
         "(temperature, top_p, top_k, min_p, penalties, max_new_tokens); none: SamplingParams' defaults",
         flag={"choices": GENERATION_CONFIG_MODES},
     )
+    enable_lora: bool = option(
+        False,
+        "serve LoRA adapters (PEFT directories, llama.cpp GGUF LoRA files) on top of the model, chosen per "
+        "request (docs/lora.md)",
+        flag={"action": "store_true"},
+    )
+    max_loras: int = option(
+        4,
+        "most LoRA adapters resident at once (one forward pass mixes at most this many)",
+        flag={"type": int},
+    )
+    max_lora_rank: int = option(16, "largest LoRA rank an adapter may have", flag={"type": int})
+    max_cpu_loras: int | None = option(
+        None,
+        "adapters kept read in host memory, least recently used evicted first (default: max_loras); "
+        "an evicted adapter is read again from its path when asked for",
+        flag={"type": int},
+    )
     quantization: str | None = option(
         None, "weight-only quantisation of a float checkpoint: wint8, wint4 or fp8 (block-wise e4m3; cuda)"
     )

@@ -31,6 +31,7 @@ from fastdeploy.backends.capabilities import (
 )
 from fastdeploy.backends.fused import AttentionBlock, MLPBlock
 from fastdeploy.backends.legacy import legacy_capabilities
+from fastdeploy.backends.lora import LoRAStack
 from fastdeploy.backends.ops import DeviceOps
 from fastdeploy.backends.platform import Platform
 from fastdeploy.backends.portable import apply_token_bitmask_numpy
@@ -323,6 +324,33 @@ class Backend(Platform, DeviceOps):
         A backend without it cannot serve beam search (requests asking for it are refused).
         """
         raise NotImplementedError(f"the {self.name} backend cannot copy KV blocks")
+
+    # --- Capability.LORA (no portable default) ---------------------------------------------------
+    def lora_stack(
+        self, slots: int, rank: int, in_features: int, out_features: int, parts: Sequence[int] = ()
+    ) -> LoRAStack:
+        """Zeroed device stacks for one projection's adapters: a [slots, in, rank], b [slots,
+        rank, out] in the compute dtype (`backends/lora.py`). `parts`, for a fused projection,
+        are its parts' output widths: part p owns rank columns p * rank / len(parts) onwards of A
+        and the matching block of B (B is block-diagonal), which a backend may store and multiply
+        by blocks."""
+        raise NotImplementedError(f"the {self.name} backend does not run LoRA adapters")
+
+    def set_lora_slot(self, stack: LoRAStack, slot: int, a: np.ndarray, b: np.ndarray) -> None:
+        """Put one adapter in `slot` of `stack`: host float32 a [in, rank] and b [rank, out] (the
+        adapter's scale already in b; zeros where it does not target the projection)."""
+        raise NotImplementedError(f"the {self.name} backend does not run LoRA adapters")
+
+    def lora_rows(self, token_slots: np.ndarray) -> Any:
+        """The backend's form of one pass's adapter rows, from host int64 [tokens] slots (-1: the
+        base model); passed to every `add_lora` of the pass."""
+        raise NotImplementedError(f"the {self.name} backend does not run LoRA adapters")
+
+    def add_lora(self, y: Any, x: Any, stack: LoRAStack, rows: Any) -> Any:
+        """y [tokens, out] plus, for each row with an adapter, (x[row] @ a[slot]) @ b[slot], for x
+        [tokens, in]; rows of one adapter are computed together (one shrink and one expand per
+        adapter in the pass). Returns y (changed in place, or a new array)."""
+        raise NotImplementedError(f"the {self.name} backend does not run LoRA adapters")
 
     # --- Capability.LATENT_ATTENTION (no portable default) ---------------------------------------
     def latent_attention(

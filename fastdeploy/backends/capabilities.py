@@ -42,6 +42,9 @@ class Capability(str, enum.Enum):
     #: `encoder_attention`, `encoder_attention_qkv`, `quick_gelu`, `gelu`, `merge_rows`: the ops
     #: of vision encoders
     VISION_OPS = "vision_ops"
+    #: `lora_stack`, `set_lora_slot`, `lora_rows`, `add_lora`: LoRA adapters' low-rank products,
+    #: batched over the adapters of one pass (segmented by adapter)
+    LORA = "lora"
     #: `latent_attention`: multi-head latent attention (DeepSeek-V3) over a "latent" KV cache
     LATENT_ATTENTION = "latent_attention"
     #: `supported_quantizations`, `quantization_refusal`: linear weights kept packed (quantised at
@@ -90,6 +93,11 @@ CAPABILITY_SPECS: dict[Capability, CapabilitySpec] = {
     Capability.VISION_OPS: CapabilitySpec(
         ("encoder_attention", "encoder_attention_qkv", "quick_gelu", "gelu", "merge_rows"),
         "vision encoder attention and activations run on the host with numpy",
+    ),
+    Capability.LORA: CapabilitySpec(
+        ("lora_stack", "set_lora_slot", "lora_rows", "add_lora"),
+        "LoRA adapters are refused (enable_lora=True fails at construction)",
+        portable=False,
     ),
     Capability.LATENT_ATTENTION: CapabilitySpec(
         ("latent_attention",),

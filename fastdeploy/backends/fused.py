@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastdeploy.backends.lora import LayerLoRA
 from fastdeploy.backends.ops import DeviceOps
 
 
@@ -75,10 +76,14 @@ def attention_block(
     sin: Any,
     batch: Any,
     kv_cache: Any,
+    lora: LayerLoRA | None = None,
 ) -> tuple[Any, Any]:
-    """`Backend.attention_block` from the ops one by one."""
+    """`Backend.attention_block` from the ops one by one; with `lora`, each row's adapter adds
+    its low-rank products to the q/k/v and output projections (`Backend.add_lora`)."""
     normed, residual = ops.rms_norm(x, block.input_norm, block.eps, residual)
     qkv = ops.linear(normed, block.qkv, block.qkv_bias)
+    if lora is not None:
+        qkv = lora.add(ops, "qkv", qkv, normed)
     tokens, dim = qkv.shape[0], block.head_dim
     q_size, kv_size = block.num_heads * dim, block.num_kv_heads * dim
     q = qkv[:, :q_size].reshape(tokens, block.num_heads, dim)
@@ -89,15 +94,22 @@ def attention_block(
         k = ops.rms_norm(k.reshape(-1, dim), block.k_norm, block.eps)[0].reshape(tokens, -1, dim)
     q = ops.rotary_embedding(q, positions, cos, sin)
     k = ops.rotary_embedding(k, positions, cos, sin)
-    out = ops.attention(q, k, v, kv_cache, batch, block.scale)
-    return ops.linear(out.reshape(tokens, q_size), block.o_proj, block.o_bias), residual
+    out = ops.attention(q, k, v, kv_cache, batch, block.scale).reshape(tokens, q_size)
+    projected = ops.linear(out, block.o_proj, block.o_bias)
+    return (projected if lora is None else lora.add(ops, "o_proj", projected, out)), residual
 
 
-def mlp_block(ops: DeviceOps, x: Any, residual: Any | None, block: MLPBlock) -> tuple[Any, Any]:
-    """`Backend.mlp_block` from the ops one by one."""
+def mlp_block(
+    ops: DeviceOps, x: Any, residual: Any | None, block: MLPBlock, lora: LayerLoRA | None = None
+) -> tuple[Any, Any]:
+    """`Backend.mlp_block` from the ops one by one (with `lora`: adapters on gate/up and down)."""
     normed, residual = ops.rms_norm(x, block.norm, block.eps, residual)
-    up = ops.silu_and_mul(ops.linear(normed, block.gate_up, block.gate_up_bias))
-    return ops.linear(up, block.down, block.down_bias), residual
+    gate_up = ops.linear(normed, block.gate_up, block.gate_up_bias)
+    if lora is not None:
+        gate_up = lora.add(ops, "gate_up", gate_up, normed)
+    up = ops.silu_and_mul(gate_up)
+    down = ops.linear(up, block.down, block.down_bias)
+    return (down if lora is None else lora.add(ops, "down", down, up)), residual
 
 
 def decoder_layers(

@@ -14,8 +14,10 @@ from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sampling_rules import EngineLimits, check_engine_limits
 from fastdeploy.engine.scheduler import Scheduler
 from fastdeploy.engine.sequence import EngineRequest, Sequence
+from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.detokenizer import IncrementalDetokenizer
 from fastdeploy.input.tokenizer import Tokenizer
+from fastdeploy.model_executor.lora import LoRAManager, LoRARequest
 
 
 class Admission:
@@ -30,6 +32,7 @@ class Admission:
         eos_token_ids: frozenset[int],
         limits: EngineLimits,
         features: Features,
+        loras: LoRAManager | None = None,
     ) -> None:
         self.seed = seed
         self.tokenizer = tokenizer
@@ -37,6 +40,8 @@ class Admission:
         self.requests = requests
         self.eos_token_ids = eos_token_ids
         self.limits = limits
+        #: the engine's LoRA adapters (`enable_lora`), None without
+        self.loras = loras
         self._guided, self._prompt_logprobs, self._beams = (
             features.guided,
             features.prompt_logprobs,
@@ -59,9 +64,11 @@ class Admission:
         stream: bool,
         thinking_enabled: bool,
         multimodal: Any,
+        lora: LoRARequest | None = None,
     ) -> EngineRequest:
         """The request, its samples (or first beam) queued; raises (nothing queued) if it cannot run."""
         self.check(params)
+        self._check_lora(lora)
         grammar = self._guided.compile(params.guided_decoding) if params.guided_decoding else None
         room = self.limits.max_model_len - len(prompt_token_ids)
         request = EngineRequest(
@@ -75,6 +82,7 @@ class Admission:
             thinking_enabled=thinking_enabled,
             multimodal=multimodal,
             max_output_tokens=min(params.max_tokens, room) if params.max_tokens is not None else room,
+            lora=lora,
         )
         request.bad_words_ids = self._bad_words_ids(params.bad_words)
         self.request_counter += 1
@@ -90,6 +98,21 @@ class Admission:
                 request.seqs[0], params.num_samples, self._stop_token_ids(params), request.max_output_tokens
             )
         return request
+
+    def _check_lora(self, lora: LoRARequest | None) -> None:
+        """An adapter must be a `LoRARequest` this engine can run (read now, so a bad one fails
+        its request alone, before anything is queued)."""
+        if lora is None:
+            return
+        if not isinstance(lora, LoRARequest):
+            raise InvalidArgumentError(
+                f"lora_request must be a LoRARequest or None, got {type(lora).__name__}"
+            )
+        if self.loras is None:
+            raise InvalidArgumentError(
+                f"lora_request {lora.lora_name!r} needs an engine built with enable_lora=True"
+            )
+        self.loras.check(lora)
 
     def new_sequence(self, request: EngineRequest, index: int) -> Sequence:
         """Sample `index` of `request`, seeded from the request's seed (or the engine's) and `index`."""
@@ -109,6 +132,7 @@ class Admission:
             # another beam gets that beam's tokens: only plain samples detokenize, late when unread
             defer_text=not request.stream and not params.stop and not params.use_beam_search,
             extra_inputs=request.multimodal,
+            lora=request.lora,
         )
         ranked = params.num_samples > params.n and not params.use_beam_search
         if ranked or params.logprobs is not None:

@@ -114,6 +114,7 @@ class _Add:
     thinking_enabled: bool
     stream: _Stream
     multimodal: Any = None
+    lora_request: Any = None
 
 
 @dataclass
@@ -225,6 +226,7 @@ class AsyncLLMEngine:
         thinking_enabled: bool = True,
         arrival_time: float | None = None,
         multimodal: Any = None,
+        lora_request: Any = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's cumulative output after each step that adds tokens, the last one finished.
 
@@ -243,6 +245,7 @@ class AsyncLLMEngine:
             thinking_enabled,
             stream,
             multimodal,
+            lora_request,
         )
         self._in_flight += 1
         finished = False
@@ -373,6 +376,7 @@ class AsyncLLMEngine:
                 stream=True,
                 thinking_enabled=command.thinking_enabled,
                 multimodal=command.multimodal,
+                lora_request=command.lora_request,
             )
         except Exception as exc:  # the engine validates; the caller gets the reason
             self._deliver(command.stream, exc)

@@ -153,6 +153,8 @@ class BlockManager:
         key = (*self._parent(seq, index), tuple(seq.token_ids[start : start + self.block_size]))
         if seq.extra_inputs is not None:  # images: equal placeholder tokens, different pixels
             key += (seq.extra_inputs.block_key(start, start + self.block_size),)
+        if seq.lora is not None:  # an adapter's keys and values are its own
+            key += (("lora", seq.lora.lora_int_id, seq.lora.lora_path),)
         return key
 
     def reuse_cached_prefix(self, seq: Sequence) -> int:

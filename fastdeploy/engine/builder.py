@@ -33,6 +33,7 @@ from fastdeploy.input.processor import InputProcessor
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.batch import ScheduledBatch
 from fastdeploy.model_executor.kv_cache_planner import plan_kv_cache
+from fastdeploy.model_executor.lora import LoRAManager
 from fastdeploy.model_executor.model_loader import (
     CheckpointInfo,
     build_model,
@@ -139,6 +140,8 @@ class LoadedModel:
     #: the model, when it runs in this process
     model: Any = None
     kv_cache_spec: KVCacheSpec | None = None
+    #: its LoRA adapters' slots (`enable_lora`)
+    lora: LoRAManager | None = None
 
 
 def load_model(config: EngineConfig, setup: EngineSetup, inputs: InputProcessor) -> LoadedModel:
@@ -171,8 +174,13 @@ def load_model(config: EngineConfig, setup: EngineSetup, inputs: InputProcessor)
         graphs = backend.decode_graphs(
             model, kv_caches, spec.block_size, config.max_num_seqs, setup.max_model_len
         )
-    executor = LocalExecutor(model, backend, kv_caches, spec, graphs)
-    return LoadedModel(executor, manager, model, spec)
+    lora = (
+        LoRAManager(model, backend, config.max_loras, config.max_lora_rank, config.max_cpu_loras)
+        if config.enable_lora
+        else None
+    )
+    executor = LocalExecutor(model, backend, kv_caches, spec, graphs, lora)
+    return LoadedModel(executor, manager, model, spec, lora)
 
 
 def allocate_kv_cache(backend: Backend, spec: KVCacheSpec) -> list[Any]:

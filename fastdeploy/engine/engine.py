@@ -44,6 +44,7 @@ from fastdeploy.input.processor import InputProcessor
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.batch import ScheduledBatch
+from fastdeploy.model_executor.lora import LoRARequest
 from fastdeploy.plugins.registry import PluginRegistry
 from fastdeploy.reasoning.base import ReasoningParser
 
@@ -82,7 +83,14 @@ class LLMEngine:
             raise
         self.model = loaded.model
         self.kv_cache_spec, self.block_manager = loaded.kv_cache_spec, loaded.block_manager
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
+        #: the resident LoRA adapters (`enable_lora`), None without
+        self.loras = loaded.lora
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            self.max_num_batched_tokens,
+            max_loras=config.max_loras if config.enable_lora else None,
+        )
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
             self.model_config.eos_token_ids
         )
@@ -97,7 +105,14 @@ class LLMEngine:
         self.bans = Bans(self.eos_token_ids, self.guided.grammar_complete, self.requests)
         limits = builder.engine_limits(config, setup)
         self.admission = Admission(
-            config.seed, self.tokenizer, self.scheduler, self.requests, self.eos_token_ids, limits, features
+            config.seed,
+            self.tokenizer,
+            self.scheduler,
+            self.requests,
+            self.eos_token_ids,
+            limits,
+            features,
+            self.loras,
         )
         self._hooks = {name: hooks(features.ordered, name) for name in HOOKS}
         self.output_processor = OutputProcessor(
@@ -187,17 +202,27 @@ class LLMEngine:
         stream: bool = False,
         thinking_enabled: bool = True,
         multimodal: Any = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue a request; raises InvalidArgumentError (nothing queued) if it cannot be served.
 
         With `stream`, `step()` returns this request's progress after every step that adds tokens.
         `multimodal` is the processor's `MultiModalPrompt`; its (expanded) token ids are the prompt.
+        `lora_request` names the LoRA adapter it runs with (`enable_lora`).
         """
         if request_id in self.requests:
             raise InvalidArgumentError(f"request_id {request_id!r} is already in use")
         prompt_token_ids = self.input_processor.engine_prompt(prompt_token_ids, multimodal)
         self.requests[request_id] = self.admission.admit(
-            request_id, prompt_token_ids, params, prompt, arrival_time, stream, thinking_enabled, multimodal
+            request_id,
+            prompt_token_ids,
+            params,
+            prompt,
+            arrival_time,
+            stream,
+            thinking_enabled,
+            multimodal,
+            lora_request,
         )
 
     def abort_request(self, request_id: str) -> RequestOutput | None:

@@ -80,12 +80,15 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         seats: Seats | None = None,
+        max_loras: int | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.seats: Seats = seats or OneSeatEach()
         self.prefix_cache_stats = PrefixCacheStats()
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        #: most LoRA adapters one pass may use (the resident slots); None: no adapters
+        self.max_loras = max_loras
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -129,6 +132,7 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         preempted = False
+        adapters: set[int] = set()
         in_flight = self.in_flight
         for seq in list(self.running):
             if budget == 0:
@@ -138,6 +142,8 @@ class Scheduler:
             pending = len(seq.token_ids) - seq.num_computed_tokens
             if pending == 0:
                 continue  # a beam that already delivered its logits waits for its siblings
+            if not self._adapter_fits(seq, adapters):
+                continue  # its adapter waits for a slot: a later step runs it
             num_new = min(pending, budget)
             drafts = self.drafts.get(seq.seq_id)
             scored = None
@@ -168,7 +174,7 @@ class Scheduler:
         while self.waiting and budget > 0 and not preempted:
             seq = self.waiting[0]
             needed = self.seats.seats_needed(seq)
-            if seats + needed > self.max_num_seqs:
+            if seats + needed > self.max_num_seqs or not self._adapter_fits(seq, adapters):
                 break
             # prompt tokens served from the cache have no logits to score them with
             scored = self.prompt_scoring.scoring_range(seq)
@@ -196,6 +202,18 @@ class Scheduler:
             budget -= num_new
         batch.block_copies = self.block_manager.take_pending_copies()
         return batch
+
+    def _adapter_fits(self, seq: Sequence, adapters: set[int]) -> bool:
+        """Whether `seq`'s LoRA adapter can join this pass's `adapters` (at most `max_loras`);
+        if so it is counted in."""
+        if seq.lora is None:
+            return True
+        key = seq.lora.lora_int_id
+        if key not in adapters:
+            if self.max_loras is not None and len(adapters) >= self.max_loras:
+                return False
+            adapters.add(key)
+        return True
 
     def _allocate(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> bool:
         """Allocate `seq`'s blocks; a failure is put on `batch.failed` (its request alone fails)."""

@@ -63,6 +63,9 @@ class Sequence:
     #: what the model needs beyond token ids (a multimodal prompt), shared by a request's samples;
     #: opaque to the engine except for `block_key(start, end)`, mixed into prefix-cache keys
     extra_inputs: Any = None
+    #: the LoRA adapter it runs with (`LoRARequest`, shared by a request's samples), None for the
+    #: base model: the scheduler batches at most `max_loras` adapters, prefix-cache keys include it
+    lora: Any = None
     #: sum of the chosen tokens' logprobs, when tracked (best_of ranks samples by it)
     cumulative_logprob: float | None = None
 
@@ -110,6 +113,8 @@ class EngineRequest:
     multimodal: Any = None
     #: generated-token limit of each sample (max_tokens within max_model_len)
     max_output_tokens: int = 0
+    #: the LoRA adapter (`LoRARequest`) its samples run with, None for the base model
+    lora: Any = None
 
     @property
     def finished(self) -> bool:

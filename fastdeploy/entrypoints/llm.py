@@ -34,6 +34,7 @@ from fastdeploy.input.multimodal.parts import extract_media
 from fastdeploy.input.processor import InputProcessor
 from fastdeploy.input.prompts import PromptItem, normalize_prompts
 from fastdeploy.logger import get_logger
+from fastdeploy.model_executor.lora import LoRARequest
 from fastdeploy.plugins.registry import get_registry
 from fastdeploy.tool_calling.request import parser_factory, template_messages
 
@@ -127,12 +128,17 @@ class LLM:
         prompts: Any,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Complete each prompt (str, token ids or {"prompt"/"prompt_token_ids": ...} dicts)."""
+        """Complete each prompt (str, token ids or {"prompt"/"prompt_token_ids": ...} dicts).
+
+        `lora_request` (with `enable_lora=True`): the LoRA adapter of every prompt, or a list with
+        one per prompt (None: the base model); see docs/lora.md."""
         arrival = time.time()
         self._require_runner("generate", "generate")
         items = normalize_prompts(prompts)
-        return self._run(items, self._params_per_prompt(sampling_params, len(items)), use_tqdm, arrival)
+        params = self._params_per_prompt(sampling_params, len(items))
+        return self._run(items, params, use_tqdm, arrival, _adapters_per_prompt(lora_request, len(items)))
 
     def embed(
         self,
@@ -160,7 +166,9 @@ class LLM:
             params = [PoolingParams() for _ in items]
         else:
             params = _one_per_prompt(pooling_params, PoolingParams, len(items), "pooling_params")
-        return self._run(items, params, use_tqdm, arrival, self._embedding_inputs, embedding_error_output)
+        return self._run(
+            items, params, use_tqdm, arrival, inputs=self._embedding_inputs, rejected=embedding_error_output
+        )
 
     def chat(
         self,
@@ -172,12 +180,14 @@ class LLM:
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Reply to one conversation (a list of messages) or a batch of them, via the chat template.
 
         `tools` (OpenAI function tools) reach the template; with `tool_choice` "required" or a
         named function, or "auto" and a `tool_call_parser`, the calls land in
-        `CompletionOutput.tool_calls` (see docs/tool_calling.md).
+        `CompletionOutput.tool_calls` (see docs/tool_calling.md). `lora_request` as in `generate`
+        (one per conversation when a list).
         """
         arrival = time.time()
         self._require_runner("generate", "chat")
@@ -202,7 +212,7 @@ class LLM:
         for index, item in enumerate(items):
             params[index], error = constrain_offline(params[index], plan)
             item.error = item.error or tool_error or error
-        outputs = self._run(items, params, use_tqdm, arrival)
+        outputs = self._run(items, params, use_tqdm, arrival, _adapters_per_prompt(lora_request, len(items)))
         fill_tool_calls(outputs, plan)
         return outputs
 
@@ -257,16 +267,24 @@ class LLM:
         params: list[Any],
         use_tqdm: bool,
         arrival: float,
+        adapters: list[LoRARequest | None] | None = None,
         inputs: Callable[[PromptItem], tuple[list[int], Any]] | None = None,
         rejected: Callable[..., Any] = error_output,
     ) -> list[Any]:
-        """Queue every prompt (`inputs` makes its token ids, by default the generation path's) and
-        step until all finish; a prompt refused before queueing gets `rejected`'s output."""
+        """Queue every prompt (with its LoRA adapter, if any; `inputs` makes its token ids, by
+        default the generation path's) and step until all finish; a prompt refused before
+        queueing gets `rejected`'s output."""
         if not isinstance(use_tqdm, bool):
             raise InvalidArgumentError(f"use_tqdm must be a bool, got {use_tqdm!r}")
         with self._calls:
             return self._run_alone(
-                items, params, use_tqdm, arrival, inputs or self.input_processor.prompt_inputs, rejected
+                items,
+                params,
+                use_tqdm,
+                arrival,
+                adapters or [None] * len(items),
+                inputs or self.input_processor.prompt_inputs,
+                rejected,
             )
 
     def _run_alone(
@@ -275,6 +293,7 @@ class LLM:
         params: list[Any],
         use_tqdm: bool,
         arrival: float,
+        adapters: list[LoRARequest | None],
         inputs: Callable[[PromptItem], tuple[list[int], Any]],
         rejected: Callable[..., Any],
     ) -> list[Any]:
@@ -284,7 +303,7 @@ class LLM:
         results: dict[str, Any] = {}
         order: list[str] = []
         try:
-            for item, item_params in zip(items, params, strict=True):
+            for item, item_params, adapter in zip(items, params, adapters, strict=True):
                 request_id = str(next(self._request_ids))
                 order.append(request_id)
                 if item.error is None:
@@ -298,6 +317,7 @@ class LLM:
                             arrival_time=arrival,
                             thinking_enabled=item.thinking_enabled,
                             multimodal=multimodal,
+                            **({"lora_request": adapter} if adapter is not None else {}),
                         )
                         continue
                     except FastDeployError as exc:
@@ -347,6 +367,26 @@ def _one_per_prompt(value: Any, kind: type, count: int, name: str) -> list[Any]:
         return list(value)
     raise InvalidArgumentError(
         f"{name} must be a {kind.__name__} or a list of them, got {type(value).__name__}"
+    )
+
+
+def _adapters_per_prompt(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, count: int
+) -> list[LoRARequest | None]:
+    """One adapter (or None) per prompt from a call's `lora_request`."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * count
+    if isinstance(lora_request, (list, tuple)) and all(
+        item is None or isinstance(item, LoRARequest) for item in lora_request
+    ):
+        if len(lora_request) != count:
+            raise InvalidArgumentError(
+                f"got {len(lora_request)} lora_request entries for {count} prompts; pass one, or one per prompt"
+            )
+        return list(lora_request)
+    raise InvalidArgumentError(
+        f"lora_request must be a LoRARequest, a list of them (None for the base model) or None, got "
+        f"{type(lora_request).__name__}"
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastdeploy.backends.base import Backend, KVCacheSpec
 from fastdeploy.model_executor.batch import ScheduledBatch
+from fastdeploy.model_executor.lora.manager import LoRAManager
 from fastdeploy.model_executor.model_runner import ModelRunner
 from fastdeploy.models.base import CausalLM
 
@@ -15,12 +16,13 @@ from fastdeploy.models.base import CausalLM
 @dataclass
 class _ProbeSequence:
     """What the batch layout reads of a sequence: one token at position 0 in block 0 of the
-    probe cache, no extra (multimodal) inputs."""
+    probe cache, no extra (multimodal) inputs, no adapter."""
 
     token_ids: list[int] = field(default_factory=lambda: [0])
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=lambda: [0])
     extra_inputs: Any = None
+    lora: None = None
 
 
 class LocalExecutor(ModelRunner):
@@ -34,8 +36,9 @@ class LocalExecutor(ModelRunner):
         kv_caches: list[Any],
         spec: KVCacheSpec,
         graphs: Any = None,
+        lora: LoRAManager | None = None,
     ) -> None:
-        super().__init__(model, backend, kv_caches, spec.block_size, graphs)
+        super().__init__(model, backend, kv_caches, spec.block_size, graphs, lora)
         self._probe_spec = dataclasses.replace(spec, num_blocks=1)
         self._probe_caches: list[Any] | None = None
 

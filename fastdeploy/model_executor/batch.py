@@ -23,6 +23,8 @@ class BatchSequence(Protocol):
     block_table: list[int]
     #: what the model needs beyond token ids (a multimodal prompt), or None
     extra_inputs: Any
+    #: the LoRA adapter it runs with (a `LoRARequest`), or None
+    lora: Any
 
 
 @dataclass

@@ -12,6 +12,7 @@ import numpy as np
 
 from fastdeploy.backends.base import Backend, BatchLayout
 from fastdeploy.model_executor.batch import BatchSequence, ScheduledBatch
+from fastdeploy.model_executor.lora.manager import LoRAManager
 from fastdeploy.model_executor.pooling import pool_chunk, pooled_rows
 from fastdeploy.models.base import CausalLM
 
@@ -170,7 +171,13 @@ class ModelRunner:
     """Owns the model and its KV cache on the backend."""
 
     def __init__(
-        self, model: CausalLM, backend: Backend, kv_caches: list[Any], block_size: int, graphs: Any = None
+        self,
+        model: CausalLM,
+        backend: Backend,
+        kv_caches: list[Any],
+        block_size: int,
+        graphs: Any = None,
+        lora: LoRAManager | None = None,
     ) -> None:
         self.model = model
         self.backend = backend
@@ -178,6 +185,8 @@ class ModelRunner:
         self.block_size = block_size
         #: captured decode steps (`Backend.decode_graphs`), None when running eagerly
         self.graphs = graphs
+        #: the resident LoRA adapters (`enable_lora`), None without
+        self.lora = lora
         #: called after each `execute` with the batch and the pass's final hidden states [tokens,
         #: hidden] (device), when set: the MTP proposer drafts from the target's hidden states
         self.hidden_listener: Callable[[ScheduledBatch, Any], None] | None = None
@@ -195,7 +204,11 @@ class ModelRunner:
         layout, sampling = build_layout(batch, self.block_size)
         start = time.perf_counter()
         input_ids = None if feed is None else feed(layout)
-        logits = self.run(layout, extra_model_inputs(batch), input_ids)
+        extra = extra_model_inputs(batch)
+        adapters = self.lora.pass_layers(batch) if self.lora is not None else None
+        if adapters is not None:  # a pass with LoRA adapters (never a captured graph)
+            extra["lora"] = adapters
+        logits = self.run(layout, extra, input_ids)
         if self.hidden_listener is not None and self._pass_hidden is not None:
             self.hidden_listener(batch, self._pass_hidden)
             self._pass_hidden = None

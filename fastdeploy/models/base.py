@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastdeploy.backends.base import Backend, KVCacheSpec
 from fastdeploy.config import ModelConfig
 from fastdeploy.errors import WeightLoadError
 from fastdeploy.parallel.model_parallel import ModelParallel
+
+
+@dataclass(frozen=True)
+class LoRAProjection:
+    """A (fused) linear layer of every decoder layer that LoRA adapters may target: its input
+    width and its parts, by the module names adapters use, with each part's output rows in the
+    order the fused weight stacks them."""
+
+    in_features: int
+    parts: tuple[tuple[str, int], ...]
 
 
 class CausalLM(ABC):
@@ -69,6 +80,17 @@ class CausalLM(ABC):
     @abstractmethod
     def compute_logits(self, hidden: Any) -> Any:
         """Logits [rows, vocab] for the given hidden-state rows."""
+
+    def lora_projections(self) -> dict[str, LoRAProjection]:
+        """The projections LoRA adapters may target, by the name `forward`'s `lora=` layers use
+        for their stacks; empty (the default) where the model runs no adapters. A model that
+        returns some takes `forward(..., lora=[LayerLoRA per layer])`."""
+        return {}
+
+    def lora_b_rows(self, part: str, b: Any) -> Any:
+        """An adapter's B [out, rank] of projection part `part` with its rows in this model's
+        layout of that weight (e.g. q/k rows reordered for rotary); default unchanged."""
+        return b
 
 
 def check_weight_shapes(expected: Mapping[str, tuple[int, ...]], host: Mapping[str, Any]) -> None:

@@ -29,6 +29,8 @@ from fastdeploy.plugins.api import (
     Backend,
     CausalLM,
     InvalidArgumentError,
+    LayerLoRA,
+    LoRAProjection,
     MLPBlock,
     ModelConfig,
     ModelParallel,
@@ -36,6 +38,8 @@ from fastdeploy.plugins.api import (
     check_weight_shapes,
     get_logger,
     hookimpl,
+    lora_attention_block,
+    lora_mlp_block,
     rope_tables,
     take_columns,
     take_head_rows,
@@ -344,6 +348,38 @@ class LlamaForCausalLM(CausalLM):
     def kv_cache_heads(self) -> int:
         return self.num_kv_heads
 
+    # --- LoRA ---------------------------------------------------------------------------------
+    def lora_projections(self) -> dict[str, LoRAProjection]:
+        """q/k/v and o on every layer, gate/up and down where every layer's MLP is dense; none
+        under tensor parallelism or in a subclass that rewrites weights or the layer itself
+        (where an adapter's rows would not line up with the weights)."""
+        own = type(self)
+        if (
+            self.parallel.tp_size != 1
+            or own.layer_forward is not LlamaForCausalLM.layer_forward
+            or own.preprocess_weights is not LlamaForCausalLM.preprocess_weights
+        ):
+            return {}
+        hidden, q_rows = self.config.hidden_size, self.num_heads * self.head_dim
+        kv_rows = self.num_kv_heads * self.head_dim
+        projections = {
+            "qkv": LoRAProjection(hidden, (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows))),
+            "o_proj": LoRAProjection(q_rows, (("o_proj", hidden),)),
+        }
+        if self.layers and all(layer.dense_block is not None for layer in self.layers):
+            inner = self.config.intermediate_size
+            projections["gate_up"] = LoRAProjection(hidden, (("gate_proj", inner), ("up_proj", inner)))
+            projections["down"] = LoRAProjection(inner, (("down_proj", hidden),))
+        return projections
+
+    def lora_b_rows(self, part: str, b: Any) -> Any:
+        """q and k rows in the layout `qk_head_rows` gives the weights."""
+        if part == "q_proj":
+            return self.qk_head_rows(b, self.q_heads)
+        if part == "k_proj":
+            return self.qk_head_rows(b, self.kv_heads)
+        return b
+
     # --- forward ------------------------------------------------------------------------------
     def layer_forward(
         self,
@@ -355,15 +391,24 @@ class LlamaForCausalLM(CausalLM):
         sin: Any,
         batch: Any,
         kv_cache: Any,
+        lora: LayerLoRA | None = None,
     ) -> tuple[Any, Any]:
         """One decoder layer: (its output, the residual stream); `cos`/`sin` are the rotary tables
-        `positions` index (a model with its own positions passes its own)."""
+        `positions` index (a model with its own positions passes its own). With `lora` (a pass
+        with adapters) the halves run op by op with the adapters' products added."""
         ops, parallel = self.backend, self.parallel
-        hidden, residual = ops.attention_block(
-            hidden, residual, layer.attention, positions, cos, sin, batch, kv_cache
-        )
+        if lora is None:
+            hidden, residual = ops.attention_block(
+                hidden, residual, layer.attention, positions, cos, sin, batch, kv_cache
+            )
+        else:
+            hidden, residual = lora_attention_block(
+                ops, hidden, residual, layer.attention, positions, cos, sin, batch, kv_cache, lora
+            )
         hidden = parallel.all_reduce(hidden)
-        if layer.dense_block is not None:
+        if layer.dense_block is not None and lora is not None:
+            hidden, residual = lora_mlp_block(ops, hidden, residual, layer.dense_block, lora)
+        elif layer.dense_block is not None:
             hidden, residual = ops.mlp_block(hidden, residual, layer.dense_block)
         else:
             normed, residual = ops.rms_norm(hidden, layer.post_norm, self.config.rms_norm_eps, residual)
@@ -379,7 +424,10 @@ class LlamaForCausalLM(CausalLM):
             return None
         return [(layer.attention, layer.dense_block) for layer in self.layers]
 
-    def forward(self, input_ids: Any, positions: Any, batch: Any, kv_caches: list[Any]) -> Any:
+    def forward(
+        self, input_ids: Any, positions: Any, batch: Any, kv_caches: list[Any], lora: list[Any] | None = None
+    ) -> Any:
+        """With `lora` (one `LayerLoRA` per layer: a pass with adapters), layer by layer."""
         ops = self.backend
         parallel = self.parallel
         residual = None
@@ -389,7 +437,20 @@ class LlamaForCausalLM(CausalLM):
             shape = (input_ids.shape[0], self.config.hidden_size)
             hidden = parallel.recv_from_previous_stage(ops, shape)
             residual = parallel.recv_from_previous_stage(ops, shape)
-        if self.dense_layers is not None:
+        if lora is not None:
+            for layer, kv_cache, adapters in zip(self.layers, kv_caches, lora, strict=True):
+                hidden, residual = self.layer_forward(
+                    layer,
+                    hidden,
+                    residual,
+                    positions,
+                    self.rope_cos,
+                    self.rope_sin,
+                    batch,
+                    kv_cache,
+                    adapters,
+                )
+        elif self.dense_layers is not None:
             hidden, residual = ops.decoder_layers(
                 hidden, residual, self.dense_layers, positions, self.rope_cos, self.rope_sin, batch, kv_caches
             )

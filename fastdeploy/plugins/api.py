@@ -21,6 +21,9 @@ from fastdeploy.backends.conformance import (
     build_backend,
 )
 from fastdeploy.backends.fused import AttentionBlock, MLPBlock
+from fastdeploy.backends.fused import attention_block as lora_attention_block
+from fastdeploy.backends.fused import mlp_block as lora_mlp_block
+from fastdeploy.backends.lora import LayerLoRA, LoRAStack
 from fastdeploy.backends.ops import DeviceOps
 from fastdeploy.backends.platform import Platform
 from fastdeploy.backends.types import BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
@@ -45,7 +48,7 @@ from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
 from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader
 from fastdeploy.model_executor.rope import interleaved_to_half_rows, rope_tables
-from fastdeploy.models.base import CausalLM, check_weight_names, check_weight_shapes
+from fastdeploy.models.base import CausalLM, LoRAProjection, check_weight_names, check_weight_shapes
 from fastdeploy.parallel.communicator import Communicator, RendezvousInfo
 from fastdeploy.parallel.model_parallel import ModelParallel
 from fastdeploy.parallel.sharding import take_columns, take_head_rows, take_rows
@@ -70,8 +73,13 @@ __all__ = [
     "PendingTokens",
     "AttentionBlock",
     "MLPBlock",
+    "LayerLoRA",
+    "LoRAStack",
+    "lora_attention_block",
+    "lora_mlp_block",
     # models
     "CausalLM",
+    "LoRAProjection",
     "ModelConfig",
     "check_weight_names",
     "check_weight_shapes",

@@ -330,6 +330,37 @@ def check_graph_capture(backend: Backend) -> str | None:
     return None
 
 
+def check_lora(backend: Backend) -> str | None:
+    """LoRA's segmented products (optional): every row gets its own slot's (x @ a) @ b added,
+    base rows (-1) nothing, with one adapter's rows both contiguous and scattered."""
+    if not backend.supports(Capability.LORA):
+        return "backend runs no LoRA adapters (Capability.LORA): enable_lora is refused on it"
+    rng = np.random.default_rng(23)
+    slots, rank, width_in, width_out = 3, 4, 16, 24
+    # a fused projection of two parts (10 and 14 outputs), each with rank 2: B block-diagonal
+    stack = backend.lora_stack(slots, rank, width_in, width_out, parts=(10, 14))
+    a = random_normal(rng, slots, width_in, rank)
+    b = random_normal(rng, slots, rank, width_out)
+    b[:, :2, 10:] = 0
+    b[:, 2:, :10] = 0
+    for slot in (0, 2):  # slot 1 stays zero: a resident slot nobody targets adds nothing
+        backend.set_lora_slot(stack, slot, a[slot], b[slot])
+    a[1], b[1] = 0, 0
+    # scattered rows of one adapter; then adapters' rows in slot order (contiguous); then none
+    for slots in ([2, 2, -1, 0, 2, 1, -1, 0, 0], [-1, 0, 0, 2, 2], [-1, -1]):
+        token_slots = np.array(slots, dtype=np.int64)
+        x = random_normal(rng, token_slots.size, width_in)
+        y = random_normal(rng, token_slots.size, width_out)
+        expected = y.astype(np.float64)
+        for row, slot in enumerate(slots):
+            if slot >= 0:
+                expected[row] += (x[row].astype(np.float64) @ a[slot]) @ b[slot]
+        rows = backend.lora_rows(token_slots)
+        out = backend.add_lora(backend.from_numpy(y), backend.from_numpy(x), stack, rows)
+        assert_close(f"add_lora (slots {slots})", backend.to_numpy(out), expected)
+    return None
+
+
 def check_latent_attention(backend: Backend) -> str | None:
     """Multi-head latent attention (optional) over a "latent" cache in scattered blocks: two
     prefills, then a decode next to a continued prefill chunk, against explicit per-head keys
@@ -393,5 +424,6 @@ CAPABILITY_CHECKS: dict[Capability, Callable[[Backend], str | None]] = {
     Capability.OVERLAPS_HOST: check_async_tokens,
     Capability.DEVICE_ROW_REDUCTIONS: check_row_reductions,
     Capability.VISION_OPS: check_vision_ops,
+    Capability.LORA: check_lora,
     Capability.LATENT_ATTENTION: check_latent_attention,
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from fastdeploy.backends.cpu.kv_cache import (
 from fastdeploy.backends.cpu.latent_attention import latent_attention
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
 from fastdeploy.backends.fused import AttentionBlock, MLPBlock
+from fastdeploy.backends.lora import LoRASegments, LoRAStack, segments_by_slot
 from fastdeploy.backends.portable import apply_token_bitmask_numpy
 from fastdeploy.backends.types import BackendOptions, BatchLayout, KVCacheSpec
 from fastdeploy.errors import InvalidArgumentError
@@ -118,6 +120,43 @@ def _waiting_policy(adaptive: bool) -> str:
     )
 
 
+@dataclass(frozen=True)
+class CpuLoRARows:
+    """A pass's adapter rows (`segments_by_slot`) and, when its segments are of similar length,
+    their batched form: `padded` [segments, longest] pass rows (a short segment repeats its
+    first row), `slots` the segments' slots (a slice when consecutive), `targets` the pass row
+    of each real entry of the flattened batch and `real` those entries (None: all are)."""
+
+    grouped: LoRASegments
+    padded: np.ndarray | None = None
+    slots: slice | np.ndarray | None = None
+    targets: np.ndarray | None = None
+    real: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, grouped: LoRASegments) -> CpuLoRARows:
+        if not grouped.count:
+            return cls(grouped)
+        lengths = [end - start for _, start, end in grouped.segments]
+        longest = max(lengths)
+        if len(lengths) > 1 and len(lengths) * longest > 2 * grouped.count:
+            return cls(grouped)  # padding would more than double the work
+        rows = grouped.rows
+        order = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
+        padded = np.empty((len(lengths), longest), np.int64)
+        for index, (_, start, end) in enumerate(grouped.segments):
+            padded[index, : end - start] = order[start:end]
+            padded[index, end - start :] = order[start]
+        slot_ids = [slot for slot, _, _ in grouped.segments]
+        consecutive = slot_ids == list(range(slot_ids[0], slot_ids[0] + len(slot_ids)))
+        slots = slice(slot_ids[0], slot_ids[-1] + 1) if consecutive else np.array(slot_ids, np.int64)
+        real = None
+        if min(lengths) != longest:
+            real = np.concatenate([index * longest + np.arange(n) for index, n in enumerate(lengths)])
+        targets = padded.reshape(-1) if real is None else padded.reshape(-1)[real]
+        return cls(grouped, padded, slots, targets, real)
+
+
 class CpuBackend(Backend):
     """Runs models with numpy on the host CPU; always available."""
 
@@ -131,6 +170,7 @@ class CpuBackend(Backend):
             Capability.FUSED_MOE,
             Capability.DEVICE_ROW_REDUCTIONS,
             Capability.VISION_OPS,
+            Capability.LORA,
             Capability.LATENT_ATTENTION,
             Capability.QUANTIZED_WEIGHTS,
         }
@@ -442,6 +482,53 @@ class CpuBackend(Backend):
 
     def gather_rows(self, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
         return x[indices]
+
+    # --- LoRA: numpy products (ranks are small), batched over the adapters of a pass; B by the
+    # blocks of a fused projection's parts (its zeros are never read) --------------------------
+    def lora_stack(
+        self, slots: int, rank: int, in_features: int, out_features: int, parts: Sequence[int] = ()
+    ) -> LoRAStack:
+        widths = tuple(parts) or (out_features,)
+        part_rank = rank // len(widths)
+        blocks = []
+        for index, width in enumerate(widths):
+            first_column = sum(widths[:index])
+            columns = slice(first_column, first_column + width)
+            ranks = slice(index * part_rank, (index + 1) * part_rank)
+            blocks.append((ranks, columns, np.zeros((slots, part_rank, width), np.float32)))
+        return LoRAStack(np.zeros((slots, in_features, rank), np.float32), blocks)
+
+    def set_lora_slot(self, stack: LoRAStack, slot: int, a: np.ndarray, b: np.ndarray) -> None:
+        stack.a[slot] = a
+        for ranks, columns, block in stack.b:
+            block[slot] = b[ranks, columns]
+
+    def lora_rows(self, token_slots: np.ndarray) -> CpuLoRARows:
+        return CpuLoRARows.of(segments_by_slot(token_slots))
+
+    def add_lora(self, y: np.ndarray, x: np.ndarray, stack: LoRAStack, rows: CpuLoRARows) -> np.ndarray:
+        """Segments of similar length (decode steps): every adapter's shrink and expand in one
+        batched matmul each (a few numpy calls per projection, whatever the adapters); uneven
+        ones (a long prompt beside decodes): one product pair per segment."""
+        grouped = rows.grouped
+        if not grouped.count:
+            return y
+        if rows.padded is not None:
+            shrunk = np.matmul(x[rows.padded], stack.a[rows.slots])
+            delta = np.empty((*shrunk.shape[:2], y.shape[1]), np.float32)
+            for ranks, columns, block in stack.b:
+                np.matmul(shrunk[..., ranks], block[rows.slots], out=delta[..., columns])
+            delta = delta.reshape(-1, y.shape[1])
+            y[rows.targets] += delta if rows.real is None else delta[rows.real]
+            return y
+        picked = x[grouped.rows]
+        delta = np.empty((grouped.count, y.shape[1]), np.float32)
+        for slot, start, end in grouped.segments:
+            shrunk = picked[start:end] @ stack.a[slot]
+            for ranks, columns, block in stack.b:
+                np.matmul(shrunk[:, ranks], block[slot], out=delta[start:end, columns])
+        y[grouped.rows] += delta
+        return y
 
     def apply_token_bitmask(self, logits: np.ndarray, bitmask: np.ndarray, rows: np.ndarray) -> np.ndarray:
         apply_token_bitmask_numpy(logits, bitmask, rows)  # logits are host arrays: in place, no copy

@@ -12,7 +12,7 @@ framework-specific few (tensor creation, matmul, casts, memory statistics, graph
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,6 +39,7 @@ from fastdeploy.backends.cuda.runtimes import (
     torch_runtime,
 )
 from fastdeploy.backends.cuda.token_bitmask import TokenBitmask
+from fastdeploy.backends.lora import LoRASegments, LoRAStack, segments_by_slot
 from fastdeploy.backends.types import BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.formats.weight_only import WeightOnlyTensor, concat_rows
@@ -67,6 +68,18 @@ class StackedExperts:
     group_size: int = 0
 
 
+@dataclass
+class CudaLoRARows:
+    """A pass's adapter rows on the device: sorted by slot (`segments`), their pass rows, each
+    segment's start (and the end) and slot, and the longest segment's length."""
+
+    grouped: LoRASegments
+    indices: Any
+    starts: Any
+    slots: Any
+    longest: int
+
+
 def _out_of_memory(exc: BaseException) -> bool:
     return "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
 
@@ -87,6 +100,7 @@ class TensorBackend(Backend):
             Capability.FUSED_MOE,
             Capability.DEVICE_ROW_REDUCTIONS,
             Capability.VISION_OPS,
+            Capability.LORA,
             Capability.QUANTIZED_WEIGHTS,
         }
     )
@@ -640,6 +654,64 @@ class TensorBackend(Backend):
             experts.group_size,
         )
         return self.rt.sum_rows(down.reshape([tokens, top_k, hidden]), 1)
+
+    # --- LoRA: per adapter segment, one shrink and one expand matmul on the device --------------
+    def lora_stack(
+        self, slots: int, rank: int, in_features: int, out_features: int, parts: Sequence[int] = ()
+    ) -> LoRAStack:
+        return LoRAStack(
+            self.rt.zeros([slots, in_features, rank], self.dtype),
+            self.rt.zeros([slots, rank, out_features], self.dtype),
+        )
+
+    def set_lora_slot(self, stack: LoRAStack, slot: int, a: np.ndarray, b: np.ndarray) -> None:
+        stack.a[slot] = self.rt.from_numpy(np.ascontiguousarray(a, np.float32), self.dtype)
+        stack.b[slot] = self.rt.from_numpy(np.ascontiguousarray(b, np.float32), self.dtype)
+
+    def lora_rows(self, token_slots: np.ndarray) -> CudaLoRARows:
+        grouped = segments_by_slot(token_slots)
+        rows = grouped.rows
+        indices = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
+        starts = np.array([start for _, start, _ in grouped.segments] + [grouped.count], np.int64)
+        put = self.rt.from_numpy
+        return CudaLoRARows(
+            grouped,
+            put(indices.astype(np.int64)),
+            put(starts),
+            put(np.array([slot for slot, _, _ in grouped.segments], np.int64)),
+            max((end - start for _, start, end in grouped.segments), default=0),
+        )
+
+    def add_lora(self, y: Any, x: Any, stack: LoRAStack, rows: CudaLoRARows) -> Any:
+        """The Triton SGMV kernels (`triton_lora`): a shrink into the sorted rows, an expand
+        added into y; the reference kernels' runtime matmuls per segment otherwise."""
+        grouped, rt = rows.grouped, self.rt
+        if not grouped.count:
+            return y
+        if self.launch is not None:
+            shrunk = rt.empty([grouped.count, stack.a.shape[2]], self.dtype)
+            sgmv = self.launch.lora.sgmv
+            self.launch(
+                sgmv,
+                x.contiguous(),
+                rows.indices,
+                stack.a,
+                shrunk,
+                rows.starts,
+                rows.slots,
+                rows.longest,
+                True,
+            )
+            self.launch(sgmv, shrunk, rows.indices, stack.b, y, rows.starts, rows.slots, rows.longest, False)
+            return y
+        picked = rt.index_select(x, rows.indices)
+        deltas = [
+            rt.matmul(rt.matmul(picked[start:end], stack.a[slot]), stack.b[slot])
+            for slot, start, end in grouped.segments
+        ]
+        delta = deltas[0] if len(deltas) == 1 else rt.concat(deltas, 0)
+        rt.index_copy_(y, rows.indices, rt.index_select(y, rows.indices) + delta)
+        return y
 
     # --- guided decoding -----------------------------------------------------------------------
     def apply_token_bitmask(self, logits: Any, bitmask: np.ndarray, rows: np.ndarray) -> Any:

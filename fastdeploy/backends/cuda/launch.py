@@ -74,6 +74,7 @@ class TritonLauncher:
         from fastdeploy.backends.cuda import (
             triton_attention,
             triton_kernels,
+            triton_lora,
             triton_moe,
             triton_quant,
             triton_sampling,
@@ -85,6 +86,7 @@ class TritonLauncher:
         self.attention = triton_attention
         self.elementwise = triton_kernels
         self.moe = triton_moe
+        self.lora = triton_lora
         self.quant = triton_quant
         self.sampling = triton_sampling
 

@@ -49,6 +49,8 @@ class DraftSequence:
     num_registered_blocks: int = 0
     #: the draft model is text-only: a multimodal prompt's placeholder ids reach it as plain tokens
     extra_inputs: None = None
+    #: speculative decoding is refused with LoRA adapters
+    lora: None = None
 
     @property
     def num_tokens(self) -> int:

@@ -51,6 +51,7 @@ def build_context(args: argparse.Namespace) -> ServingContext:
         )
     from fastdeploy.entrypoints.openai.metrics import ServerMetrics
     from fastdeploy.entrypoints.openai.serving import ServingContext
+    from fastdeploy.entrypoints.openai.serving_lora import ServedAdapters, parse_lora_modules
     from fastdeploy.entrypoints.replica_serving import build_replicas
 
     check_server_flags(args)
@@ -62,6 +63,9 @@ def build_context(args: argparse.Namespace) -> ServingContext:
     engine.add_observer(metrics.observe_step)
     model = options.get("model")
     names = args.served_model_name or [model or DEFAULT_MODEL]
+    adapters = ServedAdapters(engine.engine, args.allow_runtime_lora_updating)
+    for name, path in parse_lora_modules(args.lora_modules):
+        adapters.add(name, path)  # read and checked now: a bad adapter stops the start
     return ServingContext(
         engine,
         names,
@@ -70,6 +74,7 @@ def build_context(args: argparse.Namespace) -> ServingContext:
         model_root=model or DEFAULT_MODEL,
         metrics_require_api_key=args.metrics_require_api_key,
         trust_request_chat_template=args.trust_request_chat_template,
+        adapters=adapters,
         responses_store_size=args.responses_store_size,
     )
 
@@ -85,6 +90,8 @@ def check_server_flags(args: argparse.Namespace) -> None:
             raise InvalidArgumentError(
                 f"--{flag.replace('_', '-')} must be > 0 seconds, got {getattr(args, flag)}"
             )
+    if (args.lora_modules or args.allow_runtime_lora_updating) and not args.enable_lora:
+        raise InvalidArgumentError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
     if args.responses_store_size < 0:
         raise InvalidArgumentError(
             f"--responses-store-size must be >= 0 (0 stores no responses), got {args.responses_store_size}"

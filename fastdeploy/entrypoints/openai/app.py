@@ -30,6 +30,7 @@ from fastdeploy.entrypoints.openai.serving import ServingContext, as_openai_erro
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
 from fastdeploy.entrypoints.openai.serving_embedding import create_embedding
+from fastdeploy.entrypoints.openai.serving_lora import add_lora_routes
 from fastdeploy.entrypoints.openai.serving_responses import (
     create_response,
     delete_response,
@@ -131,6 +132,8 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
             }
             for name in ctx.served_model_names
         ]
+        if ctx.adapters is not None:
+            data += ctx.adapters.model_entries(ctx.served_model_names[0], started, ctx.max_model_len)
         return JSONResponse({"object": "list", "data": data})
 
     @app.post("/v1/completions", dependencies=authorized)
@@ -175,6 +178,8 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
     async def detokenize_route(request: Request) -> Response:
         return await _serve(detokenize, ctx, request, runner=None)
 
+    if ctx.adapters is not None:
+        add_lora_routes(app, ctx, authorized)
     return RequestGuard(app, max_request_bytes, on_refusal=ctx.metrics.count_error)
 
 

@@ -126,6 +126,19 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "in vLLM: a template is a program, and a sandboxed one can still loop or allocate without bound)",
     )
     server.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters to serve (with --enable-lora): name=path (a PEFT directory or a GGUF LoRA "
+        'file) or JSON \'{"name": ..., "path": ...}\'; a request picks one by its `model`',
+    )
+    server.add_argument(
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with --enable-lora)",
+    )
+    server.add_argument(
         "--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     media = parser.add_argument_group("multimodal requests")

@@ -80,6 +80,7 @@ class ServingContext:
         model_root: str | None = None,
         metrics_require_api_key: bool = False,
         trust_request_chat_template: bool = False,
+        adapters: Any = None,
         responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE,
     ) -> None:
         if not served_model_names:
@@ -104,6 +105,8 @@ class ServingContext:
         #: the Responses API's stored responses (`--responses-store-size`)
         self.responses = ResponseStore(responses_store_size)
         self._preprocess = ThreadPoolExecutor(PREPROCESS_THREADS, thread_name_prefix="fastdeploy-preprocess")
+        #: the LoRA adapters served by name (`serving_lora.ServedAdapters`), None without
+        self.adapters = adapters
 
     async def offload(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`function(*args, **kwargs)` on the preprocessing threads (CPU work off the event loop)."""
@@ -118,8 +121,10 @@ class ServingContext:
         """The name to answer with; 404 if the request names a model this server does not serve."""
         if requested is None:
             return self.served_model_names[0]
-        if requested not in self.served_model_names:
+        if requested not in self.served_model_names and self.adapter(requested) is None:
             served = ", ".join(self.served_model_names)
+            if self.adapters is not None and self.adapters.enabled:
+                served += f"; LoRA adapters: {', '.join(self.adapters.names()) or 'none'}"
             raise OpenAIError(
                 404,
                 f"The model `{requested}` does not exist; this server serves: {served}",
@@ -127,6 +132,10 @@ class ServingContext:
                 code="model_not_found",
             )
         return requested
+
+    def adapter(self, model: str) -> Any:
+        """The LoRA adapter (`LoRARequest`) a request's `model` names, None for the base model."""
+        return self.adapters.get(model) if self.adapters is not None else None
 
     def check_prompt(self, token_ids: list[int], param: str) -> None:
         """400 if the engine cannot serve these prompt tokens (too long, empty, bad ids)."""
@@ -181,14 +190,15 @@ class ServingContext:
             raise invalid_request(str(exc), param="prompt") from exc
 
     async def generate(
-        self, request_id: str, prompts: list[PreparedPrompt], params: SamplingParams
+        self, request_id: str, prompts: list[PreparedPrompt], params: SamplingParams, lora: Any = None
     ) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Outputs of all `prompts` as they come, tagged with the prompt's index."""
+        """Outputs of all `prompts` as they come, tagged with the prompt's index (`lora`: the
+        LoRA adapter they run with)."""
         for _ in prompts:
             self.metrics.count_request()
         if len(prompts) == 1:
             prompt = prompts[0]
-            async with aclosing(self._one(request_id, prompt, params)) as outputs:
+            async with aclosing(self._one(request_id, prompt, params, lora)) as outputs:
                 async for output in outputs:
                     yield 0, output
             return
@@ -196,7 +206,7 @@ class ServingContext:
 
         async def pump(index: int, prompt: PreparedPrompt) -> None:
             try:
-                async with aclosing(self._one(f"{request_id}-{index}", prompt, params)) as outputs:
+                async with aclosing(self._one(f"{request_id}-{index}", prompt, params, lora)) as outputs:
                     async for output in outputs:
                         queue.put_nowait((index, output))
             except Exception as exc:
@@ -221,7 +231,7 @@ class ServingContext:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def _one(
-        self, request_id: str, prompt: PreparedPrompt, params: SamplingParams
+        self, request_id: str, prompt: PreparedPrompt, params: SamplingParams, lora: Any = None
     ) -> AsyncIterator[RequestOutput]:
         return self.engine.generate(
             request_id,
@@ -230,14 +240,15 @@ class ServingContext:
             prompt=prompt.text,
             thinking_enabled=prompt.thinking_enabled,
             multimodal=prompt.multimodal,
+            lora_request=lora,
         )
 
     async def final_outputs(
-        self, request_id: str, prompts: list[PreparedPrompt], params: SamplingParams
+        self, request_id: str, prompts: list[PreparedPrompt], params: SamplingParams, lora: Any = None
     ) -> list[RequestOutput]:
         """The finished output of each prompt, in prompt order."""
         finals: dict[int, RequestOutput] = {}
-        async with aclosing(self.generate(request_id, prompts, params)) as outputs:
+        async with aclosing(self.generate(request_id, prompts, params, lora)) as outputs:
             async for index, output in outputs:
                 finals[index] = output
         return [finals[index] for index in range(len(prompts))]

@@ -126,7 +126,9 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
         events = _events(ctx, request, prompt, params, plan, request_id, model, created)
         return StreamingResponse(sse_stream(events, ctx.metrics), media_type="text/event-stream")
     try:
-        (output,) = await unless_disconnected(ctx.final_outputs(request_id, [prompt], params), raw)
+        (output,) = await unless_disconnected(
+            ctx.final_outputs(request_id, [prompt], params, ctx.adapter(model)), raw
+        )
     except ClientDisconnected:
         return Response(status_code=499)
     refuse_aborted([output])
@@ -201,7 +203,7 @@ async def _events(
     tool_calls = StreamedToolCalls(plan)
     final: RequestOutput | None = None
     top = request.top_logprobs or 0
-    async for _, output in ctx.generate(request_id, [prompt], params):
+    async for _, output in ctx.generate(request_id, [prompt], params, ctx.adapter(model)):
         if output.finished:
             final = output
         for sample in output.outputs:

@@ -106,7 +106,9 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
         events = _events(ctx, request, prompts, params, request_id, model, created)
         return StreamingResponse(sse_stream(events, ctx.metrics), media_type="text/event-stream")
     try:
-        outputs = await unless_disconnected(ctx.final_outputs(request_id, prompts, params), raw)
+        outputs = await unless_disconnected(
+            ctx.final_outputs(request_id, prompts, params, ctx.adapter(model)), raw
+        )
     except ClientDisconnected:
         return Response(status_code=499)
     refuse_aborted(outputs)
@@ -164,7 +166,7 @@ async def _events(
     finals: dict[int, RequestOutput] = {}
     prompt_tokens = sum(len(prompt.token_ids) for prompt in prompts)
     generated: dict[tuple[int, int], int] = {}
-    async for prompt_index, output in ctx.generate(request_id, prompts, params):
+    async for prompt_index, output in ctx.generate(request_id, prompts, params, ctx.adapter(model)):
         if output.finished:
             finals[prompt_index] = output
         for sample in output.outputs:

@@ -185,7 +185,9 @@ async def create_response(ctx: ServingContext, raw: Request) -> Response:
         events = _guarded(_events(turn, prompt, params, plan), ctx.metrics)
         return StreamingResponse(events, media_type="text/event-stream")
     try:
-        (output,) = await unless_disconnected(ctx.final_outputs(turn.id, [prompt], params), raw)
+        (output,) = await unless_disconnected(
+            ctx.final_outputs(turn.id, [prompt], params, ctx.adapter(model)), raw
+        )
     except ClientDisconnected:
         return Response(status_code=499)
     refuse_aborted([output])
@@ -230,7 +232,9 @@ async def _events(
     tracker = DeltaTracker()
     tool_calls = StreamedToolCalls(plan)
     final: RequestOutput | None = None
-    async with aclosing(turn.ctx.generate(turn.id, [prompt], params)) as outputs:
+    async with aclosing(
+        turn.ctx.generate(turn.id, [prompt], params, turn.ctx.adapter(turn.model))
+    ) as outputs:
         async for _, output in outputs:
             if output.finished:
                 final = output

@@ -102,6 +102,12 @@ _DEFAULT_EXPERT_NAMES = ("mlp.experts.{}.gate_proj", "mlp.experts.{}.up_proj", "
 _LAYER_NAME = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 
+def architecture_permutes_qk(arch: str) -> bool:
+    """Whether llama.cpp's converter interleaves the q/k rows of architecture `arch` for rotary
+    (the loader puts them back with `interleaved_to_half_rows`)."""
+    return _ARCHITECTURES.get(arch, ("", False))[1]
+
+
 def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
     """The transformers name of a GGUF tensor of architecture `arch` (one tensor: stacked
     experts are named by `expert_tensor_names`); unknown names raise WeightLoadError."""

@@ -45,7 +45,9 @@ from fastdeploy.model_executor.loaders.base import WeightLoader
 from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader
 from fastdeploy.model_executor.rope import interleaved_to_half_rows, rope_tables
 from fastdeploy.models.base import CausalLM, check_weight_names, check_weight_shapes
+from fastdeploy.kv_layout import KVLayout
 from fastdeploy.parallel.communicator import Communicator, RendezvousInfo
+from fastdeploy.parallel.kv_transfer import KVOffer, KVReceiver, KVTransport, TransferError, TransferResult
 from fastdeploy.parallel.model_parallel import ModelParallel
 from fastdeploy.parallel.sharding import take_columns, take_head_rows, take_rows
 from fastdeploy.plugins.hookspecs import hookimpl
@@ -83,6 +85,13 @@ __all__ = [
     "take_rows",
     "Communicator",
     "RendezvousInfo",
+    # prefill/decode disaggregation: the KV transport a device plugin may supply
+    "KVTransport",
+    "KVReceiver",
+    "KVOffer",
+    "KVLayout",
+    "TransferError",
+    "TransferResult",
     # checkpoints
     "GGMLTensor",
     "SafetensorsLoader",

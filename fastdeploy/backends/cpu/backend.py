@@ -19,7 +19,14 @@ from fastdeploy.backends.cpu.host_memory import (
     physical_host_memory,
     retain_freed_memory,
 )
-from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache, allocate_native, allocate_numpy
+from fastdeploy.backends.cpu.kv_cache import (
+    KV_TYPES,
+    LayerKVCache,
+    allocate_native,
+    allocate_numpy,
+    read_blocks,
+    write_blocks,
+)
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
 from fastdeploy.backends.fused import AttentionBlock, MLPBlock
 from fastdeploy.backends.portable import apply_token_bitmask_numpy
@@ -119,6 +126,7 @@ class CpuBackend(Backend):
         {
             Capability.TOKEN_BITMASK,
             Capability.KV_BLOCK_COPY,
+            Capability.KV_BLOCK_TRANSFER,
             Capability.FUSED_DECODER_LAYERS,
             Capability.FUSED_MOE,
             Capability.DEVICE_ROW_REDUCTIONS,
@@ -207,6 +215,20 @@ class CpuBackend(Backend):
                 # native layout: blocks lead; numpy layout: [blocks * block_size, ...] slots
                 blocks = cache if self.native_isa else cache.reshape(-1, block_size, *cache.shape[1:])
                 blocks[destination] = blocks[source]
+
+    def read_kv_blocks(
+        self, kv_caches: list[LayerKVCache], blocks: np.ndarray, block_size: int
+    ) -> list[np.ndarray]:
+        native = bool(self.native_isa)
+        return [array for layer in kv_caches for array in read_blocks(layer, blocks, block_size, native)]
+
+    def write_kv_blocks(
+        self, kv_caches: list[LayerKVCache], blocks: np.ndarray, arrays: list[np.ndarray], block_size: int
+    ) -> None:
+        native = bool(self.native_isa)
+        per_layer = len(arrays) // len(kv_caches)
+        for index, layer in enumerate(kv_caches):
+            write_blocks(layer, blocks, arrays[index * per_layer : (index + 1) * per_layer], block_size, native)
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         if np.issubdtype(array.dtype, np.floating):

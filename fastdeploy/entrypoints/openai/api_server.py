@@ -40,6 +40,9 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
     options["allowed_media_domains"] = getattr(args, "allowed_media_domains", None)
     options["media_allow_private_networks"] = getattr(args, "media_allow_private_networks", False)
     options["media_url_no_redirects"] = getattr(args, "media_url_no_redirects", False)
+    for name in ("splitwise_role", "kv_transport", "kv_transfer_port", "kv_transfer_timeout"):
+        if hasattr(args, name):
+            options[name] = getattr(args, name)
     return options
 
 
@@ -49,6 +52,7 @@ def build_context(args: argparse.Namespace) -> ServingContext:
         raise InvalidArgumentError(
             "--enable-auto-tool-choice needs --tool-call-parser NAME (hermes, qwen3, ernie-x1) to read the calls"
         )
+    from fastdeploy.entrypoints.openai.disaggregation import build_disaggregation
     from fastdeploy.entrypoints.openai.metrics import ServerMetrics
     from fastdeploy.entrypoints.openai.serving import ServingContext
     from fastdeploy.entrypoints.replica_serving import build_replicas
@@ -62,7 +66,7 @@ def build_context(args: argparse.Namespace) -> ServingContext:
     engine.add_observer(metrics.observe_step)
     model = options.get("model")
     names = args.served_model_name or [model or DEFAULT_MODEL]
-    return ServingContext(
+    ctx = ServingContext(
         engine,
         names,
         metrics,
@@ -71,6 +75,8 @@ def build_context(args: argparse.Namespace) -> ServingContext:
         metrics_require_api_key=args.metrics_require_api_key,
         trust_request_chat_template=args.trust_request_chat_template,
     )
+    ctx.disagg = build_disaggregation(engine, args.host, options.get("kv_transfer_port", 0))
+    return ctx
 
 
 def check_server_flags(args: argparse.Namespace) -> None:

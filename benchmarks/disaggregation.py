@@ -33,10 +33,32 @@ import httpx
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from router import HOST, Process, free_port  # noqa: E402  (benchmarks/router.py: server processes)
 
-WORDS = (
-    "river mountain lantern copper orchard harbor meadow violin compass thunder marble glacier "
-    "saffron pillow cobalt whisper tundra falcon ember quartz willow canyon beacon velvet"
-).split()
+WORDS = [
+    "river",
+    "mountain",
+    "lantern",
+    "copper",
+    "orchard",
+    "harbor",
+    "meadow",
+    "violin",
+    "compass",
+    "thunder",
+    "marble",
+    "glacier",
+    "saffron",
+    "pillow",
+    "cobalt",
+    "whisper",
+    "tundra",
+    "falcon",
+    "ember",
+    "quartz",
+    "willow",
+    "canyon",
+    "beacon",
+    "velvet",
+]
 
 
 def serve(role: str, core: int | None, extra: list[str]) -> Process:
@@ -100,7 +122,11 @@ class Load:
                 with self.lock:
                     self.counter += 1
                     index = self.counter
-                payload = {"prompt": long_prompt(index, self.words), "max_tokens": self.max_tokens, "temperature": 0}
+                payload = {
+                    "prompt": long_prompt(index, self.words),
+                    "max_tokens": self.max_tokens,
+                    "temperature": 0,
+                }
                 self.started.set()
                 client.post(self.url + "/v1/completions", json=payload).raise_for_status()
                 with self.lock:
@@ -132,8 +158,12 @@ def measure(name: str, url: str, args: argparse.Namespace) -> tuple[float, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompt-words", type=int, default=600, help="words per load prompt (~1.3 tokens each)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--prompt-words", type=int, default=600, help="words per load prompt (~1.3 tokens each)"
+    )
     parser.add_argument("--load-clients", type=int, default=2, help="clients sending long prompts at once")
     parser.add_argument("--load-max-tokens", type=int, default=4, help="tokens each load request generates")
     parser.add_argument("--probe-tokens", type=int, default=64, help="tokens the probe generates")

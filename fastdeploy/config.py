@@ -275,11 +275,17 @@ class EngineConfig(EngineArgs):
                 f"--splitwise-role must be one of {', '.join(SPLITWISE_ROLES)}, got {self.splitwise_role!r}"
             )
         if not isinstance(self.kv_transfer_timeout, (int, float)) or not self.kv_transfer_timeout > 0:
-            raise InvalidArgumentError(f"--kv-transfer-timeout must be > 0 seconds, got {self.kv_transfer_timeout!r}")
-        if isinstance(self.kv_transfer_port, bool) or not isinstance(self.kv_transfer_port, int) or not (
-            0 <= self.kv_transfer_port <= 65535
+            raise InvalidArgumentError(
+                f"--kv-transfer-timeout must be > 0 seconds, got {self.kv_transfer_timeout!r}"
+            )
+        if (
+            isinstance(self.kv_transfer_port, bool)
+            or not isinstance(self.kv_transfer_port, int)
+            or not (0 <= self.kv_transfer_port <= 65535)
         ):
-            raise InvalidArgumentError(f"--kv-transfer-port must be 0 or a TCP port, got {self.kv_transfer_port!r}")
+            raise InvalidArgumentError(
+                f"--kv-transfer-port must be 0 or a TCP port, got {self.kv_transfer_port!r}"
+            )
         if self.splitwise_role == "mixed":
             return
         if self.splitwise_role == "decode" and not self.enable_prefix_caching:

@@ -216,12 +216,13 @@ class BlockManager:
         blocks are too few."""
         chain = self.cached_prefix(token_ids)
         count = len(token_ids) // self.block_size
-        if count - len(chain) > self.num_free_blocks:
-            return None
         for block in chain:
             if self._ref_counts[block] == 0:
                 del self._evictable[block]
             self._ref_counts[block] += 1
+        if count - len(chain) > self.num_free_blocks:  # counted with the chain held: it is no longer free
+            self.release_blocks(chain)
+            return None
         fresh = []
         parent = (chain[-1], self._generation[chain[-1]]) if chain else _ROOT
         for index in range(len(chain), count):

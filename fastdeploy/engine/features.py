@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fastdeploy.backends.capabilities import Capability
 from fastdeploy.config import EngineConfig
 from fastdeploy.engine.beam_search import BeamSearchFeature
 from fastdeploy.engine.builder import EngineSetup, LoadedModel
@@ -28,7 +29,6 @@ from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.kv_layout import KVLayout
 from fastdeploy.model_resolver import DEFAULT_MODEL
-from fastdeploy.backends.capabilities import Capability
 
 
 @dataclass
@@ -94,7 +94,9 @@ def build_features(
     return Features(fault_isolation, prompt_logprobs, spec_decoder, guided, beams, ordered, kv_transfer)
 
 
-def build_kv_transfer(config: EngineConfig, setup: EngineSetup, loaded: LoadedModel) -> KVExport | KVImport | None:
+def build_kv_transfer(
+    config: EngineConfig, setup: EngineSetup, loaded: LoadedModel
+) -> KVExport | KVImport | None:
     """The disaggregation side of a prefill or decode instance (None for a mixed one)."""
     role = config.splitwise_role
     if role == "mixed":

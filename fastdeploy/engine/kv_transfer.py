@@ -52,9 +52,7 @@ class _Export:
 class KVExport(StepFeature):
     """The prefill side: sends each expected request's prompt blocks once they are computed."""
 
-    def __init__(
-        self, backend: Backend, kv_caches: list[Any], layout: KVLayout, timeout: float
-    ) -> None:
+    def __init__(self, backend: Backend, kv_caches: list[Any], layout: KVLayout, timeout: float) -> None:
         self.backend = backend
         self.kv_caches = kv_caches
         self.layout = layout
@@ -113,7 +111,9 @@ class KVExport(StepFeature):
             else:
                 result = self.transport.send(export.address, offer, arrays, self.timeout)
         except Exception as exc:
-            logger.warning("KV transfer of request %s to %s failed: %s", offer.transfer_id, export.address, exc)
+            logger.warning(
+                "KV transfer of request %s to %s failed: %s", offer.transfer_id, export.address, exc
+            )
             export.future.set_exception(exc if isinstance(exc, TransferError) else TransferError(str(exc)))
         else:
             export.future.set_result(result)
@@ -211,13 +211,17 @@ class KVImport(StepFeature):
         offer = received.offer
         held = self.block_manager.import_prefix(offer.token_ids)
         if held is None:
-            logger.warning("no free KV blocks for transfer %s: its prompt will be computed here", offer.transfer_id)
+            logger.warning(
+                "no free KV blocks for transfer %s: its prompt will be computed here", offer.transfer_id
+            )
             return
         blocks, fresh = held
         skip = len(blocks) - len(fresh) - received.first  # blocks cached since the offer was answered
         if skip < 0:  # blocks the sender left out were evicted meanwhile: the chain has a gap
             self.block_manager.release_blocks(blocks)
-            logger.warning("cached prefix of transfer %s was evicted: its prompt is computed here", offer.transfer_id)
+            logger.warning(
+                "cached prefix of transfer %s was evicted: its prompt is computed here", offer.transfer_id
+            )
             return
         if fresh:
             data = [array[skip:] for array in received.arrays]

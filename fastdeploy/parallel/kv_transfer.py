@@ -115,7 +115,10 @@ class KVTransport(ABC):
 def wire_shapes(layout: KVLayout, num_blocks: int) -> list[tuple[tuple[int, ...], np.dtype]]:
     """Shape and element type of each array of `num_blocks` blocks in the built-in layout, in
     order: per layer keys, values, then (int8) key scales and value scales."""
-    data = ((num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim), np.dtype(WIRE_DTYPES[layout.dtype]))
+    data = (
+        (num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim),
+        np.dtype(WIRE_DTYPES[layout.dtype]),
+    )
     scales = ((num_blocks, layout.block_size, layout.num_kv_heads), np.dtype("<f4"))
     per_layer = [data, data, scales, scales] if layout.dtype == "int8" else [data, data]
     return per_layer * layout.num_layers

@@ -113,7 +113,9 @@ class ZmqKVTransport(KVTransport):
             socket.connect(f"tcp://{address}")
             header = offer.to_dict()
             self._send(socket, [b"offer", json.dumps(header).encode()], address, deadline, timeout)
-            held = min(int(self._reply(socket, address, deadline, timeout).get("blocks", 0)), offer.num_blocks)
+            held = min(
+                int(self._reply(socket, address, deadline, timeout).get("blocks", 0)), offer.num_blocks
+            )
             parts = [np.ascontiguousarray(array[held:]) for array in arrays]
             message = json.dumps({"offer": header, "first": held}).encode()
             self._send(socket, [b"blocks", message, *parts], address, deadline, timeout)

@@ -75,7 +75,10 @@ class RouterSettings:
             )
         if not self.decode_workers:
             raise InvalidArgumentError("--decode-workers: the prefill workers need a decode peer; none given")
-        for flag, urls in (("--prefill-workers", self.prefill_workers), ("--decode-workers", self.decode_workers)):
+        for flag, urls in (
+            ("--prefill-workers", self.prefill_workers),
+            ("--decode-workers", self.decode_workers),
+        ):
             for url in urls:
                 parse_worker_url(url, flag)
 

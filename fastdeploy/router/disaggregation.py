@@ -178,7 +178,9 @@ async def check_pairing(
     """Refuse, naming the flags, workers that do not play their listed role or whose KV layouts
     differ (model, element type, block size, shapes)."""
     healthy = workers.available()
-    answers = await asyncio.gather(*(worker_info(client, w, timeout) for w in healthy), return_exceptions=True)
+    answers = await asyncio.gather(
+        *(worker_info(client, w, timeout) for w in healthy), return_exceptions=True
+    )
     reference: tuple[str, KVLayout] | None = None
     for worker, info in zip(healthy, answers, strict=True):
         expected = "prefill" if worker.url in prefill_urls else "decode"

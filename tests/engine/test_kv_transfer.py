@@ -97,7 +97,9 @@ def test_blocks_the_decode_engine_holds_are_not_sent_again(engines):
     mixed, prefill, decode, address = engines
     tokenizer = mixed.llm_engine.tokenizer
     first = tokenizer.encode(LONG + " the first part.")
-    second = first[: 2 * BLOCK] + tokenizer.encode(" A different ending about something else entirely, at length.")
+    second = first[: 2 * BLOCK] + tokenizer.encode(
+        " A different ending about something else entirely, at length."
+    )
     disaggregated(prefill, decode, address, "first", first, 4)
     expected = run(mixed.llm_engine, "ref2", second, 12).outputs[0].token_ids
     result, output = disaggregated(prefill, decode, address, "second", second, 12)
@@ -142,7 +144,10 @@ def test_a_stalled_transfer_fails_its_request_alone(engines):
         run(prefill.llm_engine, "healthy", tokens[:-3], 1)
         with pytest.raises(TransferError, match="stalled"):
             stalled.result(timeout=30)
-        assert healthy.result(timeout=30).blocks_sent + healthy.result().blocks_held == (len(tokens) - 4) // BLOCK
+        assert (
+            healthy.result(timeout=30).blocks_sent + healthy.result().blocks_held
+            == (len(tokens) - 4) // BLOCK
+        )
     finally:
         export.timeout = timeout
         silent.close(linger=0)

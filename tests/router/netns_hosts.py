@@ -57,7 +57,20 @@ class Hosts:
         """A veth pair from `left`'s namespace to `right`'s, with a /24 address at each end."""
         left_ns, right_ns = self.names[left], self.names[right]
         left_dev, right_dev = f"to-{right}", f"to-{left}"
-        ip("-n", left_ns, "link", "add", left_dev, "type", "veth", "peer", "name", right_dev, "netns", right_ns)
+        ip(
+            "-n",
+            left_ns,
+            "link",
+            "add",
+            left_dev,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            right_dev,
+            "netns",
+            right_ns,
+        )
         for ns, dev, address in ((left_ns, left_dev, left_address), (right_ns, right_dev, right_address)):
             ip("-n", ns, "addr", "add", f"{address}/24", "dev", dev)
             ip("-n", ns, "link", "set", dev, "up")

@@ -72,7 +72,12 @@ def hosts():
             hosts.start(role, ["-m", "fastdeploy", "serve", *serve, "--host", address, "--port", str(PORT)])
         router = ["-m", "fastdeploy", "router", "--host", "10.232.1.1", "--port", "8080"]
         router += ["--startup-timeout", "300", "--health-interval", "30", "--policy", "prefix-affinity"]
-        router += ["--prefill-workers", *map(url, PREFILL.values()), "--decode-workers", *map(url, DECODE.values())]
+        router += [
+            "--prefill-workers",
+            *map(url, PREFILL.values()),
+            "--decode-workers",
+            *map(url, DECODE.values()),
+        ]
         hosts.start("router", router)
         hosts.wait_healthy("router", ROUTER)
         for address in {**PREFILL, **DECODE}.values():  # the client reaches them only through the router
@@ -98,7 +103,9 @@ def received(hosts: Hosts) -> int:
 
 def expected_text(reference: LLM, prompt: str, max_tokens: int = 16) -> str:
     # the server lays a request's fields over the model's generation defaults; so does this
-    params = SamplingParams(**{**reference.llm_engine.generation_defaults, "max_tokens": max_tokens, "temperature": 0})
+    params = SamplingParams(
+        **{**reference.llm_engine.generation_defaults, "max_tokens": max_tokens, "temperature": 0}
+    )
     (output,) = reference.generate([prompt], params)
     return output.outputs[0].text
 
@@ -126,7 +133,9 @@ def test_blocks_the_decode_host_holds_are_not_sent_again(hosts, reference):
     a, b = tokenizer.encode(first), tokenizer.encode(second)
     assert answer.usage.prompt_tokens == len(b)
     shared = 0
-    while (shared + 1) * BLOCK <= min(len(a), len(b) - 1) and a[: (shared + 1) * BLOCK] == b[: (shared + 1) * BLOCK]:
+    while (shared + 1) * BLOCK <= min(len(a), len(b) - 1) and a[: (shared + 1) * BLOCK] == b[
+        : (shared + 1) * BLOCK
+    ]:
         shared += 1
     assert shared >= 2
     assert received(hosts) - before == (len(b) - 1) // BLOCK - shared
@@ -149,7 +158,11 @@ def test_a_stalled_transfer_fails_its_request_alone(hosts, reference):
     stalled: dict = {}
 
     def prefill_to_nowhere() -> None:
-        request = {"prompt": STORY, "max_tokens": 1, "kv_transfer_params": {"decode_address": f"10.232.2.1:{port}"}}
+        request = {
+            "prompt": STORY,
+            "max_tokens": 1,
+            "kv_transfer_params": {"decode_address": f"10.232.2.1:{port}"},
+        }
         stalled["answer"] = hosts.run_in("router", http_post, url(PREFILL["pa"]) + "/v1/completions", request)
 
     thread = threading.Thread(target=prefill_to_nowhere)

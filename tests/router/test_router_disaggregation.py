@@ -8,7 +8,7 @@ import json
 import urllib.request
 
 import pytest
-from router_helpers import free_port, http_post, kill, metric, start_router, start_standin, standin_state
+from router_helpers import free_port, http_post, kill, metric, standin_state, start_router, start_standin
 
 from fastdeploy.cli import main
 
@@ -163,7 +163,10 @@ def test_paired_workers_must_agree_on_model_and_block_size(capsys, decode_flags,
     decode = start_standin("d", "--role", "decode", *decode_flags)
     try:
         err = refusal(capsys, "--prefill-workers", prefill.url, "--decode-workers", decode.url)
-        assert f"error: --prefill-workers/--decode-workers: {decode.url} cannot be paired with {prefill.url}" in err
+        assert (
+            f"error: --prefill-workers/--decode-workers: {decode.url} cannot be paired with {prefill.url}"
+            in err
+        )
         assert expected in err
     finally:
         prefill.stop()
@@ -184,7 +187,12 @@ def test_a_worker_in_the_wrong_role_is_refused(capsys):
 
 def test_plain_workers_cannot_join_a_disaggregated_router(capsys):
     err = refusal(
-        capsys, "--workers", "http://127.0.0.1:1", "--prefill-workers", "http://127.0.0.1:2",
-        "--decode-workers", "http://127.0.0.1:3",
+        capsys,
+        "--workers",
+        "http://127.0.0.1:1",
+        "--prefill-workers",
+        "http://127.0.0.1:2",
+        "--decode-workers",
+        "http://127.0.0.1:3",
     )
     assert "error: --workers/--workers-file cannot be combined with --prefill-workers/--decode-workers" in err

@@ -100,7 +100,9 @@ def check_kv_block_transfer(backend: Backend) -> str | None:
     attention wrote, at [block, slot, kv head, dim]; written into other blocks, attention over
     them reads them as it read the originals."""
     if not backend.supports(Capability.KV_BLOCK_TRANSFER):
-        return "backend cannot read or write KV blocks (Capability.KV_BLOCK_TRANSFER): disaggregation is refused"
+        return (
+            "backend cannot read or write KV blocks (Capability.KV_BLOCK_TRANSFER): disaggregation is refused"
+        )
     rng = np.random.default_rng(23)
     block, dim, heads = 4, 8, 2
     spec = KVCacheSpec(num_layers=2, num_blocks=6, block_size=block, num_kv_heads=heads, head_dim=dim)
@@ -124,11 +126,18 @@ def check_kv_block_transfer(backend: Backend) -> str | None:
         attend(layer, [4, 2], 0, 5)  # block 4 full, one slot of block 2
     arrays = backend.read_kv_blocks(caches, np.array([4, 2], dtype=np.int64), block)
     if len(arrays) != 4:
-        raise AssertionError(f"read_kv_blocks: expected keys and values of 2 layers, got {len(arrays)} arrays")
+        raise AssertionError(
+            f"read_kv_blocks: expected keys and values of 2 layers, got {len(arrays)} arrays"
+        )
     for layer in range(2):
-        for name, array, expected in (("keys", arrays[2 * layer], keys), ("values", arrays[2 * layer + 1], values)):
+        for name, array, expected in (
+            ("keys", arrays[2 * layer], keys),
+            ("values", arrays[2 * layer + 1], values),
+        ):
             if array.shape != (2, block, heads, dim):
-                raise AssertionError(f"read_kv_blocks: {name} of shape {array.shape}, expected (2, {block}, {heads}, {dim})")
+                raise AssertionError(
+                    f"read_kv_blocks: {name} of shape {array.shape}, expected (2, {block}, {heads}, {dim})"
+                )
             read = array.reshape(2 * block, heads, dim)[:5].astype(np.float32)
             assert_close(f"read_kv_blocks {name} (layer {layer})", read, expected[layer][:5])
     backend.write_kv_blocks(caches, np.array([0, 5], dtype=np.int64), arrays, block)

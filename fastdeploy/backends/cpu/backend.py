@@ -228,7 +228,9 @@ class CpuBackend(Backend):
         native = bool(self.native_isa)
         per_layer = len(arrays) // len(kv_caches)
         for index, layer in enumerate(kv_caches):
-            write_blocks(layer, blocks, arrays[index * per_layer : (index + 1) * per_layer], block_size, native)
+            write_blocks(
+                layer, blocks, arrays[index * per_layer : (index + 1) * per_layer], block_size, native
+            )
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         if np.issubdtype(array.dtype, np.floating):

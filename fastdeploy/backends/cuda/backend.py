@@ -39,9 +39,9 @@ from fastdeploy.backends.cuda.runtimes import (
     torch_runtime,
 )
 from fastdeploy.backends.cuda.token_bitmask import TokenBitmask
-from fastdeploy.kv_layout import WIRE_DTYPES
 from fastdeploy.backends.types import BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.kv_layout import WIRE_DTYPES
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -178,7 +178,9 @@ class TensorBackend(Backend):
         offsets = np.arange(block_size, dtype=np.int64)
         return self.rt.from_numpy((np.asarray(blocks, np.int64)[:, None] * block_size + offsets).reshape(-1))
 
-    def read_kv_blocks(self, kv_caches: list[tuple[Any, Any]], blocks: np.ndarray, block_size: int) -> list[np.ndarray]:
+    def read_kv_blocks(
+        self, kv_caches: list[tuple[Any, Any]], blocks: np.ndarray, block_size: int
+    ) -> list[np.ndarray]:
         slots = self._block_slots(blocks, block_size)
         wire = np.dtype(WIRE_DTYPES[self.dtype])
         arrays = []
@@ -187,7 +189,9 @@ class TensorBackend(Backend):
                 host = self.rt.to_numpy(self.rt.index_select(cache, slots))  # float32 for 16-bit caches
                 if self.dtype == "bfloat16":  # exact: the values are bfloat16
                     host = host.astype(ml_dtypes.bfloat16).view(wire)
-                arrays.append(np.ascontiguousarray(host.astype(wire)).reshape(len(blocks), block_size, *host.shape[1:]))
+                arrays.append(
+                    np.ascontiguousarray(host.astype(wire)).reshape(len(blocks), block_size, *host.shape[1:])
+                )
         return arrays
 
     def write_kv_blocks(

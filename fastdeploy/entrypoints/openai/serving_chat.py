@@ -110,7 +110,9 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
         events = _events(ctx, request, prompt, params, plan, request_id, model, created)
         return StreamingResponse(sse_stream(events, ctx.metrics), media_type="text/event-stream")
     try:
-        (output,), transfer = await unless_disconnected(ctx.prefilled(request_id, [prompt], params, kv_target), raw)
+        (output,), transfer = await unless_disconnected(
+            ctx.prefilled(request_id, [prompt], params, kv_target), raw
+        )
     except ClientDisconnected:
         return Response(status_code=499)
     refuse_aborted([output])

@@ -107,7 +107,9 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
         events = _events(ctx, request, prompts, params, request_id, model, created)
         return StreamingResponse(sse_stream(events, ctx.metrics), media_type="text/event-stream")
     try:
-        outputs, transfer = await unless_disconnected(ctx.prefilled(request_id, prompts, params, kv_target), raw)
+        outputs, transfer = await unless_disconnected(
+            ctx.prefilled(request_id, prompts, params, kv_target), raw
+        )
     except ClientDisconnected:
         return Response(status_code=499)
     refuse_aborted(outputs)

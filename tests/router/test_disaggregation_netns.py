@@ -26,6 +26,7 @@ from netns_hosts import NETNS_SKIPS, Hosts, status_of, text_of
 from router_helpers import http_post, metric
 
 from fastdeploy import LLM, SamplingParams
+from fastdeploy.model_resolver import DEFAULT_MODEL
 
 pytestmark = NETNS_SKIPS
 
@@ -89,7 +90,7 @@ def hosts():
 
 def completion(prompt: str, max_tokens: int = 16, **extra):
     client = openai.OpenAI(base_url=ROUTER + "/v1", api_key="unused", max_retries=0, timeout=120)
-    return client.completions.create(model="m", prompt=prompt, max_tokens=max_tokens, temperature=0, **extra)
+    return client.completions.create(model=DEFAULT_MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, **extra)
 
 
 def info(hosts: Hosts, address: str) -> dict:

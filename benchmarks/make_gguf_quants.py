@@ -110,10 +110,16 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--types", default="Q4_0,Q4_K_M,Q5_K_M,Q6_K,Q8_0")
     parser.add_argument("--synthetic", action="store_true", help="random blocks of each block type instead")
+    parser.add_argument(
+        "--source", help="the GGUF to start from (default: the embedded SmolLM2, found through fastdeploy)"
+    )
     args = parser.parse_args()
-    from fastdeploy.model_resolver import embedded_model_path
+    if args.source:
+        source = args.source
+    else:  # llama-cpp-python's interpreter need not have fastdeploy when --source is given
+        from fastdeploy.model_resolver import embedded_model_path
 
-    source = embedded_model_path()
+        source = embedded_model_path()
     args.out.mkdir(parents=True, exist_ok=True)
     types = args.types.split(",")
     if args.synthetic:

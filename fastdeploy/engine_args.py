@@ -58,9 +58,18 @@ class EngineArgs:
 
     model: str | None = option(
         None,
-        "a local directory (config.json + safetensors + tokenizer files), a .gguf file or an embedded "
-        "model's name (default: the embedded SmolLM2-135M-Instruct)",
+        "a local directory (config.json + safetensors + tokenizer files), a .gguf file, an embedded "
+        "model's name (default: the embedded SmolLM2-135M-Instruct) or a hub id: org/name, or "
+        "org/name:QUANT for one GGUF of the repository (FD_MODEL_SOURCE picks the hub)",
         group=None,  # the positional MODEL of the commands (and --model), added with them
+    )
+    revision: str | None = option(
+        None,
+        "branch, tag or commit of a hub model (default: the repository's main branch; master on "
+        "ModelScope and AIStudio)",
+    )
+    gguf_file: str | None = option(
+        None, "the GGUF to load from a model directory or hub repository holding several (or org/name:QUANT)"
     )
     tokenizer: str | None = option(None, "tokenizer directory or model name (default: the model's own)")
     device: str | None = option(None, "backend name or 'auto' (default: FD_DEVICE or auto)")

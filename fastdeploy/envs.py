@@ -151,3 +151,46 @@ def dist_fork_server() -> bool:
     if value not in _SWITCH_VALUES:
         raise InvalidArgumentError(f"FD_DIST_FORK_SERVER must be 1 or 0 (on or off); got {value!r}")
     return _SWITCH_VALUES[value]
+
+
+#: the hubs `FD_MODEL_SOURCE` may name (FastDeploy's spelling)
+MODEL_SOURCES = ("HUGGINGFACE", "MODELSCOPE", "AISTUDIO")
+
+
+def model_source() -> str:
+    """Hub a model id (`org/name`) is downloaded from (`FD_MODEL_SOURCE`): HUGGINGFACE (default),
+    MODELSCOPE or AISTUDIO."""
+    value = os.environ.get("FD_MODEL_SOURCE", "").strip().upper() or "HUGGINGFACE"
+    if value not in MODEL_SOURCES:
+        raise InvalidArgumentError(
+            f"FD_MODEL_SOURCE must be one of {', '.join(MODEL_SOURCES)}; got {value!r}"
+        )
+    return value
+
+
+# huggingface_hub reads the HF_* variables once, when it is imported; these read them per call, so
+# a variable set after `import fastdeploy` (or transformers) still applies.
+
+
+def hf_endpoint() -> str | None:
+    """The Hugging Face Hub's address (`HF_ENDPOINT`, e.g. a mirror); None: huggingface.co."""
+    value = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/")
+    return value or None
+
+
+def hf_hub_offline() -> bool:
+    """Whether hub models come from the local cache only (`HF_HUB_OFFLINE`, or `TRANSFORMERS_OFFLINE`)."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def hf_hub_cache() -> str:
+    """The Hugging Face cache directory: `HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+    `$XDG_CACHE_HOME/huggingface/hub` (`~/.cache/huggingface/hub`)."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return os.path.expanduser(explicit)
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+    )
+    return os.path.join(os.path.expanduser(home), "hub")

@@ -19,6 +19,11 @@ class ModelNotFoundError(FastDeployError, FileNotFoundError):
     """`model=` names neither a known model nor a readable path."""
 
 
+class ModelDownloadError(FastDeployError, RuntimeError):
+    """A model hub refused or could not finish a download (access, disk space, network, a missing
+    hub package); the message names the model id and what to do."""
+
+
 class UnsupportedModelError(FastDeployError, ValueError):
     """No registered plugin handles this model's architecture or file format."""
 

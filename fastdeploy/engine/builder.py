@@ -77,7 +77,7 @@ def prepare(config: EngineConfig) -> EngineSetup:
         )
         check_backend_quantization(config.quantization, backend)
         check_backend_kv_cache_dtype(config, backend)
-    model_path = resolve_model(config.model)
+    model_path = resolve_model(config.model, config.revision, config.gguf_file)
     checkpoint = inspect_checkpoint(model_path, registry)
     model_config = checkpoint.config
     max_model_len = resolve_max_model_len(config, model_config, backend)
@@ -207,10 +207,12 @@ def choose_stepper(
     executor: Executor,
     overlappable: Callable[[ScheduledBatch], bool],
     ends: RequestEnds,
+    in_flight: set[Any],
 ) -> Stepper:
-    """The step mode, chosen once: pipeline stages, overlapped steps, or one pass at a time."""
+    """The step mode, chosen once: pipeline stages (their sequences kept in `in_flight`, the
+    scheduler's set), overlapped steps, or one pass at a time."""
     if config.pipeline_parallel_size > 1:
-        return PipelineStepper(core, executor, config.pipeline_parallel_size)  # type: ignore[arg-type]
+        return PipelineStepper(core, executor, config.pipeline_parallel_size, in_flight)  # type: ignore[arg-type]
     if async_scheduling_on(config, core.backend):
         return AsyncStepper(core, executor, overlappable, ends)
     return SyncStepper(core, executor)

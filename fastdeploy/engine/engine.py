@@ -109,12 +109,15 @@ class LLMEngine:
             self.max_model_len,
             features.beams,
             features.spec,
+            features.prompt_logprobs,
         )
         self.ends = RequestEnds(
             self.requests, self.scheduler, self.output_processor, self.fault_isolation, self._hooks["release"]
         )
         self.async_scheduling = builder.async_scheduling_on(config, self.backend)
-        self.stepper = builder.choose_stepper(config, self, loaded.executor, self._overlaps, self.ends)
+        self.stepper = builder.choose_stepper(
+            config, self, loaded.executor, self._overlaps, self.ends, self.scheduler.in_flight
+        )
         logger.info(
             "engine ready: %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d",
             self.model_config.architecture,

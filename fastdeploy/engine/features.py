@@ -87,6 +87,9 @@ def build_features(
     # a dead rank raises WorkerFailedError: only an in-process model has a probe
     fault_isolation = FaultIsolation(setup.backend, loaded.executor.probe)
     prompt_logprobs = PromptLogprobs()
+    needs.scheduler.prompt_scoring = prompt_logprobs
+    if spec_decoder is not None:
+        needs.scheduler.drafts = spec_decoder.drafts
     ordered = [fault_isolation, prompt_logprobs, *([spec_decoder] if spec_decoder else []), guided, beams]
     kv_transfer = build_kv_transfer(config, setup, loaded)
     if kv_transfer is not None:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Collection
 
 from fastdeploy.engine.beam_search import BeamSearchFeature
+from fastdeploy.engine.prompt_logprobs import PromptLogprobs
 from fastdeploy.engine.request import INTERNAL_ERROR, CompletionOutput, RequestMetrics, RequestOutput
 from fastdeploy.engine.sequence import EngineRequest, Sequence
 from fastdeploy.engine.spec_decode.decoder import SpeculativeDecoder
@@ -134,6 +135,7 @@ class OutputProcessor:
         max_model_len: int,
         beams: BeamSearchFeature,
         spec: SpeculativeDecoder | None,
+        prompt_logprobs: PromptLogprobs,
     ) -> None:
         self.tokenizer = tokenizer
         self.reasoning_parser = reasoning_parser
@@ -141,6 +143,7 @@ class OutputProcessor:
         self.max_model_len = max_model_len
         self._beams = beams
         self._spec = spec
+        self._prompt_logprobs = prompt_logprobs
 
     def append_tokens(self, seq: Sequence, tokens: tuple[int, ...], thinking_enabled: bool) -> None:
         """Append `tokens` to `seq` until one finishes it (text, stop checks, forced end of thinking)."""
@@ -193,7 +196,7 @@ class OutputProcessor:
             num_cached_tokens=request.seqs[0].num_cached_tokens,
             num_input_image_tokens=request.multimodal.num_image_tokens if request.multimodal else 0,
             num_input_video_tokens=request.multimodal.num_video_tokens if request.multimodal else 0,
-            prompt_logprobs=request.seqs[0].prompt_logprobs,
+            prompt_logprobs=self._prompt_logprobs.entries(request.seqs[0]),
         )
 
     def _completion_outputs(self, request: EngineRequest) -> list[CompletionOutput]:

@@ -20,10 +20,12 @@ from fastdeploy.model_executor.batch import ScheduledBatch
 class PipelineStepper:
     """Keeps up to `depth` steps of disjoint sequences in flight on a `PipelinedExecutor`."""
 
-    def __init__(self, core: StepCore, executor: PipelinedExecutor, depth: int) -> None:
+    def __init__(self, core: StepCore, executor: PipelinedExecutor, depth: int, in_flight: set[Any]) -> None:
         self.core = core
         self.executor = executor
         self.depth = depth
+        #: the sequences of the steps in flight (the scheduler's set: it skips them)
+        self.in_flight = in_flight
 
     @property
     def busy(self) -> bool:
@@ -32,17 +34,16 @@ class PipelineStepper:
 
     def step(self) -> list[RequestOutput]:
         batch, failed = self.core.schedule_batch()
+        in_flight = self.in_flight
         if batch.seqs:
-            for seq in batch.seqs:
-                seq.in_flight = True
+            in_flight.update(batch.seqs)
             self.executor.submit(batch)
             if self.executor.num_in_flight < self.depth:
                 return failed
         if not self.executor.num_in_flight:
             return failed
         done, logits, sampling, seconds = self.executor.collect()
-        for seq in done.seqs:
-            seq.in_flight = False
+        in_flight.difference_update(done.seqs)
         done, logits, sampling = _without_finished(done, logits, sampling)
         if not done.seqs:
             return failed
@@ -56,11 +57,8 @@ def _without_finished(
     live = [i for i, seq in enumerate(batch.seqs) if not seq.is_finished]
     if len(live) == len(batch.seqs):
         return batch, logits, sampling
-    kept = ScheduledBatch()
-    position = {}
-    for i in live:
-        position[i] = len(kept.seqs)
-        kept.add(batch.seqs[i], batch.num_new_tokens[i])
+    kept = batch.part(live)
+    position = {i: new for new, i in enumerate(live)}
     rows = [row for row, i in enumerate(sampling) if i in position]
     new_sampling = [position[sampling[row]] for row in rows]
     return kept, (logits[rows] if logits is not None and rows else None), new_sampling

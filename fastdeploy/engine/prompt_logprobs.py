@@ -2,11 +2,10 @@
 
 The logits at position p score token p+1, so every prefill chunk that computes positions
 [start, end) of the prompt scores tokens start+1 .. end (the last prompt position's logits
-sample the first output token instead). Entries are recorded in order into
-`Sequence.prompt_logprobs` (the sequence's field, since the batch layout reads how far it got
-to return the next positions' logits), which starts with None for the first prompt token (nothing precedes
-it); a position is recorded only when it is the next one missing, so a preempted sequence that
-recomputes its prompt does not record it twice.
+sample the first output token instead). The feature records entries in order, per scoring
+sequence, starting with None for the first prompt token (nothing precedes it); the scheduler asks
+it which positions are still missing (`scoring_range`) and puts them in the batch, so a position
+is recorded only once, even when a preempted sequence recomputes its prompt.
 
 A prompt token served from the prefix cache has no logits, so a sequence still collecting prompt
 logprobs does not read the prefix cache (it still registers its blocks for later requests).
@@ -49,23 +48,43 @@ def top_logprob_entries(logprobs: np.ndarray, chosen: np.ndarray, count: int) ->
 
 
 class PromptLogprobs(StepFeature):
-    """The step feature: starts the first sample of a scoring request, records each pass's rows."""
+    """The step feature: the entries of the first sample of each scoring request, recorded from
+    each pass's rows."""
 
-    @staticmethod
-    def start(seq: Sequence) -> None:
+    def __init__(self) -> None:
+        #: per scoring sequence id: {token_id: logprob} per prompt token so far (None first)
+        self._entries: dict[int, list[dict[int, float] | None]] = {}
+
+    def start(self, seq: Sequence) -> None:
         """Make `seq` collect its prompt's logprobs (the first prompt token has none)."""
-        seq.prompt_logprobs = [None]
+        self._entries[seq.seq_id] = [None]
+
+    def entries(self, seq: Sequence) -> list[dict[int, float] | None] | None:
+        """`seq`'s prompt logprobs so far, or None when it does not collect them."""
+        return self._entries.get(seq.seq_id)
+
+    def scoring_range(self, seq: Sequence) -> tuple[int, int] | None:
+        """Positions [first, last) whose logits score the prompt tokens still missing, or None."""
+        entries = self._entries.get(seq.seq_id)
+        if entries is None or len(entries) >= seq.num_prompt_tokens:
+            return None
+        return len(entries) - 1, seq.num_prompt_tokens - 1
 
     def read_logits(self, logits: PassLogits, batch: ScheduledBatch) -> None:
         """Append the prompt logprobs this pass computed to each batch sequence that collects them."""
         for extra in logits.extras:
-            seq = batch.seqs[extra.index]
-            if not seq.collects_prompt_logprobs or seq.draft_token_ids:
+            if extra.index not in batch.scored:
                 continue
+            seq = batch.seqs[extra.index]
+            entries = self._entries[seq.seq_id]
             prompt = np.asarray(seq.prompt_token_ids, dtype=np.int64)
             for begin in range(0, extra.positions.size, _ROWS_PER_SLICE):
                 positions = extra.positions[begin : begin + _ROWS_PER_SLICE]
                 rows = logits.host_rows(np.arange(positions.size) + extra.offset + begin)
-                seq.prompt_logprobs.extend(
+                entries.extend(
                     top_logprob_entries(log_softmax(rows), prompt[positions + 1], seq.params.prompt_logprobs)
                 )
+
+    def release(self, request_id: str, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self._entries.pop(seq.seq_id, None)

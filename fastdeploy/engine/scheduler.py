@@ -6,13 +6,19 @@ slots (`max_num_seqs`) and KV blocks last. Prefill and decode are treated alike:
 simply asks for `num_tokens - num_computed_tokens` tokens. When KV blocks run out, the newest
 running sequence is preempted: its blocks are freed and it waits at the head of the queue to be
 recomputed later (prompt plus the tokens it already generated), so no request is ever dropped.
+
+Two features add rows to a sequence's pass, and the scheduler asks them: speculative decoding
+(`drafts`, the tokens proposed to follow a sequence, by sequence id) and prompt logprobs
+(`prompt_scoring`, which prompt positions a sequence still scores). Both travel in the batch
+(`ScheduledBatch.drafts` / `.scored`), not on the sequence. Sequences of steps still being
+computed (pipeline parallelism) are in `in_flight`: they are neither scheduled nor preempted.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import deque
+from collections.abc import MutableMapping
 from typing import Protocol
 
 from fastdeploy.engine.block_manager import BlockManager
@@ -24,14 +30,23 @@ from fastdeploy.model_executor.batch import ScheduledBatch
 logger = get_logger(__name__)
 
 #: the most prompt tokens a sequence collecting prompt logprobs computes per pass: the pass hands
-#: back the logits of each of them ([tokens, vocab])
+#: back the logits of each of them ([tokens, vocab]), so its chunks are bounded
 PROMPT_LOGPROBS_CHUNK = 512
 
 
-def _token_cap(seq: Sequence) -> int:
-    """The most tokens `seq` may compute in one pass: a sequence scoring its prompt
-    (`prompt_logprobs`) needs the logits of each prompt token back, so its chunks are bounded."""
-    return PROMPT_LOGPROBS_CHUNK if seq.collects_prompt_logprobs else sys.maxsize
+class PromptScoring(Protocol):
+    """Which prompt positions a sequence still scores (the prompt-logprobs feature)."""
+
+    def scoring_range(self, seq: Sequence) -> tuple[int, int] | None:
+        """Positions [first, last) whose logits are still to be read, or None when none are."""
+
+
+class NoScoring:
+    """No sequence scores its prompt."""
+
+    @staticmethod
+    def scoring_range(seq: Sequence) -> tuple[int, int] | None:
+        return None
 
 
 class Seats(Protocol):
@@ -74,6 +89,12 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        #: draft tokens by sequence id, owned by the speculative decoder (shortened here when the
+        #: budget or the KV blocks do not fit them all)
+        self.drafts: MutableMapping[int, list[int]] = {}
+        self.prompt_scoring: PromptScoring = NoScoring()
+        #: sequences whose pass is still being computed (pipeline parallelism)
+        self.in_flight: set[Sequence] = set()
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -93,7 +114,7 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
-        seq.draft_token_ids = []
+        self.drafts.pop(seq.seq_id, None)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -108,36 +129,40 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         preempted = False
+        in_flight = self.in_flight
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING or seq.in_flight:
+            if seq.status is not SequenceStatus.RUNNING or seq in in_flight:
                 continue  # preempted earlier in this loop, or still being computed
             pending = len(seq.token_ids) - seq.num_computed_tokens
             if pending == 0:
                 continue  # a beam that already delivered its logits waits for its siblings
             num_new = min(pending, budget)
-            drafts = seq.draft_token_ids
+            drafts = self.drafts.get(seq.seq_id)
+            scored = None
             if drafts:
                 if not self.block_manager.can_allocate(seq, pending + len(drafts)):
                     drafts.clear()  # speculation never preempts anyone
                 num_new = min(pending + len(drafts), budget)
                 del drafts[max(0, num_new - pending) :]
-            elif seq.prompt_logprobs is not None:
-                num_new = min(num_new, _token_cap(seq))
+            else:
+                scored = self.prompt_scoring.scoring_range(seq)
+                if scored:
+                    num_new = min(num_new, PROMPT_LOGPROBS_CHUNK)
             # most steps a decode fits in its last block: nothing to allocate, nobody to preempt
             if self.block_manager.extra_blocks_needed(seq, num_new):
                 # rechecked after each preemption: a preempted beam sibling can unshare `seq`'s block
                 while not self.block_manager.can_allocate(seq, num_new):
                     # the newest running sequence not in flight (at worst `seq` itself)
-                    victim = next(other for other in reversed(self.running) if not other.in_flight)
+                    victim = next(other for other in reversed(self.running) if other not in in_flight)
                     self._preempt(victim)
                     preempted = True
                     if victim is seq:
                         break
                 if seq.status is not SequenceStatus.RUNNING or not self._allocate(seq, num_new, batch):
                     continue
-            batch.add(seq, num_new)
+            batch.add(seq, num_new, drafts, scored)
             budget -= num_new
         seats = self.seats.seats_in_use(self.running) if self.waiting else 0
         while self.waiting and budget > 0 and not preempted:
@@ -146,8 +171,11 @@ class Scheduler:
             if seats + needed > self.max_num_seqs:
                 break
             # prompt tokens served from the cache have no logits to score them with
-            cached = 0 if seq.collects_prompt_logprobs else self.block_manager.reuse_cached_prefix(seq)
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget, _token_cap(seq))
+            scored = self.prompt_scoring.scoring_range(seq)
+            cached = 0 if scored else self.block_manager.reuse_cached_prefix(seq)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if scored:
+                num_new = min(num_new, PROMPT_LOGPROBS_CHUNK)
             if not self.block_manager.can_allocate(seq, num_new):
                 self.block_manager.free(seq)
                 seq.num_computed_tokens = 0
@@ -164,7 +192,7 @@ class Scheduler:
                 seq.first_scheduled_time = time.time()
             self.running.append(seq)
             seats += needed
-            batch.add(seq, num_new)
+            batch.add(seq, num_new, scored=scored)
             budget -= num_new
         batch.block_copies = self.block_manager.take_pending_copies()
         return batch

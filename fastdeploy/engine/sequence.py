@@ -1,9 +1,10 @@
 """The engine's state of a request (`EngineRequest`) and of each sample being generated
 (`Sequence`: its tokens, KV blocks, random state, timings and stop state).
 
-Decoding features keep their own state, keyed by sequence or request (`engine/step_feature.py`);
-a sequence carries only what the scheduler and the batch layout read: its draft tokens (inputs of
-the next pass) and its prompt logprobs so far (which prompt positions the pass must score)."""
+Decoding features keep their own state, keyed by sequence or request (`engine/step_feature.py`):
+speculative drafts, prompt logprobs, beams, grammars and fault records are not on the sequence.
+What a feature adds to one pass (drafts to verify, prompt positions to score) travels in the batch
+(`ScheduledBatch`)."""
 
 from __future__ import annotations
 
@@ -51,15 +52,11 @@ class Sequence:
     finish_reason: str | None = None
     text: str = ""
     logprobs: list[dict[int, float]] | None = None
-    #: per prompt token, {token_id: logprob} (None for the first token); None unless collected
-    prompt_logprobs: list[dict[int, float] | None] | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
     forward_time: float = 0.0
     num_preemptions: int = 0
-    #: part of a step still being computed (pipeline parallelism): not scheduled or preempted now
-    in_flight: bool = False
     #: nobody reads the text before the sequence finishes (no streaming, no stop strings): the
     #: detokenizer then turns all outputs into text in one call when it is read, not every step
     defer_text: bool = False
@@ -68,8 +65,6 @@ class Sequence:
     extra_inputs: Any = None
     #: sum of the chosen tokens' logprobs, when tracked (best_of ranks samples by it)
     cumulative_logprob: float | None = None
-    #: speculative decoding: tokens proposed for the next pass to verify after `token_ids`
-    draft_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -90,11 +85,6 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - len(self.prompt_token_ids)
-
-    @property
-    def collects_prompt_logprobs(self) -> bool:
-        """Whether prompt tokens still need scoring (so their logits must be computed, not cached)."""
-        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
 
     @property
     def is_finished(self) -> bool:

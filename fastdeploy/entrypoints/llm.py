@@ -57,8 +57,9 @@ _ACCEPTED_WITHOUT_EFFECT = frozenset(
 class LLM:
     """An offline engine over one model.
 
-    `model` is a local directory (config.json + safetensors + tokenizer files), a `.gguf` file, or
-    the name of an embedded model; None loads the embedded default, SmolLM2-135M-Instruct.
+    `model` is a local directory (config.json + safetensors + tokenizer files), a `.gguf` file, the
+    name of an embedded model, or a hub id (`org/name`, `org/name:QUANT`) downloaded into the hub's
+    cache; None loads the embedded default, SmolLM2-135M-Instruct.
     """
 
     def __init__(self, model: str | None = None, **options: Any) -> None:

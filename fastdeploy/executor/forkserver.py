@@ -48,7 +48,7 @@ from fastdeploy.backends.selection import select_backend_class
 from fastdeploy.executor.processes import ChildProcess, describe_exit, start_child, stop_children
 from fastdeploy.executor.protocol import PARENT_ENV
 from fastdeploy.logger import get_logger
-from fastdeploy.model_resolver import resolve_model
+from fastdeploy.model_resolver import is_hub_id, resolve_model
 from fastdeploy.plugins.registry import get_registry
 
 #: the module the server runs (`python -m`)
@@ -292,8 +292,10 @@ def start_early(device: str | None, model: str | None, collectives: bool) -> For
             return None
         log_dir = os.path.abspath(envs.log_dir())
         os.makedirs(log_dir, exist_ok=True)
+        # a hub model is downloaded by the engine, at the revision it was asked for
+        model_path = None if is_hub_id(model) else resolve_model(model)
         return shared_server(
-            backend_class.name, collectives, server_environment(log_dir), log_dir, resolve_model(model)
+            backend_class.name, collectives, server_environment(log_dir), log_dir, model_path
         )
     except Exception:  # the engine meets the same error, and reports it where it should
         get_logger(__name__).debug("no fork server started early", exc_info=True)

@@ -15,14 +15,12 @@ from fastdeploy.models.base import CausalLM
 @dataclass
 class _ProbeSequence:
     """What the batch layout reads of a sequence: one token at position 0 in block 0 of the
-    probe cache, no extra (multimodal) inputs, no drafts to verify, no prompt logprobs."""
+    probe cache, no extra (multimodal) inputs."""
 
     token_ids: list[int] = field(default_factory=lambda: [0])
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=lambda: [0])
     extra_inputs: Any = None
-    draft_token_ids: list[int] = field(default_factory=list)
-    prompt_logprobs: None = None
 
 
 class LocalExecutor(ModelRunner):

@@ -206,19 +206,15 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     kept for a file whose path, size and modification time are unchanged. Treat it as read-only.
     """
     path = os.fspath(path)
-    split = _SPLIT_NAME.match(os.path.basename(path))
-    if split is None or int(split["count"]) == 1:
+    names = gguf_shard_names(os.path.basename(path))
+    if len(names) == 1:
         return _read_file(path)
-    count = int(split["count"])
-    shards = [
-        os.path.join(os.path.dirname(path), f"{split['stem']}-{index:05d}-of-{count:05d}.gguf")
-        for index in range(1, count + 1)
-    ]
+    shards = [os.path.join(os.path.dirname(path), name) for name in names]
     missing = [shard for shard in shards if not os.path.exists(shard)]
     if missing:
         raise UnsupportedModelError(
-            f"{path} is one of {count} shards of a split GGUF, and {len(missing)} of them are missing: "
-            + ", ".join(missing)
+            f"{path} is one of {len(shards)} shards of a split GGUF, and {len(missing)} of them are "
+            "missing: " + ", ".join(missing)
         )
     files = [_read_file(shard) for shard in shards]
     if len({file.byte_order for file in files}) != 1:
@@ -229,6 +225,16 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
 
 #: llama.cpp's gguf-split names: NAME-00001-of-00003.gguf
 _SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def gguf_shard_names(file_name: str) -> list[str]:
+    """File names of every shard of the split GGUF that `file_name` belongs to (llama.cpp's
+    gguf-split names: NAME-00001-of-00003.gguf), first to last; `[file_name]` for one whole file."""
+    split = _SPLIT_NAME.match(file_name)
+    if split is None or int(split["count"]) == 1:
+        return [file_name]
+    count = int(split["count"])
+    return [f"{split['stem']}-{index:05d}-of-{count:05d}.gguf" for index in range(1, count + 1)]
 
 
 def _read_file(path: str) -> GGUFFile:

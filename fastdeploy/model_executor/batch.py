@@ -1,8 +1,10 @@
-"""What one forward pass runs: its sequences and how many new tokens each computes.
+"""What one forward pass runs: its sequences, how many new tokens each computes, and the rows
+features add to it (drafts to verify, prompt positions to score).
 
 The batch is the runner's input type, so it lives below the engine: the scheduler builds it, the
 in-process runner and the rank processes lay it out. Its sequences are the engine's, read
-through `BatchSequence` (the few attributes a layout needs).
+through `BatchSequence` (the few attributes a layout needs); what a feature adds for one pass
+travels in the batch, keyed by the sequence's index, so the sequence carries no feature state.
 """
 
 from __future__ import annotations
@@ -19,10 +21,6 @@ class BatchSequence(Protocol):
     token_ids: list[int]
     num_computed_tokens: int
     block_table: list[int]
-    #: tokens proposed to follow `token_ids` in this pass (speculative decoding), else empty
-    draft_token_ids: list[int]
-    #: per scored prompt token, its logprobs entry; None unless the sequence scores its prompt
-    prompt_logprobs: list[Any] | None
     #: what the model needs beyond token ids (a multimodal prompt), or None
     extra_inputs: Any
 
@@ -37,8 +35,24 @@ class ScheduledBatch:
     failed: list[tuple[Any, Exception]] = field(default_factory=list)
     #: (source, destination) KV block copies to make before the pass (copy-on-write of forked beams)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    #: by index into `seqs`: tokens proposed to follow the sequence's tokens, verified by this pass
+    #: (speculative decoding); they are part of its `num_new_tokens`
+    drafts: dict[int, list[int]] = field(default_factory=dict)
+    #: by index into `seqs`: the prompt positions [first, last) still to be scored (prompt
+    #: logprobs); the pass returns the logits of those it computes, each scoring the next token
+    scored: dict[int, tuple[int, int]] = field(default_factory=dict)
 
-    def add(self, seq: BatchSequence, num_tokens: int) -> None:
+    def add(
+        self,
+        seq: BatchSequence,
+        num_tokens: int,
+        drafts: list[int] | None = None,
+        scored: tuple[int, int] | None = None,
+    ) -> None:
+        if drafts:
+            self.drafts[len(self.seqs)] = drafts
+        if scored is not None:
+            self.scored[len(self.seqs)] = scored
         self.seqs.append(seq)
         self.num_new_tokens.append(num_tokens)
 
@@ -50,7 +64,9 @@ class ScheduledBatch:
         """
         part = ScheduledBatch()
         for index in indices:
-            part.add(self.seqs[index], self.num_new_tokens[index])
+            part.add(
+                self.seqs[index], self.num_new_tokens[index], self.drafts.get(index), self.scored.get(index)
+            )
         if self.block_copies:
             owned = {block for seq in part.seqs for block in seq.block_table}
             part.block_copies = [pair for pair in self.block_copies if pair[1] in owned]

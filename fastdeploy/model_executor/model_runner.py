@@ -35,20 +35,16 @@ def extra_logits_rows(batch: ScheduledBatch, num_sampling: int) -> list[ExtraRow
     the logits agree on the rows.
     """
     extras, offset = [], num_sampling
-    seqs = batch.seqs
-    # most passes have none: two attribute reads per sequence, every step
-    for index in [i for i, seq in enumerate(seqs) if seq.draft_token_ids or seq.prompt_logprobs is not None]:
-        seq = seqs[index]
-        start = seq.num_computed_tokens
-        end = start + batch.num_new_tokens[index]
-        if seq.draft_token_ids:  # the last token and each draft but the last: verify positions
-            positions = np.arange(end - 1 - len(seq.draft_token_ids), end - 1)
-        elif seq.collects_prompt_logprobs:  # position p scores prompt token p + 1
-            positions = np.arange(
-                max(start, len(seq.prompt_logprobs) - 1), min(end, seq.num_prompt_tokens - 1)
-            )
-        else:
-            continue
+    counts = batch.num_new_tokens
+    for index in sorted(batch.drafts.keys() | batch.scored.keys()):  # most passes have none
+        start = batch.seqs[index].num_computed_tokens
+        end = start + counts[index]
+        drafts = batch.drafts.get(index)
+        if drafts:  # the last token and each draft but the last: verify positions
+            positions = np.arange(end - 1 - len(drafts), end - 1)
+        else:  # position p scores prompt token p + 1
+            first, last = batch.scored[index]
+            positions = np.arange(max(start, first), min(end, last))
         if positions.size:
             extras.append(ExtraRows(index, positions, offset))
             offset += positions.size
@@ -74,11 +70,12 @@ def build_layout(batch: ScheduledBatch, block_size: int) -> tuple[BatchLayout, l
     ends = starts + counts
     num_tokens = np.array([len(seq.token_ids) for seq in seqs], dtype=np.int64)
     input_ids: list[int] = []
-    for seq, start, end in zip(seqs, starts.tolist(), ends.tolist(), strict=True):
+    drafts = batch.drafts
+    for index, (seq, start, end) in enumerate(zip(seqs, starts.tolist(), ends.tolist(), strict=True)):
         tokens = seq.token_ids
         input_ids.extend(tokens[start:end])
-        if seq.draft_token_ids:  # they follow the known tokens
-            input_ids.extend(seq.draft_token_ids[max(0, start - len(tokens)) : end - len(tokens)])
+        if index in drafts:  # they follow the known tokens
+            input_ids.extend(drafts[index][max(0, start - len(tokens)) : end - len(tokens)])
     row_ends = np.cumsum(counts)
     row_starts = row_ends - counts - starts  # the flat row of position p is row_starts[i] + p
     seq_of_row = np.repeat(np.arange(len(seqs)), counts)

@@ -75,8 +75,9 @@ class SparseMoEMixin:
     backend: Backend
 
     def moe_config(self) -> None:
-        """Read the expert fields of config.json (called once from `__init__`)."""
-        self.num_experts = int(_required(self.config, "num_experts"))
+        """Read the expert fields of config.json (called once from `__init__`); transformers 5
+        saves Qwen-MoE's `num_experts` as `num_local_experts`."""
+        self.num_experts = int(_required(self.config, "num_experts", "num_local_experts"))
         self.top_k = int(_required(self.config, "num_experts_per_tok"))
         self.norm_topk_prob = bool(self.config.raw.get("norm_topk_prob", False))
         raw = self.config.raw

@@ -10,7 +10,6 @@ its own end), and a worker failing mid-stream ends the client's stream with an e
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -21,6 +20,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from fastdeploy.client_disconnects import ClientDisconnected, unless_disconnected
 from fastdeploy.logger import get_logger
 from fastdeploy.router.metrics import RouterMetrics
 from fastdeploy.router.policies import Policy
@@ -57,10 +57,6 @@ class WorkerFailed(Exception):
     """The worker failed before the client was sent anything: the request may go elsewhere."""
 
 
-class ClientGone(Exception):
-    """The client closed its connection before the answer came."""
-
-
 class Proxy:
     """Sends requests to workers chosen by `policy` over `client` (connections are pooled)."""
 
@@ -90,7 +86,7 @@ class Proxy:
                 return await self.attempt(
                     request, worker, path, body, headers, streaming, len(candidates) > 1
                 )
-            except ClientGone:
+            except ClientDisconnected:
                 return Response(status_code=499)
             except WorkerFailed as exc:
                 reasons.append(f"{worker.url}: {exc}")
@@ -117,7 +113,7 @@ class Proxy:
         worker.outstanding += 1
         handed_over = False
         try:
-            upstream, events, first = await _unless_disconnected(
+            upstream, events, first = await unless_disconnected(
                 self._open(worker, path, body, headers, streaming, may_retry), request
             )
             if events is None:
@@ -208,30 +204,6 @@ def _last_event_end(data: bytes) -> int:
     for match in _EVENT_END.finditer(data):
         end = match.end()
     return end
-
-
-async def _unless_disconnected(work: Any, request: Request) -> Any:
-    """Await `work`, cancelling it if the client goes away meanwhile (the worker then sees its
-    connection closed and stops generating)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_until_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the server is cancelling this handler: stop the work too
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    raise ClientGone()
-
-
-async def _until_disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _closed(upstream: httpx.Response) -> None:

@@ -75,7 +75,8 @@ def record_passes(engine, monkeypatch) -> list:
     execute = engine.runner.execute
 
     def recording(batch):
-        passes.append((batch, [list(seq.draft_token_ids) for seq in batch.seqs], list(batch.block_copies)))
+        drafts = [list(batch.drafts.get(index, [])) for index in range(len(batch.seqs))]
+        passes.append((batch, drafts, list(batch.block_copies)))
         return execute(batch)
 
     monkeypatch.setattr(engine.runner, "execute", recording)

@@ -285,9 +285,9 @@ def test_backoff_after_consecutive_misses():
     drafted_steps = []
     for step in range(20):
         decoder.propose([seq])
-        if seq.draft_token_ids:
+        if decoder.drafts.get(seq.seq_id):
             drafted_steps.append(step)
-            decoder._account(seq, len(seq.draft_token_ids), 0)
+            decoder._account(seq, len(decoder.drafts[seq.seq_id]), 0)
     assert drafted_steps == [0, 1, 3, 7, 15]
 
 

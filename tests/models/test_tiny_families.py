@@ -187,6 +187,22 @@ def test_a_missing_config_field_is_named(tmp_path, name, field):
         LLM(model=directory, max_model_len=32)
 
 
+def test_qwen3_moe_config_as_transformers_5_saves_it(tmp_path, references):
+    """transformers 5 writes Qwen3-MoE's `num_experts` as `num_local_experts`: same model, same
+    logits as transformers computed for the original config."""
+    experts = families.SPECS["qwen3_moe"]["config"]["num_experts"]
+    directory = _write_with_config(tmp_path, "qwen3_moe", num_experts=None, num_local_experts=experts)
+    registry = get_registry()
+    backend = create_backend("cpu", BackendOptions(threads=1), registry)
+    prompt_set = next(iter(references["qwen3_moe"]["prompt_sets"].values()))
+    model = build_model(
+        inspect_checkpoint(directory, registry), backend, prompt_set["max_model_len"], registry
+    )
+    case = prompt_set["cases"][0]
+    logits = tiny.prefill_logits(model, backend, case["prompt_token_ids"])
+    np.testing.assert_allclose(logits[-1], case["first_logits"], atol=ATOL, rtol=0)
+
+
 def test_phi3_longrope_factors_of_the_wrong_length_are_refused(tmp_path):
     scaling = dict(families.SPECS["phi3"]["config"]["rope_scaling"], short_factor=[1.0, 2.0])
     directory = _write_with_config(tmp_path, "phi3", rope_scaling=scaling)

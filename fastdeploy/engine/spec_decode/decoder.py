@@ -1,7 +1,8 @@
 """Speculative decoding in the engine's step: drafts before scheduling, one verify pass, rollback.
 
 Before each schedule, every running sequence in its decode phase may get up to
-`num_speculative_tokens` draft tokens (`Sequence.draft_token_ids`). The scheduler then gives it
+`num_speculative_tokens` draft tokens (`drafts`, by sequence id, which the scheduler reads and
+shortens to what fits; the batch carries them to the layout). The scheduler then gives it
 1 + len(drafts) query positions (its last token and the drafts) in the same forward pass as
 every other sequence; the paged attention treats them like a prefill chunk. The logits of those
 k + 1 positions verify the drafts (`rejection.py`): the accepted drafts and one more token are
@@ -129,19 +130,21 @@ class SpeculativeDecoder(StepFeature):
         self._draft_probs: dict[int, np.ndarray] = {}
         #: verified sequences' outcomes, by sequence id, until committed
         self._outcomes: dict[int, _Outcome] = {}
+        #: this step's draft tokens, by sequence id (the scheduler reads them)
+        self.drafts: dict[int, list[int]] = {}
 
     # --- before scheduling ------------------------------------------------------------------------
     def propose(self, running: list[Sequence]) -> None:
-        """Set `draft_token_ids` on the running sequences that speculate this step."""
+        """Propose `drafts` for the running sequences that speculate this step."""
         live = {seq.seq_id for seq in running}
         for seq_id in [seq_id for seq_id in self._backoff if seq_id not in live]:
             del self._backoff[seq_id]
         self.proposer.forget_except(live)
         self._draft_probs.clear()
         self._outcomes.clear()  # those of requests that failed after their pass
+        self.drafts.clear()
         drafting, lengths = [], []
         for seq in running:
-            seq.draft_token_ids = []
             backoff = self._backoff.setdefault(seq.seq_id, _Backoff())
             if backoff.wait:
                 backoff.wait -= 1
@@ -162,7 +165,8 @@ class SpeculativeDecoder(StepFeature):
             self._after_failed_proposal(drafting, exc)
             return
         for seq, proposal in zip(drafting, proposals, strict=True):
-            seq.draft_token_ids = proposal.token_ids
+            if proposal.token_ids:
+                self.drafts[seq.seq_id] = list(proposal.token_ids)
             if proposal.probs is not None:
                 self._draft_probs[seq.seq_id] = proposal.probs
 
@@ -178,7 +182,7 @@ class SpeculativeDecoder(StepFeature):
             len(drafting),
             exc_info=exc,
         )
-        for seq in drafting:  # their draft_token_ids are still empty
+        for seq in drafting:  # they have no drafts yet
             self._backoff[seq.seq_id].wait = MAX_BACKOFF_STEPS
         self._draft_probs.clear()
         self.proposer.forget_except(set())
@@ -189,8 +193,8 @@ class SpeculativeDecoder(StepFeature):
 
     def read_logits(self, logits: PassLogits, batch: ScheduledBatch) -> Emitted | None:
         """Claim the drafted sequences' rows and emit their verified runs."""
-        seqs = batch.seqs
-        picked = [index for index in logits.sampling if seqs[index].draft_token_ids]
+        drafts = batch.drafts
+        picked = [index for index in logits.sampling if index in drafts]
         if not picked:
             return None
         logits.claim(picked)
@@ -199,11 +203,11 @@ class SpeculativeDecoder(StepFeature):
     def after_pass(self, batch: ScheduledBatch) -> None:
         """Only each drafted sequence's last token and accepted drafts stand: its computed count
         drops the rejected ones and the blocks that held only those go back."""
-        for seq in batch.seqs:
-            if seq.draft_token_ids:
-                seq.num_computed_tokens -= self.num_rejected(seq)
-                self.block_manager.truncate(seq)
-                seq.draft_token_ids = []
+        for index in batch.drafts:
+            seq = batch.seqs[index]
+            seq.num_computed_tokens -= self.num_rejected(seq)
+            self.block_manager.truncate(seq)
+            self.drafts.pop(seq.seq_id, None)
 
     def after_emit(self, emitted: list[Sequence], live: Mapping[str, Any]) -> list[str]:
         """Commit the verification of every drafted sequence whose request is still running."""
@@ -235,11 +239,10 @@ class SpeculativeDecoder(StepFeature):
         host = logits.host_rows(rows)
         offset = 0
         for index in picked:
-            seq = batch.seqs[index]
-            drafts = seq.draft_token_ids
+            seq, drafts = batch.seqs[index], batch.drafts[index]
             seq_logits = host[offset : offset + len(drafts) + 1]
             offset += len(drafts) + 1
-            emitted = self._verify_one(seq, seq_logits)
+            emitted = self._verify_one(seq, drafts, seq_logits)
             self._outcomes[seq.seq_id] = _Outcome(
                 seq, len(drafts), emitted, seq_logits[: len(emitted)], seq.num_output_tokens
             )
@@ -262,9 +265,8 @@ class SpeculativeDecoder(StepFeature):
             record_logprobs(seq, row, token)
         self._account(seq, outcome.num_drafts, len(outcome.emitted) - 1)
 
-    def _verify_one(self, seq: Sequence, logits: np.ndarray) -> list[int]:
+    def _verify_one(self, seq: Sequence, drafts: list[int], logits: np.ndarray) -> list[int]:
         """The tokens `seq` emits given the target's logits at its last token and each draft."""
-        drafts = seq.draft_token_ids
         draft_probs = self._draft_probs.get(seq.seq_id)
         if draft_probs is None:  # certain drafts: accept while the target's own tokens agree
             greedy = seq.params.greedy

@@ -46,8 +46,6 @@ class DraftSequence:
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     num_registered_blocks: int = 0
-    draft_token_ids: list[int] = field(default_factory=list)
-    prompt_logprobs: None = None
     #: the draft model is text-only: a multimodal prompt's placeholder ids reach it as plain tokens
     extra_inputs: None = None
 

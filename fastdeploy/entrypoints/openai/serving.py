@@ -17,15 +17,16 @@ import asyncio
 import functools
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
 
+from fastdeploy.client_disconnects import ClientDisconnected as ClientDisconnected
+from fastdeploy.client_disconnects import unless_disconnected as unless_disconnected
 from fastdeploy.engine.async_engine import (
     AsyncLLMEngine,
     EngineOverloadedError,
@@ -53,10 +54,6 @@ SSE_DONE = "data: [DONE]\n\n"
 PREPROCESS_THREADS = 2
 #: `Retry-After` seconds sent with a 503 (overloaded or shutting down)
 RETRY_AFTER_SECONDS = 1
-
-
-class ClientDisconnected(Exception):
-    """The client closed the connection before the response was ready."""
 
 
 @dataclass
@@ -347,32 +344,6 @@ def output_usage(outputs: list[RequestOutput]) -> dict[str, int]:
     prompt_tokens = sum(len(output.prompt_token_ids) for output in outputs)
     completion_tokens = sum(len(sample.token_ids) for output in outputs for sample in output.outputs)
     return usage(prompt_tokens, completion_tokens)
-
-
-async def until_disconnected(request: Request) -> None:
-    """Return when the client closes the connection (the body must have been read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def unless_disconnected(work: Awaitable[T], request: Request) -> T:
-    """Await `work`, cancelling it (which aborts its engine requests) if the client goes away."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(until_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the server is cancelling this handler: stop the work too
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    raise ClientDisconnected()
 
 
 async def sse_stream(events: AsyncIterator[str], metrics: ServerMetrics) -> AsyncIterator[str]:

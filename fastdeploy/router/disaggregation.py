@@ -26,13 +26,13 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response
 
+from fastdeploy.client_disconnects import ClientDisconnected
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.kv_layout import KVLayout
 from fastdeploy.logger import get_logger
 from fastdeploy.router.metrics import RouterMetrics
 from fastdeploy.router.policies import Policy
 from fastdeploy.router.proxy import (
-    ClientGone,
     Proxy,
     WorkerFailed,
     answer_headers,
@@ -99,7 +99,7 @@ class PairedProxy:
                 return await self.decode.attempt(
                     request, decode, path, body, headers, streaming, len(candidates) > 1
                 )
-            except ClientGone:
+            except ClientDisconnected:
                 return Response(status_code=499)
             except WorkerFailed as exc:
                 reasons.append(f"{decode.url}: {exc}")

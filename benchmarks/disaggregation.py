@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import sys
 import threading
@@ -185,6 +186,8 @@ def main() -> None:
         ),
         flush=True,
     )
+    # a SIGTERM (a timeout) unwinds through the `finally` below, so no server outlives the script
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     processes: list[Process] = []
     try:
         prefill = serve("prefill", 0 if pin else None, [])

@@ -16,7 +16,9 @@ KV_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 KV_CACHE_DTYPES = ("auto", *KV_ITEM_BYTES)
 #: `quantization` values: weight-only quantisation of a float checkpoint at load
 #: (`model_executor/quantization.py` says what each becomes)
-QUANTIZATION_NAMES = ("wint8", "wint4")
+QUANTIZATION_NAMES = ("wint8", "wint4", "fp8")
+#: `quantization_group_size` values (wint4 on the cuda backend)
+QUANTIZATION_GROUP_SIZES = (64, 128)
 
 
 def check_quantization_name(value: Any) -> None:
@@ -182,6 +184,11 @@ class EngineConfig(EngineArgs):
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
             )
         check_quantization_name(self.quantization)
+        if self.quantization_group_size not in QUANTIZATION_GROUP_SIZES:
+            raise InvalidArgumentError(
+                f"quantization_group_size must be one of {', '.join(map(str, QUANTIZATION_GROUP_SIZES))}; "
+                f"got {self.quantization_group_size!r}"
+            )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InvalidArgumentError(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}"

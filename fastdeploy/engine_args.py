@@ -175,7 +175,14 @@ class EngineArgs:
         "(temperature, top_p, top_k, min_p, penalties, max_new_tokens); none: SamplingParams' defaults",
         flag={"choices": GENERATION_CONFIG_MODES},
     )
-    quantization: str | None = option(None, "weight-only quantisation of a float checkpoint: wint8 or wint4")
+    quantization: str | None = option(
+        None, "weight-only quantisation of a float checkpoint: wint8, wint4 or fp8 (block-wise e4m3; cuda)"
+    )
+    quantization_group_size: int = option(
+        128,
+        "inputs per scale of wint4 on the cuda backend: 64 or 128 (must divide every layer's input width)",
+        flag={"type": int},
+    )
     #: the server's --data-parallel-size; offline, `LLM` runs one replica
     data_parallel_size: int = option(
         1,
@@ -204,6 +211,14 @@ class EngineArgs:
         "seconds one KV transfer may take before its request fails; received blocks no request took "
         "are let go after as long",
         flag={"type": float},
+        group="server",
+    )
+    #: the server's --responses-store-size; offline, `LLM` stores no responses
+    responses_store_size: int = option(
+        1024,
+        "responses the server keeps for previous_response_id and GET /v1/responses/{id}, the least "
+        "recently used forgotten first (0: none; server only)",
+        flag={"type": int},
         group="server",
     )
     dtype: str = option(

@@ -45,6 +45,9 @@ class Capability(str, enum.Enum):
     #: `encoder_attention`, `encoder_attention_qkv`, `quick_gelu`, `gelu`, `merge_rows`: the ops
     #: of vision encoders
     VISION_OPS = "vision_ops"
+    #: `supported_quantizations`, `quantization_refusal`: linear weights kept packed (quantised at
+    #: load with `quantization=`, or a quantised checkpoint's blocks) and multiplied in that form
+    QUANTIZED_WEIGHTS = "quantized_weights"
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,11 @@ CAPABILITY_SPECS: dict[Capability, CapabilitySpec] = {
     Capability.VISION_OPS: CapabilitySpec(
         ("encoder_attention", "encoder_attention_qkv", "quick_gelu", "gelu", "merge_rows"),
         "vision encoder attention and activations run on the host with numpy",
+    ),
+    Capability.QUANTIZED_WEIGHTS: CapabilitySpec(
+        ("supported_quantizations", "quantization_refusal"),
+        "quantization= is refused; a quantised checkpoint is dequantised to the compute dtype at load",
+        portable=False,
     ),
 }
 

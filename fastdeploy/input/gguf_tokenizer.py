@@ -12,8 +12,15 @@ the same `tokenizers.Tokenizer` the original checkpoint shipped:
 - the normalizer/pre-tokenizer the `tokenizer.ggml.pre` name stands for (`gguf_pretokenizers`);
 - a byte-level decoder.
 
-SentencePiece vocabularies (`"llama"`) and the others are not built yet and raise
+For `"llama"` (a SentencePiece vocabulary with scores and byte-fallback pieces) see
+`gguf_sentencepiece`. Other tokenizer models (WordPiece, Unigram, RWKV) raise
 `UnsupportedModelError`.
+
+Both kinds take from the metadata what llama.cpp does: BOS prepended when
+`tokenizer.ggml.add_bos_token` says so (if absent: yes for SentencePiece, the pre-tokenizer's
+default for BPE), EOS appended when `tokenizer.ggml.add_eos_token` is set, and generation ending
+at EOS, at `eot_token_id` / `eom_token_id`, and at the turn-ending tokens llama.cpp recognises
+by name (`<end_of_turn>`, `<|im_end|>`, `<|end|>`, `<|eot_id|>`, ...).
 """
 
 from __future__ import annotations
@@ -28,14 +35,29 @@ from tokenizers import Tokenizer as RustTokenizer
 from fastdeploy.errors import UnsupportedModelError
 from fastdeploy.formats.gguf_file import read_gguf_metadata
 from fastdeploy.input.gguf_pretokenizers import PreTokenizerSpec, pre_tokenizer_spec
+from fastdeploy.input.gguf_sentencepiece import (
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_USER_DEFINED,
+    sentencepiece_backend,
+)
 from fastdeploy.input.hf_tokenizer import HFTokenizer
 from fastdeploy.input.tokenizer import TokenizerLoader
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
 
-# llama.cpp's token types (gguf.TokenType).
-TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
+#: tokens that end a turn, which llama.cpp treats as end-of-generation by their text
+#: (`<|endoftext|>` is left out: byte-level vocabularies use it as a document separator)
+TURN_END_TOKENS = (
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|end_of_text|>",
+    "<EOT>",
+)
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -61,54 +83,76 @@ _BYTE_ALPHABET = frozenset(_BYTE_CHARS.values())
 def build_gguf_tokenizer(metadata: Mapping[str, Any], source: str = "GGUF metadata") -> HFTokenizer:
     """An `HFTokenizer` from GGUF key/value metadata (see `gguf_metadata.read_gguf_metadata`)."""
     model = metadata.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        hint = (
-            " (a SentencePiece vocabulary; building it from GGUF is not implemented yet: load the "
-            "model's original directory with tokenizer.json or tokenizer.model instead)"
-            if model == "llama"
-            else ""
-        )
+    if model not in ("gpt2", "llama"):
         raise UnsupportedModelError(
-            f"{source}: tokenizer.ggml.model {model!r} is not supported; only byte-level BPE ('gpt2') "
-            f"GGUF tokenizers are{hint}"
+            f"{source}: tokenizer.ggml.model {model!r} is not supported; GGUF tokenizers are built "
+            "for byte-level BPE ('gpt2') and SentencePiece ('llama') vocabularies. Pass tokenizer= "
+            "the model's original directory instead"
         )
     tokens = _require_list(metadata, "tokenizer.ggml.tokens", source)
-    merges = _require_list(metadata, "tokenizer.ggml.merges", source)
     token_types = metadata.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
     if len(token_types) != len(tokens):
         raise UnsupportedModelError(
             f"{source}: tokenizer.ggml.token_type has {len(token_types)} entries for {len(tokens)} tokens"
         )
-    pre_name = metadata.get("tokenizer.ggml.pre")
-    spec = pre_tokenizer_spec(pre_name)
-    if pre_name is None:
-        logger.warning("%s names no pre-tokenizer (tokenizer.ggml.pre); using llama.cpp's 'default'", source)
+    if model == "llama":
+        scores = _require_list(metadata, "tokenizer.ggml.scores", source)
+        add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+        # llama.cpp recognises Phi-3 by its name alone, as here
+        name = str(metadata.get("general.name", "")).lower()
+        phi3 = "phi-3" in name or "phi3" in name
+        backend = sentencepiece_backend(tokens, scores, token_types, add_space_prefix, source, phi3)
+        add_bos_default = True
+    else:
+        merges = _require_list(metadata, "tokenizer.ggml.merges", source)
+        pre_name = metadata.get("tokenizer.ggml.pre")
+        spec = pre_tokenizer_spec(pre_name)
+        if pre_name is None:
+            logger.warning(
+                "%s names no pre-tokenizer (tokenizer.ggml.pre); using llama.cpp's 'default'", source
+            )
+        backend = _byte_level_bpe(tokens, token_types, merges, spec, source)
+        add_bos_default = spec.add_bos_default
 
-    backend = _byte_level_bpe(tokens, token_types, merges, spec, source)
-
-    add_bos = metadata.get("tokenizer.ggml.add_bos_token", spec.add_bos_default)
     bos_id = _token_id(metadata, "tokenizer.ggml.bos_token_id", len(tokens), source)
-    if add_bos and bos_id is None:
-        logger.warning("%s asks for BOS (add_bos_token) but has no bos_token_id; not adding one", source)
-        add_bos = False
-    extra_end_ids = [
-        token_id
-        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-        if (token_id := _token_id(metadata, key, len(tokens), source)) is not None
-    ]
+    eos_id = _token_id(metadata, "tokenizer.ggml.eos_token_id", len(tokens), source)
+    add_bos = _flag(metadata, "tokenizer.ggml.add_bos_token", add_bos_default, bos_id, source)
+    add_eos = _flag(metadata, "tokenizer.ggml.add_eos_token", False, eos_id, source)
     template = metadata.get("tokenizer.chat_template")
     return HFTokenizer(
         backend,
         bos_token_id=bos_id,
-        eos_token_id=_token_id(metadata, "tokenizer.ggml.eos_token_id", len(tokens), source),
+        eos_token_id=eos_id,
         unk_token_id=_token_id(metadata, "tokenizer.ggml.unknown_token_id", len(tokens), source),
         pad_token_id=_token_id(metadata, "tokenizer.ggml.padding_token_id", len(tokens), source),
-        extra_eos_token_ids=extra_end_ids,
-        add_bos_token=bool(add_bos),
+        extra_eos_token_ids=_end_of_generation_ids(metadata, tokens, source),
+        add_bos_token=add_bos,
+        add_eos_token=add_eos,
         chat_template=template if isinstance(template, str) else None,
         named_chat_templates=_named_templates(metadata),
         vocab_size=len(tokens),
     )
+
+
+def _flag(metadata: Mapping[str, Any], key: str, default: bool, token_id: int | None, source: str) -> bool:
+    """`add_bos_token` / `add_eos_token`: off, with a warning, when the file names no such token."""
+    value = bool(metadata.get(key, default))
+    if value and token_id is None:
+        logger.warning("%s asks for %s but has no such token id; not adding one", source, key)
+        return False
+    return value
+
+
+def _end_of_generation_ids(metadata: Mapping[str, Any], tokens: list[str], source: str) -> list[int]:
+    """EOT/EOM ids from the metadata, then the turn-ending tokens found by their text."""
+    ids = [
+        token_id
+        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+        if (token_id := _token_id(metadata, key, len(tokens), source)) is not None
+    ]
+    wanted = set(TURN_END_TOKENS)
+    ids += [token_id for token_id, token in enumerate(tokens) if token in wanted]
+    return ids
 
 
 def _byte_level_bpe(

@@ -1,8 +1,8 @@
 """A `Tokenizer` over a `tokenizers.Tokenizer`, and the loader for Hugging Face tokenizer directories.
 
 `HFTokenizer` is the one concrete tokenizer for everything the `tokenizers` library can run: a
-checkpoint directory's `tokenizer.json`, and the byte-level BPE that `gguf_tokenizer` rebuilds
-from GGUF metadata. It adds what `tokenizers` leaves to transformers: which ids end generation,
+checkpoint directory's `tokenizer.json`, and the byte-level BPE and SentencePiece vocabularies
+that `gguf_tokenizer` rebuilds from GGUF metadata. It adds what `tokenizers` leaves to transformers: which ids end generation,
 whether BOS is prepended, and the chat template.
 
 `HFTokenizerLoader` reads a directory the way transformers does: `tokenizer.json`, then
@@ -36,7 +36,8 @@ class HFTokenizer(Tokenizer):
     """Wraps a `tokenizers.Tokenizer`; BOS is prepended here, never by its post-processor.
 
     Encoding always runs the library with `add_special_tokens=False` and then prepends
-    `bos_token_id` when `add_special_tokens` and `add_bos_token` are set, so a tokenizer.json
+    `bos_token_id` when `add_special_tokens` and `add_bos_token` are set (and appends
+    `eos_token_id` when `add_eos_token` is, as GGUF files may ask), so a tokenizer.json
     post-processor and a GGUF `add_bos_token` flag behave the same; loaders work out
     `add_bos_token` from their files.
     """
@@ -51,6 +52,7 @@ class HFTokenizer(Tokenizer):
         pad_token_id: int | None = None,
         extra_eos_token_ids: Iterable[int] = (),
         add_bos_token: bool = False,
+        add_eos_token: bool = False,
         chat_template: str | None = None,
         named_chat_templates: Mapping[str, str] | None = None,
         vocab_size: int | None = None,
@@ -72,6 +74,11 @@ class HFTokenizer(Tokenizer):
                 "add_bos_token=True needs a bos_token_id; the tokenizer files name no BOS"
             )
         self.add_bos_token = add_bos_token
+        if add_eos_token and self.eos_token_id is None:
+            raise InvalidArgumentError(
+                "add_eos_token=True needs an eos_token_id; the tokenizer files name no EOS"
+            )
+        self.add_eos_token = add_eos_token
         self.special_token_ids = frozenset(
             token_id for token_id, added in tokenizer.get_added_tokens_decoder().items() if added.special
         )
@@ -108,6 +115,8 @@ class HFTokenizer(Tokenizer):
         ids = encoding.ids
         if add_special_tokens and self.add_bos_token:
             ids.insert(0, self.bos_token_id)
+        if add_special_tokens and self.add_eos_token:
+            ids.append(self.eos_token_id)
         return ids
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -3,10 +3,12 @@
 fastdeploy's own loaders go through the same hook as third-party ones, so the plugin path is
 exercised on every run. GGUF files and tokenizer.json directories never overlap, so the order
 only matters to plugins that add loaders for the same paths (higher `priority` is asked first).
+The families' chat templates (`family_templates`) are the fallback for checkpoints without one.
 """
 
 from __future__ import annotations
 
+from fastdeploy.input.family_templates import FAMILY_CHAT_TEMPLATES
 from fastdeploy.input.gguf_tokenizer import GGUFTokenizerLoader
 from fastdeploy.input.hf_tokenizer import HFTokenizerLoader
 from fastdeploy.input.tokenizer import TokenizerLoader
@@ -17,3 +19,9 @@ from fastdeploy.plugins.hookspecs import hookimpl
 def fastdeploy_tokenizer_loaders() -> list[TokenizerLoader]:
     """The GGUF-metadata loader and the tokenizer.json directory loader."""
     return [GGUFTokenizerLoader(), HFTokenizerLoader()]
+
+
+@hookimpl
+def fastdeploy_chat_templates() -> dict[str, str]:
+    """Gemma's and Qwen's turn formats, for their checkpoints that carry no template."""
+    return dict(FAMILY_CHAT_TEMPLATES)

@@ -68,7 +68,7 @@ def test_server_flags_defaults():
     assert args.model is None and args.port == 8000 and args.metrics_port is None and args.api_key is None
     assert args.served_model_name is None and args.max_waiting == 1024 and args.shutdown_timeout == 30.0
     assert args.max_request_size == 8 * 1024 * 1024 and args.header_timeout == args.body_timeout == 60.0
-    assert args.metrics_require_api_key is False
+    assert args.metrics_require_api_key is False and args.responses_store_size == 1024
 
 
 def test_queue_limit_has_the_old_name_as_alias():
@@ -98,6 +98,10 @@ def test_request_size_rejects_garbage(capsys):
         (["--max-waiting=-1"], "--max-waiting-requests must be >= 0"),
         (["--max-request-size=0"], "--max-request-size must be at least 1 byte"),
         (["--header-timeout=0"], "--header-timeout must be > 0 seconds"),
+        (
+            ["--responses-store-size=-1"],
+            "--responses-store-size must be >= 0 (0 stores no responses), got -1",
+        ),
         (["--metrics-require-api-key"], "--metrics-require-api-key needs --api-key"),
         (
             ["--metrics-require-api-key", "--api-key=k", "--metrics-port=9100"],

@@ -28,6 +28,7 @@ NOT_ENGINE_FLAGS = {
     "kv_transport",
     "kv_transfer_port",
     "kv_transfer_timeout",
+    "responses_store_size",
     "allowed_local_media_path",
     "allow_media_url_fetch",
     "allowed_media_domains",

@@ -207,9 +207,10 @@ def test_unknown_pre_tokenizer_is_named(tiny_gguf_metadata: dict[str, Any]) -> N
         build_gguf_tokenizer(tiny_gguf_metadata)
 
 
-def test_sentencepiece_gguf_is_unsupported(tiny_gguf_metadata: dict[str, Any]) -> None:
-    tiny_gguf_metadata["tokenizer.ggml.model"] = "llama"
-    with pytest.raises(UnsupportedModelError, match="'llama'.*SentencePiece"):
+def test_unknown_tokenizer_model_is_refused(tiny_gguf_metadata: dict[str, Any]) -> None:
+    """SentencePiece ('llama') vocabularies are built now (test_gguf_sentencepiece.py); others are not."""
+    tiny_gguf_metadata["tokenizer.ggml.model"] = "rwkv"
+    with pytest.raises(UnsupportedModelError, match="'rwkv' is not supported"):
         build_gguf_tokenizer(tiny_gguf_metadata)
 
 

@@ -24,6 +24,7 @@ from fastdeploy.backends.selection import create_backend
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.formats.gguf_file import read_gguf
+from fastdeploy.input.family_templates import GEMMA_CHAT_TEMPLATE
 from fastdeploy.model_executor.loaders.gguf_loader import config_from_gguf, config_from_metadata
 from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint
 from fastdeploy.plugins.registry import get_registry
@@ -52,24 +53,8 @@ def hf_dirs(tmp_path_factory) -> dict[str, str]:
     return dirs
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> str:
-    """A SentencePiece tokenizer for the GGUFs whose vocabulary is SentencePiece (llama.cpp's
-    "llama" tokenizer model), which the GGUF tokenizer loader does not build yet; the tests
-    pass token ids, so any tokenizer covering the vocabulary serves."""
-    directory = tmp_path_factory.mktemp("tokenizer")
-    tiny.write_ernie_tokenizer(directory)
-    return str(directory)
-
-
 def model_path(name: str, form: str, hf_dirs: dict[str, str]) -> str:
     return hf_dirs[name] if form == "hf" else str(families.gguf_path(name))
-
-
-def tokenizer_for(name: str, form: str, tokenizer_dir: str) -> str | None:
-    if form == "gguf" and read_gguf(families.gguf_path(name)).metadata["tokenizer.ggml.model"] == "llama":
-        return tokenizer_dir
-    return None
 
 
 def test_fixture_weights_are_the_ones_the_tests_rebuild(references):
@@ -119,15 +104,12 @@ def test_first_step_logits_match_transformers(form, hf_dirs, references):
 
 
 @pytest.mark.parametrize("form", FORMS, ids=lambda f: f"{f[0]}-{f[1]}")
-def test_llm_generates_the_reference_greedy_tokens(form, hf_dirs, tokenizer_dir, references):
+def test_llm_generates_the_reference_greedy_tokens(form, hf_dirs, references):
+    """GGUFs run with the tokenizer their own metadata describes (SentencePiece or BPE)."""
     name, kind = form
     params = SamplingParams(temperature=0, max_tokens=families.NEW_TOKENS, ignore_eos=True)
     for prompt_set in references[name]["prompt_sets"].values():
-        llm = LLM(
-            model=model_path(name, kind, hf_dirs),
-            tokenizer=tokenizer_for(name, kind, tokenizer_dir),
-            max_model_len=prompt_set["max_model_len"],
-        )
+        llm = LLM(model=model_path(name, kind, hf_dirs), max_model_len=prompt_set["max_model_len"])
         cases = prompt_set["cases"]
         outputs = llm.generate(
             [{"prompt_token_ids": c["prompt_token_ids"]} for c in cases], params, use_tqdm=False
@@ -214,6 +196,20 @@ def test_phi3_sliding_window_beyond_the_window_is_refused(tmp_path):
     directory = _write_with_config(tmp_path, "phi4", sliding_window=16)
     with pytest.raises(UnsupportedModelError, match="max_model_len <= 16"):
         LLM(model=directory, max_model_len=32)
+
+
+def test_sentencepiece_ggufs_bring_their_tokenizer_and_gemma_its_family_template():
+    """The GGUFs llama.cpp's converter wrote with a SentencePiece tokenizer.model (and no chat
+    template) run with the tokenizer their metadata describes; Gemma 3's gets Gemma's turns."""
+    metadata = read_gguf(families.gguf_path("gemma3")).metadata
+    assert metadata["tokenizer.ggml.model"] == "llama" and "tokenizer.chat_template" not in metadata
+    tokenizer = LLM(model=str(families.gguf_path("gemma3")), max_model_len=32).get_tokenizer()
+    assert tokenizer.vocab_size == len(metadata["tokenizer.ggml.tokens"])
+    assert tokenizer.chat_template == GEMMA_CHAT_TEMPLATE
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "A river"}])
+    assert text == "<s><start_of_turn>user\nA river<end_of_turn>\n<start_of_turn>model\n"
+    ids = tokenizer.encode("A river begins as rain.", add_special_tokens=False)
+    assert tokenizer.decode(ids) == "A river begins as rain."
 
 
 def test_gemma3_beyond_its_sliding_window_is_refused(hf_dirs):

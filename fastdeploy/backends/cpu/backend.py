@@ -131,6 +131,7 @@ class CpuBackend(Backend):
             Capability.FUSED_MOE,
             Capability.DEVICE_ROW_REDUCTIONS,
             Capability.VISION_OPS,
+            Capability.QUANTIZED_WEIGHTS,
         }
     )
     # logits are host arrays here: the portable reductions are this backend's own

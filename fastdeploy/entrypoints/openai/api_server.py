@@ -74,6 +74,7 @@ def build_context(args: argparse.Namespace) -> ServingContext:
         model_root=model or DEFAULT_MODEL,
         metrics_require_api_key=args.metrics_require_api_key,
         trust_request_chat_template=args.trust_request_chat_template,
+        responses_store_size=args.responses_store_size,
     )
     ctx.disagg = build_disaggregation(engine, args.host, options.get("kv_transfer_port", 0))
     return ctx
@@ -90,6 +91,10 @@ def check_server_flags(args: argparse.Namespace) -> None:
             raise InvalidArgumentError(
                 f"--{flag.replace('_', '-')} must be > 0 seconds, got {getattr(args, flag)}"
             )
+    if args.responses_store_size < 0:
+        raise InvalidArgumentError(
+            f"--responses-store-size must be >= 0 (0 stores no responses), got {args.responses_store_size}"
+        )
     if args.metrics_require_api_key and args.api_key is None:
         raise InvalidArgumentError(
             "--metrics-require-api-key needs --api-key (the key /metrics should require)"

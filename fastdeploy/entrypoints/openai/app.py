@@ -12,9 +12,11 @@ import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp
@@ -23,9 +25,23 @@ from fastdeploy import __version__
 from fastdeploy.entrypoints.openai.errors import OpenAIError, redact_paths
 from fastdeploy.entrypoints.openai.http_guard import DEFAULT_MAX_REQUEST_BYTES, RequestGuard
 from fastdeploy.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
+from fastdeploy.entrypoints.openai.responses_input import ResponsesRequest
 from fastdeploy.entrypoints.openai.serving import ServingContext, as_openai_error
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
+from fastdeploy.entrypoints.openai.serving_responses import (
+    create_response,
+    delete_response,
+    retrieve_response,
+)
+from fastdeploy.entrypoints.openai.serving_tokens import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    detokenize,
+    tokenize,
+)
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -129,7 +145,45 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
     async def chat_completions(request: Request) -> Response:
         return await _serve(create_chat_completion, ctx, request)
 
+    @app.post("/v1/responses", dependencies=authorized, openapi_extra=json_body(ResponsesRequest))
+    async def responses(request: Request) -> Response:
+        return await _serve(create_response, ctx, request)
+
+    @app.get("/v1/responses/{response_id}", dependencies=authorized)
+    async def get_response(request: Request, response_id: str) -> Response:
+        return await _serve(retrieve_response, ctx, request)
+
+    @app.delete("/v1/responses/{response_id}", dependencies=authorized)
+    async def forget_response(request: Request, response_id: str) -> Response:
+        return await _serve(delete_response, ctx, request)
+
+    @app.post(
+        "/tokenize",
+        dependencies=authorized,
+        openapi_extra=json_body(TokenizeRequest),
+        responses={200: {"model": TokenizeResponse}},
+    )
+    async def tokenize_route(request: Request) -> Response:
+        return await _serve(tokenize, ctx, request)
+
+    @app.post(
+        "/detokenize",
+        dependencies=authorized,
+        openapi_extra=json_body(DetokenizeRequest),
+        responses={200: {"model": DetokenizeResponse}},
+    )
+    async def detokenize_route(request: Request) -> Response:
+        return await _serve(detokenize, ctx, request)
+
     return RequestGuard(app, max_request_bytes, on_refusal=ctx.metrics.count_error)
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI's description of a JSON body of `model` (handlers read the raw body themselves,
+    so that errors follow the OpenAI contract rather than FastAPI's 422)."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema.pop("$defs", None)
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 async def _serve(

@@ -38,6 +38,7 @@ from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.openai.disaggregation import Disaggregation
 from fastdeploy.entrypoints.openai.errors import OpenAIError, from_sampling_error, invalid_request
 from fastdeploy.entrypoints.openai.metrics import ServerMetrics
+from fastdeploy.entrypoints.openai.responses_store import DEFAULT_RESPONSES_STORE_SIZE, ResponseStore
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.processor import InputProcessor
 from fastdeploy.logger import get_logger
@@ -80,6 +81,7 @@ class ServingContext:
         model_root: str | None = None,
         metrics_require_api_key: bool = False,
         trust_request_chat_template: bool = False,
+        responses_store_size: int = DEFAULT_RESPONSES_STORE_SIZE,
     ) -> None:
         if not served_model_names:
             raise InvalidArgumentError("served_model_names must name at least one model")
@@ -98,6 +100,8 @@ class ServingContext:
         self.metrics_require_api_key = metrics_require_api_key
         #: render a request's own `chat_template` (`--trust-request-chat-template`)
         self.trust_request_chat_template = trust_request_chat_template
+        #: the Responses API's stored responses (`--responses-store-size`)
+        self.responses = ResponseStore(responses_store_size)
         self._preprocess = ThreadPoolExecutor(PREPROCESS_THREADS, thread_name_prefix="fastdeploy-preprocess")
         #: prefill/decode disaggregation (`--splitwise-role prefill|decode`), else None
         self.disagg: Disaggregation | None = None

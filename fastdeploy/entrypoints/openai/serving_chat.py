@@ -57,10 +57,11 @@ async def request_media(ctx: ServingContext, request: ChatCompletionRequest) -> 
 
 
 def prepare_conversation(
-    ctx: ServingContext, request: ChatCompletionRequest, plan: ToolPlan, media: Media
+    ctx: ServingContext, request: ChatCompletionRequest, plan: ToolPlan, media: Media, checked: bool = True
 ) -> PreparedPrompt:
     """The conversation rendered as `LLM.chat` renders it (same template, same encoding), with
-    `media` (`request_media`) through the model's processor."""
+    `media` (`request_media`) through the model's processor; `checked`: refused (400) unless
+    the engine can serve it (False for `/tokenize`, which counts any length)."""
     if not request.messages:
         raise invalid_request("messages must be a non-empty list of messages", param="messages")
     try:
@@ -69,28 +70,37 @@ def prepare_conversation(
             chat_template=request.chat_template,
             add_generation_prompt=request.add_generation_prompt,
             template_kwargs=with_tools(request.chat_template_kwargs, plan.tools),
-            check_length=True,
+            check_length=checked,
         )
         token_ids, multimodal = ctx.inputs.chat_inputs(item, media, request.mm_processor_kwargs)
     except PromptTooLongError as exc:
         raise invalid_request(str(exc), param="messages", code="context_length_exceeded") from exc
     except InvalidArgumentError as exc:
         raise invalid_request(str(exc), param="messages") from exc
-    ctx.check_prompt(token_ids, "messages")
+    if checked:
+        ctx.check_prompt(token_ids, "messages")
     return PreparedPrompt(token_ids, item.text or "", item.thinking_enabled, multimodal)
 
 
-async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
-    request = parse_body(ChatCompletionRequest, await raw.body())
-    model = ctx.model_name(request.model)
-    reject_unsupported(request)
-    check_request_limits(request)
-    if request.chat_template is not None and not ctx.trust_request_chat_template:
+def check_request_template(ctx: ServingContext, chat_template: str | None) -> None:
+    """A 400 for a request's own chat template unless the server trusts them."""
+    if chat_template is not None and not ctx.trust_request_chat_template:
         raise invalid_request(
             "this server does not render a chat_template sent in a request (start it with "
             "--trust-request-chat-template to allow it); leave the field out to use the model's template",
             param="chat_template",
         )
+
+
+async def prepare_chat(
+    ctx: ServingContext, request: ChatCompletionRequest
+) -> tuple[ToolPlan, SamplingParams, PreparedPrompt]:
+    """A chat request checked, its sampling parameters and grammar ready and its prompt rendered,
+    admitted to the queue (503 when full): everything before generation, which the Responses
+    API shares (`serving_responses` turns its requests into chat requests)."""
+    reject_unsupported(request)
+    check_request_limits(request)
+    check_request_template(ctx, request.chat_template)
     engine = ctx.engine.engine
     plan = plan_chat_tools(parser_factory(engine.tool_parser_class, ctx.inputs.tokenizer), request)
     params = chat_sampling_params(request, ctx.generation_defaults)
@@ -102,6 +112,13 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
     prompt = await ctx.offload(prepare_conversation, ctx, request, plan, media)
     max_param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
     ctx.check_max_tokens(len(prompt.token_ids), params.max_tokens, max_param, "messages")
+    return plan, params, prompt
+
+
+async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
+    request = parse_body(ChatCompletionRequest, await raw.body())
+    model = ctx.model_name(request.model)
+    plan, params, prompt = await prepare_chat(ctx, request)
     request_id = new_id("chatcmpl")
     created = int(time.time())
     kv_target = ctx.kv_target(request.kv_transfer_params, request.stream)

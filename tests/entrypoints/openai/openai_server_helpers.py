@@ -67,6 +67,17 @@ def metric(text: str, name: str, **labels: str) -> float:
     raise AssertionError(f"metric {name}{selector} not found")
 
 
+def engine_idle(server: ServerProcess) -> bool:
+    """Whether the server's engine runs and queues nothing and every KV block is free (metrics)."""
+    text = server.metrics()
+    return (
+        metric(text, "fastdeploy:num_requests_running") == 0
+        and metric(text, "fastdeploy:num_requests_waiting") == 0
+        and metric(text, "fastdeploy:available_gpu_block_num")
+        == metric(text, "fastdeploy:gpu_total_block_num")
+    )
+
+
 class ServerProcess:
     """`python -m <module> ... --port P` in its own process group, ready once /health answers."""
 

@@ -8,7 +8,7 @@ import threading
 
 import httpx
 import openai
-from openai_server_helpers import HOST, metric, wait_until
+from openai_server_helpers import HOST, engine_idle, metric, wait_until
 
 from fastdeploy import SamplingParams
 
@@ -84,18 +84,8 @@ def test_32_concurrent_streaming_clients_are_batched_and_independent(server, cli
     assert batched_steps > 0
 
 
-def _blocks_free(server) -> bool:
-    text = server.metrics()
-    return (
-        metric(text, "fastdeploy:num_requests_running") == 0
-        and metric(text, "fastdeploy:num_requests_waiting") == 0
-        and metric(text, "fastdeploy:available_gpu_block_num")
-        == metric(text, "fastdeploy:gpu_total_block_num")
-    )
-
-
 def test_disconnecting_stream_aborts_and_frees_blocks(server):
-    wait_until(lambda: _blocks_free(server), 120, "an idle server")
+    wait_until(lambda: engine_idle(server), 120, "an idle server")
     before = metric(server.metrics(), "fastdeploy:generation_tokens_total")
     payload = {
         "model": MODEL,
@@ -117,13 +107,13 @@ def test_disconnecting_stream_aborts_and_frees_blocks(server):
                         text, "fastdeploy:gpu_total_block_num"
                     )
                     break
-    wait_until(lambda: _blocks_free(server), 60, "the aborted request's blocks to be freed")
+    wait_until(lambda: engine_idle(server), 60, "the aborted request's blocks to be freed")
     generated = metric(server.metrics(), "fastdeploy:generation_tokens_total") - before
     assert 3 <= generated < 900  # stopped early, not run to max_tokens
 
 
 def test_disconnecting_non_streaming_request_aborts_it(server):
-    wait_until(lambda: _blocks_free(server), 120, "an idle server")
+    wait_until(lambda: engine_idle(server), 120, "an idle server")
     before = metric(server.metrics(), "fastdeploy:generation_tokens_total")
     body = json.dumps({"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 900, "ignore_eos": True})
     request = (
@@ -137,5 +127,5 @@ def test_disconnecting_non_streaming_request_aborts_it(server):
             60,
             "the request to generate",
         )
-    wait_until(lambda: _blocks_free(server), 60, "the abandoned request's blocks to be freed")
+    wait_until(lambda: engine_idle(server), 60, "the abandoned request's blocks to be freed")
     assert metric(server.metrics(), "fastdeploy:generation_tokens_total") - before < 900

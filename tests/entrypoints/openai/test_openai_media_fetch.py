@@ -224,3 +224,31 @@ def test_completions_multimodal_data_urls_follow_the_same_rules(default_server, 
     assert media.connections == 0
     assert complete(private_ok_server, url).status_code == 200
     assert media.paths == ["/image.png"]
+
+
+def test_responses_input_images_follow_the_same_rules(default_server, private_ok_server, media):
+    """An `input_image` of the Responses API is fetched by the chat path's rules: refused towards a
+    private address by default (never connected to), and where allowed the same greedy answer as
+    the chat request with the same image."""
+
+    def respond(base: str, url: str, **fields) -> httpx.Response:
+        content = [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": "Describe it."}]
+        body = {
+            "input": [{"role": "user", "content": content}],
+            "max_output_tokens": 4,
+            "temperature": 0,
+            **fields,
+        }
+        return httpx.post(base + "/v1/responses", json=body, timeout=120)
+
+    url = f"http://127.0.0.1:{media.port}/image.png"
+    refused = respond(default_server, url, instructions="Be brief.")  # the system message comes first
+    assert refused.status_code == 400  # the chat path's uniform answer, naming the input item's part
+    assert refused.json()["error"]["message"] == "input[0].content[0]: could not fetch the media URL"
+    assert refused.json()["error"]["param"] == "input" and media.connections == 0
+    answered = respond(private_ok_server, url)
+    assert answered.status_code == 200, answered.text
+    expected = chat(private_ok_server, url).json()
+    assert answered.json()["usage"]["input_tokens"] == expected["usage"]["prompt_tokens"]
+    text = answered.json()["output"][0]["content"][0]["text"]
+    assert text == expected["choices"][0]["message"]["content"]

@@ -85,3 +85,26 @@ def test_a_request_chat_template_is_template_text_never_a_file(server, llm, tmp_
     # the prompt was the path's own text, rendered as a (constant) template
     expected = len(llm.get_tokenizer().encode(str(secret), add_special_tokens=False))
     assert body["usage"]["prompt_tokens"] == expected
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/responses"),
+        ("GET", "/v1/responses/resp_x"),
+        ("DELETE", "/v1/responses/resp_x"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+    ],
+)
+def test_responses_and_tokenizer_endpoints_need_the_key(method, path):
+    with client_for() as client:
+        response = client.request(method, path, json={"input": "hi", "prompt": "hi", "tokens": [1]})
+    assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_tokenize_refuses_a_request_chat_template_unless_trusted():
+    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages }}"}
+    with client_for() as client:
+        response = client.post("/tokenize", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "chat_template"

@@ -90,7 +90,9 @@ def hosts():
 
 def completion(prompt: str, max_tokens: int = 16, **extra):
     client = openai.OpenAI(base_url=ROUTER + "/v1", api_key="unused", max_retries=0, timeout=120)
-    return client.completions.create(model=DEFAULT_MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, **extra)
+    return client.completions.create(
+        model=DEFAULT_MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, **extra
+    )
 
 
 def info(hosts: Hosts, address: str) -> dict:

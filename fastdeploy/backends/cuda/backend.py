@@ -42,8 +42,8 @@ from fastdeploy.backends.cuda.runtimes import (
 from fastdeploy.backends.cuda.token_bitmask import TokenBitmask
 from fastdeploy.backends.types import BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
 from fastdeploy.errors import InvalidArgumentError
-from fastdeploy.kv_layout import WIRE_DTYPES
 from fastdeploy.formats.weight_only import WeightOnlyTensor, concat_rows
+from fastdeploy.kv_layout import WIRE_DTYPES
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)

@@ -28,6 +28,7 @@ from fastdeploy.engine.step_feature import StepFeature
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.tokenizer import Tokenizer
 from fastdeploy.kv_layout import KVLayout
+from fastdeploy.model_executor.model_runner import ModelRunner
 from fastdeploy.model_resolver import DEFAULT_MODEL
 
 
@@ -72,6 +73,8 @@ def build_features(
             manager.block_size,
             manager.num_blocks,
             setup.model_config.vocab_size,
+            setup.checkpoint,
+            loaded.executor if isinstance(loaded.executor, ModelRunner) else None,
         )
         spec_decoder = build_speculative_decoder(config.speculative_config, context, manager)
     guided = GuidedDecoder(
@@ -110,6 +113,11 @@ def build_kv_transfer(
             "(Capability.KV_BLOCK_TRANSFER)"
         )
     spec, kv_caches = loaded.kv_cache_spec, loaded.executor.kv_caches
+    if spec.kind != "kv":
+        raise InvalidArgumentError(
+            f"--splitwise-role {role}: a {spec.kind} KV cache (multi-head latent attention) cannot be "
+            "transferred yet; serve this model as a mixed instance"
+        )
     layout = KVLayout(
         os.path.basename(os.path.normpath(config.model or DEFAULT_MODEL)),
         spec.dtype,

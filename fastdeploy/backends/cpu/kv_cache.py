@@ -165,3 +165,15 @@ def write_blocks(
     for (kind, array), data in zip(present, arrays, strict=True):
         view = _to_block_major(array, kind, native, block_size)
         view[blocks] = data.view(array.dtype) if array.dtype == ml_dtypes.bfloat16 else data
+
+
+class LatentKVCache(NamedTuple):
+    """One layer's "latent" cache (multi-head latent attention): [slots, lora + rope], the same
+    layout for the native and the numpy paths (the latent attention runs in numpy)."""
+
+    latent: np.ndarray
+
+
+def allocate_latent(num_slots: int, width: int, kv_dtype: str) -> LatentKVCache:
+    """One layer's latent cache, zeroed; float32, float16 or bfloat16 (models refuse int8)."""
+    return LatentKVCache(_zeroed((num_slots, width), _storage_dtype(kv_dtype, native=False)))

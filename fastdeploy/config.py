@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastdeploy import envs
-from fastdeploy.engine_args import GENERATION_CONFIG_MODES, RUNNERS, EngineArgs
+from fastdeploy.engine_args import GENERATION_CONFIG_MODES, RUNNERS, SPLITWISE_ROLES, EngineArgs
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.speculative_config import parse_speculative_config
 
@@ -218,6 +218,7 @@ class EngineConfig(EngineArgs):
             raise InvalidArgumentError(f"max_logprobs must be an int >= -1, got {self.max_logprobs!r}")
         self._check_speculative()
         self._check_async_scheduling()
+        self._check_disaggregation()
         self._check_runner()
         self._check_lora()
 
@@ -280,6 +281,10 @@ class EngineConfig(EngineArgs):
             raise InvalidArgumentError(
                 "runner='pooling' samples no tokens: speculative_config does not apply"
             )
+        if self.splitwise_role != "mixed":
+            raise InvalidArgumentError(
+                f"runner='pooling' computes prompts only: --splitwise-role {self.splitwise_role} does not apply"
+            )
 
     def _check_speculative(self) -> None:
         """Parse `speculative_config`; the parallel layouts it cannot run with are refused here."""
@@ -327,6 +332,43 @@ class EngineConfig(EngineArgs):
         if self.runner == "pooling":
             raise InvalidArgumentError(
                 "enable_lora=True is not supported with runner='pooling' (adapters apply to generation)"
+            )
+        if self.splitwise_role != "mixed":
+            raise InvalidArgumentError(
+                f"enable_lora=True is not supported with --splitwise-role {self.splitwise_role} (KV blocks "
+                "are transferred without their adapter)"
+            )
+
+    def _check_disaggregation(self) -> None:
+        """A prefill or decode instance runs its model in this process (its blocks are read and
+        written here), and a decode instance keeps what it receives in its prefix cache."""
+        if self.splitwise_role not in SPLITWISE_ROLES:
+            raise InvalidArgumentError(
+                f"--splitwise-role must be one of {', '.join(SPLITWISE_ROLES)}, got {self.splitwise_role!r}"
+            )
+        if not isinstance(self.kv_transfer_timeout, (int, float)) or not self.kv_transfer_timeout > 0:
+            raise InvalidArgumentError(
+                f"--kv-transfer-timeout must be > 0 seconds, got {self.kv_transfer_timeout!r}"
+            )
+        if (
+            isinstance(self.kv_transfer_port, bool)
+            or not isinstance(self.kv_transfer_port, int)
+            or not (0 <= self.kv_transfer_port <= 65535)
+        ):
+            raise InvalidArgumentError(
+                f"--kv-transfer-port must be 0 or a TCP port, got {self.kv_transfer_port!r}"
+            )
+        if self.splitwise_role == "mixed":
+            return
+        if self.splitwise_role == "decode" and not self.enable_prefix_caching:
+            raise InvalidArgumentError(
+                "--splitwise-role decode keeps the KV blocks it receives in its prefix cache; "
+                "drop --no-enable-prefix-caching"
+            )
+        if self.runs_in_rank_processes or self.data_parallel_size > 1:
+            raise InvalidArgumentError(
+                f"--splitwise-role {self.splitwise_role} runs one engine with its model in its own process; "
+                "tensor, pipeline and data parallelism are not supported with it yet"
             )
 
     def _check_parallel(self) -> None:

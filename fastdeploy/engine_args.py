@@ -17,6 +17,8 @@ from typing import Any
 #: where requests that leave sampling settings unset take them from (see engine/generation_defaults.py)
 GENERATION_CONFIG_MODES = ("auto", "none")
 
+#: what a server does in prefill/decode disaggregation (FastDeploy's `--splitwise-role`)
+SPLITWISE_ROLES = ("mixed", "prefill", "decode")
 #: what an engine does with a prompt: generate tokens after it, or pool its hidden states into an
 #: embedding (`engine/pooling_engine.py`)
 RUNNERS = ("generate", "pooling")
@@ -219,6 +221,29 @@ class EngineArgs:
         1,
         "engine replicas behind this endpoint; each request goes to the least-loaded one (default 1)",
         flag={"type": int},
+        group="server",
+    )
+    splitwise_role: str = option(
+        "mixed",
+        "prefill/decode disaggregation: 'prefill' computes prompts and sends their KV blocks to the decode "
+        "instance `fastdeploy router` pairs it with, 'decode' receives them and generates, 'mixed' does both",
+        flag={"choices": SPLITWISE_ROLES},
+        group="server",
+    )
+    kv_transport: str = option(
+        "zmq", "how KV blocks move between prefill and decode instances: zmq or a plugin's", group="server"
+    )
+    kv_transfer_port: int = option(
+        0,
+        "decode instances: the port KV blocks arrive on (default 0: a free port, shown at /v1/disaggregation)",
+        flag={"type": int},
+        group="server",
+    )
+    kv_transfer_timeout: float = option(
+        30.0,
+        "seconds one KV transfer may take before its request fails; received blocks no request took "
+        "are let go after as long",
+        flag={"type": float},
         group="server",
     )
     #: the server's --responses-store-size; offline, `LLM` stores no responses

@@ -352,6 +352,25 @@ class Backend(Platform, DeviceOps):
         adapter in the pass). Returns y (changed in place, or a new array)."""
         raise NotImplementedError(f"the {self.name} backend does not run LoRA adapters")
 
+    # --- Capability.KV_BLOCK_TRANSFER (no portable default) -------------------------------------
+    def read_kv_blocks(self, kv_caches: list[Any], blocks: np.ndarray, block_size: int) -> list[np.ndarray]:
+        """Host copies of KV blocks `blocks` (int64 ids), in the transfer layout
+        (`fastdeploy.kv_layout.BLOCK_MAJOR`): per layer keys and values [len(blocks), block_size,
+        kv_heads, head_dim] in the cache's element type (bfloat16 as its uint16 bits), then, for
+        an int8 cache, their float32 scales [len(blocks), block_size, kv_heads].
+
+        Needed by a prefill instance (`--splitwise-role prefill`), which sends them to a decode
+        instance. Called on the engine thread after the pass that computed them.
+        """
+        raise NotImplementedError(f"the {self.name} backend cannot read KV blocks out")
+
+    def write_kv_blocks(
+        self, kv_caches: list[Any], blocks: np.ndarray, arrays: list[np.ndarray], block_size: int
+    ) -> None:
+        """Write `arrays` (as `read_kv_blocks` returns them) over KV blocks `blocks`, in place.
+        Needed by a decode instance (`--splitwise-role decode`)."""
+        raise NotImplementedError(f"the {self.name} backend cannot write KV blocks in")
+
     # --- Capability.LATENT_ATTENTION (no portable default) ---------------------------------------
     def latent_attention(
         self,

@@ -27,6 +27,9 @@ class Capability(str, enum.Enum):
     TOKEN_BITMASK = "token_bitmask"
     #: `copy_kv_blocks`: copy-on-write of KV blocks, which beam search needs
     KV_BLOCK_COPY = "kv_block_copy"
+    #: `read_kv_blocks`, `write_kv_blocks`: KV blocks out of and into the cache as host arrays,
+    #: which prefill/decode disaggregation moves between instances
+    KV_BLOCK_TRANSFER = "kv_block_transfer"
     #: `decode_graphs`: captured decode steps (CUDA graphs)
     GRAPH_CAPTURE = "graph_capture"
     #: `attention_block`, `mlp_block`, `decoder_layers`: a decoder layer's halves in fused calls
@@ -73,6 +76,11 @@ CAPABILITY_SPECS: dict[Capability, CapabilitySpec] = {
     ),
     Capability.KV_BLOCK_COPY: CapabilitySpec(
         ("copy_kv_blocks",), "beam search requests are refused", portable=False
+    ),
+    Capability.KV_BLOCK_TRANSFER: CapabilitySpec(
+        ("read_kv_blocks", "write_kv_blocks"),
+        "--splitwise-role prefill / decode is refused",
+        portable=False,
     ),
     Capability.GRAPH_CAPTURE: CapabilitySpec(("decode_graphs",), "decode steps run eagerly", portable=False),
     Capability.FUSED_DECODER_LAYERS: CapabilitySpec(

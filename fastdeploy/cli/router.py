@@ -31,6 +31,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a file listing worker addresses, one a line (# comments); re-read when it changes",
     )
     workers.add_argument(
+        "--prefill-workers",
+        nargs="+",
+        default=[],
+        metavar="URL",
+        help="prefill/decode disaggregation: `fastdeploy serve --splitwise-role prefill` workers; each "
+        "request is prefilled on one of them, then generated on a --decode-workers worker",
+    )
+    workers.add_argument(
+        "--decode-workers",
+        nargs="+",
+        default=[],
+        metavar="URL",
+        help="prefill/decode disaggregation: `fastdeploy serve --splitwise-role decode` workers",
+    )
+    workers.add_argument(
         "--policy",
         choices=POLICY_NAMES,
         default="least-outstanding",
@@ -94,7 +109,9 @@ def run(args: argparse.Namespace) -> int:
     from fastdeploy.router.app import RouterSettings, run_router
 
     settings = RouterSettings(
-        workers=[url for item in args.workers for url in item.split(",") if url.strip()],
+        workers=_urls(args.workers),
+        prefill_workers=_urls(args.prefill_workers),
+        decode_workers=_urls(args.decode_workers),
         workers_file=args.workers_file,
         policy=args.policy,
         prefix_block_chars=args.prefix_block_chars,
@@ -105,6 +122,11 @@ def run(args: argparse.Namespace) -> int:
         startup_timeout=args.startup_timeout,
     )
     return run_router(settings, args.host, args.port, args.uvicorn_log_level, args.shutdown_timeout)
+
+
+def _urls(items: list[str]) -> list[str]:
+    """Addresses given space- or comma-separated."""
+    return [url for item in items for url in item.split(",") if url.strip()]
 
 
 def _positive(kind: type) -> object:

@@ -192,3 +192,52 @@ class BlockManager:
                 self._cached[key] = block
                 self._key_of[block] = key
         seq.num_registered_blocks = max(seq.num_registered_blocks, full)
+
+    # --- blocks computed elsewhere (prefill/decode disaggregation) -----------------------------
+    def cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """The cached blocks holding the longest whole-block prefix of `token_ids` (a text
+        prompt's), in order. Only reads: a decode instance's transfer thread asks it to learn
+        which blocks need not be sent, and a stale answer costs only a recomputation later."""
+        if not self.enable_prefix_caching:
+            return []
+        chain: list[int] = []
+        parent = _ROOT
+        for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
+            block = self._cached.get((*parent, tuple(token_ids[start : start + self.block_size])))
+            if block is None:
+                break
+            chain.append(block)
+            parent = (block, self._generation[block])
+        return chain
+
+    def import_prefix(self, token_ids: list[int]) -> tuple[list[int], list[int]] | None:
+        """Hold the blocks of `token_ids` (whole blocks of a text prompt) in the prefix cache: the
+        cached prefix is reused, a fresh block is taken for each block after it and registered as
+        if computed (the caller writes its keys and values before any pass reads it). Returns
+        (every block held, the fresh ones), each held once until `release_blocks`; None if free
+        blocks are too few."""
+        chain = self.cached_prefix(token_ids)
+        count = len(token_ids) // self.block_size
+        for block in chain:
+            if self._ref_counts[block] == 0:
+                del self._evictable[block]
+            self._ref_counts[block] += 1
+        if count - len(chain) > self.num_free_blocks:  # counted with the chain held: it is no longer free
+            self.release_blocks(chain)
+            return None
+        fresh = []
+        parent = (chain[-1], self._generation[chain[-1]]) if chain else _ROOT
+        for index in range(len(chain), count):
+            block = self._take_free_block()
+            start = index * self.block_size
+            key = (*parent, tuple(token_ids[start : start + self.block_size]))
+            self._cached[key] = block
+            self._key_of[block] = key
+            fresh.append(block)
+            parent = (block, self._generation[block])
+        return chain + fresh, fresh
+
+    def release_blocks(self, blocks: list[int]) -> None:
+        """Give back blocks held by `import_prefix` (cached ones stay reusable)."""
+        for block in blocks:
+            self._release(block)

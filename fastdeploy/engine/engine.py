@@ -102,6 +102,8 @@ class LLMEngine:
         features = build_features(config, setup, loaded, needs)
         self.fault_isolation, self.spec_decoder = features.fault_isolation, features.spec
         self.guided = features.guided
+        #: prefill/decode disaggregation: `KVExport` on a prefill instance, `KVImport` on a decode one
+        self.kv_transfer = features.kv_transfer
         self.bans = Bans(self.eos_token_ids, self.guided.grammar_complete, self.requests)
         limits = builder.engine_limits(config, setup)
         self.admission = Admission(

@@ -7,14 +7,17 @@ class there and a line here, never a change to the core loop.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fastdeploy.backends.capabilities import Capability
 from fastdeploy.config import EngineConfig
 from fastdeploy.engine.beam_search import BeamSearchFeature
 from fastdeploy.engine.builder import EngineSetup, LoadedModel
 from fastdeploy.engine.fault_isolation import FaultIsolation
 from fastdeploy.engine.guided.decoder import GuidedDecoder
+from fastdeploy.engine.kv_transfer import KVExport, KVImport
 from fastdeploy.engine.prompt_logprobs import PromptLogprobs
 from fastdeploy.engine.sampler import BannedTokens
 from fastdeploy.engine.scheduler import Scheduler
@@ -22,8 +25,11 @@ from fastdeploy.engine.sequence import Sequence
 from fastdeploy.engine.spec_decode.decoder import SpeculativeDecoder, build_speculative_decoder
 from fastdeploy.engine.spec_decode.proposal import ProposerContext
 from fastdeploy.engine.step_feature import StepFeature
+from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.tokenizer import Tokenizer
+from fastdeploy.kv_layout import KVLayout
 from fastdeploy.model_executor.model_runner import ModelRunner
+from fastdeploy.model_resolver import DEFAULT_MODEL
 
 
 @dataclass
@@ -36,6 +42,8 @@ class Features:
     guided: GuidedDecoder
     beams: BeamSearchFeature
     ordered: list[StepFeature]
+    #: prefill/decode disaggregation: the side this instance plays (None when mixed)
+    kv_transfer: KVExport | KVImport | None = None
 
 
 @dataclass
@@ -86,4 +94,38 @@ def build_features(
     if spec_decoder is not None:
         needs.scheduler.drafts = spec_decoder.drafts
     ordered = [fault_isolation, prompt_logprobs, *([spec_decoder] if spec_decoder else []), guided, beams]
-    return Features(fault_isolation, prompt_logprobs, spec_decoder, guided, beams, ordered)
+    kv_transfer = build_kv_transfer(config, setup, loaded)
+    if kv_transfer is not None:
+        ordered.append(kv_transfer)
+    return Features(fault_isolation, prompt_logprobs, spec_decoder, guided, beams, ordered, kv_transfer)
+
+
+def build_kv_transfer(
+    config: EngineConfig, setup: EngineSetup, loaded: LoadedModel
+) -> KVExport | KVImport | None:
+    """The disaggregation side of a prefill or decode instance (None for a mixed one)."""
+    role = config.splitwise_role
+    if role == "mixed":
+        return None
+    if not setup.backend.supports(Capability.KV_BLOCK_TRANSFER):
+        raise InvalidArgumentError(
+            f"--splitwise-role {role}: the {setup.backend.name} backend cannot read or write KV blocks "
+            "(Capability.KV_BLOCK_TRANSFER)"
+        )
+    spec, kv_caches = loaded.kv_cache_spec, loaded.executor.kv_caches
+    if spec.kind != "kv":
+        raise InvalidArgumentError(
+            f"--splitwise-role {role}: a {spec.kind} KV cache (multi-head latent attention) cannot be "
+            "transferred yet; serve this model as a mixed instance"
+        )
+    layout = KVLayout(
+        os.path.basename(os.path.normpath(config.model or DEFAULT_MODEL)),
+        spec.dtype,
+        spec.block_size,
+        spec.num_layers,
+        spec.num_kv_heads,
+        spec.head_dim,
+    )
+    if role == "prefill":
+        return KVExport(setup.backend, kv_caches, layout, config.kv_transfer_timeout)
+    return KVImport(setup.backend, kv_caches, loaded.block_manager, layout, config.kv_transfer_timeout)

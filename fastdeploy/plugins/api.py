@@ -44,12 +44,14 @@ from fastdeploy.input.multimodal.inputs import MultiModalItem, MultiModalPrompt
 from fastdeploy.input.multimodal.media import MediaPolicy, load_image, load_video
 from fastdeploy.input.multimodal.options import ProcessorOptions
 from fastdeploy.input.tokenizer import Tokenizer, TokenizerLoader, require_text
+from fastdeploy.kv_layout import KVLayout
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
 from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader
 from fastdeploy.model_executor.rope import interleaved_to_half_rows, rope_tables
 from fastdeploy.models.base import CausalLM, LoRAProjection, check_weight_names, check_weight_shapes
 from fastdeploy.parallel.communicator import Communicator, RendezvousInfo
+from fastdeploy.parallel.kv_transfer import KVOffer, KVReceiver, KVTransport, TransferError, TransferResult
 from fastdeploy.parallel.model_parallel import ModelParallel
 from fastdeploy.parallel.sharding import take_columns, take_head_rows, take_rows
 from fastdeploy.plugins.hookspecs import hookimpl
@@ -92,6 +94,13 @@ __all__ = [
     "take_rows",
     "Communicator",
     "RendezvousInfo",
+    # prefill/decode disaggregation: the KV transport a device plugin may supply
+    "KVTransport",
+    "KVReceiver",
+    "KVOffer",
+    "KVLayout",
+    "TransferError",
+    "TransferResult",
     # checkpoints
     "GGMLTensor",
     "SafetensorsLoader",

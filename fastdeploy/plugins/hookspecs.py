@@ -153,3 +153,16 @@ def fastdeploy_communicators() -> dict[str, type]:
     `fastdeploy.parallel.communicator.Communicator`, is built as `cls(backend, rendezvous)`
     and reports a missing runtime through its classmethod `unavailable_reason()`.
     """
+
+
+@hookspec
+def fastdeploy_kv_transports() -> dict[str, type]:
+    """KV-block transports of prefill/decode disaggregation by name (named hook).
+
+    Called by: the OpenAI server (`fastdeploy serve --splitwise-role prefill|decode`) at start-up.
+    Names: what `--kv-transport` asks for; built in: "zmq" (ZeroMQ over TCP). A device plugin
+    registers its own (RDMA, NVLink, HCCL).
+    Returns: {name: class}; the class subclasses `fastdeploy.parallel.kv_transfer.KVTransport`
+    and is built as `cls()`: `serve(host, port, receiver)` on a decode instance,
+    `send(address, offer, arrays, timeout)` on a prefill instance (docs/plugins.md).
+    """

@@ -24,6 +24,7 @@ NAMED_HOOKS = (
     "fastdeploy_tool_call_parsers",
     "fastdeploy_device_backends",
     "fastdeploy_communicators",
+    "fastdeploy_kv_transports",
 )
 logger = get_logger(__name__)
 
@@ -185,6 +186,9 @@ class PluginRegistry:
 
     def communicators(self) -> dict[str, type]:
         return self._merged("fastdeploy_communicators")
+
+    def kv_transports(self) -> dict[str, type]:
+        return self._merged("fastdeploy_kv_transports")
 
     def weight_loaders(self) -> list[Any]:
         return self._ranked("fastdeploy_weight_loaders")

@@ -21,10 +21,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
+from fastdeploy.router.disaggregation import FLAGS, PairedProxy, check_pairing
 from fastdeploy.router.metrics import RouterMetrics, merge_worker_metrics
-from fastdeploy.router.policies import make_policy
+from fastdeploy.router.policies import Policy, make_policy
 from fastdeploy.router.proxy import Proxy, forwarded_headers
-from fastdeploy.router.workers import Worker, WorkerSet
+from fastdeploy.router.workers import Worker, WorkerSet, parse_worker_url
 
 logger = get_logger(__name__)
 
@@ -42,25 +43,55 @@ class RouterSettings:
     health_timeout: float = 2.0
     connect_timeout: float = 5.0
     startup_timeout: float = 30.0
+    #: prefill/decode disaggregation: the prefill and the decode workers (instead of `workers`)
+    prefill_workers: list[str] = field(default_factory=list)
+    decode_workers: list[str] = field(default_factory=list)
 
     @property
     def workers_flag(self) -> str:
         """The flag(s) the workers came from, for error messages."""
+        if self.disaggregated:
+            return FLAGS
         if self.workers and self.workers_file:
             return "--workers/--workers-file"
         return "--workers-file" if self.workers_file else "--workers"
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.prefill_workers or self.decode_workers)
+
+    def check_roles(self) -> None:
+        """Disaggregation needs both kinds of worker, and no plain ones beside them."""
+        if not self.disaggregated:
+            return
+        if self.workers or self.workers_file:
+            raise InvalidArgumentError(
+                "--workers/--workers-file cannot be combined with --prefill-workers/--decode-workers "
+                "(run a second router for mixed workers)"
+            )
+        if not self.prefill_workers:
+            raise InvalidArgumentError(
+                "--prefill-workers: the decode workers need a prefill peer; none given"
+            )
+        if not self.decode_workers:
+            raise InvalidArgumentError("--decode-workers: the prefill workers need a decode peer; none given")
+        for flag, urls in (
+            ("--prefill-workers", self.prefill_workers),
+            ("--decode-workers", self.decode_workers),
+        ):
+            for url in urls:
+                parse_worker_url(url, flag)
 
 
 def build_app(settings: RouterSettings, workers: WorkerSet) -> FastAPI:
     """The router's app over `workers`; health checks and file reloads run while it serves."""
     metrics = RouterMetrics()
-    policy = make_policy(settings.policy, settings.prefix_block_chars, settings.prefix_slack)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with new_client(settings) as client:
             app.state.client = client
-            app.state.proxy = Proxy(workers, policy, client, metrics)
+            app.state.proxy = make_proxy(settings, workers, client, metrics)
             await workers.check(client, settings.health_timeout)
             watcher = asyncio.create_task(
                 workers.watch(client, settings.health_interval, settings.health_timeout)
@@ -101,6 +132,27 @@ def build_app(settings: RouterSettings, workers: WorkerSet) -> FastAPI:
         )
 
     return app
+
+
+def make_proxy(
+    settings: RouterSettings, workers: WorkerSet, client: httpx.AsyncClient, metrics: RouterMetrics
+) -> Proxy | PairedProxy:
+    """The plain proxy, or with prefill and decode workers the proxy that pairs them."""
+
+    def policy() -> Policy:
+        return make_policy(settings.policy, settings.prefix_block_chars, settings.prefix_slack)
+
+    if not settings.disaggregated:
+        return Proxy(workers, policy(), client, metrics)
+    return PairedProxy(
+        workers,
+        {parse_worker_url(url, "--prefill-workers") for url in settings.prefill_workers},
+        {parse_worker_url(url, "--decode-workers") for url in settings.decode_workers},
+        (policy(), policy()),
+        client,
+        metrics,
+        settings.health_timeout,
+    )
 
 
 def forwarding(path: str) -> Callable[[Request], Awaitable[Response]]:
@@ -171,26 +223,45 @@ async def worker_metrics(client: httpx.AsyncClient, workers: list[Worker], timeo
 
 
 async def wait_for_workers(settings: RouterSettings, workers: WorkerSet) -> None:
-    """Return once a worker is healthy; raise naming the flag if none is within the start-up timeout."""
+    """Return once a worker (with disaggregation: a prefill and a decode worker) is healthy;
+    raise naming the flag if none is within the start-up timeout. Paired workers must then
+    agree on their roles and KV layouts."""
+    groups = (
+        {"--prefill-workers": settings.prefill_workers, "--decode-workers": settings.decode_workers}
+        if settings.disaggregated
+        else {settings.workers_flag: [worker.url for worker in workers.all]}
+    )
+    groups = {flag: {parse_worker_url(url, flag) for url in urls} for flag, urls in groups.items()}
+
+    def missing() -> list[str]:
+        healthy = {worker.url for worker in workers.available()}
+        return [flag for flag, urls in groups.items() if not urls & healthy]
+
     deadline = time.monotonic() + settings.startup_timeout
     async with new_client(settings) as client:
         while True:
             await workers.check(client, settings.health_timeout)
-            if workers.available() or time.monotonic() >= deadline:
+            if not missing() or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(min(0.5, settings.health_interval))
-    if not workers.available():
-        reasons = "; ".join(f"{worker.url}: {worker.last_error}" for worker in workers.all)
-        raise InvalidArgumentError(
-            f"{settings.workers_flag}: no reachable worker within {settings.startup_timeout:g} s ({reasons})"
-        )
+        if missing():
+            flag = missing()[0]
+            reasons = "; ".join(f"{w.url}: {w.last_error}" for w in workers.all if w.url in groups[flag])
+            raise InvalidArgumentError(
+                f"{flag}: no reachable worker within {settings.startup_timeout:g} s ({reasons})"
+            )
+        if settings.disaggregated:
+            await check_pairing(client, workers, groups["--prefill-workers"], settings.health_timeout)
 
 
 def run_router(
     settings: RouterSettings, host: str, port: int, log_level: str, shutdown_timeout: float
 ) -> int:
     """Check the workers, then serve until SIGTERM / Ctrl+C."""
-    workers = WorkerSet(settings.workers, settings.workers_file)
+    settings.check_roles()
+    workers = WorkerSet(
+        settings.workers + settings.prefill_workers + settings.decode_workers, settings.workers_file
+    )
     if not workers.all:
         raise InvalidArgumentError(
             f"{settings.workers_flag}: no worker address given (expected http://host:port)"

@@ -71,7 +71,7 @@ class Proxy:
     async def forward(self, request: Request, path: str) -> Response:
         """The answer to `request` from a worker's `path`, or a 503 if no worker could give one."""
         body = await request.body()
-        parsed = _json_or_none(body)
+        parsed = json_or_none(body)
         streaming = isinstance(parsed, dict) and parsed.get("stream") is True
         headers = forwarded_headers(request)
         tried: set[Worker] = set()
@@ -83,7 +83,7 @@ class Proxy:
             worker = self.policy.choose(candidates, parsed)
             tried.add(worker)
             try:
-                return await self._attempt(
+                return await self.attempt(
                     request, worker, path, body, headers, streaming, len(candidates) > 1
                 )
             except ClientDisconnected:
@@ -96,9 +96,9 @@ class Proxy:
                 )
         self.metrics.unserved.inc()
         detail = "; ".join(reasons) if reasons else "no worker is healthy"
-        return _error_response(503, f"no worker could serve the request ({detail})")
+        return error_response(503, f"no worker could serve the request ({detail})")
 
-    async def _attempt(
+    async def attempt(
         self,
         request: Request,
         worker: Worker,
@@ -119,13 +119,13 @@ class Proxy:
             if events is None:
                 self._count(worker, upstream.status_code)
                 return Response(
-                    upstream.content, status_code=upstream.status_code, headers=_answer_headers(upstream)
+                    upstream.content, status_code=upstream.status_code, headers=answer_headers(upstream)
                 )
             handed_over = True
             return StreamingResponse(
                 self._relay(worker, upstream, events, first),
                 status_code=upstream.status_code,
-                headers=_answer_headers(upstream),
+                headers=answer_headers(upstream),
             )
         except httpx.TransportError as exc:
             reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
@@ -217,11 +217,11 @@ def forwarded_headers(request: Request) -> dict[str, str]:
     return {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
 
 
-def _answer_headers(upstream: httpx.Response) -> dict[str, str]:
+def answer_headers(upstream: httpx.Response) -> dict[str, str]:
     return {k: v for k, v in upstream.headers.items() if k.lower() not in _NOT_FORWARDED}
 
 
-def _json_or_none(body: bytes) -> Any:
+def json_or_none(body: bytes) -> Any:
     try:
         return json.loads(body)
     except ValueError:
@@ -232,7 +232,7 @@ def _error_body(message: str) -> dict:
     return {"error": {"message": message, "type": "service_unavailable", "param": None, "code": 503}}
 
 
-def _error_response(status: int, message: str) -> JSONResponse:
+def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse(_error_body(message), status_code=status)
 
 

@@ -23,6 +23,11 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 NOT_ENGINE_FLAGS = {
     "model",
     "data_parallel_size",
+    # prefill/decode disaggregation: `serve`'s flags only
+    "splitwise_role",
+    "kv_transport",
+    "kv_transfer_port",
+    "kv_transfer_timeout",
     "responses_store_size",
     "allowed_local_media_path",
     "allow_media_url_fetch",

@@ -35,9 +35,9 @@ __all__ = [
 STANDIN = str(Path(__file__).resolve().parent / "standin_worker.py")
 
 
-def start_standin(name: str) -> ServerProcess:
-    """A stand-in worker (standin_worker.py) in its own process."""
-    return ServerProcess([STANDIN, "--name", name], free_port())
+def start_standin(name: str, *flags: str) -> ServerProcess:
+    """A stand-in worker (standin_worker.py) in its own process; `flags` such as --role decode."""
+    return ServerProcess([STANDIN, "--name", name, *flags], free_port())
 
 
 def start_router(workers: list[str], *flags: str) -> ServerProcess:

@@ -5,11 +5,15 @@ Prompts naming this worker (`@NAME`) make it stop at a point:
 - "hold-before-answer@NAME": accept the request and never answer
 - "hold-after-headers@NAME": send the stream's headers, then nothing
 - "hold-after-first@NAME": stream one chunk, then wait forever
+- "fail-prefill@NAME": answer 504, as a prefill instance whose KV transfer stalled
 Anything else is answered at once; a stream has `chunks` chunks (default 3).
+
+With --role prefill|decode it answers /v1/disaggregation as such an instance would (its KV layout
+from --model and --block-size, KV port 5999), for the router's pairing.
 
 GET /state reports what it saw: requests, streams open now, Authorization headers, held requests;
 POST /health/{ok|fail} makes /health answer 200 or 503.
-Run: python standin_worker.py --name NAME --host H --port P [--uvicorn-log-level L]
+Run: python standin_worker.py --name NAME --host H --port P [--role R --model M --block-size B]
 """
 
 from __future__ import annotations
@@ -23,9 +27,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 
-def build_app(name: str) -> FastAPI:
+def build_app(name: str, role: str = "mixed", model: str = "standin", block_size: int = 16) -> FastAPI:
     app = FastAPI()
-    state = {"healthy": True, "requests": 0, "open_streams": 0, "held": 0, "authorization": [], "paths": []}
+    state = {
+        "healthy": True,
+        "requests": 0,
+        "open_streams": 0,
+        "held": 0,
+        "authorization": [],
+        "paths": [],
+        "bodies": [],
+    }
     forever = asyncio.Event()  # never set: what a held request waits on
 
     @app.get("/health")
@@ -40,6 +52,21 @@ def build_app(name: str) -> FastAPI:
     @app.get("/state")
     async def get_state():
         return state
+
+    @app.get("/v1/disaggregation")
+    async def disaggregation():
+        if role == "mixed":
+            return {"role": role}
+        layout = {
+            "model": model,
+            "dtype": "float32",
+            "block_size": block_size,
+            "num_layers": 2,
+            "num_kv_heads": 2,
+            "head_dim": 8,
+            "layout": "blocks-slots-heads-dim",
+        }
+        return {"role": role, "kv_transport": "zmq", "kv_port": 5999, "kv_layout": layout}
 
     @app.get("/v1/models")
     async def models():
@@ -60,7 +87,10 @@ def build_app(name: str) -> FastAPI:
         state["requests"] += 1
         state["paths"].append(path)
         state["authorization"].append(request.headers.get("authorization"))
+        state["bodies"].append(body)
         prompt = body.get("prompt") or json.dumps(body.get("messages"))
+        if f"fail-prefill@{name}" in prompt:
+            return JSONResponse({"error": {"message": "KV transfer failed: stalled", "code": 504}}, 504)
         if f"hold-before-answer@{name}" in prompt:
             state["held"] += 1
             await forever.wait()
@@ -102,8 +132,12 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--uvicorn-log-level", default="warning")
+    parser.add_argument("--role", default="mixed", choices=["mixed", "prefill", "decode"])
+    parser.add_argument("--model", default="standin")
+    parser.add_argument("--block-size", type=int, default=16)
     args = parser.parse_args()
-    uvicorn.run(build_app(args.name), host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+    app = build_app(args.name, args.role, args.model, args.block_size)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
 
 
 if __name__ == "__main__":

@@ -10,146 +10,33 @@ deletes the namespaces (with their links) afterwards, failed or not. It needs ro
 
 from __future__ import annotations
 
-import concurrent.futures
-import ctypes
 import json
-import os
-import shutil
-import signal
 import subprocess
-import sys
-import tempfile
-import urllib.request
 
 import openai
 import pytest
+from netns_hosts import NETNS_SKIPS, Hosts, status_of, text_of
 from router_helpers import ENGINE_ARGS, metric, wait_until
 
-pytestmark = [
-    pytest.mark.skipif(
-        not hasattr(os, "geteuid") or os.geteuid() != 0, reason="network namespaces need root"
-    ),
-    pytest.mark.skipif(shutil.which("ip") is None, reason="the `ip` command (iproute2) is not installed"),
-]
+pytestmark = NETNS_SKIPS
 
-CLONE_NEWNET = 0x40000000
 PORT = 8000
 ROUTER = "http://10.231.1.1:8080"
 WORKERS = {"a": "10.231.2.2", "b": "10.231.3.2"}
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
-class Hosts:
-    """The namespaces (client, router, a, b), the processes started in them, and a thread that
-    lives in the client's namespace to make requests from there."""
-
-    def __init__(self) -> None:
-        prefix = f"fdr{os.getpid()}"
-        self.names = {role: f"{prefix}{role}" for role in ("client", "router", "a", "b")}
-        self.processes: dict[str, subprocess.Popen] = {}
-        self.logs: dict[str, str] = {}
-        self._client_thread = concurrent.futures.ThreadPoolExecutor(
-            1, initializer=self._enter_client_namespace
-        )
-
-    def create(self) -> None:
-        for name in self.names.values():
-            ip("netns", "add", name)
-            ip("-n", name, "link", "set", "lo", "up")
-        self._link("client", "10.231.1.2", "router", "10.231.1.1")
-        self._link("router", "10.231.2.1", "a", "10.231.2.2")
-        self._link("router", "10.231.3.1", "b", "10.231.3.2")
-
-    def _link(self, left: str, left_address: str, right: str, right_address: str) -> None:
-        """A veth pair from `left`'s namespace to `right`'s, with a /24 address at each end."""
-        left_ns, right_ns = self.names[left], self.names[right]
-        left_dev, right_dev = f"to-{right}", f"to-{left}"
-        ip(
-            "-n",
-            left_ns,
-            "link",
-            "add",
-            left_dev,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            right_dev,
-            "netns",
-            right_ns,
-        )
-        for ns, dev, address in ((left_ns, left_dev, left_address), (right_ns, right_dev, right_address)):
-            ip("-n", ns, "addr", "add", f"{address}/24", "dev", dev)
-            ip("-n", ns, "link", "set", dev, "up")
-
-    def start(self, role: str, command: list[str]) -> None:
-        """`ip netns exec <role's namespace> python COMMAND`, in its own process group."""
-        log_fd, self.logs[role] = tempfile.mkstemp(prefix=f"fastdeploy-netns-{role}-", suffix=".log")
-        self.processes[role] = subprocess.Popen(
-            ["ip", "netns", "exec", self.names[role], sys.executable, *command],
-            stdout=log_fd,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        os.close(log_fd)
-
-    def output(self, role: str) -> str:
-        with open(self.logs[role], encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-
-    def kill(self, role: str) -> None:
-        process = self.processes[role]
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-    def from_client(self, function, *args):
-        """`function(*args)` run in the client's namespace."""
-        return self._client_thread.submit(function, *args).result()
-
-    def wait_healthy(self, role: str, url: str) -> None:
-        def healthy() -> bool:
-            if self.processes[role].poll() is not None:
-                raise AssertionError(f"{role} exited:\n{self.output(role)}")
-            return self.from_client(status_of, url + "/health") == 200
-
-        wait_until(healthy, 300, f"{role} at {url} to become healthy", interval=0.2)
-
-    def _enter_client_namespace(self) -> None:
-        with open(f"/var/run/netns/{self.names['client']}") as handle:
-            if ctypes.CDLL(None, use_errno=True).setns(handle.fileno(), CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns into the client's namespace failed")
-
-    def remove(self) -> None:
-        for role in list(self.processes):
-            self.kill(role)
-        self._client_thread.shutdown()
-        for name in self.names.values():
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-
-
-def status_of(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status
-    except OSError:
-        return 0
-
-
-def text_of(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return response.read().decode()
-
-
 @pytest.fixture(scope="module")
 def hosts():
-    hosts = Hosts()
+    hosts = Hosts(["client", "router", "a", "b"], "fdr")
     try:
         try:
-            hosts.create()
+            hosts.create(
+                [
+                    ("client", "10.231.1.2", "router", "10.231.1.1"),
+                    ("router", "10.231.2.1", "a", "10.231.2.2"),
+                    ("router", "10.231.3.1", "b", "10.231.3.2"),
+                ]
+            )
         except subprocess.CalledProcessError as exc:
             pytest.skip(f"cannot create network namespaces here: {exc.stderr.strip()}")
         for role, address in WORKERS.items():

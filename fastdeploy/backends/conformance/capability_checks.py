@@ -95,6 +95,62 @@ def check_kv_block_copy(backend: Backend) -> str | None:
     return None
 
 
+def check_kv_block_transfer(backend: Backend) -> str | None:
+    """Prefill/decode disaggregation (optional): blocks read out hold the keys and values the
+    attention wrote, at [block, slot, kv head, dim]; written into other blocks, attention over
+    them reads them as it read the originals."""
+    if not backend.supports(Capability.KV_BLOCK_TRANSFER):
+        return (
+            "backend cannot read or write KV blocks (Capability.KV_BLOCK_TRANSFER): disaggregation is refused"
+        )
+    rng = np.random.default_rng(23)
+    block, dim, heads = 4, 8, 2
+    spec = KVCacheSpec(num_layers=2, num_blocks=6, block_size=block, num_kv_heads=heads, head_dim=dim)
+    caches = backend.allocate_kv_cache(spec)
+    keys = [random_normal(rng, 6, heads, dim) for _ in caches]
+    values = [random_normal(rng, 6, heads, dim) for _ in caches]
+
+    def attend(layer: int, table: list[int], start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        q = random_normal(rng, end - start, heads, dim)
+        out = backend.attention(
+            backend.from_numpy(q),
+            backend.from_numpy(keys[layer][start:end]),
+            backend.from_numpy(values[layer][start:end]),
+            caches[layer],
+            backend.prepare_batch(batch_layout({"s": table}, [("s", start, end)], block)),
+            0.5,
+        )
+        return q, backend.to_numpy(out)
+
+    for layer in range(2):
+        attend(layer, [4, 2], 0, 5)  # block 4 full, one slot of block 2
+    arrays = backend.read_kv_blocks(caches, np.array([4, 2], dtype=np.int64), block)
+    if len(arrays) != 4:
+        raise AssertionError(
+            f"read_kv_blocks: expected keys and values of 2 layers, got {len(arrays)} arrays"
+        )
+    for layer in range(2):
+        for name, array, expected in (
+            ("keys", arrays[2 * layer], keys),
+            ("values", arrays[2 * layer + 1], values),
+        ):
+            if array.shape != (2, block, heads, dim):
+                raise AssertionError(
+                    f"read_kv_blocks: {name} of shape {array.shape}, expected (2, {block}, {heads}, {dim})"
+                )
+            read = array.reshape(2 * block, heads, dim)[:5].astype(np.float32)
+            assert_close(f"read_kv_blocks {name} (layer {layer})", read, expected[layer][:5])
+    backend.write_kv_blocks(caches, np.array([0, 5], dtype=np.int64), arrays, block)
+    for layer in range(2):
+        q, out = attend(layer, [0, 5], 5, 6)
+        assert_close(
+            f"write_kv_blocks (layer {layer})",
+            out,
+            ref.causal_attention(q, keys[layer][:6], values[layer][:6], 0.5),
+        )
+    return None
+
+
 def check_sampling(backend: Backend) -> str | None:
     """Device sampling (optional): each row's token equals the numpy definition's."""
     rng = np.random.default_rng(17)
@@ -418,6 +474,7 @@ CAPABILITY_CHECKS: dict[Capability, Callable[[Backend], str | None]] = {
     Capability.DEVICE_SAMPLING: check_sampling,
     Capability.TOKEN_BITMASK: check_token_bitmask,
     Capability.KV_BLOCK_COPY: check_kv_block_copy,
+    Capability.KV_BLOCK_TRANSFER: check_kv_block_transfer,
     Capability.GRAPH_CAPTURE: check_graph_capture,
     Capability.FUSED_DECODER_LAYERS: check_decoder_layers,
     Capability.FUSED_MOE: check_moe,

@@ -27,6 +27,8 @@ from fastdeploy.backends.cpu.kv_cache import (
     allocate_latent,
     allocate_native,
     allocate_numpy,
+    read_blocks,
+    write_blocks,
 )
 from fastdeploy.backends.cpu.latent_attention import latent_attention
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
@@ -166,6 +168,7 @@ class CpuBackend(Backend):
         {
             Capability.TOKEN_BITMASK,
             Capability.KV_BLOCK_COPY,
+            Capability.KV_BLOCK_TRANSFER,
             Capability.FUSED_DECODER_LAYERS,
             Capability.FUSED_MOE,
             Capability.DEVICE_ROW_REDUCTIONS,
@@ -264,6 +267,22 @@ class CpuBackend(Backend):
                 # native layout: blocks lead; numpy layout: [blocks * block_size, ...] slots
                 blocks = cache if self.native_isa else cache.reshape(-1, block_size, *cache.shape[1:])
                 blocks[destination] = blocks[source]
+
+    def read_kv_blocks(
+        self, kv_caches: list[LayerKVCache], blocks: np.ndarray, block_size: int
+    ) -> list[np.ndarray]:
+        native = bool(self.native_isa)
+        return [array for layer in kv_caches for array in read_blocks(layer, blocks, block_size, native)]
+
+    def write_kv_blocks(
+        self, kv_caches: list[LayerKVCache], blocks: np.ndarray, arrays: list[np.ndarray], block_size: int
+    ) -> None:
+        native = bool(self.native_isa)
+        per_layer = len(arrays) // len(kv_caches)
+        for index, layer in enumerate(kv_caches):
+            write_blocks(
+                layer, blocks, arrays[index * per_layer : (index + 1) * per_layer], block_size, native
+            )
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         if np.issubdtype(array.dtype, np.floating):

@@ -132,6 +132,41 @@ def gather_numpy(cache: LayerKVCache, slots: np.ndarray) -> tuple[np.ndarray, np
     return keys, values
 
 
+def _to_block_major(array: np.ndarray, kind: int, native: bool, block_size: int) -> np.ndarray:
+    """A view of a cache array (kind 0 keys, 1 values, 2/3 scales) as [blocks, block_size, ...]."""
+    if not native:
+        return array.reshape(-1, block_size, *array.shape[1:])
+    if kind == 0:  # [blocks, kv_heads, head_dim, block_size]
+        return array.transpose(0, 3, 1, 2)
+    if kind == 1:  # [blocks, kv_heads, block_size, head_dim]
+        return array.transpose(0, 2, 1, 3)
+    return array.transpose(0, 2, 1)  # scales [blocks, kv_heads, block_size]
+
+
+def _wire_bits(array: np.ndarray) -> np.ndarray:
+    """bfloat16 travels as its raw bits (the native cache already keeps them so)."""
+    return array.view(np.uint16) if array.dtype == ml_dtypes.bfloat16 else array
+
+
+def read_blocks(cache: LayerKVCache, blocks: np.ndarray, block_size: int, native: bool) -> list[np.ndarray]:
+    """One layer's keys, values (and int8 scales) of `blocks`, block-major, as new host arrays."""
+    return [
+        np.ascontiguousarray(_wire_bits(_to_block_major(array, kind, native, block_size)[blocks]))
+        for kind, array in enumerate(cache)
+        if array.size
+    ]
+
+
+def write_blocks(
+    cache: LayerKVCache, blocks: np.ndarray, arrays: list[np.ndarray], block_size: int, native: bool
+) -> None:
+    """Write `read_blocks`-style arrays of one layer over `blocks`."""
+    present = [(kind, array) for kind, array in enumerate(cache) if array.size]
+    for (kind, array), data in zip(present, arrays, strict=True):
+        view = _to_block_major(array, kind, native, block_size)
+        view[blocks] = data.view(array.dtype) if array.dtype == ml_dtypes.bfloat16 else data
+
+
 class LatentKVCache(NamedTuple):
     """One layer's "latent" cache (multi-head latent attention): [slots, lora + rope], the same
     layout for the native and the numpy paths (the latent attention runs in numpy)."""

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import ml_dtypes
 import numpy as np
 
 from fastdeploy.backends.base import Backend
@@ -43,6 +44,7 @@ from fastdeploy.backends.lora import LoRASegments, LoRAStack, segments_by_slot
 from fastdeploy.backends.types import BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.formats.weight_only import WeightOnlyTensor, concat_rows
+from fastdeploy.kv_layout import WIRE_DTYPES
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -97,6 +99,7 @@ class TensorBackend(Backend):
             Capability.OVERLAPS_HOST,
             Capability.TOKEN_BITMASK,
             Capability.KV_BLOCK_COPY,
+            Capability.KV_BLOCK_TRANSFER,
             Capability.FUSED_MOE,
             Capability.DEVICE_ROW_REDUCTIONS,
             Capability.VISION_OPS,
@@ -199,6 +202,35 @@ class TensorBackend(Backend):
         for layer in kv_caches:
             for cache in layer:
                 self.rt.index_copy_(cache, destination, self.rt.index_select(cache, source))
+
+    def _block_slots(self, blocks: np.ndarray, block_size: int) -> Any:
+        offsets = np.arange(block_size, dtype=np.int64)
+        return self.rt.from_numpy((np.asarray(blocks, np.int64)[:, None] * block_size + offsets).reshape(-1))
+
+    def read_kv_blocks(
+        self, kv_caches: list[tuple[Any, Any]], blocks: np.ndarray, block_size: int
+    ) -> list[np.ndarray]:
+        slots = self._block_slots(blocks, block_size)
+        wire = np.dtype(WIRE_DTYPES[self.dtype])
+        arrays = []
+        for layer in kv_caches:
+            for cache in layer:
+                host = self.rt.to_numpy(self.rt.index_select(cache, slots))  # float32 for 16-bit caches
+                if self.dtype == "bfloat16":  # exact: the values are bfloat16
+                    host = host.astype(ml_dtypes.bfloat16).view(wire)
+                arrays.append(
+                    np.ascontiguousarray(host.astype(wire)).reshape(len(blocks), block_size, *host.shape[1:])
+                )
+        return arrays
+
+    def write_kv_blocks(
+        self, kv_caches: list[tuple[Any, Any]], blocks: np.ndarray, arrays: list[np.ndarray], block_size: int
+    ) -> None:
+        slots = self._block_slots(blocks, block_size)
+        caches = [cache for layer in kv_caches for cache in layer]
+        for cache, array in zip(caches, arrays, strict=True):
+            host = array.view(ml_dtypes.bfloat16) if self.dtype == "bfloat16" else array
+            self.rt.index_copy_(cache, slots, self.from_numpy(host.reshape(-1, *host.shape[2:])))
 
     # --- data movement --------------------------------------------------------------------
     def from_numpy(self, array: np.ndarray) -> Any:

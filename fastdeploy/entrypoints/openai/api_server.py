@@ -40,6 +40,9 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
     options["allowed_media_domains"] = getattr(args, "allowed_media_domains", None)
     options["media_allow_private_networks"] = getattr(args, "media_allow_private_networks", False)
     options["media_url_no_redirects"] = getattr(args, "media_url_no_redirects", False)
+    for name in ("splitwise_role", "kv_transport", "kv_transfer_port", "kv_transfer_timeout"):
+        if hasattr(args, name):
+            options[name] = getattr(args, name)
     return options
 
 
@@ -49,6 +52,7 @@ def build_context(args: argparse.Namespace) -> ServingContext:
         raise InvalidArgumentError(
             "--enable-auto-tool-choice needs --tool-call-parser NAME (hermes, qwen3, ernie-x1) to read the calls"
         )
+    from fastdeploy.entrypoints.openai.disaggregation import build_disaggregation
     from fastdeploy.entrypoints.openai.metrics import ServerMetrics
     from fastdeploy.entrypoints.openai.serving import ServingContext
     from fastdeploy.entrypoints.openai.serving_lora import ServedAdapters, parse_lora_modules
@@ -66,7 +70,7 @@ def build_context(args: argparse.Namespace) -> ServingContext:
     adapters = ServedAdapters(engine.engine, args.allow_runtime_lora_updating)
     for name, path in parse_lora_modules(args.lora_modules):
         adapters.add(name, path)  # read and checked now: a bad adapter stops the start
-    return ServingContext(
+    ctx = ServingContext(
         engine,
         names,
         metrics,
@@ -77,6 +81,8 @@ def build_context(args: argparse.Namespace) -> ServingContext:
         adapters=adapters,
         responses_store_size=args.responses_store_size,
     )
+    ctx.disagg = build_disaggregation(engine, args.host, options.get("kv_transfer_port", 0))
+    return ctx
 
 
 def check_server_flags(args: argparse.Namespace) -> None:

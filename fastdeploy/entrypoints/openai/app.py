@@ -136,6 +136,11 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
             data += ctx.adapters.model_entries(ctx.served_model_names[0], started, ctx.max_model_len)
         return JSONResponse({"object": "list", "data": data})
 
+    @app.get("/v1/disaggregation")
+    async def disaggregation() -> Response:
+        # what `fastdeploy router` pairs instances by; a mixed instance says only its role
+        return JSONResponse(ctx.disagg.info() if ctx.disagg is not None else {"role": "mixed"})
+
     @app.post("/v1/completions", dependencies=authorized)
     async def completions(request: Request) -> Response:
         return await _serve(create_completion, ctx, request)

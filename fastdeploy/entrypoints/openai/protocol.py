@@ -57,6 +57,9 @@ class SamplingRequest(OpenAIBaseModel):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    #: prefill/decode disaggregation (set by `fastdeploy router`): {"decode_address": "host:port"}
+    #: sends the prompt's KV blocks to that decode instance (prefill instances only)
+    kv_transfer_params: dict[str, Any] | None = None
     #: vLLM's extension: per prompt token, this many most likely alternatives (not with stream)
     prompt_logprobs: int | None = None
     #: vLLM's beam search and best-of fields (docs/decoding.md)

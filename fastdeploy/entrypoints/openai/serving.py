@@ -33,8 +33,9 @@ from fastdeploy.engine.async_engine import (
     EngineStoppedError,
     GenerationError,
 )
-from fastdeploy.engine.request import RequestOutput
+from fastdeploy.engine.request import OK, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.entrypoints.openai.disaggregation import Disaggregation
 from fastdeploy.entrypoints.openai.errors import OpenAIError, from_sampling_error, invalid_request
 from fastdeploy.entrypoints.openai.metrics import ServerMetrics
 from fastdeploy.entrypoints.openai.responses_store import DEFAULT_RESPONSES_STORE_SIZE, ResponseStore
@@ -107,6 +108,8 @@ class ServingContext:
         self._preprocess = ThreadPoolExecutor(PREPROCESS_THREADS, thread_name_prefix="fastdeploy-preprocess")
         #: the LoRA adapters served by name (`serving_lora.ServedAdapters`), None without
         self.adapters = adapters
+        #: prefill/decode disaggregation (`--splitwise-role prefill|decode`), else None
+        self.disagg: Disaggregation | None = None
 
     async def offload(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`function(*args, **kwargs)` on the preprocessing threads (CPU work off the event loop)."""
@@ -116,6 +119,8 @@ class ServingContext:
     def close(self) -> None:
         """Stop the preprocessing threads (after the server has drained)."""
         self._preprocess.shutdown(wait=False, cancel_futures=True)
+        if self.disagg is not None:
+            self.disagg.close()
 
     def model_name(self, requested: str | None) -> str:
         """The name to answer with; 404 if the request names a model this server does not serve."""
@@ -198,7 +203,9 @@ class ServingContext:
             self.metrics.count_request()
         if len(prompts) == 1:
             prompt = prompts[0]
-            async with aclosing(self._one(request_id, prompt, params, lora)) as outputs:
+            async with aclosing(
+                self._one(prompt_request_ids(request_id, 1)[0], prompt, params, lora)
+            ) as outputs:
                 async for output in outputs:
                     yield 0, output
             return
@@ -206,7 +213,7 @@ class ServingContext:
 
         async def pump(index: int, prompt: PreparedPrompt) -> None:
             try:
-                async with aclosing(self._one(f"{request_id}-{index}", prompt, params, lora)) as outputs:
+                async with aclosing(self._one(ids[index], prompt, params, lora)) as outputs:
                     async for output in outputs:
                         queue.put_nowait((index, output))
             except Exception as exc:
@@ -214,6 +221,7 @@ class ServingContext:
             finally:
                 queue.put_nowait((index, None))
 
+        ids = prompt_request_ids(request_id, len(prompts))
         tasks = [asyncio.create_task(pump(index, prompt)) for index, prompt in enumerate(prompts)]
         try:
             remaining = len(tasks)
@@ -252,6 +260,44 @@ class ServingContext:
             async for index, output in outputs:
                 finals[index] = output
         return [finals[index] for index in range(len(prompts))]
+
+    def kv_target(self, params: Any, stream: bool) -> str | None:
+        """Where a prefill request's KV blocks go (its `kv_transfer_params`), else None."""
+        if params is None:
+            return None
+        if self.disagg is None:
+            raise invalid_request(
+                "kv_transfer_params are for prefill instances (fastdeploy serve --splitwise-role prefill)",
+                param="kv_transfer_params",
+            )
+        return self.disagg.target(params, stream)
+
+    async def prefilled(
+        self,
+        request_id: str,
+        prompts: list[PreparedPrompt],
+        params: SamplingParams,
+        kv_target: str | None,
+        lora: Any = None,
+    ) -> tuple[list[RequestOutput], dict[str, int] | None]:
+        """`final_outputs`, and with a `kv_target` the prompts' KV blocks sent there before the
+        answer (the summed transfer results; 504 if a transfer failed)."""
+        if kv_target is None or self.disagg is None:
+            return await self.final_outputs(request_id, prompts, params, lora), None
+        ids = prompt_request_ids(request_id, len(prompts))
+        transfers = self.disagg.expect(ids, kv_target)
+        try:
+            outputs = await self.final_outputs(request_id, prompts, params, lora)
+        finally:
+            self.disagg.forget(ids)  # those whose request never reached its prompt's end
+        if any(output.error_code != OK for output in outputs):
+            return outputs, None
+        return outputs, await self.disagg.outcome(transfers)
+
+
+def prompt_request_ids(request_id: str, count: int) -> list[str]:
+    """The engine's request id of each prompt of a request."""
+    return [request_id] if count == 1 else [f"{request_id}-{index}" for index in range(count)]
 
 
 def refuse_aborted(outputs: list[RequestOutput]) -> None:

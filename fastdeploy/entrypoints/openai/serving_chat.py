@@ -121,13 +121,14 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
     plan, params, prompt = await prepare_chat(ctx, request)
     request_id = new_id("chatcmpl")
     created = int(time.time())
+    kv_target = ctx.kv_target(request.kv_transfer_params, request.stream)
     if request.stream:
         ctx.admit(1)
         events = _events(ctx, request, prompt, params, plan, request_id, model, created)
         return StreamingResponse(sse_stream(events, ctx.metrics), media_type="text/event-stream")
     try:
-        (output,) = await unless_disconnected(
-            ctx.final_outputs(request_id, [prompt], params, ctx.adapter(model)), raw
+        (output,), transfer = await unless_disconnected(
+            ctx.prefilled(request_id, [prompt], params, kv_target, ctx.adapter(model)), raw
         )
     except ClientDisconnected:
         return Response(status_code=499)
@@ -159,6 +160,8 @@ async def create_chat_completion(ctx: ServingContext, raw: Request) -> Response:
         body["prompt_logprobs"] = prompt_logprobs_field(
             ctx.tokenizer, output.prompt_logprobs or [], request.prompt_logprobs
         )
+    if transfer is not None:
+        body["kv_transfer_params"] = transfer
     return JSONResponse(body)
 
 

@@ -102,12 +102,13 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     request_id = new_id("cmpl")
     created = int(time.time())
     ctx.admit(len(prompts))  # again: the queue may have filled while they were tokenized
+    kv_target = ctx.kv_target(request.kv_transfer_params, request.stream)
     if request.stream:
         events = _events(ctx, request, prompts, params, request_id, model, created)
         return StreamingResponse(sse_stream(events, ctx.metrics), media_type="text/event-stream")
     try:
-        outputs = await unless_disconnected(
-            ctx.final_outputs(request_id, prompts, params, ctx.adapter(model)), raw
+        outputs, transfer = await unless_disconnected(
+            ctx.prefilled(request_id, prompts, params, kv_target, ctx.adapter(model)), raw
         )
     except ClientDisconnected:
         return Response(status_code=499)
@@ -146,6 +147,8 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
         "choices": choices,
         "usage": output_usage(outputs),
     }
+    if transfer is not None:
+        body["kv_transfer_params"] = transfer
     return JSONResponse(body)
 
 

@@ -1,0 +1,207 @@
+"""Prefill/decode disaggregation in the router: each request goes to a prefill worker, then to a
+decode worker.
+
+Per request: a decode worker is chosen (policy), then a prefill worker; the prefill worker gets
+the request with `max_tokens` 1, not streaming, and `kv_transfer_params` naming the decode
+worker's KV address (its host, and the port its /v1/disaggregation reports). It computes the
+prompt, sends the KV blocks and answers once they arrived; the request then goes to the decode
+worker unchanged, which finds the prompt in its prefix cache and generates (streams are relayed
+as by the plain router). A prefill worker that fails before answering is left out and another
+takes the request; one that answers an error (the client's 4xx, or a KV transfer that failed or
+stalled, 504) ends that request alone with that answer. A decode worker that fails before
+sending anything is replaced by another (with a new prefill); one that fails mid-stream ends the
+stream with an error event and `[DONE]`, and is left out of routing until healthy again.
+
+At start-up the workers must play their listed roles and agree on the KV layout (model, block
+size, ...): `check_pairing` refuses otherwise, naming the flags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from fastapi import Request
+from fastapi.responses import Response
+
+from fastdeploy.client_disconnects import ClientDisconnected
+from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.kv_layout import KVLayout
+from fastdeploy.logger import get_logger
+from fastdeploy.router.metrics import RouterMetrics
+from fastdeploy.router.policies import Policy
+from fastdeploy.router.proxy import (
+    Proxy,
+    WorkerFailed,
+    answer_headers,
+    error_response,
+    forwarded_headers,
+    json_or_none,
+)
+from fastdeploy.router.workers import Worker, WorkerSet
+
+logger = get_logger(__name__)
+
+FLAGS = "--prefill-workers/--decode-workers"
+#: fields of a request the prefill worker gets with other values (it computes the prompt only)
+_PREFILL_ONLY = {"max_tokens": 1, "stream": False, "n": 1, "min_tokens": 0}
+_DROPPED = ("stream_options", "best_of")
+
+
+class PairedProxy:
+    """Sends each request through a prefill worker to a decode worker."""
+
+    def __init__(
+        self,
+        workers: WorkerSet,
+        prefill_urls: set[str],
+        decode_urls: set[str],
+        policies: tuple[Policy, Policy],
+        client: httpx.AsyncClient,
+        metrics: RouterMetrics,
+        info_timeout: float,
+    ) -> None:
+        self.workers = workers
+        self.prefill_urls, self.decode_urls = prefill_urls, decode_urls
+        self.prefill_policy, self.decode_policy = policies
+        self.client = client
+        self.metrics = metrics
+        self.info_timeout = info_timeout
+        self.decode = Proxy(workers, self.decode_policy, client, metrics)
+
+    def _available(self, urls: set[str], tried: set[Worker]) -> list[Worker]:
+        return [w for w in self.workers.available() if w.url in urls and w not in tried]
+
+    async def forward(self, request: Request, path: str) -> Response:
+        body = await request.body()
+        parsed = json_or_none(body)
+        if not isinstance(parsed, dict):  # the decode worker answers what is wrong with it
+            return await self.decode.forward(request, path)
+        streaming = parsed.get("stream") is True
+        headers = forwarded_headers(request)
+        tried_prefill: set[Worker] = set()
+        tried_decode: set[Worker] = set()
+        reasons: list[str] = []
+        while candidates := self._available(self.decode_urls, tried_decode):
+            decode = self.decode_policy.choose(candidates, parsed)
+            tried_decode.add(decode)
+            address = await self._kv_address(decode, reasons)
+            if address is None:
+                continue
+            prefilled = await self._prefill(parsed, path, headers, address, tried_prefill, reasons)
+            if isinstance(prefilled, Response):
+                return prefilled
+            if prefilled is None:
+                break  # no prefill worker could take it
+            try:
+                return await self.decode.attempt(
+                    request, decode, path, body, headers, streaming, len(candidates) > 1
+                )
+            except ClientDisconnected:
+                return Response(status_code=499)
+            except WorkerFailed as exc:
+                reasons.append(f"{decode.url}: {exc}")
+                self.metrics.retries.labels(decode.url).inc()
+        self.metrics.unserved.inc()
+        detail = "; ".join(reasons) if reasons else "no prefill and decode worker pair is healthy"
+        return error_response(503, f"no worker pair could serve the request ({detail})")
+
+    async def _kv_address(self, decode: Worker, reasons: list[str]) -> str | None:
+        """`host:port` where `decode` receives KV blocks (None, and the worker left out, if it
+        does not say)."""
+        try:
+            info = await worker_info(self.client, decode, self.info_timeout)
+            port = info["kv_port"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            reason = f"/v1/disaggregation failed: {type(exc).__name__} {exc}".strip()
+            self.workers.mark_failed(decode, reason)
+            reasons.append(f"{decode.url}: {reason}")
+            return None
+        return f"{urlsplit(decode.url).hostname}:{port}"
+
+    async def _prefill(
+        self,
+        parsed: dict,
+        path: str,
+        headers: dict[str, str],
+        address: str,
+        tried: set[Worker],
+        reasons: list[str],
+    ) -> dict | Response | None:
+        """The prefill worker's transfer summary once the blocks are at `address`; its answer if
+        it refused the request or the transfer failed; None if no prefill worker could take it."""
+        body = {key: value for key, value in parsed.items() if key not in _DROPPED}
+        body.update(_PREFILL_ONLY, kv_transfer_params={"decode_address": address})
+        if "max_completion_tokens" in body:
+            body["max_completion_tokens"] = 1
+        while candidates := self._available(self.prefill_urls, tried):
+            prefill = self.prefill_policy.choose(candidates, parsed)
+            tried.add(prefill)
+            prefill.outstanding += 1
+            try:
+                answer = await self.client.post(prefill.url + path, json=body, headers=headers)
+            except httpx.TransportError as exc:
+                reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                self.workers.mark_failed(prefill, reason)
+                reasons.append(f"{prefill.url}: {reason}")
+                self.metrics.retries.labels(prefill.url).inc()
+                logger.warning("prefill worker %s failed (%s); trying another", prefill.url, reason)
+                continue
+            finally:
+                prefill.outstanding -= 1
+            if answer.status_code == 503 and len(candidates) > 1:
+                reasons.append(f"{prefill.url}: it answered 503")
+                continue
+            outcome = "ok" if answer.status_code == 200 else "http_error"
+            self.metrics.requests.labels(prefill.url, outcome).inc()
+            if answer.status_code != 200:
+                return Response(answer.content, answer.status_code, headers=answer_headers(answer))
+            return json_or_none(answer.content).get("kv_transfer_params") or {}
+        return None
+
+
+async def worker_info(client: httpx.AsyncClient, worker: Worker, timeout: float) -> dict[str, Any]:
+    """A worker's /v1/disaggregation answer."""
+    answer = await client.get(worker.url + "/v1/disaggregation", timeout=timeout)
+    answer.raise_for_status()
+    info = answer.json()
+    if not isinstance(info, dict):
+        raise ValueError("/v1/disaggregation did not answer a JSON object")
+    return info
+
+
+async def check_pairing(
+    client: httpx.AsyncClient, workers: WorkerSet, prefill_urls: set[str], timeout: float
+) -> None:
+    """Refuse, naming the flags, workers that do not play their listed role or whose KV layouts
+    differ (model, element type, block size, shapes)."""
+    healthy = workers.available()
+    answers = await asyncio.gather(
+        *(worker_info(client, w, timeout) for w in healthy), return_exceptions=True
+    )
+    reference: tuple[str, KVLayout] | None = None
+    for worker, info in zip(healthy, answers, strict=True):
+        expected = "prefill" if worker.url in prefill_urls else "decode"
+        flag = f"--{expected}-workers"
+        if isinstance(info, BaseException):
+            raise InvalidArgumentError(f"{flag}: {worker.url} did not answer /v1/disaggregation ({info})")
+        if info.get("role") != expected:
+            raise InvalidArgumentError(
+                f"{flag}: {worker.url} is a {info.get('role')} instance; start it with "
+                f"`fastdeploy serve --splitwise-role {expected}`"
+            )
+        try:
+            layout = KVLayout.from_dict(info.get("kv_layout"))
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"{flag}: {worker.url}: {exc}") from None
+        if reference is None:
+            reference = (worker.url, layout)
+            continue
+        why = reference[1].mismatch(layout)
+        if why is not None:
+            raise InvalidArgumentError(
+                f"{FLAGS}: {worker.url} cannot be paired with {reference[0]}: its KV {why} "
+                "(paired instances need the same model, --block-size and --kv-cache-dtype)"
+            )

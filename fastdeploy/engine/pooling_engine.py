@@ -143,6 +143,7 @@ class PoolingEngine:
         stream: bool = False,
         thinking_enabled: bool = True,
         multimodal: Any = None,
+        lora_request: Any = None,
     ) -> None:
         """Queue a prompt to embed; raises InvalidArgumentError (nothing queued) if it cannot be.
         `stream` and `thinking_enabled` are `LLMEngine`'s and change nothing here."""
@@ -150,6 +151,8 @@ class PoolingEngine:
             raise InvalidArgumentError(f"request_id {request_id!r} is already in use")
         if multimodal is not None:
             raise InvalidArgumentError("runner='pooling' embeds text and token ids; media are not supported")
+        if lora_request is not None:
+            raise InvalidArgumentError("runner='pooling' runs no LoRA adapters")
         self.validate_params(params)
         self.input_processor.validate(prompt_token_ids, generates=False)
         arrival = time.time() if arrival_time is None else arrival_time

@@ -317,7 +317,7 @@ class LLM:
                             arrival_time=arrival,
                             thinking_enabled=item.thinking_enabled,
                             multimodal=multimodal,
-                            **({"lora_request": adapter} if adapter is not None else {}),
+                            lora_request=adapter,
                         )
                         continue
                     except FastDeployError as exc:

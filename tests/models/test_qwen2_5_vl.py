@@ -204,15 +204,10 @@ def test_fixture_photos_equal_the_reference_processor():
 
 
 @pytest.mark.parametrize("name", sorted(PROMPTS))
-def test_greedy_tokens_equal_transformers(name, llm, checkpoint):
-    case = PROMPTS[name]
-    expected = transformers_greedy(checkpoint[1], case["ids"], open_images(case["images"]))
-    prompt = {"prompt_token_ids": case["ids"]}
-    if case["images"]:
-        prompt["multimodal_data"] = {"image": open_images(case["images"])}
-    output = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
+def test_greedy_tokens_equal_transformers(name, llm, expected):
+    output = llm.generate([generate_prompt(name)], GREEDY, use_tqdm=False)[0]
     assert output.error_code == 200, output.error_msg
-    assert output.outputs.token_ids == expected
+    assert output.outputs.token_ids == expected[name]
 
 
 def data_url(name: str) -> str:
@@ -297,3 +292,76 @@ def test_openai_server_chat_with_an_image_data_url(checkpoint, registered, llm):
     finally:
         server.should_exit = True
         thread.join(60)
+
+
+@pytest.fixture(scope="module")
+def expected(checkpoint) -> dict[str, list[int]]:
+    """transformers' greedy tokens of each prompt of PROMPTS (computed once)."""
+    model = checkpoint[1]
+    return {
+        name: transformers_greedy(model, case["ids"], open_images(case["images"]))
+        for name, case in PROMPTS.items()
+    }
+
+
+def generate_prompt(name: str) -> dict:
+    case = PROMPTS[name]
+    prompt = {"prompt_token_ids": case["ids"]}
+    if case["images"]:
+        prompt["multimodal_data"] = {"image": open_images(case["images"])}
+    return prompt
+
+
+def test_the_other_layout_loads_the_same_model(checkpoint, registered, expected, tmp_path):
+    """transformers 5's in-memory names (`model.language_model.*`, `model.visual.*`) and the hub's
+    flat config.json (text fields at the top, `rope_scaling` of type "mrope")."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(Path(checkpoint[0]) / "model.safetensors"))
+    renamed = {}
+    for name, array in tensors.items():
+        if name.startswith("visual."):
+            name = "model." + name
+        elif name.startswith("model."):
+            name = "model.language_model." + name[len("model.") :]
+        renamed[name] = array
+    save_file(renamed, str(tmp_path / "model.safetensors"))
+    nested = json.loads((Path(checkpoint[0]) / "config.json").read_text(encoding="utf-8"))
+    text = nested.pop("text_config")
+    rope = text.pop("rope_parameters")
+    flat = {**nested, **text, "rope_theta": rope["rope_theta"]}
+    flat["rope_scaling"] = {"type": "mrope", "mrope_section": rope["mrope_section"]}
+    (tmp_path / "config.json").write_text(json.dumps(flat), encoding="utf-8")
+    write_tokenizer(tmp_path)
+    llm = LLM(model=str(tmp_path), max_model_len=256)
+    outputs = llm.generate([generate_prompt("one_image"), generate_prompt("text")], GREEDY, use_tqdm=False)
+    assert [output.outputs.token_ids for output in outputs] == [expected["one_image"], expected["text"]]
+
+
+def test_chunked_prefill_splits_images_and_keeps_the_tokens(checkpoint, registered, expected):
+    """A 16-token budget splits both images of the two-image prompt across several passes."""
+    llm = LLM(model=checkpoint[0], max_model_len=256, max_num_batched_tokens=16)
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, n=2)
+    output = llm.generate(generate_prompt("two_images"), params, use_tqdm=False)[0]
+    assert [sample.token_ids for sample in output.outputs] == [expected["two_images"]] * 2
+
+
+def test_prefix_cache_keys_include_the_image(checkpoint, registered, expected):
+    """Prompts that differ only in the image have equal token ids but must not share blocks."""
+    llm = LLM(model=checkpoint[0], max_model_len=256, block_size=16, enable_prefix_caching=True)
+    first = llm.generate(generate_prompt("one_image"), GREEDY, use_tqdm=False)[0]
+    same = llm.generate(generate_prompt("one_image"), GREEDY, use_tqdm=False)[0]
+    flipped = dict(
+        generate_prompt("one_image"),
+        multimodal_data={"image": [open_images(["chelsea_180x120.png"])[0].transpose(0)]},
+    )
+    different = llm.generate(flipped, GREEDY, use_tqdm=False)[0]
+    assert (
+        same.num_cached_tokens == 16
+        and same.outputs.token_ids == first.outputs.token_ids == expected["one_image"]
+    )
+    assert different.num_cached_tokens == 0
+    reference = transformers_greedy(
+        checkpoint[1], PROMPTS["one_image"]["ids"], [open_images(["chelsea_180x120.png"])[0].transpose(0)]
+    )
+    assert different.outputs.token_ids == reference

@@ -130,14 +130,8 @@ class Worker:
             laps.lap(f"{communicator.name} import")
             self.parallel.connect(create_communicator(self.backend, rendezvous, registry))
             laps.lap("group join")
-        local_config = dataclasses.replace(
-            checkpoint.config,
-            num_hidden_layers=self.model.kv_cache_layers(),
-            num_key_value_heads=self.model.kv_cache_heads(),
-        )
         self.kv_spec = plan_kv_cache(
             config,
-            local_config,
             self.backend,
             spec.max_model_len,
             self.model,

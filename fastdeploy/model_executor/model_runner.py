@@ -177,6 +177,10 @@ class ModelRunner:
         self.block_size = block_size
         #: captured decode steps (`Backend.decode_graphs`), None when running eagerly
         self.graphs = graphs
+        #: called after each `execute` with the batch and the pass's final hidden states [tokens,
+        #: hidden] (device), when set: the MTP proposer drafts from the target's hidden states
+        self.hidden_listener: Callable[[ScheduledBatch, Any], None] | None = None
+        self._pass_hidden: Any = None
 
     def execute(
         self, batch: ScheduledBatch, feed: Callable[[BatchLayout], Any] | None = None
@@ -191,6 +195,9 @@ class ModelRunner:
         start = time.perf_counter()
         input_ids = None if feed is None else feed(layout)
         logits = self.run(layout, extra_model_inputs(batch), input_ids)
+        if self.hidden_listener is not None and self._pass_hidden is not None:
+            self.hidden_listener(batch, self._pass_hidden)
+            self._pass_hidden = None
         return logits, sampling, time.perf_counter() - start
 
     def run(self, layout: BatchLayout, extra: dict[str, Any] | None = None, input_ids: Any = None) -> Any:
@@ -203,7 +210,8 @@ class ModelRunner:
         """
         if layout.block_copies.size:
             self.backend.copy_kv_blocks(self.kv_caches, layout.block_copies, self.block_size)
-        if self.graphs is not None and not extra:  # captured graphs take no extra inputs
+        # captured graphs take no extra inputs and keep their hidden states
+        if self.graphs is not None and not extra and self.hidden_listener is None:
             logits = self.graphs.run(layout, input_ids)
             if logits is not None:
                 return logits
@@ -216,6 +224,8 @@ class ModelRunner:
             self.kv_caches,
             **(extra or {}),
         )
+        if self.hidden_listener is not None:
+            self._pass_hidden = hidden
         if hidden is None or not layout.logits_indices.size:
             return None
         rows = backend.gather_rows(hidden, backend.from_numpy(layout.logits_indices))

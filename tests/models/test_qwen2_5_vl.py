@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# torch may import triton, which reads this once: other test modules of this process run the cuda
+# backend's Triton kernels interpreted on the CPU
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("PIL")
 torch = pytest.importorskip("torch")

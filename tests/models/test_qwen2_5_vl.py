@@ -370,3 +370,12 @@ def test_prefix_cache_keys_include_the_image(checkpoint, registered, expected):
         checkpoint[1], PROMPTS["one_image"]["ids"], [open_images(["chelsea_180x120.png"])[0].transpose(0)]
     )
     assert different.outputs.token_ids == reference
+
+
+@pytest.mark.parametrize("device", ["torch-cpu", "paddle-cpu"])
+def test_the_cuda_backends_code_generates_the_same_tokens(device, checkpoint, registered, expected):
+    """The cuda backend's own code (its CPU twins) runs the vision tower and M-RoPE language model."""
+    pytest.importorskip(device.split("-")[0], reason=f"the {device} backend needs {device.split('-')[0]}")
+    llm = LLM(model=checkpoint[0], device=device, max_model_len=256)
+    outputs = llm.generate([generate_prompt("two_images"), generate_prompt("text")], GREEDY, use_tqdm=False)
+    assert [output.outputs.token_ids for output in outputs] == [expected["two_images"], expected["text"]]

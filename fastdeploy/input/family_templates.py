@@ -10,6 +10,9 @@ the family's published turn format, written here from its description:
   line) to the next user turn; the generation prompt is `<start_of_turn>model\\n`.
 - Qwen2 / Qwen3 (dense and MoE): ChatML, `<|im_start|>{role}\\n{text}<|im_end|>\\n` per message
   and `<|im_start|>assistant\\n` as the generation prompt.
+- Qwen2.5-VL: ChatML whose content may be a list of parts; an image part (`image`,
+  `image_url`) is written `<|vision_start|><|image_pad|><|vision_end|>`, a video part the same
+  with `<|video_pad|>`, a text part as its text, in the parts' order.
 """
 
 from __future__ import annotations
@@ -40,6 +43,29 @@ CHATML_TEMPLATE = """\
 {%- endif -%}
 """
 
+QWEN_VL_CHAT_TEMPLATE = """\
+{%- for message in messages -%}
+    {{- "<|im_start|>" + message["role"] + "\\n" -}}
+    {%- if message["content"] is string or message["content"] is none -%}
+        {{- message["content"] or "" -}}
+    {%- else -%}
+        {%- for part in message["content"] -%}
+            {%- if part["type"] in ("image", "image_url") -%}
+                {{- "<|vision_start|><|image_pad|><|vision_end|>" -}}
+            {%- elif part["type"] in ("video", "video_url") -%}
+                {{- "<|vision_start|><|video_pad|><|vision_end|>" -}}
+            {%- elif part["type"] == "text" -%}
+                {{- part["text"] -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+    {{- "<|im_end|>\\n" -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- "<|im_start|>assistant\\n" -}}
+{%- endif -%}
+"""
+
 #: architecture name -> template (the names config.json and the GGUF loader give)
 FAMILY_CHAT_TEMPLATES: dict[str, str] = {
     "Gemma2ForCausalLM": GEMMA_CHAT_TEMPLATE,
@@ -48,4 +74,5 @@ FAMILY_CHAT_TEMPLATES: dict[str, str] = {
     "Qwen3ForCausalLM": CHATML_TEMPLATE,
     "Qwen2MoeForCausalLM": CHATML_TEMPLATE,
     "Qwen3MoeForCausalLM": CHATML_TEMPLATE,
+    "Qwen2_5_VLForConditionalGeneration": QWEN_VL_CHAT_TEMPLATE,
 }

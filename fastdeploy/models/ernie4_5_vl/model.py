@@ -28,11 +28,8 @@ from fastdeploy.models.ernie4_5 import Ernie4_5ForCausalLM, MoEWeights
 from fastdeploy.models.ernie4_5_vl.rotary import inverse_frequencies, text_axes, text_tables
 from fastdeploy.models.ernie4_5_vl.vision import VisionEncoder
 from fastdeploy.models.llama import DenseMLPWeights, LlamaLayerWeights
-from fastdeploy.plugins.api import MultiModalItem, MultiModalPrompt
-
-#: one scheduled sequence of a forward pass: its multimodal prompt (None: text only), the index
-#: of its first scheduled token, and how many tokens are scheduled
-SequenceSpan = tuple[MultiModalPrompt | None, int, int]
+from fastdeploy.models.multimodal_steps import SequenceSpan, embed_with_encoder_rows, step_rows
+from fastdeploy.plugins.api import MultiModalItem
 
 
 @dataclass
@@ -138,38 +135,17 @@ class Ernie4_5_VLMoeForConditionalGeneration(Ernie4_5ForCausalLM):
     def _step_inputs(
         self, positions: np.ndarray, spans: list[SequenceSpan] | None
     ) -> tuple[_StepInputs, list]:
-        tokens = positions.shape[0]
-        pos3 = np.repeat(positions[None, :].astype(np.int64), 3, axis=0)
-        vision = np.zeros(tokens, dtype=bool)
-        embeddings: list[tuple[Any, np.ndarray]] = []
-        row = 0
-        for prompt, start, count in spans or ():
-            if prompt is not None:
-                index = np.arange(start, start + count)
-                prompt_len = len(prompt.token_ids)
-                inside = index < prompt_len
-                rows = np.arange(row, row + count)
-                pos3[:, rows[inside]] = prompt.positions[:, index[inside]]
-                pos3[:, rows[~inside]] = index[~inside] - prompt_len + prompt.next_position
-                vision[rows[inside]] = prompt.vision_mask[index[inside]].astype(bool)
-                for item in prompt.items:
-                    lo, hi = max(start, item.offset), min(start + count, item.end)
-                    if lo < hi:
-                        rows_of_item = np.arange(lo, hi) - start + row
-                        embeddings.append(
-                            (self.encode(item)[lo - item.offset : hi - item.offset], rows_of_item)
-                        )
-            row += count
-        cos, sin = text_tables(pos3, self.inv_freq, self.rope_axes)
+        rows = step_rows(positions, spans, self.encode)
+        cos, sin = text_tables(rows.positions, self.inv_freq, self.rope_axes)
         ops = self.backend
         step = _StepInputs(
             cos=ops.from_numpy(cos),
             sin=ops.from_numpy(sin),
-            positions=ops.from_numpy(np.arange(tokens, dtype=np.int64)),
-            vision_rows=np.flatnonzero(vision),
-            text_rows=np.flatnonzero(~vision),
+            positions=ops.from_numpy(np.arange(positions.shape[0], dtype=np.int64)),
+            vision_rows=np.flatnonzero(rows.vision),
+            text_rows=np.flatnonzero(~rows.vision),
         )
-        return step, embeddings
+        return step, rows.embeddings
 
     def forward(
         self,
@@ -182,15 +158,7 @@ class Ernie4_5_VLMoeForConditionalGeneration(Ernie4_5ForCausalLM):
         ops = self.backend
         host_positions = np.asarray(ops.to_numpy(positions), dtype=np.int64)
         step, embeddings = self._step_inputs(host_positions, extra_inputs)
-        hidden = ops.embedding(input_ids, self.embed_tokens)
-        if embeddings:
-            tokens = host_positions.shape[0]
-            covered = np.zeros(tokens, dtype=bool)
-            for _, rows in embeddings:
-                covered[rows] = True
-            rest = np.flatnonzero(~covered)
-            parts = [(ops.gather_rows(hidden, ops.from_numpy(rest)), rest)] if rest.size else []
-            hidden = ops.merge_rows(parts + embeddings, tokens)
+        hidden = embed_with_encoder_rows(ops, ops.embedding(input_ids, self.embed_tokens), embeddings)
         self._step = step
         try:
             residual = None

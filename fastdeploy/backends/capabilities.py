@@ -42,6 +42,9 @@ class Capability(str, enum.Enum):
     #: `encoder_attention`, `encoder_attention_qkv`, `quick_gelu`, `gelu`, `merge_rows`: the ops
     #: of vision encoders
     VISION_OPS = "vision_ops"
+    #: `attention_with_sinks`: paged attention with a learned per-head logit in the softmax
+    #: denominator (GPT-OSS's attention sinks)
+    ATTENTION_SINKS = "attention_sinks"
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,9 @@ CAPABILITY_SPECS: dict[Capability, CapabilitySpec] = {
     Capability.VISION_OPS: CapabilitySpec(
         ("encoder_attention", "encoder_attention_qkv", "quick_gelu", "gelu", "merge_rows"),
         "vision encoder attention and activations run on the host with numpy",
+    ),
+    Capability.ATTENTION_SINKS: CapabilitySpec(
+        ("attention_with_sinks",), "models with attention sinks (GPT-OSS) are refused", portable=False
     ),
 }
 

@@ -1,5 +1,5 @@
 """Sparse mixture-of-experts decoders: Mixtral, Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B) and
-Qwen3-MoE, registered as a built-in plugin.
+Qwen3-MoE, registered as a built-in plugin (with GPT-OSS, whose class is in `gpt_oss`).
 
 Each is its dense sibling (Llama, Qwen2, Qwen3) with the feed-forward block of some layers
 replaced by `top_k`-of-`num_experts` routed SwiGLU experts:
@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.models.attention_window import check_within_window
+from fastdeploy.models.gpt_oss import GptOssForCausalLM
 from fastdeploy.models.llama import DenseMLPWeights, LlamaForCausalLM, LlamaLayerWeights, ProjectionBiases
 from fastdeploy.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
 from fastdeploy.plugins.api import (
@@ -212,6 +213,7 @@ class Qwen3MoeForCausalLM(SparseMoEMixin, Qwen3ForCausalLM):
 @hookimpl
 def fastdeploy_model_architectures() -> dict[str, type]:
     return {
+        "GptOssForCausalLM": GptOssForCausalLM,
         "MixtralForCausalLM": MixtralForCausalLM,
         "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
         "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,

@@ -42,6 +42,11 @@ class Capability(str, enum.Enum):
     #: `encoder_attention`, `encoder_attention_qkv`, `quick_gelu`, `gelu`, `merge_rows`: the ops
     #: of vision encoders
     VISION_OPS = "vision_ops"
+    #: `latent_attention`: multi-head latent attention (DeepSeek-V3) over a "latent" KV cache
+    LATENT_ATTENTION = "latent_attention"
+    #: `supported_quantizations`, `quantization_refusal`: linear weights kept packed (quantised at
+    #: load with `quantization=`, or a quantised checkpoint's blocks) and multiplied in that form
+    QUANTIZED_WEIGHTS = "quantized_weights"
     #: `attention_with_sinks`: paged attention with a learned per-head logit in the softmax
     #: denominator (GPT-OSS's attention sinks)
     ATTENTION_SINKS = "attention_sinks"
@@ -88,6 +93,16 @@ CAPABILITY_SPECS: dict[Capability, CapabilitySpec] = {
     Capability.VISION_OPS: CapabilitySpec(
         ("encoder_attention", "encoder_attention_qkv", "quick_gelu", "gelu", "merge_rows"),
         "vision encoder attention and activations run on the host with numpy",
+    ),
+    Capability.LATENT_ATTENTION: CapabilitySpec(
+        ("latent_attention",),
+        "models with multi-head latent attention (DeepSeek-V3) are refused",
+        portable=False,
+    ),
+    Capability.QUANTIZED_WEIGHTS: CapabilitySpec(
+        ("supported_quantizations", "quantization_refusal"),
+        "quantization= is refused; a quantised checkpoint is dequantised to the compute dtype at load",
+        portable=False,
     ),
     Capability.ATTENTION_SINKS: CapabilitySpec(
         ("attention_with_sinks",), "models with attention sinks (GPT-OSS) are refused", portable=False

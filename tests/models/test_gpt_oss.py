@@ -86,12 +86,14 @@ def reference_model():
 
 
 def reference_tokens(model) -> list[list[int]]:
+    """Greedy tokens, end-of-sequence included like any other (the engine runs with ignore_eos)."""
     outputs = []
     with torch.no_grad():
         for prompt in PROMPTS:
-            ids = torch.tensor([prompt])
-            out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS)
-            outputs.append(out[0, len(prompt) :].tolist())
+            ids = list(prompt)
+            for _ in range(NEW_TOKENS):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            outputs.append(ids[len(prompt) :])
     return outputs
 
 
@@ -156,3 +158,19 @@ def test_contexts_beyond_the_sliding_window_are_refused(tmp_path):
     directory = write_checkpoint(tmp_path / "float", {n: t.numpy() for n, t in model.state_dict().items()})
     with pytest.raises(UnsupportedModelError, match="sliding_window=64"):
         LLM(model=directory, max_model_len=128)
+
+
+def test_the_checkpoint_exercises_sinks_and_the_clamp():
+    """Without its sinks, or without the clamp, transformers' tokens change: the equalities above
+    cover both features."""
+    model = reference_model()
+    tokens = reference_tokens(model)
+    sinks = [layer.self_attn.sinks.detach().clone() for layer in model.model.layers]
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.fill_(-1e4)
+        assert reference_tokens(model) != tokens
+        for layer, saved in zip(model.model.layers, sinks, strict=True):
+            layer.self_attn.sinks.copy_(saved)
+            layer.mlp.experts.limit = 1e9
+    assert reference_tokens(model) != tokens

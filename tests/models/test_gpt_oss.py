@@ -69,11 +69,10 @@ def _std(name: str) -> float:
     return 0.3
 
 
-def reference_model():
+def reference_model(**overrides):
     """transformers' model with seeded weights (norm weights around 1)."""
-    config = transformers.GptOssConfig(
-        **{k: v for k, v in CONFIG.items() if k not in ("architectures", "model_type")}
-    )
+    fields = {k: v for k, v in (CONFIG | overrides).items() if k not in ("architectures", "model_type")}
+    config = transformers.GptOssConfig(**fields)
     model = transformers.GptOssForCausalLM(config).eval()
     rng = np.random.default_rng(2907)
     with torch.no_grad():
@@ -97,12 +96,12 @@ def reference_tokens(model) -> list[list[int]]:
     return outputs
 
 
-def write_checkpoint(directory: Path, tensors: dict[str, np.ndarray]) -> str:
+def write_checkpoint(directory: Path, tensors: dict[str, np.ndarray], **overrides) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     save_file(
         {name: np.ascontiguousarray(t) for name, t in tensors.items()}, str(directory / "model.safetensors")
     )
-    (directory / "config.json").write_text(json.dumps(CONFIG, indent=1), encoding="utf-8")
+    (directory / "config.json").write_text(json.dumps(CONFIG | overrides, indent=1), encoding="utf-8")
     tiny.write_ernie_tokenizer(directory)  # any tokenizer: the prompts are token ids
     return str(directory)
 
@@ -174,3 +173,25 @@ def test_the_checkpoint_exercises_sinks_and_the_clamp():
             layer.self_attn.sinks.copy_(saved)
             layer.mlp.experts.limit = 1e9
     assert reference_tokens(model) != tokens
+
+
+def test_chat_renders_the_harmony_prompt_and_the_gpt_oss_parser_reads_the_output(tmp_path):
+    """A checkpoint without a chat template gets the harmony one; `reasoning_effort` reaches it."""
+    overrides = {"vocab_size": tiny.CHAT_VOCAB_SIZE, "sliding_window": 256}
+    model = reference_model(**overrides)
+    tensors = {name: t.numpy() for name, t in model.state_dict().items()}
+    directory = write_checkpoint(tmp_path / "chat", tensors, **overrides)
+    tiny.write_ernie_tokenizer(directory, tokenizer_class="LlamaTokenizer")  # not ERNIE's template
+    llm = LLM(model=directory, max_model_len=256, reasoning_parser="gpt-oss")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    (output,) = llm.chat(messages, params, chat_template_kwargs={"reasoning_effort": "low"}, use_tqdm=False)
+    assert output.error_code == 200, output.error_msg
+    assert output.prompt == (
+        "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+        "Knowledge cutoff: 2024-06\n\nReasoning: low\n\n"
+        "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+        "<|start|>developer<|message|># Instructions\n\nBe brief.<|end|>"
+        "<|start|>user<|message|>Hi<|end|><|start|>assistant"
+    )
+    assert len(output.outputs.token_ids) == 4 and output.outputs.tool_calls is None

@@ -40,7 +40,7 @@ def mxfp4_to_ggml(blocks: np.ndarray, scales: np.ndarray, name: str = "weight") 
     return GGMLTensor(int(GGMLQuantizationType.MXFP4), np.ascontiguousarray(rows), (out, groups * BLOCK))
 
 
-def experts_to_ggml(blocks: np.ndarray, scales: np.ndarray, name: str = "experts") -> list[GGMLTensor]:
+def mxfp4_experts_to_ggml(blocks: np.ndarray, scales: np.ndarray, name: str = "experts") -> list[GGMLTensor]:
     """Per expert, its [out, in] matrix from `blocks` [experts, out, in/32, 16] and `scales`."""
     if np.ndim(blocks) != 4:
         raise ValueError(

@@ -31,16 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.backends.capabilities import Capability
-from fastdeploy.formats.mxfp4 import experts_to_ggml
 from fastdeploy.models.attention_window import check_within_window
 from fastdeploy.models.llama import LlamaForCausalLM, LlamaLayerWeights, ProjectionBiases
 from fastdeploy.plugins.api import (
     Backend,
+    Capability,
     InvalidArgumentError,
     ModelConfig,
     ModelParallel,
     UnsupportedModelError,
+    mxfp4_experts_to_ggml,
     rope_tables,
 )
 
@@ -152,7 +152,7 @@ class GptOssForCausalLM(LlamaForCausalLM):
         """Per expert, `part`'s [out, in] matrix: MXFP4 blocks kept packed, or float transposed
         from transformers' [in, out]."""
         if self.mxfp4:
-            return experts_to_ggml(
+            return mxfp4_experts_to_ggml(
                 host[experts + part + "_blocks"], host[experts + part + "_scales"], experts + part
             )
         stacked = np.asarray(host[experts + part], dtype=np.float32)

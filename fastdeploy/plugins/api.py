@@ -35,6 +35,7 @@ from fastdeploy.errors import (
     WeightLoadError,
 )
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.formats.mxfp4 import mxfp4_experts_to_ggml
 from fastdeploy.formats.weight_only import WeightOnlyTensor
 from fastdeploy.input.multimodal.errors import MediaError
 from fastdeploy.input.multimodal.inputs import MultiModalItem, MultiModalPrompt
@@ -86,6 +87,7 @@ __all__ = [
     "RendezvousInfo",
     # checkpoints
     "GGMLTensor",
+    "mxfp4_experts_to_ggml",
     "SafetensorsLoader",
     "WeightLoader",
     "WeightOnlyTensor",

@@ -10,7 +10,7 @@ import pytest
 from test_native_kernels import ISAS, requires_native
 
 from fastdeploy.backends.cpu import native
-from fastdeploy.formats.mxfp4 import experts_to_ggml, mxfp4_to_ggml
+from fastdeploy.formats.mxfp4 import mxfp4_experts_to_ggml, mxfp4_to_ggml
 
 #: FP4 e2m1 values by code (sign bit 3, two exponent bits, one mantissa bit)
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -47,7 +47,7 @@ def test_transformers_dequantiser_agrees():
     theirs = convert_moe_packed_tensors(
         torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32
     )
-    for expert, tensor in enumerate(experts_to_ggml(blocks, scales)):
+    for expert, tensor in enumerate(mxfp4_experts_to_ggml(blocks, scales)):
         # transformers lays the experts out [in, out]
         np.testing.assert_array_equal(tensor.dequantize(), theirs[expert].numpy().T)
 
@@ -56,7 +56,7 @@ def test_transformers_dequantiser_agrees():
 @pytest.mark.parametrize("isa", ISAS)
 def test_kernel_reproduces_the_checkpoint_values_exactly(isa):
     blocks, scales = checkpoint_tensors(2, 40, 128, seed=2)
-    for expert, tensor in enumerate(experts_to_ggml(blocks, scales)):
+    for expert, tensor in enumerate(mxfp4_experts_to_ggml(blocks, scales)):
         packed = native.pack([tensor])
         assert packed.type_name == "MXFP4"
         out = native.matmul(np.eye(128, dtype=np.float32), packed, isa, threads=2)

@@ -143,7 +143,8 @@ class EngineArgs:
     )
     chat_template: str | None = option(None, "template string or file")
     reasoning_parser: str | None = option(
-        None, "split replies into reasoning_content and content: ernie-45-vl, ernie-x1, qwen3 or a plugin's"
+        None,
+        "split replies into reasoning_content and content: ernie-45-vl, ernie-x1, gpt-oss, qwen3 or a plugin's",
     )
     max_logprobs: int = option(
         20,
@@ -164,7 +165,7 @@ class EngineArgs:
         False, "guided JSON outputs without optional whitespace between tokens", flag={"action": "store_true"}
     )
     tool_call_parser: str | None = option(
-        None, "read tool calls of chat requests with tools: hermes, qwen3, ernie-x1 or a plugin's"
+        None, "read tool calls of chat requests with tools: hermes, qwen3, ernie-x1, openai or a plugin's"
     )
     limit_mm_per_prompt: dict[str, int] | None = option(
         None,

@@ -243,6 +243,20 @@ class Backend(Platform, DeviceOps):
         self._fallback(Capability.TOKEN_BITMASK)
         return portable.apply_token_bitmask(self, logits, bitmask, rows)
 
+    # --- Capability.ATTENTION_SINKS (no portable default) ----------------------------------------
+    def attention_with_sinks(
+        self, q: Any, k: Any, v: Any, kv_cache: Any, batch: Any, scale: float, sinks: Any
+    ) -> Any:
+        """`attention` with attention sinks: `sinks` [heads] float32 (this backend's array) are
+        per-head logits that join each query's softmax denominator and weigh no value:
+
+            p_j = exp(s_j - m) / (sum_i exp(s_i - m) + exp(sink_h - m)),  m = max(max_i s_i, sink_h)
+
+        so a head may attend to nothing. GPT-OSS needs it; a backend without it cannot run such
+        models (they are refused when built).
+        """
+        raise NotImplementedError(f"the {self.name} backend has no attention with sinks")
+
     # --- Capability.VISION_OPS: vision encoders --------------------------------------------------
     def encoder_attention(self, q: Any, k: Any, v: Any, cu_seqlens: np.ndarray, scale: float) -> Any:
         """Bidirectional attention within segments: q/k/v [tokens, heads, head_dim] -> same shape.

@@ -53,6 +53,9 @@ class Capability(str, enum.Enum):
     #: `supported_quantizations`, `quantization_refusal`: linear weights kept packed (quantised at
     #: load with `quantization=`, or a quantised checkpoint's blocks) and multiplied in that form
     QUANTIZED_WEIGHTS = "quantized_weights"
+    #: `attention_with_sinks`: paged attention with a learned per-head logit in the softmax
+    #: denominator (GPT-OSS's attention sinks)
+    ATTENTION_SINKS = "attention_sinks"
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,9 @@ CAPABILITY_SPECS: dict[Capability, CapabilitySpec] = {
         ("supported_quantizations", "quantization_refusal"),
         "quantization= is refused; a quantised checkpoint is dequantised to the compute dtype at load",
         portable=False,
+    ),
+    Capability.ATTENTION_SINKS: CapabilitySpec(
+        ("attention_with_sinks",), "models with attention sinks (GPT-OSS) are refused", portable=False
     ),
 }
 

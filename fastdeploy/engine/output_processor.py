@@ -176,7 +176,8 @@ class OutputProcessor:
         samples = self._completion_outputs(request)
         if self.reasoning_parser is not None:
             for sample in samples:
-                split = self.reasoning_parser.split(
+                split = self.reasoning_parser.split_output(
+                    sample.token_ids,
                     sample.text,
                     thinking_enabled=request.thinking_enabled,
                     finished=sample.finish_reason is not None,

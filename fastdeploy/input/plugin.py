@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fastdeploy.input.family_templates import FAMILY_CHAT_TEMPLATES
 from fastdeploy.input.gguf_tokenizer import GGUFTokenizerLoader
+from fastdeploy.input.harmony_template import HARMONY_CHAT_TEMPLATE
 from fastdeploy.input.hf_tokenizer import HFTokenizerLoader
 from fastdeploy.input.tokenizer import TokenizerLoader
 from fastdeploy.plugins.hookspecs import hookimpl
@@ -23,5 +24,5 @@ def fastdeploy_tokenizer_loaders() -> list[TokenizerLoader]:
 
 @hookimpl
 def fastdeploy_chat_templates() -> dict[str, str]:
-    """Gemma's and Qwen's turn formats, for their checkpoints that carry no template."""
-    return dict(FAMILY_CHAT_TEMPLATES)
+    """Gemma's, Qwen's and GPT-OSS's (harmony) turn formats, for their checkpoints that carry no template."""
+    return {**FAMILY_CHAT_TEMPLATES, "GptOssForCausalLM": HARMONY_CHAT_TEMPLATE}

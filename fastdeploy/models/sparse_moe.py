@@ -1,5 +1,6 @@
 """Sparse mixture-of-experts decoders: Mixtral, Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B) and
-Qwen3-MoE, registered as a built-in plugin, which also registers DeepSeek-V3 (`deepseek_v3.py`).
+Qwen3-MoE, registered as a built-in plugin, which also registers DeepSeek-V3 (`deepseek_v3.py`)
+and GPT-OSS (`gpt_oss.py`).
 
 Each is its dense sibling (Llama, Qwen2, Qwen3) with the feed-forward block of some layers
 replaced by `top_k`-of-`num_experts` routed SwiGLU experts:
@@ -27,6 +28,7 @@ import numpy as np
 
 from fastdeploy.models.attention_window import check_within_window
 from fastdeploy.models.deepseek_v3 import DeepseekV3ForCausalLM
+from fastdeploy.models.gpt_oss import GptOssForCausalLM
 from fastdeploy.models.llama import (
     DenseMLPWeights,
     LlamaForCausalLM,
@@ -211,6 +213,7 @@ class Qwen3MoeForCausalLM(SparseMoEMixin, Qwen3ForCausalLM):
 @hookimpl
 def fastdeploy_model_architectures() -> dict[str, type]:
     return {
+        "GptOssForCausalLM": GptOssForCausalLM,
         "MixtralForCausalLM": MixtralForCausalLM,
         "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
         "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,

@@ -38,6 +38,7 @@ from fastdeploy.errors import (
     WeightLoadError,
 )
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.formats.mxfp4 import mxfp4_experts_to_ggml
 from fastdeploy.formats.weight_only import WeightOnlyTensor
 from fastdeploy.input.multimodal.errors import MediaError
 from fastdeploy.input.multimodal.inputs import MultiModalItem, MultiModalPrompt
@@ -103,6 +104,7 @@ __all__ = [
     "TransferResult",
     # checkpoints
     "GGMLTensor",
+    "mxfp4_experts_to_ggml",
     "SafetensorsLoader",
     "WeightLoader",
     "WeightOnlyTensor",

@@ -10,6 +10,7 @@ trailing fragment that may still become a tag.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fastdeploy.input.tokenizer import Tokenizer
@@ -44,6 +45,16 @@ class ReasoningParser(ABC):
         unless the model still wrote an explicit reasoning block. While `finished` is False the
         parser may leave out a trailing partial tag (e.g. "</thi"), which a later call resolves.
         """
+
+    def split_output(
+        self, token_ids: Sequence[int], text: str, *, thinking_enabled: bool, finished: bool
+    ) -> ReasoningSplit:
+        """Split a sample given its generated ids too (what the engine calls).
+
+        Formats whose structure lies in special tokens, which `text` leaves out (harmony's
+        channels), override this to decode the ids themselves; the default splits `text`.
+        """
+        return self.split(text, thinking_enabled=thinking_enabled, finished=finished)
 
     def reasoning_end_token_ids(self) -> list[int] | None:
         """Tokens that close the reasoning part (forced when `reasoning_max_tokens` runs out)."""

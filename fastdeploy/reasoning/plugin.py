@@ -1,6 +1,6 @@
 """The built-in reasoning parsers, registered through the `fastdeploy.plugins` entry point.
 
-Names are those FastDeploy users pass: `reasoning_parser="ernie-45-vl" | "ernie-x1" | "qwen3"`.
+Names are those FastDeploy users pass: `reasoning_parser="ernie-45-vl" | "ernie-x1" | "gpt-oss" | "harmony" | "qwen3"`.
 The tool-call parsers register from `fastdeploy/tool_calling/plugin.py`.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fastdeploy.plugins.hookspecs import hookimpl
 from fastdeploy.reasoning.ernie_x1 import ErnieX1ReasoningParser
+from fastdeploy.reasoning.harmony import HarmonyReasoningParser
 from fastdeploy.reasoning.think_parser import ErnieVLReasoningParser, Qwen3ReasoningParser
 
 
@@ -16,5 +17,7 @@ def fastdeploy_reasoning_parsers() -> dict[str, type]:
     return {
         "ernie-45-vl": ErnieVLReasoningParser,
         "ernie-x1": ErnieX1ReasoningParser,
+        "gpt-oss": HarmonyReasoningParser,
+        "harmony": HarmonyReasoningParser,
         "qwen3": Qwen3ReasoningParser,
     }

@@ -1,5 +1,5 @@
 """The block kernels of every GGUF type the cpu backend keeps (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-K-quants, IQ4_*) against `gguf`'s dequantisers and float64 products, on both instruction sets.
+K-quants, IQ4_*, MXFP4) against `gguf`'s dequantisers and float64 products, on both instruction sets.
 
 Weights are random valid blocks (random integers and sub-block scales, sane float16 scales), and
 for the types `gguf.quants` can quantise also quantised real float data. Every product must
@@ -33,9 +33,10 @@ HALF_FIELDS = {
     "Q6_K": (208,),
     "IQ4_NL": (0,),
     "IQ4_XS": (0,),
+    "MXFP4": (),  # an e8m0 exponent byte instead (random_blocks)
 }
 NEW_TYPES = list(HALF_FIELDS)
-LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL")  # 32-weight blocks
+LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4")  # 32-weight blocks
 QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # what gguf.quants.quantize makes
 
 
@@ -52,6 +53,8 @@ def random_blocks(
             np.float16
         )
         blocks[:, offset : offset + 2] = halves.view(np.uint8).reshape(-1, 2)
+    if type_name == "MXFP4":  # exponents 2^(e - 128) of sane magnitudes, and the subnormal ones
+        blocks[:, 0] = rng.choice([0, 1, 2, *range(112, 132)], len(blocks))
     return GGMLTensor(int(qtype), blocks.reshape(rows, -1), (rows, cols))
 
 

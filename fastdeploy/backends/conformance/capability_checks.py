@@ -52,6 +52,40 @@ def check_vision_ops(backend: Backend) -> None:
     assert_close("merge_rows", backend.to_numpy(merged), expected)
 
 
+def check_attention_sinks(backend: Backend) -> str | None:
+    """Attention sinks (optional): a prefill, then a decode next to a chunked prefill, grouped
+    heads, sinks large (a head attending to almost nothing) and small."""
+    if not backend.supports(Capability.ATTENTION_SINKS):
+        return "backend has no attention sinks (Capability.ATTENTION_SINKS): GPT-OSS is refused on it"
+    rng = np.random.default_rng(23)
+    heads, kv_heads, dim, block = 4, 2, 8, 4
+    spec = KVCacheSpec(num_layers=1, num_blocks=8, block_size=block, num_kv_heads=kv_heads, head_dim=dim)
+    (cache,) = backend.allocate_kv_cache(spec)
+    sinks = np.array([3.0, -2.0, 0.5, 8.0], np.float32)
+    tables = {"a": [6, 1, 4], "b": [0, 7, 3]}
+    keys = {name: random_normal(rng, 11, kv_heads, dim) for name in tables}
+    values = {name: random_normal(rng, 11, kv_heads, dim) for name in tables}
+    for parts in ([("a", 0, 10), ("b", 0, 5)], [("a", 10, 11), ("b", 5, 11)]):
+        q = random_normal(rng, sum(end - start for _, start, end in parts), heads, dim)
+        out = backend.attention_with_sinks(
+            backend.from_numpy(q),
+            backend.from_numpy(np.concatenate([keys[n][s:e] for n, s, e in parts])),
+            backend.from_numpy(np.concatenate([values[n][s:e] for n, s, e in parts])),
+            cache,
+            backend.prepare_batch(batch_layout(tables, parts, block)),
+            0.3,
+            backend.from_numpy(sinks),
+        )
+        out, row = backend.to_numpy(out), 0
+        for name, start, end in parts:
+            expected = ref.causal_attention(
+                q[row : row + end - start], keys[name][:end], values[name][:end], 0.3, sinks
+            )
+            assert_close("attention_with_sinks", out[row : row + end - start], expected)
+            row += end - start
+    return None
+
+
 def check_kv_block_copy(backend: Backend) -> str | None:
     """Copy-on-write for beam search (optional): a copied block reads like its source, in every
     layer, and writing into the copy leaves the source as it was."""
@@ -483,4 +517,5 @@ CAPABILITY_CHECKS: dict[Capability, Callable[[Backend], str | None]] = {
     Capability.VISION_OPS: check_vision_ops,
     Capability.LORA: check_lora,
     Capability.LATENT_ATTENTION: check_latent_attention,
+    Capability.ATTENTION_SINKS: check_attention_sinks,
 }

@@ -74,8 +74,11 @@ def rotary(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.nda
     return out
 
 
-def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float) -> np.ndarray:
-    """The last len(q) positions of a sequence attending to all its keys, one head at a time."""
+def causal_attention(
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, sinks: np.ndarray | None = None
+) -> np.ndarray:
+    """The last len(q) positions of a sequence attending to all its keys, one head at a time;
+    `sinks[h]` (attention sinks) is one more logit in head h's softmax that weighs no value."""
     length, heads, _ = q.shape
     context, kv_heads, _ = keys.shape
     group = heads // kv_heads
@@ -85,8 +88,10 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
         for h in range(heads):
             kh = h // group
             scores = keys[: position + 1, kh].astype(np.float64) @ q[t, h] * scale
-            weights = np.exp(scores - scores.max())
-            out[t, h] = (weights / weights.sum()) @ values[: position + 1, kh]
+            top = scores.max() if sinks is None else max(scores.max(), float(sinks[h]))
+            weights = np.exp(scores - top)
+            denominator = weights.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - top))
+            out[t, h] = (weights / denominator) @ values[: position + 1, kh]
     return out
 
 

@@ -74,10 +74,18 @@ def build_metadata(layout: BatchLayout) -> CpuAttentionMetadata:
     return CpuAttentionMetadata(layout.slot_mapping, starts[decode_seqs], slots, mask, prefills)
 
 
-def _softmax_inplace(scores: np.ndarray) -> np.ndarray:
-    scores -= scores.max(axis=-1, keepdims=True)
+def _softmax_inplace(scores: np.ndarray, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Softmax along the last axis; `sinks` (broadcast against scores[..., :1]) join each row's
+    denominator and its maximum, as attention sinks do (`Backend.attention_with_sinks`)."""
+    if sinks is None:
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        return scores
+    top = np.maximum(scores.max(axis=-1, keepdims=True), sinks)
+    scores -= top
     np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
+    scores /= scores.sum(axis=-1, keepdims=True) + np.exp(sinks - top)
     return scores
 
 
@@ -88,20 +96,24 @@ def paged_attention(
     kv_cache: LayerKVCache,
     meta: CpuAttentionMetadata,
     scale: float,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
-    """See `Backend.attention`. Caches are [slots, kv_heads, head_dim] arrays (kv_cache.py)."""
+    """See `Backend.attention` (and `Backend.attention_with_sinks` with `sinks` [heads]). Caches
+    are [slots, kv_heads, head_dim] arrays (kv_cache.py)."""
     store_numpy(kv_cache, meta.slot_mapping, k, v)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.keys.shape[1]
     group = num_heads // num_kv_heads
     out = np.empty_like(q)
+    # [kv_heads, group, 1]: a query head's sink, beside its scores' last axis
+    head_sinks = None if sinks is None else np.asarray(sinks, np.float32).reshape(num_kv_heads, group, 1)
     if meta.decode_rows.size:
         queries = q[meta.decode_rows].reshape(-1, num_kv_heads, group, head_dim) * np.float32(scale)
         keys, values = gather_numpy(kv_cache, meta.decode_slots)
         keys = keys.transpose(0, 2, 3, 1)  # [d, kvh, hd, ctx]
         scores = np.matmul(queries, keys)  # [d, kvh, group, ctx]
         scores += meta.decode_mask
-        _softmax_inplace(scores)
+        _softmax_inplace(scores, head_sinks)
         values = values.transpose(0, 2, 1, 3)  # [d, kvh, ctx, hd]
         out[meta.decode_rows] = np.matmul(scores, values).reshape(-1, num_heads, head_dim)
     for piece in meta.prefills:
@@ -118,7 +130,58 @@ def paged_attention(
             queries = tile.reshape(length, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
             scores = np.matmul(queries, keys[:, None, :, :visible])  # [kvh, group, L, visible]
             scores += np.where(np.arange(visible)[None, :] > positions[:, None], _NEG_INF, np.float32(0))
-            _softmax_inplace(scores)
+            _softmax_inplace(scores, None if head_sinks is None else head_sinks[:, :, :, None])
             result = np.matmul(scores, values[:, None, :visible])  # [kvh, group, L, hd]
             out[tile_start:tile_end] = result.transpose(2, 0, 1, 3).reshape(length, num_heads, head_dim)
     return out
+
+
+def _native_keys(cache: LayerKVCache, blocks: np.ndarray, length: int) -> np.ndarray:
+    """The first `length` keys of a sequence from a native-layout cache, float32 [kv_heads, head_dim, length]."""
+    keys = cache.keys[blocks]  # [blocks, kv_heads, head_dim, block_size]
+    if keys.dtype == np.uint16:  # bfloat16 bits
+        keys = (keys.astype(np.uint32) << 16).view(np.float32)
+    keys = keys.astype(np.float32, copy=False)
+    if cache.key_scales.size:  # int8: one scale per position and kv head
+        keys = keys * cache.key_scales[blocks][:, :, None, :]
+    kv_heads, head_dim = keys.shape[1], keys.shape[2]
+    return keys.transpose(1, 2, 0, 3).reshape(kv_heads, head_dim, -1)[:, :, :length]
+
+
+def sink_factors(
+    q: np.ndarray,
+    cache: LayerKVCache,
+    query_starts: np.ndarray,
+    context_lens: np.ndarray,
+    block_tables: np.ndarray,
+    block_size: int,
+    scale: float,
+    sinks: np.ndarray,
+) -> np.ndarray:
+    """[tokens, heads, 1] factors that turn attention without sinks into attention with them.
+
+    With m_h the log-sum-exp of a query's scores, attention with a sink divides by
+    exp(m_h) + exp(sink_h) instead of exp(m_h), so its output is the plain one times
+    1 / (1 + exp(sink_h - m_h)). The scores come from the keys already cached (native layout).
+    """
+    tokens, heads, head_dim = q.shape
+    kv_heads = cache.keys.shape[1]
+    group = heads // kv_heads
+    head_sinks = np.asarray(sinks, np.float64).reshape(kv_heads, group, 1)
+    factors = np.empty((tokens, heads, 1), np.float32)
+    for seq in range(len(context_lens)):
+        start, end, length = int(query_starts[seq]), int(query_starts[seq + 1]), int(context_lens[seq])
+        if end == start:
+            continue
+        blocks = block_tables[seq, : -(-length // block_size)]
+        keys = _native_keys(cache, blocks, length).astype(np.float64)
+        queries = q[start:end].astype(np.float64).reshape(end - start, kv_heads, group, head_dim) * scale
+        scores = np.einsum("tkgd,kdl->tkgl", queries, keys)
+        positions = length - (end - start) + np.arange(end - start)
+        scores = np.where(
+            (np.arange(length)[None, :] > positions[:, None])[:, None, None, :], -np.inf, scores
+        )
+        top = scores.max(axis=-1, keepdims=True)
+        lse = top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True))
+        factors[start:end] = np.exp(-np.logaddexp(0.0, head_sinks - lse)).reshape(end - start, heads, 1)
+    return factors

@@ -14,7 +14,12 @@ from fastdeploy.backends import portable
 from fastdeploy.backends.base import Backend
 from fastdeploy.backends.capabilities import Capability
 from fastdeploy.backends.cpu import native
-from fastdeploy.backends.cpu.attention import CpuAttentionMetadata, build_metadata, paged_attention
+from fastdeploy.backends.cpu.attention import (
+    CpuAttentionMetadata,
+    build_metadata,
+    paged_attention,
+    sink_factors,
+)
 from fastdeploy.backends.cpu.host_memory import (
     available_host_memory,
     physical_host_memory,
@@ -176,6 +181,7 @@ class CpuBackend(Backend):
             Capability.LORA,
             Capability.LATENT_ATTENTION,
             Capability.QUANTIZED_WEIGHTS,
+            Capability.ATTENTION_SINKS,
         }
     )
     # logits are host arrays here: the portable reductions are this backend's own
@@ -473,6 +479,32 @@ class CpuBackend(Backend):
         scale: float,
     ) -> np.ndarray:
         return latent_attention(q_nope, q_rope, latent, k_rope, kv_cache, batch, absorb_k, absorb_v, scale)
+
+    def attention_with_sinks(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        kv_cache: LayerKVCache,
+        batch: CpuAttentionMetadata,
+        scale: float,
+        sinks: np.ndarray,
+    ) -> np.ndarray:
+        if not self.native_isa:
+            return paged_attention(q, k, v, kv_cache, batch, scale, sinks)
+        # the native kernels have no sinks: their output, scaled by each query's sink factor
+        out = native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads)
+        factors = sink_factors(
+            q,
+            kv_cache,
+            batch.query_starts,
+            batch.context_lens,
+            batch.block_tables,
+            batch.block_size,
+            scale,
+            sinks,
+        )
+        return out * factors
 
     def encoder_attention(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray, scale: float

@@ -49,6 +49,7 @@ _native, _IMPORT_ERROR = _import_extension()
 #: panels, the others in blocks.h's sub-block panels (gemm_blocks.c)
 SUPPORTED_TYPES = (
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+    "MXFP4",
 )  # fmt: skip
 #: the block types with int8-activation kernels too (gemm_int8.c); the others multiply float32
 INT8_TYPES = ("Q4_1", "Q8_0")

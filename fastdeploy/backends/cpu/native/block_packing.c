@@ -37,7 +37,10 @@ static float half_to_float(const uint8_t *p)
 }
 
 /* weights per GGUF block and its bytes */
-static int gguf_block_weights(int kind) { return kind == KIND_Q4_0 || kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_IQ4_NL ? 32 : 256; }
+static int gguf_block_weights(int kind)
+{
+    return kind == KIND_Q4_0 || kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_IQ4_NL || kind == KIND_MXFP4 ? 32 : 256;
+}
 
 static Py_ssize_t gguf_block_bytes(int kind)
 {
@@ -52,6 +55,7 @@ static Py_ssize_t gguf_block_bytes(int kind)
     case KIND_Q6_K: return 210;
     case KIND_IQ4_NL: return 18;
     case KIND_IQ4_XS: return 136;
+    case KIND_MXFP4: return 17;
     default: return 0;
     }
 }
@@ -66,6 +70,15 @@ static void k_scale_min(const uint8_t *s, int j, int *scale, int *min)
         *scale = (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30);
         *min = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
     }
+}
+
+/* MXFP4's e8m0 exponent as gguf's halved scale (2^(e - 128), subnormal below e = 2), exact */
+static float e8m0_half(uint8_t e)
+{
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
 }
 
 /* One GGUF block: q[weights] (stored integers), scale[] and minimum[] per sub-block. */
@@ -145,6 +158,10 @@ static void decode_block(int kind, const uint8_t *b, uint8_t *q, float *scale, f
         }
         return;
     }
+    case KIND_MXFP4:
+        scale[0] = e8m0_half(b[0]);
+        for (int i = 0; i < 16; i++) q[i] = b[1 + i] & 0x0F, q[i + 16] = b[1 + i] >> 4;
+        return;
     case KIND_IQ4_XS: {
         const float d = half_to_float(b);
         const int scales_h = b[2] | b[3] << 8;

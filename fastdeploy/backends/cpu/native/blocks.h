@@ -33,7 +33,7 @@
 
 #define GROUP 32 /* k per panel group */
 
-static inline int is_subblock_kind(int kind) { return kind >= KIND_Q4_0 && kind <= KIND_IQ4_XS; }
+static inline int is_subblock_kind(int kind) { return (kind >= KIND_Q4_0 && kind <= KIND_IQ4_XS) || kind == KIND_MXFP4; }
 
 /* k per sub-block (one scale and minimum) */
 static inline __attribute__((always_inline)) int block_sub(int kind)
@@ -67,11 +67,19 @@ static inline __attribute__((always_inline)) int block_offset(int kind)
 /* whether the stored nibble indexes the IQ4 codebook */
 static inline __attribute__((always_inline)) int block_codebook(int kind)
 {
-    return kind == KIND_IQ4_NL || kind == KIND_IQ4_XS;
+    return kind == KIND_IQ4_NL || kind == KIND_IQ4_XS || kind == KIND_MXFP4;
 }
 
 /* IQ4_NL's and IQ4_XS's codebook (gguf's kvalues) */
 static const int8_t IQ4_CODEBOOK[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* MXFP4's: the FP4 (e2m1) values doubled, as gguf stores them (its scale is halved to match) */
+static const int8_t MXFP4_CODEBOOK[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* the codebook of a kind with one */
+static inline __attribute__((always_inline)) const int8_t *block_codebook_values(int kind)
+{
+    return kind == KIND_MXFP4 ? MXFP4_CODEBOOK : IQ4_CODEBOOK;
+}
 
 /* byte offsets inside a group and its size */
 static inline __attribute__((always_inline)) Py_ssize_t group_min_offset(int kind)

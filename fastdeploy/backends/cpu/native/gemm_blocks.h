@@ -75,7 +75,7 @@ INLINE __m128i quants(int kind, const uint8_t *grp, int k)
     __m128i q = _mm_loadu_si128((const __m128i *)(grp + group_nibble_offset(kind) + PANEL * (k / 2)));
     if (k % 2) q = _mm_srli_epi16(q, 4);
     q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
-    if (block_codebook(kind)) q = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)IQ4_CODEBOOK), q);
+    if (block_codebook(kind)) q = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)block_codebook_values(kind)), q);
     if (block_offset(kind)) q = _mm_sub_epi8(q, _mm_set1_epi8((char)block_offset(kind)));
     return q;
 }
@@ -243,6 +243,7 @@ void BLOCKS_TASK(const struct gemm_args *a, const float *xsums, Py_ssize_t first
 #define KIND_CASE(k) case k: task_kind(a, xsums, k, first, end); break;
         KIND_CASE(KIND_Q4_0) KIND_CASE(KIND_Q5_0) KIND_CASE(KIND_Q5_1) KIND_CASE(KIND_Q2_K) KIND_CASE(KIND_Q3_K)
         KIND_CASE(KIND_Q4_K) KIND_CASE(KIND_Q5_K) KIND_CASE(KIND_Q6_K) KIND_CASE(KIND_IQ4_NL) KIND_CASE(KIND_IQ4_XS)
+        KIND_CASE(KIND_MXFP4)
 #undef KIND_CASE
     }
 }

@@ -155,6 +155,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "KIND_IQ4_NL", KIND_IQ4_NL) < 0 ||
         PyModule_AddIntConstant(m, "KIND_IQ4_XS", KIND_IQ4_XS) < 0 ||
         PyModule_AddIntConstant(m, "KIND_MIXED", KIND_MIXED) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_MXFP4", KIND_MXFP4) < 0 ||
         PyModule_AddIntConstant(m, "MIXED_HEADER_BYTES", MIXED_HEADER_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "MIXED_MAX_SEGMENTS", MIXED_MAX_SEGMENTS) < 0 ||
         PyModule_AddIntConstant(m, "ACT_QUICK_GELU", ACT_QUICK_GELU) < 0 ||

@@ -79,7 +79,8 @@ enum weight_kind {
     KIND_Q4_0 = 5, KIND_Q5_0 = 6, KIND_Q5_1 = 7, KIND_Q2_K = 8, KIND_Q3_K = 9, KIND_Q4_K = 10, KIND_Q5_K = 11,
     KIND_Q6_K = 12, KIND_IQ4_NL = 13, KIND_IQ4_XS = 14,
     KIND_MIXED = 15, /* parts of different kinds, each in its own layout (gemm_mixed.c) */
-    KINDS = 16
+    KIND_MXFP4 = 16, /* a sub-block kind too (after MIXED so that the older numbers stay) */
+    KINDS = 17
 };
 enum isa { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
@@ -235,7 +236,7 @@ Py_ssize_t fd_packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth);
 /* gemm_int8.c: the product for the KIND_*_I8 layouts, activations quantised to int8 (with the
  * caller's threads; the GIL released); -1 when out of memory. */
 int gemm_int8(const struct gemm_args *a, int isa, int threads);
-/* gemm_blocks.c: the product for the sub-block kinds (KIND_Q4_0 .. KIND_IQ4_XS, blocks.h), on the
+/* gemm_blocks.c: the product for the sub-block kinds (KIND_Q4_0 .. KIND_IQ4_XS and KIND_MXFP4, blocks.h), on the
  * caller's threads (the GIL released); -1 when out of memory. */
 int gemm_blocks(const struct gemm_args *a, int isa, int threads);
 /* gemm_mixed.c: whether `packed` (len bytes) holds a [cols, depth] weight of `kind` (any kind,

@@ -1,0 +1,241 @@
+"""GPT-OSS (`GptOssForCausalLM`: gpt-oss-20b / gpt-oss-120b), registered as a built-in plugin
+(through `sparse_moe`'s hook).
+
+A Llama-shaped decoder (RMSNorm, grouped-query attention, rotate-half rotary) with:
+
+- attention sinks: a learned logit per query head (`self_attn.sinks`) in every softmax
+  denominator (`Backend.attention_with_sinks`, `Capability.ATTENTION_SINKS`); biases on q/k/v/o;
+- YaRN rotary (`rope_parameters`, rope_theta 150000 by default);
+- layers alternating sliding-window and full attention (`layer_types`). Windowed attention is
+  not implemented: contexts longer than `sliding_window` are refused (within the window both
+  kinds equal full causal attention);
+- every feed-forward block a mixture of experts: the router is a linear layer with a bias whose
+  top-k logits are softmaxed into the chosen experts' weights; an expert is a clamped SwiGLU
+  with biases, `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)` where
+  g = min(gate, limit) (alpha 1.702, `swiglu_limit` 7.0), gate and up interleaved in the
+  checkpoint's `gate_up_proj` columns;
+- expert weights either float (`mlp.experts.gate_up_proj` [experts, hidden, 2 * inner],
+  `down_proj` [experts, inner, hidden], as transformers saves them) or MXFP4 as released
+  (`gate_up_proj_blocks` / `_scales`, `down_proj_blocks` / `_scales`), kept packed
+  (`fastdeploy.formats.mxfp4`): the cpu backend multiplies the blocks themselves.
+
+The experts run as the backend's linear ops per chosen expert, with the routing and the clamped
+activation on the host (the fused MoE op has no expert biases or clamp), so decode steps are
+not captured in device graphs. Runs in one process (no tensor or pipeline parallelism).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fastdeploy.models.attention_window import check_within_window
+from fastdeploy.models.llama import LlamaForCausalLM, LlamaLayerWeights, ProjectionBiases
+from fastdeploy.plugins.api import (
+    Backend,
+    Capability,
+    InvalidArgumentError,
+    ModelConfig,
+    ModelParallel,
+    UnsupportedModelError,
+    mxfp4_experts_to_ggml,
+    rope_tables,
+)
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+SWIGLU_ALPHA = 1.702
+DEFAULT_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
+EXPERT_PARTS = ("gate_up_proj", "down_proj")
+
+
+@dataclass
+class GptOssBlock:
+    """A layer's parts beyond Llama's: its attention sinks and its mixture of experts."""
+
+    sinks: Any
+    router: Any
+    router_bias: Any
+    #: per expert: (gate/up weight with the gate rows first, its bias, down weight, its bias)
+    experts: list[tuple[Any, Any, Any, Any]]
+
+
+def _required(config: ModelConfig, name: str) -> Any:
+    value = config.raw.get(name)
+    if value is None:
+        raise InvalidArgumentError(f"config.json of {config.architecture} lacks the required field {name!r}")
+    return value
+
+
+class GptOssForCausalLM(LlamaForCausalLM):
+    """GPT-OSS decoder (see the module docstring)."""
+
+    supports_parallel = False
+    supports_decode_graphs = False
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        backend: Backend,
+        max_positions: int,
+        parallel: ModelParallel | None = None,
+    ) -> None:
+        if not backend.supports(Capability.ATTENTION_SINKS):
+            raise UnsupportedModelError(
+                f"{config.architecture} needs attention sinks, which the {backend.name} backend lacks "
+                "(Capability.ATTENTION_SINKS); use device='cpu'"
+            )
+        check_within_window(config, max_positions)
+        super().__init__(config, backend, max_positions, parallel)
+        self.num_experts = int(_required(config, "num_local_experts"))
+        self.top_k = int(_required(config, "num_experts_per_tok"))
+        if not 0 < self.top_k <= self.num_experts:
+            raise InvalidArgumentError(
+                f"config.json: num_experts_per_tok must be between 1 and the {self.num_experts} experts, "
+                f"got {self.top_k}"
+            )
+        self.limit = float(config.raw.get("swiglu_limit", 7.0))
+        self.alpha = float(config.raw.get("swiglu_alpha", SWIGLU_ALPHA))
+        self.layer_types = self._layer_types()
+        #: whether the checkpoint's experts are MXFP4 blocks (set from its tensor names)
+        self.mxfp4 = False
+
+    def _layer_types(self) -> list[str]:
+        layers = self.config.num_hidden_layers
+        types = self.config.raw.get("layer_types")
+        if types is None:
+            return [SLIDING if (i + 1) % 2 else FULL for i in range(layers)]
+        if len(types) != layers or set(types) - {SLIDING, FULL}:
+            raise InvalidArgumentError(
+                f"config.json: layer_types must list {layers} entries of {SLIDING!r} or {FULL!r}, got {types!r}"
+            )
+        return list(types)
+
+    def projection_biases(self) -> ProjectionBiases:
+        attention = bool(self.config.raw.get("attention_bias", True))
+        return ProjectionBiases(qkv=attention, o_proj=attention)
+
+    def rotary_tables(self, freq_factors: Any | None) -> tuple[Any, Any]:
+        parameters = dict(self.config.raw.get("rope_parameters") or self.config.rope_scaling or DEFAULT_ROPE)
+        base = float(parameters.pop("rope_theta", self.config.raw.get("rope_theta", 150000.0)))
+        scaling = (
+            parameters
+            if parameters.get("rope_type", parameters.get("type")) not in (None, "default")
+            else None
+        )
+        return rope_tables(base, self.head_dim, self.max_positions, scaling)
+
+    def preprocess_weights(self, host: dict[str, Any]) -> None:
+        self.mxfp4 = any(name.endswith("experts.gate_up_proj_blocks") for name in host)
+
+    def _expert_tensor_names(self, experts: str) -> list[str]:
+        if self.mxfp4:
+            names = [experts + f"{part}_{kind}" for part in EXPERT_PARTS for kind in ("blocks", "scales")]
+        else:
+            names = [experts + part for part in EXPERT_PARTS]
+        return names + [experts + f"{part}_bias" for part in EXPERT_PARTS]
+
+    def mlp_names(self, layer: int, prefix: str) -> set[str]:
+        mlp = prefix + "mlp."
+        names = {prefix + "self_attn.sinks", mlp + "router.weight", mlp + "router.bias"}
+        return names | set(self._expert_tensor_names(mlp + "experts."))
+
+    def _expert_matrices(self, experts: str, part: str, host: dict[str, Any]) -> list[Any]:
+        """Per expert, `part`'s [out, in] matrix: MXFP4 blocks kept packed, or float transposed
+        from transformers' [in, out]."""
+        if self.mxfp4:
+            return mxfp4_experts_to_ggml(
+                host[experts + part + "_blocks"], host[experts + part + "_scales"], experts + part
+            )
+        stacked = np.asarray(host[experts + part], dtype=np.float32)
+        if stacked.ndim != 3 or len(stacked) != self.num_experts:
+            raise InvalidArgumentError(
+                f"{experts + part} must be [{self.num_experts} experts, in, out], got {stacked.shape}"
+            )
+        return [np.ascontiguousarray(matrix.T) for matrix in stacked]
+
+    def load_mlp(self, layer: int, prefix: str, host: dict[str, Any]) -> GptOssBlock:
+        backend, mlp = self.backend, prefix + "mlp."
+        experts = mlp + "experts."
+        gate_up = self._expert_matrices(experts, "gate_up_proj", host)
+        down = self._expert_matrices(experts, "down_proj", host)
+        gate_up_bias = np.asarray(host[experts + "gate_up_proj_bias"], dtype=np.float32)
+        down_bias = np.asarray(host[experts + "down_proj_bias"], dtype=np.float32)
+        inner = gate_up[0].shape[0] // 2
+        # the checkpoint interleaves gate and up rows (gate at even rows): gate rows first here
+        order = np.concatenate([np.arange(0, 2 * inner, 2), np.arange(1, 2 * inner, 2)])
+        loaded = []
+        for e in range(self.num_experts):
+            matrix = gate_up[e].take_rows(order) if self.mxfp4 else gate_up[e][order]
+            loaded.append(
+                (
+                    backend.linear_weight(matrix),
+                    backend.linear_bias(gate_up_bias[e][order]),
+                    backend.linear_weight(down[e]),
+                    backend.linear_bias(down_bias[e]),
+                )
+            )
+        return GptOssBlock(
+            sinks=backend.from_numpy(np.asarray(host[prefix + "self_attn.sinks"], dtype=np.float32)),
+            router=backend.linear_weight(host[mlp + "router.weight"]),
+            router_bias=backend.linear_bias(host[mlp + "router.bias"]),
+            experts=loaded,
+        )
+
+    def _clamped_swiglu(self, gate_up: np.ndarray) -> np.ndarray:
+        inner = gate_up.shape[1] // 2
+        gate = np.minimum(gate_up[:, :inner], np.float32(self.limit))
+        up = np.clip(gate_up[:, inner:], np.float32(-self.limit), np.float32(self.limit))
+        glu = gate / (np.float32(1.0) + np.exp(-np.float32(self.alpha) * gate))
+        return ((up + np.float32(1.0)) * glu).astype(np.float32)
+
+    def mlp_block(self, layer: LlamaLayerWeights, x: Any) -> Any:
+        ops, block = self.backend, layer.mlp
+        logits = np.asarray(ops.to_numpy(ops.linear(x, block.router, block.router_bias)), dtype=np.float32)
+        chosen = np.argsort(-logits, axis=1, kind="stable")[:, : self.top_k]
+        top = np.take_along_axis(logits, chosen, axis=1)
+        weights = np.exp(top - top.max(axis=1, keepdims=True))
+        weights /= weights.sum(axis=1, keepdims=True)
+        out = np.zeros((logits.shape[0], self.config.hidden_size), dtype=np.float32)
+        for expert in np.unique(chosen):
+            rows, slot = np.nonzero(chosen == expert)
+            gate_up, gate_up_bias, down, down_bias = block.experts[int(expert)]
+            xs = ops.gather_rows(x, ops.from_numpy(rows.astype(np.int64)))
+            hidden = self._clamped_swiglu(np.asarray(ops.to_numpy(ops.linear(xs, gate_up, gate_up_bias))))
+            result = np.asarray(ops.to_numpy(ops.linear(ops.from_numpy(hidden), down, down_bias)))
+            np.add.at(out, rows, result * weights[rows, slot][:, None])
+        return ops.from_numpy(out)
+
+    def layer_forward(
+        self,
+        layer: LlamaLayerWeights,
+        hidden: Any,
+        residual: Any | None,
+        positions: Any,
+        cos: Any,
+        sin: Any,
+        batch: Any,
+        kv_cache: Any,
+    ) -> tuple[Any, Any]:
+        """Attention with the layer's sinks, then the experts (Llama's layer otherwise)."""
+        ops, block, eps = self.backend, layer.attention, self.config.rms_norm_eps
+        normed, residual = ops.rms_norm(hidden, block.input_norm, eps, residual)
+        qkv = ops.linear(normed, block.qkv, block.qkv_bias)
+        tokens, dim = qkv.shape[0], block.head_dim
+        q_size, kv_size = block.num_heads * dim, block.num_kv_heads * dim
+        q = ops.rotary_embedding(qkv[:, :q_size].reshape(tokens, block.num_heads, dim), positions, cos, sin)
+        k = qkv[:, q_size : q_size + kv_size].reshape(tokens, block.num_kv_heads, dim)
+        k = ops.rotary_embedding(k, positions, cos, sin)
+        v = qkv[:, q_size + kv_size :].reshape(tokens, block.num_kv_heads, dim)
+        attended = ops.attention_with_sinks(q, k, v, kv_cache, batch, block.scale, layer.mlp.sinks)
+        attention = ops.linear(attended.reshape(tokens, q_size), block.o_proj, block.o_bias)
+        normed, residual = ops.rms_norm(attention, layer.post_norm, eps, residual)
+        return self.mlp_block(layer, normed), residual

@@ -42,6 +42,9 @@ class Capability(str, enum.Enum):
     #: `encoder_attention`, `encoder_attention_qkv`, `quick_gelu`, `gelu`, `merge_rows`: the ops
     #: of vision encoders
     VISION_OPS = "vision_ops"
+    #: `windowed_attention`: attention over only each query's last `window` positions (sliding-
+    #: window layers of Gemma 3, Mistral, Phi-3, Mixtral beyond their window)
+    SLIDING_WINDOW = "sliding_window"
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,9 @@ CAPABILITY_SPECS: dict[Capability, CapabilitySpec] = {
     Capability.VISION_OPS: CapabilitySpec(
         ("encoder_attention", "encoder_attention_qkv", "quick_gelu", "gelu", "merge_rows"),
         "vision encoder attention and activations run on the host with numpy",
+    ),
+    Capability.SLIDING_WINDOW: CapabilitySpec(
+        ("windowed_attention",), "contexts longer than a model's sliding window are refused", portable=False
     ),
 }
 

@@ -149,10 +149,17 @@ def load_model(config: EngineConfig, setup: EngineSetup, inputs: InputProcessor)
         setup.checkpoint, backend, setup.max_model_len, setup.registry, quantization=config.quantization
     )
     inputs.attach_media(setup.registry, model, setup.model_config, config)
+    window = model.kv_window()  # rank processes (above) keep every block: their managers release none
     spec = plan_kv_cache(
-        config, setup.model_config, backend, setup.max_model_len, model, setup.max_num_batched_tokens
+        config,
+        setup.model_config,
+        backend,
+        setup.max_model_len,
+        model,
+        setup.max_num_batched_tokens,
+        window=window,
     )
-    manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching)
+    manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching, window)
     kv_caches = allocate_kv_cache(backend, spec)
     graphs = None
     if (

@@ -58,6 +58,11 @@ class CausalLM(ABC):
         """KV heads this process caches (its tensor-parallel shard)."""
         return self.config.num_key_value_heads
 
+    def kv_window(self) -> int:
+        """The sliding window every layer attends over (0: some layer sees the whole context):
+        the block manager then releases the blocks behind it."""
+        return 0
+
     @abstractmethod
     def compute_logits(self, hidden: Any) -> Any:
         """Logits [rows, vocab] for the given hidden-state rows."""

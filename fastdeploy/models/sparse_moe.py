@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.models.attention_window import check_within_window
 from fastdeploy.models.llama import DenseMLPWeights, LlamaForCausalLM, LlamaLayerWeights, ProjectionBiases
 from fastdeploy.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
 from fastdeploy.plugins.api import (
@@ -167,7 +166,6 @@ class MixtralForCausalLM(SparseMoEMixin, LlamaForCausalLM):
         max_positions: int,
         parallel: ModelParallel | None = None,
     ) -> None:
-        check_within_window(config, max_positions)
         super().__init__(config, backend, max_positions, parallel)
         self.init_moe()
 

@@ -74,19 +74,23 @@ def rotary(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.nda
     return out
 
 
-def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float) -> np.ndarray:
-    """The last len(q) positions of a sequence attending to all its keys, one head at a time."""
+def causal_attention(
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, window: int = 0
+) -> np.ndarray:
+    """The last len(q) positions of a sequence attending to all its keys (to the last `window`
+    of them where `window` > 0), one head at a time."""
     length, heads, _ = q.shape
     context, kv_heads, _ = keys.shape
     group = heads // kv_heads
     out = np.zeros(q.shape, dtype=np.float64)
     for t in range(length):
         position = context - length + t
+        first = max(0, position + 1 - window) if window > 0 else 0
         for h in range(heads):
             kh = h // group
-            scores = keys[: position + 1, kh].astype(np.float64) @ q[t, h] * scale
+            scores = keys[first : position + 1, kh].astype(np.float64) @ q[t, h] * scale
             weights = np.exp(scores - scores.max())
-            out[t, h] = (weights / weights.sum()) @ values[: position + 1, kh]
+            out[t, h] = (weights / weights.sum()) @ values[first : position + 1, kh]
     return out
 
 

@@ -123,6 +123,7 @@ class CpuBackend(Backend):
             Capability.FUSED_MOE,
             Capability.DEVICE_ROW_REDUCTIONS,
             Capability.VISION_OPS,
+            Capability.SLIDING_WINDOW,
         }
     )
     # logits are host arrays here: the portable reductions are this backend's own
@@ -383,6 +384,20 @@ class CpuBackend(Backend):
         if self.native_isa:
             return native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads)
         return paged_attention(q, k, v, kv_cache, batch, scale)
+
+    def windowed_attention(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        kv_cache: LayerKVCache,
+        batch: CpuAttentionMetadata,
+        scale: float,
+        window: int,
+    ) -> np.ndarray:
+        if self.native_isa:
+            return native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads, window)
+        return paged_attention(q, k, v, kv_cache, batch, scale, window)
 
     def encoder_attention(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray, scale: float

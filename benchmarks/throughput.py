@@ -314,6 +314,11 @@ def main() -> None:
         help="--device cuda: also run the engine with async_scheduling=False (a column of its own)",
     )
     parser.add_argument(
+        "--quantizations",
+        default="",
+        help="--device cuda: comma list of quantization= values, a column each (e.g. wint8,wint4,fp8)",
+    )
+    parser.add_argument(
         "--variant", action="append", default=[], help="LABEL:KEY=VALUE,... an extra fastdeploy row"
     )
     parser.add_argument(

@@ -15,6 +15,8 @@ and prints a table with the ratio fastdeploy / transformers (issue 9's targets o
 
 `--stepwise` adds a column: the engine with `async_scheduling=False` (each step reads its tokens
 before the next is scheduled), to show what overlapping the host's work with the GPU's gains.
+`--quantizations wint8,wint4,fp8` adds a column per weight quantisation (wint4 in groups of 64,
+which divide both shapes' widths).
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ def _prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return rng.integers(300, vocab, (count, length)).tolist()
 
 
-def bench_fastdeploy(directory: str, vocab: int, async_scheduling: bool | None = None) -> dict[str, float]:
+def bench_fastdeploy(
+    directory: str, vocab: int, async_scheduling: bool | None = None, **options: object
+) -> dict[str, float]:
     from fastdeploy import LLM, SamplingParams
 
     llm = LLM(
@@ -59,6 +63,7 @@ def bench_fastdeploy(directory: str, vocab: int, async_scheduling: bool | None =
         max_model_len=PREFILL[1] + 16,
         max_num_seqs=256,
         async_scheduling=async_scheduling,
+        **options,
     )
     figures = {}
 
@@ -122,6 +127,7 @@ def bench_transformers(directory: str, vocab: int) -> dict[str, float]:
 
 def main(args: argparse.Namespace) -> int:
     from fastdeploy.backends.cuda.backend import CudaBackend
+    from fastdeploy.errors import InvalidArgumentError
 
     reason = CudaBackend.unavailable_reason()
     if reason is not None:
@@ -142,17 +148,30 @@ def main(args: argparse.Namespace) -> int:
             gc.collect()  # frees the engine's weights and KV cache before the next one loads
             stepwise = bench_fastdeploy(directory, vocab, async_scheduling=False) if args.stepwise else None
             gc.collect()
+            quantized = {}
+            for name in filter(None, args.quantizations.split(",")):
+                try:
+                    quantized[name] = bench_fastdeploy(
+                        directory, vocab, quantization=name, quantization_group_size=64
+                    )
+                except InvalidArgumentError as exc:  # fp8 on a GPU before sm_89: refused, and why
+                    print(f"{shape} {name}: not run: {exc}", flush=True)
+                gc.collect()
             peer = None if args.skip_peer else bench_transformers(directory, vocab)
         report[shape] = {"fastdeploy": ours, "transformers": peer}
         if stepwise:
             report[shape]["fastdeploy_stepwise"] = stepwise
+        for name, figures in quantized.items():
+            report[shape][f"fastdeploy_{name}"] = figures
         print(f"\n{shape}-shaped Llama, bfloat16, random weights")
         step_header = f" {'stepwise':>9}" if stepwise else ""
+        step_header += "".join(f" {name:>9}" for name in quantized)
         print(
             f"{'benchmark':<46} {'fastdeploy':>11}{step_header} {'transformers':>13} {'ratio':>8} {'target':>7}"
         )
         for key, label in labels.items():
             step = f" {stepwise[key]:9.1f}" if stepwise else ""
+            step += "".join(f" {figures[key]:9.1f}" for figures in quantized.values())
             theirs = f"{peer[key]:13.1f}" if peer else f"{'-':>13}"
             ratio = f"{ours[key] / peer[key]:7.2f}x" if peer else f"{'-':>8}"
             target = f">= {TARGETS[key]:g}x" if key in TARGETS else ""

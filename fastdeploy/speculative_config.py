@@ -2,8 +2,9 @@
 
 Accepted keys (a dict, or its JSON text as `--speculative-config` takes it):
 
-- `method`: "ngram" (prompt lookup: drafts copied from earlier in the sequence) or "draft_model"
-  (a small model proposes for the large one). vLLM's "[ngram]" spelling is accepted; with only a
+- `method`: "ngram" (prompt lookup: drafts copied from earlier in the sequence), "draft_model"
+  (a small model proposes for the large one) or "mtp" (the target checkpoint's own
+  multi-token-prediction layer, DeepSeek-V3's). vLLM's "[ngram]" spelling is accepted; with only a
   `model` given, the method is "draft_model", as in vLLM.
 - `num_speculative_tokens`: drafts per step, 1 to `MAX_SPECULATIVE_TOKENS`.
 - ngram: `max_ngram_size` / `min_ngram_size` (FastDeploy), or `prompt_lookup_max` /
@@ -21,7 +22,7 @@ from typing import Any
 from fastdeploy.errors import InvalidArgumentError
 
 MAX_SPECULATIVE_TOKENS = 16
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "mtp")
 _ALIASES = {"[ngram]": "ngram", "draft": "draft_model"}
 _KNOWN_KEYS = {
     "method",

@@ -8,8 +8,12 @@ Steps (each a subprocess, its output kept in --out):
      32 tokens, bfloat16 first 8 tokens and log-probabilities, for Llama, Qwen3 and ERNIE-4.5
      MoE at SmolLM2 and Llama-3.2-1B shapes;
   3. the CPU-side suites of the cuda backend, now with a GPU present (conformance on `cuda`);
-  4. the kernel benchmarks against torch (benchmarks/cuda_kernels.py);
-  5. the engine against transformers (benchmarks/throughput.py --device cuda).
+  4. the kernel benchmarks against torch (benchmarks/cuda_kernels.py; the quantised matmuls of
+     issue 32 among them, `--kernel quant`);
+  5. the engine against transformers (benchmarks/throughput.py --device cuda), with a column per
+     weight quantisation (wint8, wint4, fp8);
+  6. greedy agreement and perplexity of each quantisation against bf16 (benchmarks/accuracy.py
+     --device cuda, 8 prompts x 32 tokens).
 `--quick` keeps the SmolLM2 shape only. Nothing is installed; a missing module is reported.
 
 On a GPU machine without a package registry (`pip install -e .` cannot fetch the build backend),
@@ -118,11 +122,20 @@ def main() -> int:
                 "cuda",
                 "--shapes",
                 shapes,
+                "--quantizations",
+                "wint8,wint4,fp8",
                 "--json",
                 os.path.join(out_dir, "throughput.json"),
             ],
             {},
             5400,
+        ),
+        (
+            "accuracy",
+            [python, "benchmarks/accuracy.py", "--device", "cuda", "--prompts", "8", "--tokens", "32"]
+            + ["--json", os.path.join(out_dir, "accuracy.json")],
+            {},
+            1800,
         ),
     ]
     results = [

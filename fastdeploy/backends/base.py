@@ -337,6 +337,36 @@ class Backend(Platform, DeviceOps):
         """
         raise NotImplementedError(f"the {self.name} backend has no sliding-window attention")
 
+    # --- Capability.LATENT_ATTENTION (no portable default) ---------------------------------------
+    def latent_attention(
+        self,
+        q_nope: Any,
+        q_rope: Any,
+        latent: Any,
+        k_rope: Any,
+        kv_cache: Any,
+        batch: Any,
+        absorb_k: Any,
+        absorb_v: Any,
+        scale: float,
+    ) -> Any:
+        """Multi-head latent attention (DeepSeek-V2/V3) over a cache of `KVCacheSpec.kind` "latent".
+
+        Each token's cache slot gets its latent [tokens, lora] (the normed compressed KV) followed
+        by its rotated rotary key k_rope [tokens, rope], one vector of lora + rope. Head h's key at
+        a cached position is (latent @ absorb_k[h].T, k_rope) and its value latent @ absorb_v[h].T,
+        with absorb_k [heads, nope, lora] and absorb_v [heads, v_dim, lora] (the rows of the
+        checkpoint's `kv_b_proj`). Queries are q_nope [tokens, heads, nope] and the rotated q_rope
+        [tokens, heads, rope]; causal softmax(q.k * scale) over each sequence's cache, as
+        `attention`. Returns [tokens, heads, v_dim].
+
+        How is the backend's choice: expanding the cached latents to per-head keys and values
+        (cheap for prefill, where many queries share them), or absorbing absorb_k into the
+        queries and absorb_v into the output, which reads the latents directly (decode: one query
+        per sequence, and no per-head keys are ever formed). Both give the same results.
+        """
+        raise NotImplementedError(f"the {self.name} backend has no multi-head latent attention")
+
     # --- Capability.DEVICE_SAMPLING (no portable default) ----------------------------------------
     def sample_top_k_top_p(
         self,

@@ -45,6 +45,11 @@ class Capability(str, enum.Enum):
     #: `windowed_attention`: attention over only each query's last `window` positions (sliding-
     #: window layers of Gemma 3, Mistral, Phi-3, Mixtral beyond their window)
     SLIDING_WINDOW = "sliding_window"
+    #: `latent_attention`: multi-head latent attention (DeepSeek-V3) over a "latent" KV cache
+    LATENT_ATTENTION = "latent_attention"
+    #: `supported_quantizations`, `quantization_refusal`: linear weights kept packed (quantised at
+    #: load with `quantization=`, or a quantised checkpoint's blocks) and multiplied in that form
+    QUANTIZED_WEIGHTS = "quantized_weights"
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,16 @@ CAPABILITY_SPECS: dict[Capability, CapabilitySpec] = {
     ),
     Capability.SLIDING_WINDOW: CapabilitySpec(
         ("windowed_attention",), "contexts longer than a model's sliding window are refused", portable=False
+    ),
+    Capability.LATENT_ATTENTION: CapabilitySpec(
+        ("latent_attention",),
+        "models with multi-head latent attention (DeepSeek-V3) are refused",
+        portable=False,
+    ),
+    Capability.QUANTIZED_WEIGHTS: CapabilitySpec(
+        ("supported_quantizations", "quantization_refusal"),
+        "quantization= is refused; a quantised checkpoint is dequantised to the compute dtype at load",
+        portable=False,
     ),
 }
 

@@ -32,6 +32,9 @@ class Platform:
     #: max_model_len): more tokens per step amortise a step's fixed cost (kernel launches) on
     #: accelerators, fewer keep a host backend's steps short
     default_max_num_batched_tokens: ClassVar[int] = 2048
+    #: the host form `quantization=` gives linear weights here: "ggml" (GGML Q8_0 / Q4_1 blocks,
+    #: `GGMLTensor`) or "weight_only" (`WeightOnlyTensor`: FastDeploy's wint8 / wint4, block FP8)
+    weight_packing: ClassVar[str] = "ggml"
 
     options: BackendOptions
 
@@ -88,9 +91,22 @@ class Platform:
 
         A quantised checkpoint reaches `linear_weight` as `GGMLTensor` parts (GGML Q8_0 / Q4_1
         blocks; `np.asarray` dequantises them); a backend lists a quantisation here when it keeps
-        those blocks and multiplies by them directly. See fastdeploy/model_executor/quantization.py.
+        those blocks and multiplies by them directly. A backend whose `weight_packing` is
+        "weight_only" gets `WeightOnlyTensor` parts instead (FastDeploy's wint8 / wint4 layouts,
+        block FP8). See fastdeploy/model_executor/quantization.py.
         """
         return ()
+
+    def quantization_refusal(self, quantization: str) -> str | None:
+        """Why `quantization` cannot run here although this kind of backend runs it (the device
+        lacks the instructions: FP8 before compute capability 8.9), or None. Joined to the
+        refusal that lists `supported_quantizations()`."""
+        return None
+
+    def loaded_weights_summary(self) -> str | None:
+        """One line on the weights this backend holds (bytes by storage format), logged after
+        load; None: nothing to say."""
+        return None
 
     # --- memory ---------------------------------------------------------------------------
     @abstractmethod

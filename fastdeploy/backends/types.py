@@ -37,6 +37,12 @@ class BackendOptions:
             return os.cpu_count() or 1
 
 
+#: what a KV cache slot holds per layer: "kv", a key and a value vector of `head_dim` per KV head;
+#: "latent", one vector of `head_dim` per token (multi-head latent attention: the compressed
+#: latent then the rotary key part, read as keys and as values; `num_kv_heads` is 1)
+KV_CACHE_KINDS = ("kv", "latent")
+
+
 @dataclass(frozen=True)
 class KVCacheSpec:
     """Shape of the paged KV cache: `num_blocks` blocks of `block_size` token slots per layer."""
@@ -47,13 +53,20 @@ class KVCacheSpec:
     num_kv_heads: int
     head_dim: int
     dtype: str = "float32"
+    #: one of `KV_CACHE_KINDS`; a backend allocates a "latent" cache only if it declares
+    #: `Capability.LATENT_ATTENTION`
+    kind: str = "kv"
+
+    def bytes_per_position(self) -> int:
+        """Bytes one token slot takes across all layers (int8: with a float32 scale per vector)."""
+        itemsize = KV_ITEM_BYTES.get(self.dtype) or np.dtype(self.dtype).itemsize
+        per_vector = self.head_dim * itemsize + (4 if self.dtype == "int8" else 0)
+        vectors = 1 if self.kind == "latent" else 2
+        return vectors * self.num_layers * self.num_kv_heads * per_vector
 
     def bytes_per_block(self) -> int:
-        """Bytes one block takes across all layers, keys and values (int8: with a float32 scale per
-        position and kv head)."""
-        itemsize = KV_ITEM_BYTES.get(self.dtype) or np.dtype(self.dtype).itemsize
-        per_position = self.head_dim * itemsize + (4 if self.dtype == "int8" else 0)
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * per_position
+        """Bytes one block takes across all layers, keys and values (or latents)."""
+        return self.block_size * self.bytes_per_position()
 
 
 @dataclass

@@ -38,6 +38,7 @@ from fastdeploy.model_executor.model_loader import (
     build_model,
     check_backend_kv_cache_dtype,
     check_backend_quantization,
+    check_model_quantization,
     inspect_checkpoint,
 )
 from fastdeploy.model_resolver import resolve_model
@@ -79,6 +80,9 @@ def prepare(config: EngineConfig) -> EngineSetup:
         check_backend_kv_cache_dtype(config, backend)
     model_path = resolve_model(config.model, config.revision, config.gguf_file)
     checkpoint = inspect_checkpoint(model_path, registry)
+    check_model_quantization(
+        config.quantization, config.quantization_group_size, checkpoint, backend_class.weight_packing
+    )
     model_config = checkpoint.config
     max_model_len = resolve_max_model_len(config, model_config, backend)
     max_num_batched_tokens = config.max_num_batched_tokens or max(
@@ -146,24 +150,24 @@ def load_model(config: EngineConfig, setup: EngineSetup, inputs: InputProcessor)
         return LoadedModel(setup.remote, manager)
     backend = setup.backend
     model = build_model(
-        setup.checkpoint, backend, setup.max_model_len, setup.registry, quantization=config.quantization
+        setup.checkpoint,
+        backend,
+        setup.max_model_len,
+        setup.registry,
+        quantization=config.quantization,
+        quantization_group_size=config.quantization_group_size,
     )
     inputs.attach_media(setup.registry, model, setup.model_config, config)
     window = model.kv_window()  # rank processes (above) keep every block: their managers release none
     spec = plan_kv_cache(
-        config,
-        setup.model_config,
-        backend,
-        setup.max_model_len,
-        model,
-        setup.max_num_batched_tokens,
-        window=window,
+        config, backend, setup.max_model_len, model, setup.max_num_batched_tokens, window=window
     )
     manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching, window)
     kv_caches = allocate_kv_cache(backend, spec)
     graphs = None
     if (
         not config.enforce_eager
+        and config.runner == "generate"  # the pooling runner never decodes
         and backend.supports(Capability.GRAPH_CAPTURE)
         and getattr(model, "supports_decode_graphs", True)
     ):

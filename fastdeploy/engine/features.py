@@ -23,6 +23,7 @@ from fastdeploy.engine.spec_decode.decoder import SpeculativeDecoder, build_spec
 from fastdeploy.engine.spec_decode.proposal import ProposerContext
 from fastdeploy.engine.step_feature import StepFeature
 from fastdeploy.input.tokenizer import Tokenizer
+from fastdeploy.model_executor.model_runner import ModelRunner
 
 
 @dataclass
@@ -64,6 +65,8 @@ def build_features(
             manager.block_size,
             manager.num_blocks,
             setup.model_config.vocab_size,
+            setup.checkpoint,
+            loaded.executor if isinstance(loaded.executor, ModelRunner) else None,
         )
         spec_decoder = build_speculative_decoder(config.speculative_config, context, manager)
     guided = GuidedDecoder(

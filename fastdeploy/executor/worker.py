@@ -37,6 +37,7 @@ from fastdeploy.model_executor.model_loader import (
     build_model,
     check_backend_kv_cache_dtype,
     check_backend_quantization,
+    check_model_quantization,
     inspect_checkpoint,
 )
 from fastdeploy.model_executor.model_runner import ModelRunner
@@ -111,8 +112,17 @@ class Worker:
         # the shard loads while the communicator's runtime imports
         importing = _Background(communicator.preload) if communicator is not None else None
         checkpoint = inspect_checkpoint(spec.model_path, registry)
+        check_model_quantization(
+            config.quantization, config.quantization_group_size, checkpoint, backend_class.weight_packing
+        )
         self.model = build_model(
-            checkpoint, self.backend, spec.max_model_len, registry, self.parallel, config.quantization
+            checkpoint,
+            self.backend,
+            spec.max_model_len,
+            registry,
+            self.parallel,
+            config.quantization,
+            config.quantization_group_size,
         )
         laps.lap("shard")
         if communicator is not None:
@@ -120,14 +130,8 @@ class Worker:
             laps.lap(f"{communicator.name} import")
             self.parallel.connect(create_communicator(self.backend, rendezvous, registry))
             laps.lap("group join")
-        local_config = dataclasses.replace(
-            checkpoint.config,
-            num_hidden_layers=self.model.kv_cache_layers(),
-            num_key_value_heads=self.model.kv_cache_heads(),
-        )
         self.kv_spec = plan_kv_cache(
             config,
-            local_config,
             self.backend,
             spec.max_model_len,
             self.model,

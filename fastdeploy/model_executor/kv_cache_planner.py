@@ -6,7 +6,7 @@ import dataclasses
 
 from fastdeploy.backends.base import Backend, KVCacheSpec
 from fastdeploy.backends.profiling import profiled_kv_cache_budget
-from fastdeploy.config import EngineConfig, ModelConfig
+from fastdeploy.config import EngineConfig
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
 from fastdeploy.models.base import CausalLM
@@ -29,7 +29,6 @@ def tokens_held(window: int, max_model_len: int, max_num_batched_tokens: int, bl
 
 def plan_kv_cache(
     config: EngineConfig,
-    model_config: ModelConfig,
     backend: Backend,
     max_model_len: int,
     model: CausalLM,
@@ -43,20 +42,14 @@ def plan_kv_cache(
     a profiling forward pass over `max_num_batched_tokens` tokens (accelerator backends measure
     it; host backends take that share of the free memory). It is capped at what `max_num_seqs`
     sequences of `max_model_len` tokens could ever use (with `window`, the sliding window of every
-    layer where the block manager releases the blocks behind it: of the window plus a prefill chunk). `num_gpu_blocks_override` replaces the
-    computed count. `memory_share` is this process's part of the free memory when several
-    rank processes of one model share it (host backends); `model_config` gives the layers and KV
-    heads this process caches.
+    layer where the block manager releases the blocks behind it: of the window plus a prefill
+    chunk). `num_gpu_blocks_override` replaces the computed count. `memory_share` is this process's part of the free memory when several
+    rank processes of one model share it (host backends). The model says what it caches per
+    token (`CausalLM.kv_cache_spec`: its rank's layers and KV heads, or its latent vector).
     """
-    spec = KVCacheSpec(
-        num_layers=model_config.num_hidden_layers,
-        num_blocks=0,
-        block_size=config.block_size,
-        num_kv_heads=model_config.num_key_value_heads,
-        head_dim=model_config.head_dim,
-        # "auto" caches in the compute dtype, which the backend has resolved by now
-        dtype=backend.options.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype,
-    )
+    # "auto" caches in the compute dtype, which the backend has resolved by now
+    dtype = backend.options.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
+    spec = model.kv_cache_spec(0, config.block_size, dtype)
     per_block = spec.bytes_per_block()
     free = backend.free_memory_bytes()
     held = tokens_held(window, max_model_len, max_num_batched_tokens, config.block_size)

@@ -10,7 +10,12 @@ from fastdeploy.config import EngineConfig, ModelConfig
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
-from fastdeploy.model_executor.quantization import quantize_tensors
+from fastdeploy.model_executor.quantization import (
+    check_quantization_shapes,
+    fp8_block_checkpoint,
+    pair_fp8_scales,
+    quantize_tensors,
+)
 from fastdeploy.models.base import CausalLM
 from fastdeploy.parallel.model_parallel import ModelParallel
 from fastdeploy.plugins.registry import PluginRegistry, first_that_can_load
@@ -38,9 +43,20 @@ def check_backend_quantization(quantization: str | None, backend: Backend) -> No
     supported = backend.supported_quantizations()
     if quantization is not None and quantization not in supported:
         runs = ", ".join(supported) or "no weight quantisation"
+        reason = backend.quantization_refusal(quantization)
+        if reason is not None:
+            raise InvalidArgumentError(f"{reason}; this backend ({backend.describe()}) runs: {runs}")
         raise InvalidArgumentError(
             f"quantization={quantization!r} cannot run on this backend ({backend.describe()}); it runs: {runs}"
         )
+
+
+def check_model_quantization(
+    quantization: str | None, group_size: int, checkpoint: CheckpointInfo, packing: str
+) -> None:
+    """Refuse a quantisation the model's shapes do not allow (wint4 groups), from its config;
+    `packing` is the device backend's `weight_packing`."""
+    check_quantization_shapes(quantization, group_size, checkpoint.config, packing)
 
 
 def check_backend_kv_cache_dtype(config: EngineConfig, backend: Backend) -> None:
@@ -72,9 +88,11 @@ def build_model(
     registry: PluginRegistry,
     parallel: ModelParallel | None = None,
     quantization: str | None = None,
+    quantization_group_size: int = 128,
 ) -> CausalLM:
     """Instantiate the registered architecture and load its weights (this rank's shard) onto the
-    backend, quantising a float checkpoint's linear layers first when `quantization` is given."""
+    backend, quantising a float checkpoint's linear layers first when `quantization` is given (in
+    the backend's `weight_packing`)."""
     cls = model_class(checkpoint, registry)
     name = checkpoint.config.architecture
     start = time.perf_counter()
@@ -83,9 +101,16 @@ def build_model(
     else:
         model = cls(checkpoint.config, backend, max_positions)
     tensors = checkpoint.loader.load_tensors(checkpoint.path)
+    if fp8_block_checkpoint(checkpoint.config):
+        tensors = pair_fp8_scales(tensors, checkpoint.path)
     if quantization is not None:
         tensors = quantize_tensors(
-            tensors, quantization, checkpoint.config.tie_word_embeddings, checkpoint.path
+            tensors,
+            quantization,
+            checkpoint.config.tie_word_embeddings,
+            checkpoint.path,
+            backend.weight_packing,
+            quantization_group_size,
         )
     model.load_weights(tensors)
     logger.info(
@@ -95,4 +120,7 @@ def build_model(
         checkpoint.loader.name,
         time.perf_counter() - start,
     )
+    summary = backend.loaded_weights_summary()
+    if summary is not None:
+        logger.info("%s: %s", name, summary)
     return model

@@ -12,6 +12,7 @@ import numpy as np
 
 from fastdeploy.backends.base import Backend, BatchLayout
 from fastdeploy.model_executor.batch import BatchSequence, ScheduledBatch
+from fastdeploy.model_executor.pooling import pool_chunk, pooled_rows
 from fastdeploy.models.base import CausalLM
 
 
@@ -177,6 +178,10 @@ class ModelRunner:
         self.block_size = block_size
         #: captured decode steps (`Backend.decode_graphs`), None when running eagerly
         self.graphs = graphs
+        #: called after each `execute` with the batch and the pass's final hidden states [tokens,
+        #: hidden] (device), when set: the MTP proposer drafts from the target's hidden states
+        self.hidden_listener: Callable[[ScheduledBatch, Any], None] | None = None
+        self._pass_hidden: Any = None
 
     def execute(
         self, batch: ScheduledBatch, feed: Callable[[BatchLayout], Any] | None = None
@@ -191,6 +196,9 @@ class ModelRunner:
         start = time.perf_counter()
         input_ids = None if feed is None else feed(layout)
         logits = self.run(layout, extra_model_inputs(batch), input_ids)
+        if self.hidden_listener is not None and self._pass_hidden is not None:
+            self.hidden_listener(batch, self._pass_hidden)
+            self._pass_hidden = None
         return logits, sampling, time.perf_counter() - start
 
     def run(self, layout: BatchLayout, extra: dict[str, Any] | None = None, input_ids: Any = None) -> Any:
@@ -203,20 +211,47 @@ class ModelRunner:
         """
         if layout.block_copies.size:
             self.backend.copy_kv_blocks(self.kv_caches, layout.block_copies, self.block_size)
-        if self.graphs is not None and not extra:  # captured graphs take no extra inputs
+        # captured graphs take no extra inputs and keep their hidden states
+        if self.graphs is not None and not extra and self.hidden_listener is None:
             logits = self.graphs.run(layout, input_ids)
             if logits is not None:
                 return logits
+        hidden = self.hidden_states(layout, extra, input_ids)
+        if self.hidden_listener is not None:
+            self._pass_hidden = hidden
+        if hidden is None or not layout.logits_indices.size:
+            return None
+        backend = self.backend
+        rows = backend.gather_rows(hidden, backend.from_numpy(layout.logits_indices))
+        return self.model.compute_logits(rows)
+
+    def hidden_states(
+        self, layout: BatchLayout, extra: dict[str, Any] | None = None, input_ids: Any = None
+    ) -> Any:
+        """The model's final hidden states of every token of `layout` (device; None on a pipeline
+        stage that hands its activations on)."""
         backend = self.backend
         metadata = backend.prepare_batch(layout)
-        hidden = self.model.forward(
+        return self.model.forward(
             backend.from_numpy(layout.input_ids) if input_ids is None else input_ids,
             backend.from_numpy(layout.positions),
             metadata,
             self.kv_caches,
             **(extra or {}),
         )
-        if hidden is None or not layout.logits_indices.size:
-            return None
-        rows = backend.gather_rows(hidden, backend.from_numpy(layout.logits_indices))
-        return self.model.compute_logits(rows)
+
+    def pool(self, batch: ScheduledBatch, pooling_type: str) -> tuple[np.ndarray, float]:
+        """(per sequence of `batch`, what its chunk gives `pooling_type` [seqs, hidden] float32 on
+        the host, forward seconds): the pooling runner's pass (`model_executor/pooling.py`).
+
+        Only the rows the pooling reads come to the host: one per sequence for LAST and CLS."""
+        layout, _ = build_layout(batch, self.block_size)
+        start = time.perf_counter()
+        hidden = self.hidden_states(layout, extra_model_inputs(batch))
+        backend = self.backend
+        rows = pooled_rows(layout.query_lens, pooling_type)
+        if rows is not None:
+            pooled = backend.to_numpy(backend.gather_rows(hidden, backend.from_numpy(rows)))
+        else:
+            pooled = pool_chunk(backend.to_numpy(hidden), layout.query_lens, pooling_type)
+        return np.asarray(pooled, dtype=np.float32), time.perf_counter() - start

@@ -19,6 +19,12 @@ Which tensors: the 2-D weights of linear layers, recognised by transformers' nam
 attention and MLP projections, experts included, and `lm_head.weight`, or the embedding when the
 head is tied to it); their input size must be a multiple of 32 (the block), else they stay float.
 Norms, biases, routers (`mlp.gate.weight`) and an untied embedding stay float.
+
+A backend whose `weight_packing` is "weight_only" (the cuda backend) gets `WeightOnlyTensor`s
+instead, in the layouts its Triton kernels read (fastdeploy/formats/weight_only.py): `wint8`
+per output channel, `wint4` with one scale per `quantization_group_size` inputs, `fp8` block-wise
+e4m3 with 128 x 128 scales. The head is wint8 under wint8 and wint4 (as above, the sensitive
+matrix) and stays float under fp8 (as DeepSeek-V3's FP8 checkpoints keep it).
 """
 
 from __future__ import annotations
@@ -27,10 +33,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
+from fastdeploy.config import ModelConfig
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.formats.weight_only import FP8_BLOCK, WeightOnlyTensor, quantize_weight_only
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -41,17 +50,19 @@ _FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 @dataclass(frozen=True)
 class WeightQuantization:
-    """A `quantization=` choice: the GGML block type of the layers and of the output head."""
+    """A `quantization=` choice: the GGML block type of the layers and of the output head (None:
+    no GGML form; only backends with "weight_only" packing list it)."""
 
     name: str
-    layer_type: str
-    head_type: str
+    layer_type: str | None
+    head_type: str | None
 
 
-#: what each of `config.QUANTIZATION_NAMES` becomes
+#: what each of `config.QUANTIZATION_NAMES` becomes under "ggml" packing
 QUANTIZATIONS = {
     "wint8": WeightQuantization("wint8", "Q8_0", "Q8_0"),
     "wint4": WeightQuantization("wint4", "Q4_1", "Q8_0"),
+    "fp8": WeightQuantization("fp8", None, None),
 }
 
 
@@ -135,10 +146,25 @@ def quantize_matrix(matrix: np.ndarray, type_name: str) -> GGMLTensor:
     return GGMLTensor(int(qtype), rows, values.shape)
 
 
+def _weight_only(matrix: np.ndarray, quantization: str, head: bool, group_size: int) -> Any:
+    """The "weight_only" packing of one matrix (see the module docstring), or the matrix itself."""
+    if head:
+        return matrix if quantization == "fp8" else quantize_weight_only(matrix, "wint8")
+    if quantization == "wint4" and matrix.shape[1] % group_size:
+        return quantize_weight_only(matrix, "wint8")  # `check_quantization_shapes` names the widths
+    return quantize_weight_only(matrix, quantization, group_size)
+
+
 def quantize_tensors(
-    tensors: Iterable[tuple[str, Any]], quantization: str, tie_word_embeddings: bool, source: str
+    tensors: Iterable[tuple[str, Any]],
+    quantization: str,
+    tie_word_embeddings: bool,
+    source: str,
+    packing: str = "ggml",
+    group_size: int = 128,
 ) -> Iterator[tuple[str, Any]]:
-    """The loader's (name, tensor) stream with linear-layer weights turned into GGML blocks."""
+    """The loader's (name, tensor) stream with linear-layer weights quantised: GGML blocks
+    (`packing` "ggml") or `WeightOnlyTensor`s ("weight_only", wint4 groups of `group_size`)."""
     method = QUANTIZATIONS[quantization]
     kept_float: list[str] = []
     for name, tensor in tensors:
@@ -146,13 +172,19 @@ def quantize_tensors(
         if not (head or _is_linear(name)) or len(tensor.shape) != 2:
             yield name, tensor
             continue
-        if isinstance(tensor, GGMLTensor) or np.dtype(tensor.dtype).name not in _FLOAT_DTYPES:
+        if (
+            isinstance(tensor, (GGMLTensor, WeightOnlyTensor))
+            or np.dtype(tensor.dtype).name not in _FLOAT_DTYPES
+        ):
             kind = tensor.type_name if isinstance(tensor, GGMLTensor) else np.dtype(tensor.dtype).name
             raise InvalidArgumentError(
                 f"quantization={quantization!r} needs a float32, float16 or bfloat16 checkpoint, but "
                 f"{name} of {source} is {kind}; load it without quantization= (its own weights are "
                 "used as they are)"
             )
+        if packing == "weight_only":
+            yield name, _weight_only(np.asarray(tensor), quantization, head, group_size)
+            continue
         if tensor.shape[1] % BLOCK:
             kept_float.append(name)
             yield name, tensor
@@ -165,4 +197,85 @@ def quantize_tensors(
             len(kept_float),
             BLOCK,
             ", ".join(kept_float[:4]),
+        )
+
+
+def linear_input_widths(config: ModelConfig) -> dict[str, int]:
+    """The input widths of a decoder's linear layers, from config.json (before any weight)."""
+    raw = config.raw
+    widths = {
+        "hidden_size": config.hidden_size,
+        "num_attention_heads * head_dim": config.num_attention_heads * config.head_dim,
+        "intermediate_size": config.intermediate_size,
+    }
+    for key in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+        value = raw.get(key)
+        if isinstance(value, int) and value > 0:
+            widths[key] = value
+    return widths
+
+
+def check_quantization_shapes(
+    quantization: str | None, group_size: int, config: ModelConfig, packing: str
+) -> None:
+    """Refuse wint4 whose group size does not divide every linear layer's input width (checked
+    from config.json at construction, before the weights load)."""
+    if quantization != "wint4" or packing != "weight_only":
+        return
+    bad = {name: width for name, width in linear_input_widths(config).items() if width % group_size}
+    if bad:
+        listed = ", ".join(f"{name} = {width}" for name, width in bad.items())
+        raise InvalidArgumentError(
+            f"quantization='wint4' with quantization_group_size={group_size} needs every linear layer's "
+            f"input width to be a multiple of {group_size}, but this model's {listed}; supported: "
+            "quantization_group_size 64 or 128 dividing those widths, or quantization='wint8' / 'fp8'"
+        )
+
+
+def fp8_block_checkpoint(config: ModelConfig) -> bool:
+    """Whether config.json declares block-wise FP8 weights with 128 x 128 scales (DeepSeek-V3's and
+    Qwen3-FP8's `quantization_config`: quant_method "fp8", weight_block_size [128, 128])."""
+    quant = config.raw.get("quantization_config")
+    if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
+        return False
+    block = quant.get("weight_block_size")
+    if list(block or ()) != [FP8_BLOCK, FP8_BLOCK]:
+        raise InvalidArgumentError(
+            f"FP8 checkpoints are read with 128 x 128 block scales (weight_block_size [128, 128]); this "
+            f"one declares weight_block_size {block!r}"
+        )
+    return True
+
+
+def pair_fp8_scales(tensors: Iterable[tuple[str, Any]], source: str) -> Iterator[tuple[str, Any]]:
+    """A block-FP8 checkpoint's stream with each e4m3 `X.weight` and its `X.weight_scale_inv`
+    joined into one `WeightOnlyTensor` ("fp8") under `X.weight` (the two may sit in different
+    shards: the first waits, memory-mapped, for the second). Other tensors pass unchanged."""
+    pending: dict[str, Any] = {}
+    for name, tensor in tensors:
+        if name.endswith(".weight_scale_inv"):
+            base = name[: -len("_scale_inv")]
+        elif name.endswith(".weight") and np.dtype(tensor.dtype) == np.dtype(ml_dtypes.float8_e4m3fn):
+            base = name
+        else:
+            yield name, tensor
+            continue
+        if base not in pending:
+            pending[base] = (name, tensor)
+            continue
+        _, other = pending.pop(base)
+        weight, scales = (tensor, other) if name == base else (other, tensor)
+        yield (
+            base,
+            WeightOnlyTensor(
+                "fp8",
+                np.asarray(weight).view(np.uint8),
+                np.asarray(scales, dtype=np.float32),
+                tuple(weight.shape),
+            ),
+        )
+    if pending:
+        raise InvalidArgumentError(
+            f"FP8 checkpoint {source}: {', '.join(sorted(pending)[:4])} without its weight / "
+            "weight_scale_inv partner"
         )

@@ -18,6 +18,7 @@ import numpy as np
 
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.formats.weight_only import WeightOnlyTensor
 
 
 def _default_inv_freq(base: float, rotary_dim: int) -> np.ndarray:
@@ -152,7 +153,7 @@ def rope_tables(
     return (np.cos(angles) * multiplier).astype(np.float32), (np.sin(angles) * multiplier).astype(np.float32)
 
 
-def interleaved_to_half_rows(rows: np.ndarray | GGMLTensor, num_heads: int) -> np.ndarray | GGMLTensor:
+def interleaved_to_half_rows(rows: Any, num_heads: int) -> Any:
     """A q/k projection weight [heads * head_dim, in] (or bias [heads * head_dim]) with each head's
     rows reordered from adjacent pairs (2i, 2i+1) to halves (i, i + head_dim/2).
 
@@ -163,4 +164,4 @@ def interleaved_to_half_rows(rows: np.ndarray | GGMLTensor, num_heads: int) -> n
     count = rows.shape[0]
     half = count // num_heads // 2
     order = np.arange(count).reshape(num_heads, half, 2).swapaxes(1, 2).reshape(count)
-    return rows.take_rows(order) if isinstance(rows, GGMLTensor) else rows[order]
+    return rows.take_rows(order) if isinstance(rows, (GGMLTensor, WeightOnlyTensor)) else rows[order]

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fastdeploy.backends.base import Backend
+from fastdeploy.backends.base import Backend, KVCacheSpec
 from fastdeploy.config import ModelConfig
 from fastdeploy.errors import WeightLoadError
 from fastdeploy.parallel.model_parallel import ModelParallel
@@ -62,6 +62,14 @@ class CausalLM(ABC):
         """The sliding window every layer attends over (0: some layer sees the whole context):
         the block manager then releases the blocks behind it."""
         return 0
+
+    def kv_cache_spec(self, num_blocks: int, block_size: int, dtype: str) -> KVCacheSpec:
+        """The KV cache this process holds: a key and a value of `head_dim` per KV head of its
+        layers (`kv_cache_layers`, `kv_cache_heads`). A model with another cache (multi-head
+        latent attention's one latent vector per token) returns its own kind."""
+        return KVCacheSpec(
+            self.kv_cache_layers(), num_blocks, block_size, self.kv_cache_heads(), self.config.head_dim, dtype
+        )
 
     @abstractmethod
     def compute_logits(self, hidden: Any) -> Any:

@@ -29,6 +29,7 @@ from fastdeploy.plugins.api import (
     AttentionBlock,
     Backend,
     CausalLM,
+    InvalidArgumentError,
     MLPBlock,
     ModelConfig,
     ModelParallel,
@@ -44,6 +45,14 @@ from fastdeploy.plugins.api import (
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 logger = get_logger(__name__)
+
+
+def required_field(config: ModelConfig, *names: str) -> Any:
+    """The first of `names` config.json has (aliases of one field), or an error naming it."""
+    for name in names:
+        if config.raw.get(name) is not None:
+            return config.raw[name]
+    raise InvalidArgumentError(f"config.json of {config.architecture} lacks the required field {names[0]!r}")
 
 
 @dataclass(frozen=True)

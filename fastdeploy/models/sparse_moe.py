@@ -1,5 +1,5 @@
 """Sparse mixture-of-experts decoders: Mixtral, Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B) and
-Qwen3-MoE, registered as a built-in plugin.
+Qwen3-MoE, registered as a built-in plugin, which also registers DeepSeek-V3 (`deepseek_v3.py`).
 
 Each is its dense sibling (Llama, Qwen2, Qwen3) with the feed-forward block of some layers
 replaced by `top_k`-of-`num_experts` routed SwiGLU experts:
@@ -25,7 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.models.llama import DenseMLPWeights, LlamaForCausalLM, LlamaLayerWeights, ProjectionBiases
+from fastdeploy.models.deepseek_v3 import DeepseekV3ForCausalLM
+from fastdeploy.models.llama import (
+    DenseMLPWeights,
+    LlamaForCausalLM,
+    LlamaLayerWeights,
+    ProjectionBiases,
+    required_field,
+)
 from fastdeploy.models.qwen import Qwen2ForCausalLM, Qwen3ForCausalLM
 from fastdeploy.plugins.api import (
     Backend,
@@ -45,14 +52,6 @@ class SparseMoEWeights:
     shared: DenseMLPWeights | None = None
     #: [1, hidden] weight of the shared expert's sigmoid gate (Qwen2-MoE)
     shared_gate: Any | None = None
-
-
-def _required(config: ModelConfig, *names: str) -> Any:
-    """The first of `names` config.json has (aliases of one field), or an error naming it."""
-    for name in names:
-        if config.raw.get(name) is not None:
-            return config.raw[name]
-    raise InvalidArgumentError(f"config.json of {config.architecture} lacks the required field {names[0]!r}")
 
 
 class SparseMoEMixin:
@@ -76,8 +75,8 @@ class SparseMoEMixin:
     def moe_config(self) -> None:
         """Read the expert fields of config.json (called once from `__init__`); transformers 5
         saves Qwen-MoE's `num_experts` as `num_local_experts`."""
-        self.num_experts = int(_required(self.config, "num_experts", "num_local_experts"))
-        self.top_k = int(_required(self.config, "num_experts_per_tok"))
+        self.num_experts = int(required_field(self.config, "num_experts", "num_local_experts"))
+        self.top_k = int(required_field(self.config, "num_experts_per_tok"))
         self.norm_topk_prob = bool(self.config.raw.get("norm_topk_prob", False))
         raw = self.config.raw
         step = int(raw.get("decoder_sparse_step", 1) or 1)
@@ -173,8 +172,8 @@ class MixtralForCausalLM(SparseMoEMixin, LlamaForCausalLM):
         return ProjectionBiases()
 
     def moe_config(self) -> None:
-        self.num_experts = int(_required(self.config, "num_local_experts"))
-        self.top_k = int(_required(self.config, "num_experts_per_tok"))
+        self.num_experts = int(required_field(self.config, "num_local_experts"))
+        self.top_k = int(required_field(self.config, "num_experts_per_tok"))
         self.norm_topk_prob = True
         self.moe_layers = frozenset(range(self.config.num_hidden_layers))
 
@@ -195,7 +194,7 @@ class Qwen2MoeForCausalLM(SparseMoEMixin, Qwen2ForCausalLM):
 
     def mlp_names(self, layer: int, prefix: str) -> set[str]:
         if layer in self.moe_layers:
-            _required(self.config, "shared_expert_intermediate_size")
+            required_field(self.config, "shared_expert_intermediate_size")
         return super().mlp_names(layer, prefix)
 
 
@@ -213,4 +212,5 @@ def fastdeploy_model_architectures() -> dict[str, type]:
         "MixtralForCausalLM": MixtralForCausalLM,
         "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
         "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+        "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     }

@@ -3,7 +3,8 @@
 Loaders hand over memory-mapped arrays and GGUF block matrices, so taking rows or columns here
 reads only the rank's part of the file. Rows (output features) of a GGUF matrix are whole runs
 of blocks and move as they are; columns (input features) stay in blocks when the cut falls on a
-block boundary, and are dequantised to float32 otherwise.
+block boundary, and are dequantised to float32 otherwise. A `WeightOnlyTensor` (`quantization=`
+on the cuda backend) does the same with its scale groups.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.formats.weight_only import WeightOnlyTensor
 
 
 def take_rows(tensor: Any, rows: range) -> Any:
     """tensor[rows] (output features of an [out, in] matrix, or entries of a vector)."""
     if isinstance(tensor, GGMLTensor):
         return GGMLTensor(tensor.ggml_type, tensor.rows[rows.start : rows.stop], (len(rows), tensor.shape[1]))
+    if isinstance(tensor, WeightOnlyTensor):
+        return tensor if len(rows) == tensor.shape[0] else tensor.take_rows(np.arange(rows.start, rows.stop))
     return tensor[rows.start : rows.stop]
 
 
@@ -33,6 +37,8 @@ def take_columns(tensor: Any, columns: range) -> Any:
             last = columns.stop // block * block_bytes
             return GGMLTensor(tensor.ggml_type, tensor.rows[:, first:last], (tensor.shape[0], len(columns)))
         tensor = np.asarray(tensor)
+    if isinstance(tensor, WeightOnlyTensor):
+        return tensor if len(columns) == tensor.shape[1] else tensor.take_columns(columns.start, columns.stop)
     return tensor[:, columns.start : columns.stop]
 
 

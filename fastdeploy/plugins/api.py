@@ -35,6 +35,7 @@ from fastdeploy.errors import (
     WeightLoadError,
 )
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.formats.weight_only import WeightOnlyTensor
 from fastdeploy.input.multimodal.errors import MediaError
 from fastdeploy.input.multimodal.inputs import MultiModalItem, MultiModalPrompt
 from fastdeploy.input.multimodal.media import MediaPolicy, load_image, load_video
@@ -87,6 +88,7 @@ __all__ = [
     "GGMLTensor",
     "SafetensorsLoader",
     "WeightLoader",
+    "WeightOnlyTensor",
     # tokenizers
     "Tokenizer",
     "TokenizerLoader",

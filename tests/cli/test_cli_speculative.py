@@ -8,7 +8,7 @@ def test_unknown_speculative_method_is_a_one_line_error(capsys):
     assert main(["generate", "--speculative-config", config, "--prompt", "hi"]) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (
-        "error: speculative_config.method must be one of ngram, draft_model, got 'eagle'"
+        "error: speculative_config.method must be one of ngram, draft_model, mtp, got 'eagle'"
     )
 
 

@@ -295,8 +295,8 @@ def test_backoff_after_consecutive_misses():
     ("raw", "fragment"),
     [
         (
-            {"method": "mtp", "num_speculative_tokens": 1},
-            "method must be one of ngram, draft_model, got 'mtp'",
+            {"method": "eagle", "num_speculative_tokens": 1},
+            "method must be one of ngram, draft_model, mtp, got 'eagle'",
         ),
         (
             {"method": "ngram", "num_speculative_tokens": 0},

@@ -130,7 +130,7 @@ def test_which_tensors_are_quantised_and_to_what():
     assert tied["model.layers.0.self_attn.q_proj.weight"].type_name == "Q8_0"
 
 
-@pytest.mark.parametrize("value", ["wint3", "int4", "fp8", 4])
+@pytest.mark.parametrize("value", ["wint3", "int4", "w4a8", 4])
 def test_unknown_quantization_lists_the_allowed_values(value):
     with pytest.raises(InvalidArgumentError, match="quantization must be one of wint8, wint4"):
         LLM(model="/nonexistent", quantization=value)
@@ -191,3 +191,38 @@ def test_every_quantization_name_the_options_accept_has_a_recipe():
     from fastdeploy.model_executor.quantization import QUANTIZATIONS
 
     assert tuple(QUANTIZATIONS) == QUANTIZATION_NAMES
+
+
+def test_fp8_checkpoint_scales_pair_with_their_weights_and_a_lone_one_is_named():
+    import ml_dtypes
+
+    from fastdeploy.config import ModelConfig
+    from fastdeploy.formats.weight_only import WeightOnlyTensor
+    from fastdeploy.model_executor.quantization import fp8_block_checkpoint, pair_fp8_scales
+
+    bits = np.full((4, 8), 0.5, ml_dtypes.float8_e4m3fn)
+    stream = [
+        ("a.o_proj.weight_scale_inv", np.array([[2.0]], np.float32)),
+        ("a.norm.weight", np.ones(8, np.float32)),
+        ("a.o_proj.weight", bits),
+    ]
+    out = dict(pair_fp8_scales(stream, "dir"))
+    assert set(out) == {"a.norm.weight", "a.o_proj.weight"}
+    packed = out["a.o_proj.weight"]
+    assert isinstance(packed, WeightOnlyTensor) and packed.kind == "fp8" and packed.shape == (4, 8)
+    np.testing.assert_array_equal(np.asarray(packed), np.ones((4, 8)))  # 0.5 x scale 2
+    with pytest.raises(InvalidArgumentError, match="b.q_proj.weight without its weight / weight_scale_inv"):
+        list(pair_fp8_scales([("b.q_proj.weight", bits)], "dir"))
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "vocab_size": 10,
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]},
+    }
+    with pytest.raises(InvalidArgumentError, match=r"128 x 128 block scales.*\[64, 64\]"):
+        fp8_block_checkpoint(ModelConfig.from_hf_dict(config))
+    config["quantization_config"]["weight_block_size"] = [128, 128]
+    assert fp8_block_checkpoint(ModelConfig.from_hf_dict(config))

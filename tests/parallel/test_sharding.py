@@ -14,6 +14,7 @@ from gguf.quants import dequantize, quantize
 from fastdeploy.backends.base import Backend, BackendOptions
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.formats.weight_only import WeightOnlyTensor, quantize_weight_only
 from fastdeploy.parallel.model_parallel import ModelParallel
 from fastdeploy.parallel.sharding import pad_rows, take_columns, take_rows
 from fastdeploy.parallel.topology import ParallelLayout
@@ -148,3 +149,21 @@ def test_safetensors_tensors_are_mapped_so_a_shard_reads_only_its_pages(tmp_path
     assert np.shares_memory(columns, tensors["w"]) and np.shares_memory(rows, tensors["w"])
     np.testing.assert_array_equal(columns, matrix[:, 16:32])
     np.testing.assert_array_equal(rows, matrix[8:40])
+
+
+@pytest.mark.parametrize("kind", ["wint8", "wint4", "fp8"])
+def test_weight_only_shards_stay_packed_where_the_cut_keeps_whole_scale_groups(kind):
+    """A rank's rows or columns of a `quantization=` matrix (cuda backend) equal the same slice of
+    the dequantised matrix; columns stay packed on a group boundary, float32 between."""
+    matrix = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+    packed = quantize_weight_only(matrix, kind, 64)
+    dense = packed.dequantize()
+    rows = take_rows(packed, range(128, 256))
+    assert isinstance(rows, WeightOnlyTensor)
+    np.testing.assert_array_equal(np.asarray(rows), dense[128:256])
+    columns = take_columns(packed, range(128, 256))
+    assert isinstance(columns, WeightOnlyTensor)
+    np.testing.assert_array_equal(np.asarray(columns), dense[:, 128:256])
+    between = take_columns(packed, range(96, 160))
+    assert isinstance(between, WeightOnlyTensor) == (kind == "wint8")
+    np.testing.assert_array_equal(np.asarray(between), dense[:, 96:160])

@@ -378,6 +378,58 @@ def check_graph_capture(backend: Backend) -> str | None:
     return None
 
 
+def check_latent_attention(backend: Backend) -> str | None:
+    """Multi-head latent attention (optional) over a "latent" cache in scattered blocks: two
+    prefills, then a decode next to a continued prefill chunk, against explicit per-head keys
+    and values."""
+    if not backend.supports(Capability.LATENT_ATTENTION):
+        return (
+            "backend has no multi-head latent attention (Capability.LATENT_ATTENTION): DeepSeek-V3 is refused"
+        )
+    rng = np.random.default_rng(23)
+    heads, nope, rope, lora, v_dim, block = 4, 16, 8, 12, 10, 4
+    (cache,) = backend.allocate_kv_cache(KVCacheSpec(1, 16, block, 1, lora + rope, kind="latent"))
+    absorb_k, absorb_v = random_normal(rng, heads, nope, lora), random_normal(rng, heads, v_dim, lora)
+    tables = {"a": [7, 2, 15, 0], "b": [5, 9, 3]}
+    history = {
+        name: (random_normal(rng, n, lora), random_normal(rng, n, rope)) for name, n in (("a", 13), ("b", 10))
+    }
+    device = backend.from_numpy
+    for parts in ([("a", 0, 6), ("b", 0, 9)], [("b", 9, 10), ("a", 6, 13)]):
+        latent = np.concatenate([history[name][0][s:e] for name, s, e in parts])
+        k_rope = np.concatenate([history[name][1][s:e] for name, s, e in parts])
+        q_nope, q_rope = (
+            random_normal(rng, len(latent), heads, nope),
+            random_normal(rng, len(latent), heads, rope),
+        )
+        out = backend.latent_attention(
+            device(q_nope),
+            device(q_rope),
+            device(latent),
+            device(k_rope),
+            cache,
+            backend.prepare_batch(batch_layout(tables, parts, block)),
+            device(absorb_k),
+            device(absorb_v),
+            0.2,
+        )
+        out, row = backend.to_numpy(out), 0
+        for name, start, end in parts:
+            rows = slice(row, row + end - start)
+            expected = ref.latent_attention(
+                q_nope[rows],
+                q_rope[rows],
+                history[name][0][:end],
+                history[name][1][:end],
+                absorb_k,
+                absorb_v,
+                0.2,
+            )
+            assert_close(f"latent_attention {name}[{start}:{end}]", out[rows], expected)
+            row += end - start
+    return None
+
+
 #: one check per capability, `check(backend) -> None | skip reason`
 CAPABILITY_CHECKS: dict[Capability, Callable[[Backend], str | None]] = {
     Capability.DEVICE_SAMPLING: check_sampling,
@@ -390,4 +442,5 @@ CAPABILITY_CHECKS: dict[Capability, Callable[[Backend], str | None]] = {
     Capability.DEVICE_ROW_REDUCTIONS: check_row_reductions,
     Capability.VISION_OPS: check_vision_ops,
     Capability.SLIDING_WINDOW: check_sliding_window,
+    Capability.LATENT_ATTENTION: check_latent_attention,
 }

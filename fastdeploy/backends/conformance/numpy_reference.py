@@ -82,7 +82,7 @@ def causal_attention(
     length, heads, _ = q.shape
     context, kv_heads, _ = keys.shape
     group = heads // kv_heads
-    out = np.zeros(q.shape, dtype=np.float64)
+    out = np.zeros((length, heads, values.shape[-1]), dtype=np.float64)
     for t in range(length):
         position = context - length + t
         first = max(0, position + 1 - window) if window > 0 else 0
@@ -92,6 +92,25 @@ def causal_attention(
             weights = np.exp(scores - scores.max())
             out[t, h] = (weights / weights.sum()) @ values[first : position + 1, kh]
     return out
+
+
+def latent_attention(
+    q_nope: np.ndarray,
+    q_rope: np.ndarray,
+    latent: np.ndarray,
+    k_rope: np.ndarray,
+    absorb_k: np.ndarray,
+    absorb_v: np.ndarray,
+    scale: float,
+) -> np.ndarray:
+    """Multi-head latent attention of the last len(q) positions of a sequence, with every head's
+    keys (latent @ absorb_k[h].T, k_rope) and values (latent @ absorb_v[h].T) formed explicitly."""
+    context, heads = latent.shape[0], absorb_k.shape[0]
+    keys_nope = np.einsum("cl,hnl->chn", latent.astype(np.float64), absorb_k)
+    shared = np.broadcast_to(k_rope[:, None, :], (context, heads, k_rope.shape[1]))
+    keys = np.concatenate([keys_nope, shared], axis=-1)
+    values = np.einsum("cl,hvl->chv", latent.astype(np.float64), absorb_v)
+    return causal_attention(np.concatenate([q_nope, q_rope], axis=-1), keys, values, scale)
 
 
 def sample_top_k_top_p(

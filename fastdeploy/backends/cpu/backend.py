@@ -19,7 +19,15 @@ from fastdeploy.backends.cpu.host_memory import (
     physical_host_memory,
     retain_freed_memory,
 )
-from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache, allocate_native, allocate_numpy
+from fastdeploy.backends.cpu.kv_cache import (
+    KV_TYPES,
+    LatentKVCache,
+    LayerKVCache,
+    allocate_latent,
+    allocate_native,
+    allocate_numpy,
+)
+from fastdeploy.backends.cpu.latent_attention import latent_attention
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
 from fastdeploy.backends.fused import AttentionBlock, MLPBlock
 from fastdeploy.backends.portable import apply_token_bitmask_numpy
@@ -124,6 +132,8 @@ class CpuBackend(Backend):
             Capability.DEVICE_ROW_REDUCTIONS,
             Capability.VISION_OPS,
             Capability.SLIDING_WINDOW,
+            Capability.LATENT_ATTENTION,
+            Capability.QUANTIZED_WEIGHTS,
         }
     )
     # logits are host arrays here: the portable reductions are this backend's own
@@ -192,7 +202,10 @@ class CpuBackend(Backend):
     def supported_kv_cache_dtypes(self) -> tuple[str, ...]:
         return tuple(KV_TYPES)
 
-    def allocate_kv_cache(self, spec: KVCacheSpec) -> list[LayerKVCache]:
+    def allocate_kv_cache(self, spec: KVCacheSpec) -> list[LayerKVCache] | list[LatentKVCache]:
+        if spec.kind == "latent":
+            slots = spec.num_blocks * spec.block_size
+            return [allocate_latent(slots, spec.head_dim, spec.dtype) for _ in range(spec.num_layers)]
         if self.native_isa:
             layer = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim, spec.dtype)
             return [allocate_native(*layer) for _ in range(spec.num_layers)]
@@ -202,6 +215,10 @@ class CpuBackend(Backend):
     def copy_kv_blocks(self, kv_caches: list[LayerKVCache], pairs: np.ndarray, block_size: int) -> None:
         source, destination = pairs[:, 0], pairs[:, 1]
         for layer in kv_caches:
+            if isinstance(layer, LatentKVCache):  # [slots, width] on both paths
+                blocks = layer.latent.reshape(-1, block_size, layer.latent.shape[1])
+                blocks[destination] = blocks[source]
+                continue
             for cache in layer:  # keys, values and (int8 only, else empty) their scales
                 if not cache.size:
                     continue
@@ -398,6 +415,20 @@ class CpuBackend(Backend):
         if self.native_isa:
             return native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads, window)
         return paged_attention(q, k, v, kv_cache, batch, scale, window)
+
+    def latent_attention(
+        self,
+        q_nope: np.ndarray,
+        q_rope: np.ndarray,
+        latent: np.ndarray,
+        k_rope: np.ndarray,
+        kv_cache: LatentKVCache,
+        batch: CpuAttentionMetadata | native.AttentionBatch,
+        absorb_k: np.ndarray,
+        absorb_v: np.ndarray,
+        scale: float,
+    ) -> np.ndarray:
+        return latent_attention(q_nope, q_rope, latent, k_rope, kv_cache, batch, absorb_k, absorb_v, scale)
 
     def encoder_attention(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray, scale: float

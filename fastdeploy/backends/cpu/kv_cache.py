@@ -130,3 +130,15 @@ def gather_numpy(cache: LayerKVCache, slots: np.ndarray) -> tuple[np.ndarray, np
         keys *= cache.key_scales[slots][..., None]
         values *= cache.value_scales[slots][..., None]
     return keys, values
+
+
+class LatentKVCache(NamedTuple):
+    """One layer's "latent" cache (multi-head latent attention): [slots, lora + rope], the same
+    layout for the native and the numpy paths (the latent attention runs in numpy)."""
+
+    latent: np.ndarray
+
+
+def allocate_latent(num_slots: int, width: int, kv_dtype: str) -> LatentKVCache:
+    """One layer's latent cache, zeroed; float32, float16 or bfloat16 (models refuse int8)."""
+    return LatentKVCache(_zeroed((num_slots, width), _storage_dtype(kv_dtype, native=False)))

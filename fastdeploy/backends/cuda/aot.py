@@ -27,6 +27,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from fastdeploy.backends.cuda import triton_quant
 from fastdeploy.backends.cuda import triton_sampling as sampling
 from fastdeploy.backends.cuda.triton_attention import decode_launch_options, prefill_launch_options
 from fastdeploy.backends.cuda.triton_moe import gemm_config
@@ -165,15 +166,18 @@ def _specialisations(dtype: str, shared_memory: int) -> list[Launch]:
                     "triton_moe",
                     "_gemm_kernel",
                     {"a_ptr": t, "w_ptr": t, "c_ptr": t, "sorted_ptr": "*i32", "block_expert_ptr": "*i32"}
-                    | {"total_ptr": "*i32", "routing_ptr": "*fp32", "entries": "i32", "n_size": "i32"}
-                    | {"k_size": "i32"}
+                    | {"total_ptr": "*i32", "routing_ptr": "*fp32", "scale_ptr": t, "entries": "i32"}
+                    | {"n_size": "i32", "k_size": "i32"}
                     | dict.fromkeys(("TOP_K", "A_PER_ENTRY", "MUL_ROUTING", "PRECISION"), "constexpr")
+                    | dict.fromkeys(("W_FORMAT", "GROUP"), "constexpr")
                     | dict.fromkeys(config, "constexpr"),
                     {
                         "TOP_K": 6,
                         "A_PER_ENTRY": a_per_entry,
                         "MUL_ROUTING": a_per_entry,
                         "PRECISION": precision,
+                        "W_FORMAT": 0,
+                        "GROUP": 1,
                     }
                     | config,
                     options,
@@ -279,6 +283,58 @@ def _dtype_free_specialisations() -> list[Launch]:
     ]
 
 
+def _quant_specialisations(dtype: str, arch: int) -> list[Launch]:
+    """The quantised matmul (`triton_quant`) for each weight format at a decode (skinny, split-K)
+    and a prefill (tiled) launch of a 4096 x 4096 weight on a 132-SM GPU, FP8 where the
+    architecture has e4m3 (sm_89+); and the fused MoE GEMM over wint8 / wint4 experts."""
+    t = "*" + _TRITON_DTYPES[dtype]
+    precision = "ieee" if dtype == "float32" else "tf32"
+    specs: list[Launch] = []
+    for name in ("wint8", "wint4", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "fp8"):
+        if name == "fp8" and arch < 89:
+            continue
+        weight = "*i8" if name == "wint8" else "*u8"
+        scales = "*u8" if name.startswith("Q") else "*fp32"
+        for rows in (1, 2048):
+            launch = triton_quant.matmul_config(name, rows, 4096, 4096, 132, dtype == "float32", 128)
+            out = "*fp32" if launch["SPLIT_K"] > 1 else t
+            specs.append(
+                (
+                    "triton_quant",
+                    "_quant_matmul_kernel",
+                    {"x_ptr": t, "w_ptr": weight, "s_ptr": scales, "out_ptr": out}
+                    | dict.fromkeys(("m_size", "n_size", "k_size", "x_stride", "w_row_bytes"), "i32")
+                    | {"k_per_split": "i32"}
+                    | dict.fromkeys(("FORMAT", "GROUP", "BLOCK_M", "BLOCK_N", "BLOCK_K"), "constexpr")
+                    | {"SPLIT_K": "constexpr", "PRECISION": "constexpr"},
+                    {"FORMAT": triton_quant.FORMATS[name], "GROUP": 128, "PRECISION": precision}
+                    | {key: value for key, value in launch.items() if key.isupper()},
+                    {key: value for key, value in launch.items() if key.startswith("num_")},
+                )
+            )
+    # the fused MoE GEMM with wint8 and wint4 experts (ERNIE-4.5-21B-A3B, 4096 tokens' tiles)
+    launch = gemm_config(24576, 64, dtype == "float32", SHARED_MEMORY_LIMIT[arch])
+    config = {k: v for k, v in launch.items() if not k.startswith("num_")}
+    for w_format, weight in ((1, "*i8"), (2, "*u8")):
+        specs.append(
+            (
+                "triton_moe",
+                "_gemm_kernel",
+                {"a_ptr": t, "w_ptr": weight, "c_ptr": t, "sorted_ptr": "*i32", "block_expert_ptr": "*i32"}
+                | {"total_ptr": "*i32", "routing_ptr": "*fp32", "scale_ptr": "*fp32", "entries": "i32"}
+                | {"n_size": "i32", "k_size": "i32"}
+                | dict.fromkeys(("TOP_K", "A_PER_ENTRY", "MUL_ROUTING", "PRECISION"), "constexpr")
+                | dict.fromkeys(("W_FORMAT", "GROUP"), "constexpr")
+                | dict.fromkeys(config, "constexpr"),
+                {"TOP_K": 6, "A_PER_ENTRY": True, "MUL_ROUTING": True, "PRECISION": precision}
+                | {"W_FORMAT": w_format, "GROUP": 128}
+                | config,
+                {k: v for k, v in launch.items() if k.startswith("num_")},
+            )
+        )
+    return specs
+
+
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -302,9 +358,19 @@ def _compile_one(arch: int, dtype: str, spec: Launch) -> CompiledKernel:
 
 
 def compile_kernels(
-    archs: tuple[int, ...] = (80, 90), dtypes: tuple[str, ...] = DTYPES
+    archs: tuple[int, ...] = (80, 90), dtypes: tuple[str, ...] = DTYPES, group: str = "core"
 ) -> list[CompiledKernel]:
-    """Compile every kernel for each arch (e.g. 80, 90) and dtype, on all cores; raises on an error."""
+    """Compile every kernel of `group` ("core": attention, element-wise, sampling, MoE; "quant":
+    the quantised matmuls) for each arch (e.g. 80, 90) and dtype, on all cores; raises on an error."""
+    if group == "quant":
+        jobs = [
+            (arch, dtype, spec)
+            for arch in archs
+            for dtype in dtypes
+            for spec in _quant_specialisations(dtype, arch)
+        ]
+        with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            return list(pool.map(_compile_one, *zip(*jobs, strict=True)))
     jobs = [
         (arch, dtype, spec)
         for arch in archs
@@ -327,11 +393,17 @@ def main(argv: list[str]) -> int:
         default=DTYPES,
         help=f"storage dtypes, comma-separated (default {','.join(DTYPES)})",
     )
+    parser.add_argument(
+        "--group",
+        choices=("core", "quant"),
+        default="core",
+        help="core: attention, element-wise, sampling and MoE kernels (default); quant: the quantised matmuls",
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.dtypes) - set(DTYPES))
     if unknown:
         parser.error(f"--dtypes: unknown {', '.join(unknown)}; choose from {', '.join(DTYPES)}")
-    for kernel in compile_kernels(tuple(args.archs), args.dtypes):
+    for kernel in compile_kernels(tuple(args.archs), args.dtypes, args.group):
         sys.stdout.write(
             f"sm_{kernel.arch} {kernel.dtype:8} {kernel.name:22} ptx {kernel.ptx_bytes:7d} B, "
             f"cubin {kernel.cubin_bytes:7d} B, shared {kernel.shared_bytes:6d} B\n"

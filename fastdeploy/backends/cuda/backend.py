@@ -29,6 +29,7 @@ from fastdeploy.backends.cuda.cuda_graphs import DecodeGraphs
 from fastdeploy.backends.cuda.gpu_probe import visible_gpus
 from fastdeploy.backends.cuda.launch import TritonLauncher, choose_kernels
 from fastdeploy.backends.cuda.memory import kv_cache_budget
+from fastdeploy.backends.cuda.quantized_linear import QuantizedWeight, packed_parts
 from fastdeploy.backends.cuda.runtimes import (
     FLOAT_DTYPES,
     TensorRuntime,
@@ -40,20 +41,30 @@ from fastdeploy.backends.cuda.runtimes import (
 from fastdeploy.backends.cuda.token_bitmask import TokenBitmask
 from fastdeploy.backends.types import BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.formats.weight_only import WeightOnlyTensor, concat_rows
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
 
 #: the first compute capability with bfloat16 tensor cores (Ampere)
 BF16_MIN_CAPABILITY = (8, 0)
+#: the first compute capability with FP8 (e4m3) tensor cores (Ada; Hopper is 9.0)
+FP8_MIN_CAPABILITY = (8, 9)
+#: `quantization=` values the Triton kernels run (fp8 only where `FP8_MIN_CAPABILITY` allows)
+QUANTIZATIONS = ("wint8", "wint4", "fp8")
 
 
 @dataclass
 class StackedExperts:
-    """A layer's routed experts for the fused MoE kernels: [experts, in, out] each."""
+    """A layer's routed experts for the fused MoE kernels: [experts, in, out] each, in the compute
+    dtype, or quantised (`scales` set): wint8 int8 [experts, in, out] with scales [experts, out],
+    or wint4 (`group_size` set) uint8 [experts, in / 2, out] with scales [experts, in / group, out]."""
 
     gate_up: Any  # [experts, hidden, 2 * width]
     down: Any  # [experts, width, hidden]
+    gate_up_scales: Any = None
+    down_scales: Any = None
+    group_size: int = 0
 
 
 def _out_of_memory(exc: BaseException) -> bool:
@@ -66,6 +77,7 @@ class TensorBackend(Backend):
     on_gpu: ClassVar[bool] = False
     #: "paddle" or "torch"; None: chosen at construction (cuda)
     runtime_name: ClassVar[str | None] = None
+    weight_packing = "weight_only"
     capabilities = frozenset(
         {
             Capability.DEVICE_SAMPLING,
@@ -75,6 +87,7 @@ class TensorBackend(Backend):
             Capability.FUSED_MOE,
             Capability.DEVICE_ROW_REDUCTIONS,
             Capability.VISION_OPS,
+            Capability.QUANTIZED_WEIGHTS,
         }
     )
 
@@ -98,6 +111,8 @@ class TensorBackend(Backend):
         self.num_kv_heads = 0
         self.num_sms = self.rt.multiprocessor_count() if self.on_gpu else 4
         self.token_bitmask = TokenBitmask(self.rt)
+        #: bytes of the linear weights sent to the device so far, by format ("bfloat16", "wint4", ...)
+        self.weight_bytes: dict[str, int] = {}
 
     def _runtime_choice(self) -> tuple[str, str]:
         if self.runtime_name is not None:
@@ -181,15 +196,70 @@ class TensorBackend(Backend):
         return self.rt.to_numpy(array)
 
     def _weight_part(self, part: Any) -> Any:
-        """One host matrix on the device in the backend dtype; GGUF blocks are dequantised on
-        the host (`gguf`), float32/float16/bfloat16 arrays go over in their own dtype."""
+        """One host matrix on the device in the backend dtype; packed parts the kernels cannot
+        read are dequantised on the host, float32/float16/bfloat16 arrays go over in their own
+        dtype."""
         array = part if isinstance(part, np.ndarray) else np.asarray(part, dtype=np.float32)
         return self.rt.from_numpy(array, self.dtype)
 
-    def linear_weight(self, *parts: np.ndarray) -> Any:
+    def _float_weight(self, parts: tuple[Any, ...]) -> Any:
         pieces = [self._weight_part(part) for part in parts]
         stacked = pieces[0] if len(pieces) == 1 else self.rt.concat(pieces, 0)
         return self.rt.permute(stacked, [1, 0]).contiguous()  # [in, out]: `linear` is one matmul
+
+    def _count_weight(self, kind: str, nbytes: int) -> None:
+        self.weight_bytes[kind] = self.weight_bytes.get(kind, 0) + nbytes
+
+    def linear_weight(self, *parts: Any) -> Any:
+        """[in, out] on the device; with the Triton kernels, `quantization=` weights (wint8, wint4,
+        fp8) and GGUF Q8_0 / Q4_0 blocks stay packed (`quantized_linear`)."""
+        packed = packed_parts(parts) if self.launch is not None else None
+        if packed is not None and packed.format == "fp8" and self.quantization_refusal("fp8") is not None:
+            packed = None  # an FP8 checkpoint on a GPU without e4m3: dequantised at load
+        if packed is None:
+            weight = self._float_weight(parts)
+            out, inp = sum(int(np.shape(part)[0]) for part in parts), int(np.shape(parts[0])[1])
+            self._count_weight(self.dtype, out * inp * (4 if self.dtype == "float32" else 2))
+            return weight
+        scales = self.rt.from_numpy(packed.scales) if packed.scales is not None else None
+        nbytes = packed.weight.nbytes + (packed.scales.nbytes if packed.scales is not None else 0)
+        self._count_weight(packed.format, nbytes)
+        return QuantizedWeight(
+            packed.format,
+            self.rt.from_numpy(packed.weight),
+            scales,
+            packed.out_features,
+            packed.in_features,
+            packed.group_size,
+            nbytes,
+        )
+
+    def loaded_weights_summary(self) -> str | None:
+        if not self.weight_bytes:
+            return None
+        total = sum(self.weight_bytes.values())
+        parts = ", ".join(
+            f"{kind} {size / 2**20:.1f} MiB" for kind, size in sorted(self.weight_bytes.items())
+        )
+        return f"linear weights on {self.name}: {total / 2**30:.3f} GiB ({parts})"
+
+    # --- quantisation -----------------------------------------------------------------------
+    def supported_quantizations(self) -> tuple[str, ...]:
+        """With the Triton kernels: wint8 and wint4, and fp8 on GPUs with FP8 tensor cores (and on
+        the host, where the kernels run in Triton's interpreter). The reference kernels would only
+        dequantise the weights: none."""
+        if self.launch is None:
+            return ()
+        return QUANTIZATIONS if self.quantization_refusal("fp8") is None else QUANTIZATIONS[:2]
+
+    def quantization_refusal(self, quantization: str) -> str | None:
+        capability = self.rt.compute_capability()
+        if quantization == "fp8" and capability is not None and capability < FP8_MIN_CAPABILITY:
+            return (
+                "quantization='fp8' needs FP8 tensor cores (compute capability 8.9, Ada, or newer); "
+                f"this GPU is sm_{capability[0]}{capability[1]}"
+            )
+        return None
 
     def linear_bias(self, *parts: np.ndarray) -> Any:
         return self.from_numpy(np.concatenate([np.asarray(p, dtype=np.float32) for p in parts]))
@@ -230,8 +300,44 @@ class TensorBackend(Backend):
         return self.rt.index_select(table, token_ids)
 
     def linear(self, x: Any, weight: Any, bias: Any | None = None) -> Any:
-        out = self.rt.matmul(x, weight)
+        out = (
+            self._quantized_linear(x, weight)
+            if isinstance(weight, QuantizedWeight)
+            else self.rt.matmul(x, weight)
+        )
         return out + bias if bias is not None else out
+
+    def _quantized_linear(self, x: Any, weight: QuantizedWeight) -> Any:
+        """x [rows, in] @ a packed weight with `triton_quant` (skinny launch for decode rows)."""
+        quant = self.launch.quant
+        rows = x.shape[0]
+        x = x.contiguous()
+        is_float32 = self.dtype == "float32"
+        config = quant.matmul_config(
+            weight.format,
+            rows,
+            weight.out_features,
+            weight.in_features,
+            self.num_sms,
+            is_float32,
+            weight.group_size,
+        )
+        shape = [rows, weight.out_features]
+        split = config["SPLIT_K"] > 1
+        out = self.rt.zeros(shape, "float32") if split else self.rt.empty(shape, self.dtype)
+        self.launch(
+            quant.quant_matmul,
+            x,
+            weight.weight,
+            weight.scales,
+            out,
+            weight.format,
+            weight.out_features,
+            weight.in_features,
+            config,
+            weight.group_size,
+        )
+        return self.rt.cast(out, self.dtype) if split and not is_float32 else out
 
     def rms_norm(self, x: Any, weight: Any, eps: float, residual: Any | None = None) -> tuple[Any, Any]:
         if self.launch is None:
@@ -437,13 +543,38 @@ class TensorBackend(Backend):
     def moe_expert_weights(self, gate: list[np.ndarray], up: list[np.ndarray], down: list[np.ndarray]) -> Any:
         if self.launch is None:
             return super().moe_expert_weights(gate, up, down)
+        quantised = self._quantised_experts(gate, up, down)
+        if quantised is not None:
+            return quantised
         width, hidden = np.shape(gate[0])
         gate_up = self.rt.empty([len(gate), hidden, 2 * width], self.dtype)
         down_stack = self.rt.empty([len(gate), width, hidden], self.dtype)
         for expert, (g, u, d) in enumerate(zip(gate, up, down, strict=True)):
-            gate_up[expert] = self.linear_weight(g, u)
-            down_stack[expert] = self.linear_weight(d)
+            gate_up[expert] = self._float_weight((g, u))  # fp8 experts are dequantised
+            down_stack[expert] = self._float_weight((d,))
+        item = 4 if self.dtype == "float32" else 2
+        self._count_weight(self.dtype, len(gate) * 3 * width * hidden * item)
         return StackedExperts(gate_up, down_stack)
+
+    def _quantised_experts(self, gate: list[Any], up: list[Any], down: list[Any]) -> StackedExperts | None:
+        """wint8 / wint4 experts stacked in their packed form (the MoE GEMMs dequantise in
+        registers), or None when the experts are not all of one such kind."""
+        parts = [*gate, *up, *down]
+        if not all(isinstance(p, WeightOnlyTensor) and p.kind in ("wint8", "wint4") for p in parts):
+            return None
+        if len({(p.kind, p.group_size) for p in parts}) != 1:
+            return None
+        fused = [concat_rows([g, u]) for g, u in zip(gate, up, strict=True)]
+        arrays = {
+            "gate_up": np.stack([f.qweight for f in fused]),
+            "gate_up_scales": np.stack([f.scales for f in fused]),
+            "down": np.stack([d.qweight for d in down]),
+            "down_scales": np.stack([d.scales for d in down]),
+        }
+        kind = parts[0].kind
+        self._count_weight(kind, sum(array.nbytes for array in arrays.values()))
+        device = {name: self.rt.from_numpy(np.ascontiguousarray(array)) for name, array in arrays.items()}
+        return StackedExperts(**device, group_size=parts[0].group_size if kind == "wint4" else 0)
 
     def moe_experts(
         self, x: Any, experts: Any, topk_weights: Any, topk_ids: Any, first_expert: int = 0
@@ -452,9 +583,15 @@ class TensorBackend(Backend):
             return super().moe_experts(x, experts, topk_weights, topk_ids, first_expert)
         moe = self.launch.moe
         tokens, top_k = topk_ids.shape[0], topk_ids.shape[1]
-        num_experts, hidden, double_width = experts.gate_up.shape
+        num_experts, double_width, hidden = (
+            experts.gate_up.shape[0],
+            experts.gate_up.shape[2],
+            experts.down.shape[2],
+        )
         entries = tokens * top_k
         config = moe.gemm_config(entries, num_experts, self.dtype == "float32", self.launch.shared_memory)
+        if experts.group_size:  # a wint4 K tile lies within one scale group
+            config = dict(config, BLOCK_K=min(config["BLOCK_K"], experts.group_size))
         block_m = config["BLOCK_M"]
         max_sorted = moe.max_sorted_entries(entries, num_experts, block_m)
         sorted_ids = self.rt.empty([max_sorted], "int32")
@@ -481,6 +618,8 @@ class TensorBackend(Backend):
             top_k,
             False,
             config,
+            experts.gate_up_scales,
+            experts.group_size,
         )
         activated = self.silu_and_mul(gate_up)
         down = self.rt.zeros([entries, hidden], self.dtype)  # entries of other ranks' experts add 0
@@ -497,6 +636,8 @@ class TensorBackend(Backend):
             top_k,
             True,
             config,
+            experts.down_scales,
+            experts.group_size,
         )
         return self.rt.sum_rows(down.reshape([tokens, top_k, hidden]), 1)
 

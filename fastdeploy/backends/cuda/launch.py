@@ -71,7 +71,13 @@ class TritonLauncher:
 
     def __init__(self, runtime: TensorRuntime) -> None:
         # the kernel modules import triton, an optional dependency (the reference kernels need none)
-        from fastdeploy.backends.cuda import triton_attention, triton_kernels, triton_moe, triton_sampling
+        from fastdeploy.backends.cuda import (
+            triton_attention,
+            triton_kernels,
+            triton_moe,
+            triton_quant,
+            triton_sampling,
+        )
 
         self.runtime = runtime
         #: picks the prefill and MoE tile sizes (larger on Hopper)
@@ -79,6 +85,7 @@ class TritonLauncher:
         self.attention = triton_attention
         self.elementwise = triton_kernels
         self.moe = triton_moe
+        self.quant = triton_quant
         self.sampling = triton_sampling
 
     def _convert(self, value: Any) -> Any:

@@ -12,7 +12,8 @@ ids, reading that expert's weight tile, and scattering the result back to the en
   entry ids (padding entries hold `tokens * top_k`, which every GEMM skips). Entries routed to
   an expert outside [0, experts) (another rank's, under expert parallelism) are left out.
 - `moe_gemm`: C[entry] = A[row] @ W[expert] (x rows for the gate/up GEMM, intermediate rows for
-  the down GEMM), optionally scaled by the entry's routing weight.
+  the down GEMM), optionally scaled by the entry's routing weight. Expert weights may be wint8
+  or wint4 (docs/quantization.md), dequantised in registers.
 
 Weights are stored [experts, in, out] so a weight tile is contiguous along `out`.
 """
@@ -198,6 +199,7 @@ def _gemm_kernel(
     block_expert_ptr,
     total_ptr,
     routing_ptr,
+    scale_ptr,
     entries,
     n_size,
     k_size,
@@ -208,6 +210,8 @@ def _gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    W_FORMAT: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     pid_n = tl.program_id(0)  # the N tiles of one row tile run together: its rows stay in L2
     pid_m = tl.program_id(1)
@@ -221,17 +225,41 @@ def _gemm_kernel(
     a_row = tl.where(m_mask, a_row, 0).to(tl.int64)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < n_size
-    kk = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + a_row[:, None] * k_size + kk[None, :]
-    w_ptrs = w_ptr + expert * k_size * n_size + kk[:, None] * n_size + n[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, k_size, BLOCK_K):
-        k_mask = kk + k0 < k_size
-        a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K * n_size
+    if W_FORMAT == 2:  # wint4 experts: [experts, k / 2, n] bytes, scales [experts, k / GROUP, n]
+        half = tl.arange(0, BLOCK_K // 2)
+        a_rows = a_ptr + a_row[:, None] * k_size
+        w_base = w_ptr + expert * (k_size // 2) * n_size
+        s_base = scale_ptr + expert * (k_size // GROUP) * n_size
+        for k0 in range(0, k_size, BLOCK_K):
+            j = k0 // 2 + half
+            j_mask = 2 * j < k_size
+            pair = tl.load(
+                w_base + j[:, None] * n_size + n[None, :], mask=j_mask[:, None] & n_mask[None, :], other=0x88
+            ).to(tl.int32)
+            scale = tl.load(s_base + (k0 // GROUP) * n_size + n, mask=n_mask, other=0.0).to(tl.float32)
+            low = (((pair & 15) - 8).to(tl.float32) * scale[None, :]).to(a_ptr.dtype.element_ty)
+            high = (((pair >> 4) - 8).to(tl.float32) * scale[None, :]).to(a_ptr.dtype.element_ty)
+            a_mask = m_mask[:, None] & j_mask[None, :]
+            even = tl.load(a_rows + 2 * j[None, :], mask=a_mask, other=0.0)
+            odd = tl.load(a_rows + 2 * j[None, :] + 1, mask=a_mask, other=0.0)
+            acc = tl.dot(even, low, acc, input_precision=PRECISION)
+            acc = tl.dot(odd, high, acc, input_precision=PRECISION)
+    else:  # float experts, or wint8 ones (int8, the same [experts, k, n] layout; scale per column)
+        kk = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + a_row[:, None] * k_size + kk[None, :]
+        w_ptrs = w_ptr + expert * k_size * n_size + kk[:, None] * n_size + n[None, :]
+        for k0 in range(0, k_size, BLOCK_K):
+            k_mask = kk + k0 < k_size
+            a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            acc = tl.dot(a, w.to(a_ptr.dtype.element_ty), acc, input_precision=PRECISION)
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K * n_size
+        if W_FORMAT == 1:
+            acc = (
+                acc * tl.load(scale_ptr + expert * n_size + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            )
     if MUL_ROUTING:
         acc = acc * tl.load(routing_ptr + entry, mask=m_mask, other=0.0)[:, None]
     c_ptrs = c_ptr + tl.where(m_mask, entry, 0).to(tl.int64)[:, None] * n_size + n[None, :]
@@ -268,13 +296,20 @@ def moe_gemm(
     top_k: int,
     a_per_entry: bool,
     config: dict[str, int],
+    scales: Any | None = None,
+    group_size: int = 0,
 ) -> None:
     """out[entry] = a[row] @ weights[expert(entry)] (* routing[entry]) for every sorted entry.
 
     a: [tokens, k] (row = entry // top_k) or [entries, k] with `a_per_entry`; weights
-    [experts, k, n]; out [entries, n]. The tiles come from `moe_align` with config["BLOCK_M"].
+    [experts, k, n] in a's dtype, or quantised: wint8 (int8 [experts, k, n], `scales` [experts,
+    n]) or wint4 (`group_size` given: uint8 [experts, k / 2, n] holding inputs 2i / 2i + 1 in the
+    low / high nibble, biased by 8, `scales` [experts, k / group_size, n]; config["BLOCK_K"] must
+    divide group_size); out [entries, n]. The tiles come from `moe_align` with config["BLOCK_M"].
     """
-    n_size, k_size = weights.shape[2], weights.shape[1]
+    w_format = 0 if scales is None else (2 if group_size else 1)
+    k_size = weights.shape[1] * (2 if w_format == 2 else 1)
+    n_size = weights.shape[2]
     entries = out.shape[0]
     grid = (triton.cdiv(n_size, config["BLOCK_N"]), block_expert.shape[0])
     _gemm_kernel[grid](
@@ -285,6 +320,7 @@ def moe_gemm(
         block_expert,
         total,
         routing if routing is not None else out,
+        scales if scales is not None else out,
         entries,
         n_size,
         k_size,
@@ -292,5 +328,7 @@ def moe_gemm(
         A_PER_ENTRY=a_per_entry,
         MUL_ROUTING=routing is not None,
         PRECISION="ieee" if str(a.dtype).endswith("float32") else "tf32",
+        W_FORMAT=w_format,
+        GROUP=max(group_size, 1),
         **config,
     )

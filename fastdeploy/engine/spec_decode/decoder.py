@@ -42,7 +42,7 @@ from fastdeploy.engine.pass_logits import PassLogits
 from fastdeploy.engine.sampler import filtered_distribution, record_logprobs, sample_row
 from fastdeploy.engine.sampling_rules import speculation_allowed
 from fastdeploy.engine.sequence import Sequence, SequenceStatus
-from fastdeploy.engine.spec_decode import draft_model, ngram  # noqa: F401  (they register their proposers)
+from fastdeploy.engine.spec_decode import draft_model, mtp, ngram  # noqa: F401  (they register their proposers)
 from fastdeploy.engine.spec_decode.proposal import PROPOSERS, Proposer, ProposerContext
 from fastdeploy.engine.spec_decode.rejection import accept_matching, rejection_sample
 from fastdeploy.engine.step_feature import Emitted, StepFeature

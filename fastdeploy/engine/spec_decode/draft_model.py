@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fastdeploy.backends.base import Backend, KVCacheSpec
+from fastdeploy.backends.base import Backend
 from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.sampler import filtered_distribution
+from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sequence import Sequence
 from fastdeploy.engine.spec_decode.proposal import Proposal, ProposerContext, register_proposer
 from fastdeploy.engine.spec_decode.rejection import draw
@@ -54,6 +55,20 @@ class DraftSequence:
         return len(self.token_ids)
 
 
+def draft_token(
+    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, vocab_size: int
+) -> tuple[int, np.ndarray | None]:
+    """A draft token from a proposer's logits row: the argmax for greedy requests, else a draw
+    from the request's own temperature / top-k / top-p distribution, returned with it (dense
+    [vocab_size]) for the rejection sampler."""
+    if params.greedy:
+        return int(np.argmax(logits)), None
+    candidates, weights = filtered_distribution(logits, params)
+    dense = np.zeros(vocab_size)
+    dense[candidates] = weights
+    return int(candidates[draw(weights, rng)]), dense
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     length = min(len(a), len(b))
     mismatch = np.flatnonzero(np.asarray(a[:length]) != np.asarray(b[:length]))
@@ -81,10 +96,8 @@ class DraftModelProposer:
                 f"draft model must share the target's ({vocab_size})"
             )
         self.vocab_size = vocab_size
-        spec = KVCacheSpec(
-            config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads, config.head_dim
-        )
         draft = build_model(checkpoint, backend, max_model_len, registry)
+        spec = draft.kv_cache_spec(num_blocks, block_size, "float32")
         self.runner = ModelRunner(draft, backend, backend.allocate_kv_cache(spec), block_size)
         self.blocks = BlockManager(num_blocks, block_size)
         self._states: dict[int, DraftSequence] = {}
@@ -129,14 +142,8 @@ class DraftModelProposer:
             logits = self.runner.backend.to_numpy(device_logits)
             for row, (i, state) in enumerate(zip(active, batch.seqs, strict=True)):
                 state.num_computed_tokens = state.num_tokens
-                params = seqs[i].params
-                if params.greedy:
-                    token = int(np.argmax(logits[row]))
-                else:
-                    candidates, weights = filtered_distribution(logits[row], params)
-                    dense = np.zeros(self.vocab_size)
-                    dense[candidates] = weights
-                    token = int(candidates[draw(weights, state.rng)])
+                token, dense = draft_token(logits[row], seqs[i].params, state.rng, self.vocab_size)
+                if dense is not None:
                     probs[i].append(dense)
                 state.token_ids.append(token)
                 proposals[i].token_ids.append(token)

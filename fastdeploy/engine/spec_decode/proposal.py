@@ -14,6 +14,8 @@ import numpy as np
 
 from fastdeploy.backends.base import Backend
 from fastdeploy.engine.sequence import Sequence
+from fastdeploy.model_executor.model_loader import CheckpointInfo
+from fastdeploy.model_executor.model_runner import ModelRunner
 from fastdeploy.plugins.registry import PluginRegistry
 from fastdeploy.speculative_config import SpeculativeConfig
 
@@ -48,6 +50,11 @@ class ProposerContext:
     block_size: int
     num_blocks: int
     vocab_size: int
+    #: the target's checkpoint, for proposers built from its weights (MTP layers)
+    checkpoint: CheckpointInfo | None = None
+    #: the target's in-process model runner (None when the model runs in rank processes), for
+    #: proposers that read its hidden states
+    target: ModelRunner | None = None
 
 
 ProposerBuilder = Callable[[SpeculativeConfig, ProposerContext], Proposer]

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from fastdeploy.errors import WeightLoadError
@@ -61,12 +62,12 @@ class SafetensorsLoader(WeightLoader):
 
 def _numpy_dtype(name: str) -> np.dtype:
     if name == "BF16":
-        import ml_dtypes
-
         return np.dtype(ml_dtypes.bfloat16)
+    if name == "F8_E4M3":  # block-wise FP8 checkpoints (`model_executor/quantization.py` pairs scales)
+        return np.dtype(ml_dtypes.float8_e4m3fn)
     if name not in _DTYPES:
         raise WeightLoadError(
-            f"safetensors dtype {name} is not supported (supported: BF16, {', '.join(_DTYPES)})"
+            f"safetensors dtype {name} is not supported (supported: BF16, F8_E4M3, {', '.join(_DTYPES)})"
         )
     return np.dtype(_DTYPES[name])
 

@@ -36,7 +36,7 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
         super().__init__(config, backend, max_positions, parallel)
 
     def sliding_window(self, max_positions: int) -> int:
-        """None: `sliding_window` applies only with `use_sliding_window` (refused past the window)."""
+        """0: Qwen's `sliding_window` applies only with `use_sliding_window`, refused past the window."""
         return 0
 
     def projection_biases(self) -> ProjectionBiases:

@@ -1,4 +1,5 @@
-"""Reference greedy tokens of the tiny Phi-3/Phi-4/Mixtral/Qwen2-MoE/Qwen3-MoE/Gemma 3 checkpoints from
+"""Reference greedy tokens of the tiny Phi-3/Phi-4/Mixtral/Qwen2-MoE/Qwen3-MoE/Gemma 3 checkpoints (and a
+Phi-3 whose every layer has a sliding window) from
 transformers, and the GGUF files llama.cpp's own converter writes of them (and of the tiny
 ERNIE-4.5 dense and MoE checkpoints).
 

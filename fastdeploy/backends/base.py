@@ -385,6 +385,19 @@ class Backend(Platform, DeviceOps):
         Needed by a decode instance (`--splitwise-role decode`)."""
         raise NotImplementedError(f"the {self.name} backend cannot write KV blocks in")
 
+    # --- Capability.SLIDING_WINDOW: sliding-window attention (no portable default) ---------------
+    def windowed_attention(
+        self, q: Any, k: Any, v: Any, kv_cache: Any, batch: Any, scale: float, window: int
+    ) -> Any:
+        """`attention` where each query token at position p sees only positions p - window + 1 .. p
+        (transformers' sliding-window mask), for the sliding layers of Gemma 3, Mistral, Phi-3 and
+        Mixtral past their window. Table entries of blocks wholly before the window may alias
+        other blocks (the block manager released them): what they hold must not change the result.
+        `AttentionBlock.window` > 0 routes a fused layer here. A backend without it runs such
+        models only with max_model_len no longer than the window.
+        """
+        raise NotImplementedError(f"the {self.name} backend has no sliding-window attention")
+
     # --- Capability.LATENT_ATTENTION (no portable default) ---------------------------------------
     def latent_attention(
         self,

@@ -48,6 +48,9 @@ class Capability(str, enum.Enum):
     #: `lora_stack`, `set_lora_slot`, `lora_rows`, `add_lora`: LoRA adapters' low-rank products,
     #: batched over the adapters of one pass (segmented by adapter)
     LORA = "lora"
+    #: `windowed_attention`: attention over only each query's last `window` positions (sliding-
+    #: window layers of Gemma 3, Mistral, Phi-3, Mixtral beyond their window)
+    SLIDING_WINDOW = "sliding_window"
     #: `latent_attention`: multi-head latent attention (DeepSeek-V3) over a "latent" KV cache
     LATENT_ATTENTION = "latent_attention"
     #: `supported_quantizations`, `quantization_refusal`: linear weights kept packed (quantised at
@@ -109,6 +112,9 @@ CAPABILITY_SPECS: dict[Capability, CapabilitySpec] = {
         ("lora_stack", "set_lora_slot", "lora_rows", "add_lora"),
         "LoRA adapters are refused (enable_lora=True fails at construction)",
         portable=False,
+    ),
+    Capability.SLIDING_WINDOW: CapabilitySpec(
+        ("windowed_attention",), "contexts longer than a model's sliding window are refused", portable=False
     ),
     Capability.LATENT_ATTENTION: CapabilitySpec(
         ("latent_attention",),

@@ -47,6 +47,9 @@ class AttentionBlock:
     #: per-head RMSNorm weights [head_dim] of queries and keys, applied before rotary (both or neither)
     q_norm: Any | None = None
     k_norm: Any | None = None
+    #: sliding window: each query sees only its last `window` positions (0: all; a backend that
+    #: fuses reads it only when it declares `Capability.SLIDING_WINDOW`)
+    window: int = 0
     #: the backend's own form of the block (e.g. its kernels' arguments), made at first use
     prepared: Any = field(default=None, repr=False, compare=False)
 
@@ -94,7 +97,11 @@ def attention_block(
         k = ops.rms_norm(k.reshape(-1, dim), block.k_norm, block.eps)[0].reshape(tokens, -1, dim)
     q = ops.rotary_embedding(q, positions, cos, sin)
     k = ops.rotary_embedding(k, positions, cos, sin)
-    out = ops.attention(q, k, v, kv_cache, batch, block.scale).reshape(tokens, q_size)
+    if block.window:
+        out = ops.windowed_attention(q, k, v, kv_cache, batch, block.scale, block.window)
+    else:
+        out = ops.attention(q, k, v, kv_cache, batch, block.scale)
+    out = out.reshape(tokens, q_size)
     projected = ops.linear(out, block.o_proj, block.o_bias)
     return (projected if lora is None else lora.add(ops, "o_proj", projected, out)), residual
 

@@ -15,6 +15,13 @@ sequence also holds (the partial last block of a fork), `allocate` gives the wri
 first (copy-on-write) and queues the (source, destination) pair in `pending_copies`, which the
 model runner applies to the KV cache before the forward pass that writes it. Full blocks are
 never written again, so they stay shared for good.
+
+With a sliding window (`window` > 0: a model whose every layer attends only to its last `window`
+positions), `allocate` releases a sequence's leading blocks once no query of it can see them
+again (one block of margin, for a pass still in flight). Their table entries stay, as aliases of
+the first block it still holds (attention reads no position before the window, so the entry only
+keeps the table's positions in place); `_released` counts them per sequence. A block is not
+released while others share it, nor before prefix caching registered the block after it.
 """
 
 from __future__ import annotations
@@ -30,9 +37,15 @@ _ROOT = (-1, 0)
 class BlockManager:
     """Hands out KV blocks of `block_size` token slots; a sequence's blocks form its block table."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, window: int = 0
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        #: every layer's sliding window (0: none), past which leading blocks are released
+        self.window = window
+        #: seq_id -> leading table entries released (aliases), for sequences with any
+        self._released: dict[int, int] = {}
         self.enable_prefix_caching = enable_prefix_caching
         self._free: deque[int] = deque(range(num_blocks))  # never cached, or evicted
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unused, LRU first
@@ -102,9 +115,28 @@ class BlockManager:
             self._ref_counts[source] -= 1
             seq.block_table[shared] = copy
             self.pending_copies.append((source, copy))
+        if self.window:
+            self._release_behind_window(seq)
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         for _ in range(needed):
             seq.block_table.append(self._take_free_block())
+
+    def _release_behind_window(self, seq: Sequence) -> None:
+        """Release the leading blocks no query of `seq` from its next position on can see."""
+        table = seq.block_table
+        # the next query sees positions >= computed - window + 1; keep one block more
+        stop = (seq.num_computed_tokens - self.window + 1) // self.block_size - 1
+        if self.enable_prefix_caching:
+            stop = min(stop, seq.num_registered_blocks - 1)  # keys name the block before them
+        stop = min(stop, len(table) - 1)
+        done = self._released.get(seq.seq_id, 0)
+        index = done
+        while index < stop and self._ref_counts[table[index]] == 1:
+            self._release(table[index])
+            index += 1
+        if index > done:
+            self._released[seq.seq_id] = index
+            table[:index] = [table[index]] * index
 
     def truncate(self, seq: Sequence) -> None:
         """Release the blocks past `seq`'s computed tokens (speculative decoding's rejected drafts)."""
@@ -115,9 +147,12 @@ class BlockManager:
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Make `child` hold exactly `parent`'s blocks (releasing its own); nothing is copied now."""
-        for block in parent.block_table:
+        released = self._released.get(parent.seq_id, 0)
+        for block in parent.block_table[released:]:
             self._ref_counts[block] += 1
         self.free(child)
+        if released:
+            self._released[child.seq_id] = released
         child.block_table = list(parent.block_table)
         child.num_registered_blocks = parent.num_registered_blocks
 
@@ -128,7 +163,7 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Release all of `seq`'s blocks (finished, aborted or preempted)."""
-        for block in seq.block_table:
+        for block in seq.block_table[self._released.pop(seq.seq_id, 0) :]:
             self._release(block)
         seq.block_table = []
         seq.num_registered_blocks = 0

@@ -161,8 +161,11 @@ def load_model(config: EngineConfig, setup: EngineSetup, inputs: InputProcessor)
         quantization_group_size=config.quantization_group_size,
     )
     inputs.attach_media(setup.registry, model, setup.model_config, config)
-    spec = plan_kv_cache(config, backend, setup.max_model_len, model, setup.max_num_batched_tokens)
-    manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching)
+    window = model.kv_window()  # rank processes (above) keep every block: their managers release none
+    spec = plan_kv_cache(
+        config, backend, setup.max_model_len, model, setup.max_num_batched_tokens, window=window
+    )
+    manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching, window)
     kv_caches = allocate_kv_cache(backend, spec)
     graphs = None
     if (

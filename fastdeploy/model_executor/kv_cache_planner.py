@@ -18,6 +18,15 @@ DEFAULT_UTILIZATION = {"cpu": 0.5}
 FALLBACK_UTILIZATION = 0.9
 
 
+def tokens_held(window: int, max_model_len: int, max_num_batched_tokens: int, block_size: int) -> int:
+    """Cache slots one sequence holds at most: all of `max_model_len`, or with a sliding window on
+    every layer (`CausalLM.kv_window`) the window, a prefill chunk and the block manager's margin
+    (three blocks: the window's partial first block, one kept for a pass in flight, a partial last)."""
+    if not window:
+        return max_model_len
+    return min(max_model_len, window + max_num_batched_tokens + 3 * block_size)
+
+
 def plan_kv_cache(
     config: EngineConfig,
     backend: Backend,
@@ -25,14 +34,16 @@ def plan_kv_cache(
     model: CausalLM,
     max_num_batched_tokens: int,
     memory_share: float = 1.0,
+    window: int = 0,
 ) -> KVCacheSpec:
     """How many blocks to allocate, logged as FastDeploy does (`total_block_num`).
 
     The budget is `kv_cache_memory` bytes, else `gpu_memory_utilization` of the memory left after
     a profiling forward pass over `max_num_batched_tokens` tokens (accelerator backends measure
     it; host backends take that share of the free memory). It is capped at what `max_num_seqs`
-    sequences of `max_model_len` tokens could ever use. `num_gpu_blocks_override` replaces the
-    computed count. `memory_share` is this process's part of the free memory when several
+    sequences of `max_model_len` tokens could ever use (with `window`, the sliding window of every
+    layer where the block manager releases the blocks behind it: of the window plus a prefill
+    chunk). `num_gpu_blocks_override` replaces the computed count. `memory_share` is this process's part of the free memory when several
     rank processes of one model share it (host backends). The model says what it caches per
     token (`CausalLM.kv_cache_spec`: its rank's layers and KV heads, or its latent vector).
     """
@@ -41,6 +52,7 @@ def plan_kv_cache(
     spec = model.kv_cache_spec(0, config.block_size, dtype)
     per_block = spec.bytes_per_block()
     free = backend.free_memory_bytes()
+    held = tokens_held(window, max_model_len, max_num_batched_tokens, config.block_size)
     if config.num_gpu_blocks_override is not None:
         num_blocks = config.num_gpu_blocks_override
     else:
@@ -55,7 +67,7 @@ def plan_kv_cache(
             )
             if budget is None:
                 budget = int(free * utilization)
-        blocks_per_seq = -(-max_model_len // config.block_size)
+        blocks_per_seq = -(-held // config.block_size)
         num_blocks = min(budget // per_block, blocks_per_seq * config.max_num_seqs)
     logger.info(
         "Doing profile, the total_block_num:%d (block_size %d, %.1f MiB per block, %.1f GiB free)",
@@ -76,10 +88,13 @@ def plan_kv_cache(
             f"{backend.name}; ask for fewer"
         )
     capacity = num_blocks * config.block_size
-    if capacity < max_model_len:
+    if capacity < held:
+        needs = (
+            f"max_model_len={max_model_len}" if held == max_model_len else f"the {held} one sequence holds"
+        )
         raise InvalidArgumentError(
             f"the KV cache holds {capacity} tokens ({num_blocks} blocks of {config.block_size}), fewer than "
-            f"max_model_len={max_model_len}; lower max_model_len or give the cache more memory "
+            f"{needs}; lower max_model_len or give the cache more memory "
             "(kv_cache_memory, gpu_memory_utilization or num_gpu_blocks_override)"
         )
     return dataclasses.replace(spec, num_blocks=num_blocks)

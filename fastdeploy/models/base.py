@@ -69,6 +69,11 @@ class CausalLM(ABC):
         """KV heads this process caches (its tensor-parallel shard)."""
         return self.config.num_key_value_heads
 
+    def kv_window(self) -> int:
+        """The sliding window every layer attends over (0: some layer sees the whole context):
+        the block manager then releases the blocks behind it."""
+        return 0
+
     def kv_cache_spec(self, num_blocks: int, block_size: int, dtype: str) -> KVCacheSpec:
         """The KV cache this process holds: a key and a value of `head_dim` per KV head of its
         layers (`kv_cache_layers`, `kv_cache_heads`). A model with another cache (multi-head

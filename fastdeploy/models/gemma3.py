@@ -14,9 +14,9 @@ override points cannot express, so the layer and the forward pass are its own:
   global ("full_attention", base `rope_theta` with `rope_scaling`) attention, by `layer_types`
   or every `sliding_window_pattern`-th layer global.
 
-Windowed attention is not implemented: contexts longer than `sliding_window` are refused
-(within the window it equals full causal attention). Runs in one process (no tensor or
-pipeline parallelism).
+Past `sliding_window` the sliding layers attend over their window only (`AttentionBlock.window`,
+on a backend with `Capability.SLIDING_WINDOW`). Runs in one process (no tensor or pipeline
+parallelism).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.models.attention_window import check_within_window
 from fastdeploy.models.llama import LlamaForCausalLM, LlamaLayerWeights, ProjectionBiases
 from fastdeploy.plugins.api import (
     Backend,
@@ -66,7 +65,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         max_positions: int,
         parallel: ModelParallel | None = None,
     ) -> None:
-        check_within_window(config, max_positions)
+        self.layer_types: list[str] = []
         super().__init__(config, backend, max_positions, parallel)
         raw = config.raw
         self.scale = float(raw.get("query_pre_attn_scalar") or config.head_dim) ** -0.5
@@ -84,6 +83,9 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
                 f"config.json: layer_types must list {layers} entries of {SLIDING!r} or {GLOBAL!r}, got {types!r}"
             )
         return list(types)
+
+    def attention_window(self, layer: int) -> int:
+        return self.window if self.layer_types[layer] == SLIDING else 0
 
     def projection_biases(self) -> ProjectionBiases:
         attention = bool(self.config.raw.get("attention_bias", False))

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from fastdeploy.models.attention_window import sliding_window
 from fastdeploy.plugins.api import (
     AttentionBlock,
     Backend,
@@ -114,6 +115,8 @@ class LlamaForCausalLM(CausalLM):
         self.num_kv_heads = len(self.kv_heads)
         self.head_dim = config.head_dim
         self.scale = self.head_dim**-0.5
+        #: the sliding layers' window where it binds (`attention_window`), else 0
+        self.window = self.sliding_window(max_positions)
         self.biases = self.projection_biases()
         self.lm_head_bias: Any | None = None
         self.layers: list[LlamaLayerWeights] = []
@@ -124,6 +127,19 @@ class LlamaForCausalLM(CausalLM):
         self.layer_ids = self.parallel.stage_layers(config.num_hidden_layers)
 
     # --- what subclasses override ------------------------------------------------------------
+    def sliding_window(self, max_positions: int) -> int:
+        """The sliding layers' window where it binds, else 0: config.json's `sliding_window`
+        (Mistral, Phi-3, Mixtral, Gemma 3), refused on a backend without sliding-window attention."""
+        return sliding_window(self.config, max_positions, self.backend)
+
+    def attention_window(self, layer: int) -> int:
+        """Layer `layer`'s `AttentionBlock.window` (0: full attention); every layer slides here."""
+        return self.window
+
+    def kv_window(self) -> int:
+        windows = {self.attention_window(i) for i in range(self.config.num_hidden_layers)}
+        return self.window if windows == {self.window} else 0
+
     def projection_biases(self) -> ProjectionBiases:
         """Biases as transformers' Llama has them: `attention_bias` on q/k/v/o, `mlp_bias` on the MLP."""
         attention = bool(self.config.raw.get("attention_bias", False))
@@ -309,6 +325,7 @@ class LlamaForCausalLM(CausalLM):
             head_dim=self.head_dim,
             eps=self.config.rms_norm_eps,
             scale=self.scale,
+            window=self.attention_window(i),
         )
         if self.biases.qkv:
             attention.qkv_bias = backend.linear_bias(*self._qkv_rows(attn, "bias", host))

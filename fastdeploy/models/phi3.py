@@ -15,13 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastdeploy.models.attention_window import check_within_window
 from fastdeploy.models.llama import LlamaForCausalLM
 from fastdeploy.plugins.api import (
-    Backend,
     InvalidArgumentError,
-    ModelConfig,
-    ModelParallel,
     WeightLoadError,
     hookimpl,
     rope_tables,
@@ -31,16 +27,6 @@ from fastdeploy.plugins.api import (
 
 class Phi3ForCausalLM(LlamaForCausalLM):
     """Phi-3 / Phi-3.5 / Phi-4: fused projections, partial rotary, LongRoPE."""
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        backend: Backend,
-        max_positions: int,
-        parallel: ModelParallel | None = None,
-    ) -> None:
-        check_within_window(config, max_positions)
-        super().__init__(config, backend, max_positions, parallel)
 
     def rope_parameters(self) -> dict[str, Any]:
         """`rope_scaling` (or transformers 5's `rope_parameters`) merged with the top-level fields

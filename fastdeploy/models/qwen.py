@@ -35,6 +35,10 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
         _check_sliding_window(config, max_positions)
         super().__init__(config, backend, max_positions, parallel)
 
+    def sliding_window(self, max_positions: int) -> int:
+        """0: Qwen's `sliding_window` applies only with `use_sliding_window`, refused past the window."""
+        return 0
+
     def projection_biases(self) -> ProjectionBiases:
         return ProjectionBiases(qkv=True, o_proj=False, mlp=False)
 

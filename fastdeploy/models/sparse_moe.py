@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.models.attention_window import check_within_window
 from fastdeploy.models.deepseek_v3 import DeepseekV3ForCausalLM
 from fastdeploy.models.gpt_oss import GptOssForCausalLM
 from fastdeploy.models.llama import (
@@ -168,7 +167,6 @@ class MixtralForCausalLM(SparseMoEMixin, LlamaForCausalLM):
         max_positions: int,
         parallel: ModelParallel | None = None,
     ) -> None:
-        check_within_window(config, max_positions)
         super().__init__(config, backend, max_positions, parallel)
         self.init_moe()
 

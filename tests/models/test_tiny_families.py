@@ -12,6 +12,7 @@ nor llama.cpp is needed here.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ import tiny_families as families
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.backends.base import BackendOptions
+from fastdeploy.backends.capabilities import Capability
 from fastdeploy.backends.selection import create_backend
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
@@ -192,10 +194,22 @@ def test_phi3_longrope_factors_of_the_wrong_length_are_refused(tmp_path):
         LLM(model=directory, max_model_len=32)
 
 
-def test_phi3_sliding_window_beyond_the_window_is_refused(tmp_path):
+def _without_sliding_window(monkeypatch) -> Any:
+    """A cpu backend that does not declare Capability.SLIDING_WINDOW (as the cuda backend)."""
+    backend = create_backend("cpu", BackendOptions(threads=1), get_registry())
+    reduced = type(backend).capabilities - {Capability.SLIDING_WINDOW}
+    monkeypatch.setattr(type(backend), "capabilities", reduced)
+    return backend
+
+
+def test_a_window_beyond_the_backend_is_refused_by_name(tmp_path, monkeypatch):
     directory = _write_with_config(tmp_path, "phi4", sliding_window=16)
-    with pytest.raises(UnsupportedModelError, match="max_model_len <= 16"):
-        LLM(model=directory, max_model_len=32)
+    registry = get_registry()
+    backend = _without_sliding_window(monkeypatch)
+    checkpoint = inspect_checkpoint(directory, registry)
+    build_model(checkpoint, backend, 16, registry)  # within the window: plain causal attention
+    with pytest.raises(UnsupportedModelError, match="Capability.SLIDING_WINDOW.*max_model_len <= 16"):
+        build_model(checkpoint, backend, 32, registry)
 
 
 def test_sentencepiece_ggufs_bring_their_tokenizer_and_gemma_its_family_template():
@@ -212,10 +226,22 @@ def test_sentencepiece_ggufs_bring_their_tokenizer_and_gemma_its_family_template
     assert tokenizer.decode(ids) == "A river begins as rain."
 
 
-def test_gemma3_beyond_its_sliding_window_is_refused(hf_dirs):
-    """Windowed attention is not implemented; within the window it is full causal attention."""
+def test_gemma3_beyond_its_sliding_window_needs_the_capability(hf_dirs, monkeypatch):
+    """Within the window it is full causal attention; past it the backend must slide."""
+    registry = get_registry()
+    backend = _without_sliding_window(monkeypatch)
     with pytest.raises(UnsupportedModelError, match="sliding_window=64.*max_model_len <= 64"):
-        LLM(model=hf_dirs["gemma3"], max_model_len=128)
+        build_model(inspect_checkpoint(hf_dirs["gemma3"], registry), backend, 128, registry)
+
+
+def test_only_the_sliding_layers_carry_the_window(hf_dirs):
+    """Gemma 3's pattern 6: five sliding layers, then a global one; within the window none slide."""
+    registry = get_registry()
+    backend = create_backend("cpu", BackendOptions(threads=1), registry)
+    checkpoint = inspect_checkpoint(hf_dirs["gemma3"], registry)
+    for max_model_len, windows in ((128, [64] * 5 + [0]), (64, [0] * 6)):
+        model = build_model(checkpoint, backend, max_model_len, registry)
+        assert [layer.attention.window for layer in model.layers] == windows
 
 
 def test_quantised_expert_stacks_are_split_in_their_blocks(references):
@@ -240,3 +266,23 @@ def test_quantised_expert_stacks_are_split_in_their_blocks(references):
     for case in references["mixtral"]["prompt_sets"]["short"]["cases"]:
         logits = tiny.prefill_logits(model, backend, case["prompt_token_ids"])[-1]
         np.testing.assert_allclose(logits, case["first_logits"], atol=0.1, rtol=0)
+
+
+def test_a_sliding_model_runs_in_a_cache_smaller_than_its_context(references):
+    """Phi-3 with a 20-position window on every layer, 8-slot blocks and 16-token prefill chunks:
+    the 94 positions of prompt + generation need 12 blocks, the cache has 8 (the planner sizes
+    a sequence by its window and chunk, the block manager releases what the window left behind);
+    the tokens are still transformers'."""
+    prompt_set = references["phi3_window"]["prompt_sets"]["long"]
+    (case,) = prompt_set["cases"]
+    assert len(case["prompt_token_ids"]) + len(case["output_token_ids"]) > 8 * 8
+    llm = LLM(
+        model=str(families.gguf_path("phi3_window")),
+        max_model_len=prompt_set["max_model_len"],
+        block_size=8,
+        max_num_batched_tokens=16,
+        num_gpu_blocks_override=8,
+    )
+    params = SamplingParams(temperature=0, max_tokens=families.NEW_TOKENS, ignore_eos=True)
+    (output,) = llm.generate([{"prompt_token_ids": case["prompt_token_ids"]}], params, use_tqdm=False)
+    assert output.outputs.token_ids == case["output_token_ids"]

@@ -80,6 +80,23 @@ SPECS: dict[str, dict[str, Any]] = {
             "sliding_window": None,
         },
     },
+    # every layer slides over 20 positions (not a multiple of the 16-slot KV blocks): prompts and
+    # generations cross the window
+    "phi3_window": {
+        "seed": 3503,
+        "config": _COMMON
+        | {
+            "architectures": ["Phi3ForCausalLM"],
+            "model_type": "phi3",
+            "num_hidden_layers": 2,
+            "intermediate_size": 48,
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 10000.0,
+            "original_max_position_embeddings": 128,
+            "rope_scaling": None,
+            "sliding_window": 20,
+        },
+    },
     "mixtral": {
         "seed": 8701,
         "config": _COMMON
@@ -202,9 +219,15 @@ PROMPT_SETS = {"short": (SHORT_PROMPTS, 64), "long": (LONG_PROMPTS, 128)}
 
 
 def prompt_sets(name: str) -> dict[str, tuple[list[list[int]], int]]:
-    """The prompt sets of model `name`: the long one only where LongRoPE makes it differ."""
-    scaling = SPECS[name]["config"].get("rope_scaling") if name in SPECS else None
-    if scaling and scaling.get("type", scaling.get("rope_type")) == "longrope":
+    """The prompt sets of model `name`: the long one only where LongRoPE or a sliding window
+    (then prompt and generation run past it) makes it differ."""
+    config = SPECS[name]["config"] if name in SPECS else {}
+    scaling = config.get("rope_scaling")
+    if (
+        scaling
+        and scaling.get("type", scaling.get("rope_type")) == "longrope"
+        or config.get("sliding_window")
+    ):
         return PROMPT_SETS
     return {"short": PROMPT_SETS["short"]}
 

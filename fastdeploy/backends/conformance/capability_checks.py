@@ -409,6 +409,54 @@ def check_decoder_layers(backend: Backend) -> None:
     assert_close("decoder_layers", stream, expected, 2e-4, 2e-4)
 
 
+def check_sliding_window(backend: Backend) -> str | None:
+    """`windowed_attention` (optional): a 7-position window over 4-slot blocks, so the window
+    starts inside a block and whole blocks fall before it (then released: their table entries
+    alias other blocks); prefill, then a decode beside a continued prefill chunk, against numpy (the fused layers' `AttentionBlock.window` path is
+    checked by the models with sliding windows in tests/models)."""
+    if not backend.supports(Capability.SLIDING_WINDOW):
+        return (
+            "backend has no sliding-window attention (Capability.SLIDING_WINDOW): models are refused past it"
+        )
+    rng = np.random.default_rng(23)
+    heads, kv_heads, dim, block, window = 4, 2, 16, 4, 7
+    spec = KVCacheSpec(num_layers=1, num_blocks=12, block_size=block, num_kv_heads=kv_heads, head_dim=dim)
+    (cache,) = backend.allocate_kv_cache(spec)
+    tables = {"a": [7, 2, 11, 0, 5], "b": [4, 9, 3, 1]}
+    history = {
+        name: (random_normal(rng, n, kv_heads, dim), random_normal(rng, n, kv_heads, dim))
+        for name, n in (("a", 19), ("b", 14))
+    }
+
+    def run(parts: list[tuple[str, int, int]], tables: dict[str, list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.concatenate([history[name][0][s:e] for name, s, e in parts])
+        values = np.concatenate([history[name][1][s:e] for name, s, e in parts])
+        q = random_normal(rng, len(keys), heads, dim)
+        out = backend.windowed_attention(
+            *(backend.from_numpy(t) for t in (q, keys, values)),
+            cache,
+            backend.prepare_batch(batch_layout(tables, parts, block)),
+            0.25,
+            window,
+        )
+        return q, backend.to_numpy(out)
+
+    q, out = run([("a", 0, 11), ("b", 0, 13)], tables)
+    expected = ref.causal_attention(q[:11], *(h[:11] for h in history["a"]), 0.25, window=window)
+    assert_close("windowed_attention prefill", out[:11], expected)
+    expected = ref.causal_attention(q[11:], *(h[:13] for h in history["b"]), 0.25, window=window)
+    assert_close("windowed_attention prefill", out[11:], expected)
+    # the first blocks now lie wholly before every query's window: released, their entries alias
+    # the other sequence's blocks, whose contents must not matter
+    q, out = run([("b", 13, 14), ("a", 11, 19)], {"a": [4, 2, 11, 0, 5], "b": [7, 9, 3, 1]})
+    assert_close(
+        "windowed_attention decode", out[:1], ref.causal_attention(q[:1], *history["b"], 0.25, window=window)
+    )
+    expected = ref.causal_attention(q[1:], *history["a"], 0.25, window=window)
+    assert_close("windowed_attention chunked prefill", out[1:], expected)
+    return None
+
+
 def check_graph_capture(backend: Backend) -> str | None:
     """Captured decode steps need a model and a GPU: `check_greedy_generation` on the device
     runs them; here only that a declaring backend implements `decode_graphs` (see the platform
@@ -516,6 +564,7 @@ CAPABILITY_CHECKS: dict[Capability, Callable[[Backend], str | None]] = {
     Capability.DEVICE_ROW_REDUCTIONS: check_row_reductions,
     Capability.VISION_OPS: check_vision_ops,
     Capability.LORA: check_lora,
+    Capability.SLIDING_WINDOW: check_sliding_window,
     Capability.LATENT_ATTENTION: check_latent_attention,
     Capability.ATTENTION_SINKS: check_attention_sinks,
 }

@@ -75,23 +75,30 @@ def rotary(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.nda
 
 
 def causal_attention(
-    q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, sinks: np.ndarray | None = None
+    q: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    scale: float,
+    sinks: np.ndarray | None = None,
+    window: int = 0,
 ) -> np.ndarray:
-    """The last len(q) positions of a sequence attending to all its keys, one head at a time;
-    `sinks[h]` (attention sinks) is one more logit in head h's softmax that weighs no value."""
+    """The last len(q) positions of a sequence attending to all its keys (to the last `window`
+    of them where `window` > 0), one head at a time; `sinks[h]` (attention sinks) is one more
+    logit in head h's softmax that weighs no value."""
     length, heads, _ = q.shape
     context, kv_heads, _ = keys.shape
     group = heads // kv_heads
     out = np.zeros((length, heads, values.shape[-1]), dtype=np.float64)
     for t in range(length):
         position = context - length + t
+        first = max(0, position + 1 - window) if window > 0 else 0
         for h in range(heads):
             kh = h // group
-            scores = keys[: position + 1, kh].astype(np.float64) @ q[t, h] * scale
+            scores = keys[first : position + 1, kh].astype(np.float64) @ q[t, h] * scale
             top = scores.max() if sinks is None else max(scores.max(), float(sinks[h]))
             weights = np.exp(scores - top)
             denominator = weights.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - top))
-            out[t, h] = (weights / denominator) @ values[: position + 1, kh]
+            out[t, h] = (weights / denominator) @ values[first : position + 1, kh]
     return out
 
 

@@ -8,7 +8,7 @@ tokens), in query tiles so the score matrix stays small.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,6 +36,7 @@ class CpuAttentionMetadata:
     decode_slots: np.ndarray  # [decodes, max_context] cache slots, padded with 0
     decode_mask: np.ndarray  # [decodes, 1, 1, max_context] 0 or -inf
     prefills: list[PrefillSlice]
+    decode_lens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [decodes] contexts
 
 
 def context_slots(block_table: np.ndarray, length: int, block_size: int) -> np.ndarray:
@@ -50,7 +51,7 @@ def build_metadata(layout: BatchLayout) -> CpuAttentionMetadata:
     is_decode = layout.query_lens == 1
     decode_seqs = np.flatnonzero(is_decode)
     if decode_seqs.size:
-        lens = layout.context_lens[decode_seqs]
+        lens = layout.context_lens[decode_seqs].astype(np.int64)
         width = int(lens.max())
         positions = np.arange(width)
         tables = layout.block_tables[decode_seqs]
@@ -60,6 +61,7 @@ def build_metadata(layout: BatchLayout) -> CpuAttentionMetadata:
         slots = np.where(valid, slots, 0)
         mask = np.where(valid, np.float32(0), _NEG_INF).astype(np.float32)[:, None, None, :]
     else:
+        lens = np.zeros(0, np.int64)
         slots = np.zeros((0, 0), np.int64)
         mask = np.zeros((0, 1, 1, 0), np.float32)
     prefills = [
@@ -71,7 +73,7 @@ def build_metadata(layout: BatchLayout) -> CpuAttentionMetadata:
         )
         for i in np.flatnonzero(~is_decode)
     ]
-    return CpuAttentionMetadata(layout.slot_mapping, starts[decode_seqs], slots, mask, prefills)
+    return CpuAttentionMetadata(layout.slot_mapping, starts[decode_seqs], slots, mask, prefills, lens)
 
 
 def _softmax_inplace(scores: np.ndarray, sinks: np.ndarray | None = None) -> np.ndarray:
@@ -97,9 +99,11 @@ def paged_attention(
     meta: CpuAttentionMetadata,
     scale: float,
     sinks: np.ndarray | None = None,
+    window: int = 0,
 ) -> np.ndarray:
-    """See `Backend.attention` (and `Backend.attention_with_sinks` with `sinks` [heads]). Caches
-    are [slots, kv_heads, head_dim] arrays (kv_cache.py)."""
+    """See `Backend.attention` (`Backend.attention_with_sinks` with `sinks` [heads], and
+    `Backend.windowed_attention` where `window` > 0: positions before p - window + 1 are masked).
+    Caches are [slots, kv_heads, head_dim] arrays (kv_cache.py)."""
     store_numpy(kv_cache, meta.slot_mapping, k, v)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.keys.shape[1]
@@ -113,6 +117,9 @@ def paged_attention(
         keys = keys.transpose(0, 2, 3, 1)  # [d, kvh, hd, ctx]
         scores = np.matmul(queries, keys)  # [d, kvh, group, ctx]
         scores += meta.decode_mask
+        if window:
+            early = np.arange(scores.shape[-1])[None, :] < (meta.decode_lens - window)[:, None]
+            scores += np.where(early, _NEG_INF, np.float32(0))[:, None, None, :]
         _softmax_inplace(scores, head_sinks)
         values = values.transpose(0, 2, 1, 3)  # [d, kvh, ctx, hd]
         out[meta.decode_rows] = np.matmul(scores, values).reshape(-1, num_heads, head_dim)
@@ -129,7 +136,11 @@ def paged_attention(
             tile = q[tile_start:tile_end] * np.float32(scale)  # [L, heads, hd]
             queries = tile.reshape(length, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
             scores = np.matmul(queries, keys[:, None, :, :visible])  # [kvh, group, L, visible]
-            scores += np.where(np.arange(visible)[None, :] > positions[:, None], _NEG_INF, np.float32(0))
+            columns = np.arange(visible)[None, :]
+            hidden = columns > positions[:, None]
+            if window:
+                hidden |= columns <= positions[:, None] - window
+            scores += np.where(hidden, _NEG_INF, np.float32(0))
             _softmax_inplace(scores, None if head_sinks is None else head_sinks[:, :, :, None])
             result = np.matmul(scores, values[:, None, :visible])  # [kvh, group, L, hd]
             out[tile_start:tile_end] = result.transpose(2, 0, 1, 3).reshape(length, num_heads, head_dim)

@@ -179,6 +179,7 @@ class CpuBackend(Backend):
             Capability.DEVICE_ROW_REDUCTIONS,
             Capability.VISION_OPS,
             Capability.LORA,
+            Capability.SLIDING_WINDOW,
             Capability.LATENT_ATTENTION,
             Capability.QUANTIZED_WEIGHTS,
             Capability.ATTENTION_SINKS,
@@ -466,6 +467,20 @@ class CpuBackend(Backend):
             return native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads)
         return paged_attention(q, k, v, kv_cache, batch, scale)
 
+    def windowed_attention(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        kv_cache: LayerKVCache,
+        batch: CpuAttentionMetadata,
+        scale: float,
+        window: int,
+    ) -> np.ndarray:
+        if self.native_isa:
+            return native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads, window)
+        return paged_attention(q, k, v, kv_cache, batch, scale, window=window)
+
     def latent_attention(
         self,
         q_nope: np.ndarray,
@@ -491,7 +506,7 @@ class CpuBackend(Backend):
         sinks: np.ndarray,
     ) -> np.ndarray:
         if not self.native_isa:
-            return paged_attention(q, k, v, kv_cache, batch, scale, sinks)
+            return paged_attention(q, k, v, kv_cache, batch, scale, sinks=sinks)
         # the native kernels have no sinks: their output, scaled by each query's sink factor
         out = native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads)
         factors = sink_factors(

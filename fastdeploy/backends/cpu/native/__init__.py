@@ -326,8 +326,10 @@ def attention(
     scale: float,
     isa: str,
     threads: int,
+    window: int = 0,
 ) -> np.ndarray:
-    """`Backend.attention` on a cache from `kv_cache.allocate_native`: writes k/v, then attends causally."""
+    """`Backend.attention` on a cache from `kv_cache.allocate_native`: writes k/v, then attends causally
+    (over each query's last `window` positions where `window` > 0: `Backend.windowed_attention`)."""
     key_cache, value_cache = kv_cache.keys, kv_cache.values
     q = np.ascontiguousarray(q, np.float32)
     tokens, heads, head_dim = q.shape
@@ -355,6 +357,7 @@ def attention(
         KV_TYPES[kv_cache.kv_dtype],
         isa,
         threads,
+        window,
     )
     return out
 
@@ -379,6 +382,7 @@ def _attention_weights(block: AttentionBlock) -> tuple:
             block.head_dim,
             block.eps,
             block.scale,
+            block.window,
         )
     return block.prepared
 

@@ -153,7 +153,7 @@ KV_FN(attend_heads)(const float *q, float *out, Py_ssize_t offset, int heads_now
                     const KV_T *key_cache, const KV_T *value_cache, const float *key_scales,
                     const float *value_scales, const int64_t *table, Py_ssize_t block_size, Py_ssize_t num_kv_heads,
                     Py_ssize_t kv_head, const Py_ssize_t head_dim, float scale, float *q_scaled, float *scores,
-                    Py_ssize_t stride)
+                    Py_ssize_t stride, Py_ssize_t hidden)
 {
     for (Py_ssize_t i = 0; i < heads_now * head_dim; i++) q_scaled[i] = q[offset + i] * scale;
     for (Py_ssize_t first = 0; first < visible; first += block_size) {
@@ -163,6 +163,9 @@ KV_FN(attend_heads)(const float *q, float *out, Py_ssize_t offset, int heads_now
                            key_scales ? key_scales + block * block_size : NULL, block_size, count, head_dim,
                            scores + first, stride);
     }
+    /* sliding window: the first `hidden` positions (< block_size, before the window start) */
+    for (int h = 0; h < heads_now; h++)
+        for (Py_ssize_t j = 0; j < hidden; j++) scores[h * stride + j] = -INFINITY;
     softmax_rows(scores, heads_now, stride, visible);
     KV_FN(weighted_values)(scores, heads_now, stride, visible, value_cache, value_scales, table, block_size,
                            num_kv_heads, kv_head, head_dim, out + offset);
@@ -181,11 +184,16 @@ KV_FN(attend_item)(const struct attn_item *item, const float *q, float *out, con
     /* positions visible to the item's first token; each later token sees one more */
     const Py_ssize_t first_visible = context_lens[s] - (query_starts[s + 1] - item->token0) + 1;
     for (Py_ssize_t t = 0; t < item->tokens; t++) {
+        /* sliding window: blocks wholly before the window start are skipped (the table and the
+         * positions start at the window's first block), the rest of the positions before it masked */
+        const Py_ssize_t start = item->window > 0 && first_visible + t > item->window ? first_visible + t - item->window : 0;
+        const Py_ssize_t skipped = start - start % block_size;
         for (Py_ssize_t g = 0; g < group; g += KERNEL_HEADS) {
             const Py_ssize_t offset = (item->token0 + t) * heads * head_dim + (item->kv_head * group + g) * head_dim;
 #define ATTEND_HEADS(n)                                                                                         \
-    KV_FN(attend_heads)(q, out, offset, n, first_visible + t, key_cache, value_cache, key_scales, value_scales, \
-                        table, block_size, num_kv_heads, item->kv_head, head_dim, scale, q_scaled, scores, stride)
+    KV_FN(attend_heads)(q, out, offset, n, first_visible + t - skipped, key_cache, value_cache, key_scales,       \
+                        value_scales, table + skipped / block_size, block_size, num_kv_heads, item->kv_head,      \
+                        head_dim, scale, q_scaled, scores, stride, start - skipped)
             switch (group - g < KERNEL_HEADS ? (int)(group - g) : KERNEL_HEADS) {
             case 1: ATTEND_HEADS(1); break;
 #if KERNEL_HEADS >= 2

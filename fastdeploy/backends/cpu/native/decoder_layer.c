@@ -139,6 +139,7 @@ struct attention_half {
     Py_ssize_t hidden, heads, kv_heads, head_dim;
     double eps, scale;
     int kv_type;
+    Py_ssize_t window; /* > 0: sliding-window attention (struct paged_attention) */
 };
 
 /* A decoder layer's SwiGLU half: gate_up [2 * inner, hidden] (gate rows first), down [hidden, inner]. */
@@ -188,9 +189,9 @@ static int parse_attention_half(PyObject *weights, PyObject *cache, struct atten
         PyErr_SetString(PyExc_TypeError, "attention_block: weights and cache must be tuples");
         return 0;
     }
-    if (!PyArg_ParseTuple(weights, "y*iy*z*z*z*iy*z*nnnndd", &h->norm, &h->qkv.kind, &h->qkv.packed, &h->qkv.bias,
+    if (!PyArg_ParseTuple(weights, "y*iy*z*z*z*iy*z*nnnndd|n", &h->norm, &h->qkv.kind, &h->qkv.packed, &h->qkv.bias,
                           &h->q_norm, &h->k_norm, &h->o.kind, &h->o.packed, &h->o.bias, &h->hidden, &h->heads,
-                          &h->kv_heads, &h->head_dim, &h->eps, &h->scale) ||
+                          &h->kv_heads, &h->head_dim, &h->eps, &h->scale, &h->window) ||
         !PyArg_ParseTuple(cache, "w*w*w*w*i", &h->kc, &h->vc, &h->ks, &h->vs, &h->kv_type))
         return 0;
     const Py_ssize_t float_bytes = (Py_ssize_t)sizeof(float);
@@ -281,6 +282,7 @@ static struct attention_job *plan_attention(const struct attention_half *h, cons
         .block_tables = p->tables.buf, .seqs = p->lens.len / (Py_ssize_t)sizeof(int64_t), .tokens = tokens,
         .heads = h->heads, .kv_heads = h->kv_heads, .head_dim = h->head_dim, .block_size = p->block_size,
         .width = p->width, .scale = (float)h->scale, .kv_type = h->kv_type,
+        .window = h->window > 0 ? h->window : 0,
     };
     return paged_attention_plan(&call, p->kernels);
 }

@@ -98,6 +98,7 @@ int native_isa_checked(const char *name);
 /* One attention work item: one kv head of one sequence for `tokens` of its query tokens. */
 struct attn_item {
     Py_ssize_t seq, kv_head, token0, tokens;
+    Py_ssize_t window; /* > 0: each query sees only its last `window` positions (sliding window) */
 };
 
 /* KV-cache element types (`kv_cache_dtype`): int8 comes with a float scale per position and kv head. */
@@ -127,6 +128,7 @@ struct paged_attention {
     Py_ssize_t seqs, tokens, heads, kv_heads, head_dim, block_size, width;
     float scale;
     int kv_type;
+    Py_ssize_t window; /* > 0: sliding-window attention over each query's last `window` positions */
 };
 struct attention_job;
 struct row_kernels;

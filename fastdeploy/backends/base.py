@@ -245,7 +245,7 @@ class Backend(Platform, DeviceOps):
 
     # --- Capability.ATTENTION_SINKS (no portable default) ----------------------------------------
     def attention_with_sinks(
-        self, q: Any, k: Any, v: Any, kv_cache: Any, batch: Any, scale: float, sinks: Any
+        self, q: Any, k: Any, v: Any, kv_cache: Any, batch: Any, scale: float, sinks: Any, window: int = 0
     ) -> Any:
         """`attention` with attention sinks: `sinks` [heads] float32 (this backend's array) are
         per-head logits that join each query's softmax denominator and weigh no value:
@@ -253,7 +253,9 @@ class Backend(Platform, DeviceOps):
             p_j = exp(s_j - m) / (sum_i exp(s_i - m) + exp(sink_h - m)),  m = max(max_i s_i, sink_h)
 
         so a head may attend to nothing. GPT-OSS needs it; a backend without it cannot run such
-        models (they are refused when built).
+        models (they are refused when built). `window` > 0 (GPT-OSS's sliding layers, passed only
+        by a backend that also declares `Capability.SLIDING_WINDOW`) limits each query to its
+        last `window` positions, as `windowed_attention` does.
         """
         raise NotImplementedError(f"the {self.name} backend has no attention with sinks")
 

@@ -6,9 +6,9 @@ A Llama-shaped decoder (RMSNorm, grouped-query attention, rotate-half rotary) wi
 - attention sinks: a learned logit per query head (`self_attn.sinks`) in every softmax
   denominator (`Backend.attention_with_sinks`, `Capability.ATTENTION_SINKS`); biases on q/k/v/o;
 - YaRN rotary (`rope_parameters`, rope_theta 150000 by default);
-- layers alternating sliding-window and full attention (`layer_types`). Windowed attention is
-  not implemented: contexts longer than `sliding_window` are refused (within the window both
-  kinds equal full causal attention);
+- layers alternating sliding-window and full attention (`layer_types`): past `sliding_window`
+  the sliding layers attend over their window only (`attention_with_sinks(..., window)`, on a
+  backend that also declares `Capability.SLIDING_WINDOW`; elsewhere such contexts are refused);
 - every feed-forward block a mixture of experts: the router is a linear layer with a bias whose
   top-k logits are softmaxed into the chosen experts' weights; an expert is a clamped SwiGLU
   with biases, `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)` where
@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.models.attention_window import check_within_window
 from fastdeploy.models.llama import LlamaForCausalLM, LlamaLayerWeights, ProjectionBiases
 from fastdeploy.plugins.api import (
     Backend,
@@ -93,7 +92,6 @@ class GptOssForCausalLM(LlamaForCausalLM):
                 f"{config.architecture} needs attention sinks, which the {backend.name} backend lacks "
                 "(Capability.ATTENTION_SINKS); use device='cpu'"
             )
-        check_within_window(config, max_positions)
         super().__init__(config, backend, max_positions, parallel)
         self.num_experts = int(_required(config, "num_local_experts"))
         self.top_k = int(_required(config, "num_experts_per_tok"))
@@ -118,6 +116,9 @@ class GptOssForCausalLM(LlamaForCausalLM):
                 f"config.json: layer_types must list {layers} entries of {SLIDING!r} or {FULL!r}, got {types!r}"
             )
         return list(types)
+
+    def attention_window(self, layer: int) -> int:
+        return self.window if self.layer_types[layer] == SLIDING else 0
 
     def projection_biases(self) -> ProjectionBiases:
         attention = bool(self.config.raw.get("attention_bias", True))
@@ -235,7 +236,9 @@ class GptOssForCausalLM(LlamaForCausalLM):
         k = qkv[:, q_size : q_size + kv_size].reshape(tokens, block.num_kv_heads, dim)
         k = ops.rotary_embedding(k, positions, cos, sin)
         v = qkv[:, q_size + kv_size :].reshape(tokens, block.num_kv_heads, dim)
-        attended = ops.attention_with_sinks(q, k, v, kv_cache, batch, block.scale, layer.mlp.sinks)
+        attended = ops.attention_with_sinks(
+            q, k, v, kv_cache, batch, block.scale, layer.mlp.sinks, block.window
+        )
         attention = ops.linear(attended.reshape(tokens, q_size), block.o_proj, block.o_bias)
         normed, residual = ops.rms_norm(attention, layer.post_norm, eps, residual)
         return self.mlp_block(layer, normed), residual

@@ -4,7 +4,7 @@ checkpoints, float experts and MXFP4 experts (transformers runs the dequantised 
 The checkpoint has the features that matter: attention sinks (some large, so heads attend to
 little), q/k/v/o biases, a sliding and a full layer, YaRN rotary, routers with biases, experts
 whose gate/up values pass the clamp (weights large enough), expert biases. The prompts stay
-within the sliding window (windowed attention is not implemented; longer contexts are refused).
+within the 64-token sliding window, except in the test that narrows it to 8.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import tiny_checkpoints as tiny
 from safetensors.numpy import save_file
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.errors import UnsupportedModelError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -152,11 +151,18 @@ def test_mxfp4_checkpoint_matches_transformers_on_the_dequantised_weights(tmp_pa
     assert engine_tokens(directory) == reference_tokens(model)
 
 
-def test_contexts_beyond_the_sliding_window_are_refused(tmp_path):
-    model = reference_model()
-    directory = write_checkpoint(tmp_path / "float", {n: t.numpy() for n, t in model.state_dict().items()})
-    with pytest.raises(UnsupportedModelError, match="sliding_window=64"):
-        LLM(model=directory, max_model_len=128)
+def test_past_the_sliding_window_the_sliding_layer_attends_over_its_window(tmp_path, monkeypatch):
+    """A window of 8: every prompt and its 24 tokens cross it (the sliding layer forgets, the full
+    layer does not), and the tokens still equal transformers'; narrowing the window changes
+    transformers' tokens, so the window is exercised."""
+    model = reference_model(sliding_window=8)
+    tensors = {name: t.numpy() for name, t in model.state_dict().items()}
+    directory = write_checkpoint(tmp_path / "window", tensors, sliding_window=8)
+    expected = reference_tokens(model)
+    assert expected != reference_tokens(reference_model())
+    assert engine_tokens(directory) == expected  # native kernels, sinks applied after
+    monkeypatch.setenv("FD_CPU_KERNELS", "numpy")  # sinks and window inside the softmax
+    assert engine_tokens(directory) == expected
 
 
 def test_the_checkpoint_exercises_sinks_and_the_clamp():

@@ -168,12 +168,14 @@ def sink_factors(
     block_size: int,
     scale: float,
     sinks: np.ndarray,
+    window: int = 0,
 ) -> np.ndarray:
     """[tokens, heads, 1] factors that turn attention without sinks into attention with them.
 
     With m_h the log-sum-exp of a query's scores, attention with a sink divides by
     exp(m_h) + exp(sink_h) instead of exp(m_h), so its output is the plain one times
-    1 / (1 + exp(sink_h - m_h)). The scores come from the keys already cached (native layout).
+    1 / (1 + exp(sink_h - m_h)). The scores come from the keys already cached (native layout);
+    with `window` > 0, only each query's last `window` positions count.
     """
     tokens, heads, head_dim = q.shape
     kv_heads = cache.keys.shape[1]
@@ -189,9 +191,11 @@ def sink_factors(
         queries = q[start:end].astype(np.float64).reshape(end - start, kv_heads, group, head_dim) * scale
         scores = np.einsum("tkgd,kdl->tkgl", queries, keys)
         positions = length - (end - start) + np.arange(end - start)
-        scores = np.where(
-            (np.arange(length)[None, :] > positions[:, None])[:, None, None, :], -np.inf, scores
-        )
+        columns = np.arange(length)[None, :]
+        hidden = columns > positions[:, None]
+        if window:
+            hidden |= columns <= positions[:, None] - window
+        scores = np.where(hidden[:, None, None, :], -np.inf, scores)
         top = scores.max(axis=-1, keepdims=True)
         lse = top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True))
         factors[start:end] = np.exp(-np.logaddexp(0.0, head_sinks - lse)).reshape(end - start, heads, 1)

@@ -504,11 +504,15 @@ class CpuBackend(Backend):
         batch: CpuAttentionMetadata,
         scale: float,
         sinks: np.ndarray,
+        window: int = 0,
     ) -> np.ndarray:
         if not self.native_isa:
-            return paged_attention(q, k, v, kv_cache, batch, scale, sinks=sinks)
+            return paged_attention(q, k, v, kv_cache, batch, scale, sinks=sinks, window=window)
         # the native kernels have no sinks: their output, scaled by each query's sink factor
-        out = native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads)
+        if window:
+            out = native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads, window)
+        else:
+            out = native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads)
         factors = sink_factors(
             q,
             kv_cache,
@@ -518,6 +522,7 @@ class CpuBackend(Backend):
             batch.block_size,
             scale,
             sinks,
+            window,
         )
         return out * factors
 

@@ -162,5 +162,14 @@ PyMODINIT_FUNC PyInit__native(void)
         Py_DECREF(m);
         return NULL;
     }
+    /* the sub-block kinds' int8-activation twins, in the order of their float32 kinds */
+    static const char *const i8_names[] = {"KIND_Q4_0_I8", "KIND_Q5_0_I8", "KIND_Q5_1_I8", "KIND_Q2_K_I8",
+                                           "KIND_Q3_K_I8", "KIND_Q4_K_I8", "KIND_Q5_K_I8", "KIND_Q6_K_I8",
+                                           "KIND_IQ4_NL_I8", "KIND_IQ4_XS_I8"};
+    for (int i = 0; i <= KIND_IQ4_XS_I8 - KIND_Q4_0_I8; i++)
+        if (PyModule_AddIntConstant(m, i8_names[i], KIND_Q4_0_I8 + i) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
     return m;
 }

@@ -91,3 +91,32 @@ def test_fused_parts_of_different_types_take_int8_activations_each(isa):
     out = native.matmul(x, fused, isa, threads=2, bias=bias)
     expected = np.concatenate([int8_expected(x, q), int8_expected(x, v)], axis=1) + bias
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+
+
+@requires_native
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q3_K", "Q5_K", "Q6_K", "IQ4_XS"])
+def test_every_dot_instruction_gives_the_same_bits(type_name):
+    """AVX2's maddubs (signed weights, sign trick) and the VNNI dots (weights + 128, corrected)
+    compute the same exact integer dots: capped to each dot this CPU has, the same bits."""
+    tensor = random_blocks(type_name, 40, 512, seed=7)
+    packed = native.pack([tensor], activations="int8")
+    x = activations(11, 512, seed=8)
+    expected = int8_expected(x, tensor)
+    try:
+        for isa in (isa for isa in native.ISAS if runs_here(isa)):
+            widest = native._native.int8_dots(isa, -1)
+            outputs = []
+            for cap in range(widest + 1):
+                assert native._native.int8_dots(isa, cap) == cap
+                outputs.append(native.matmul(x, packed, isa, threads=2))
+            for out in outputs:
+                np.testing.assert_array_equal(out, outputs[0])
+            np.testing.assert_allclose(outputs[0], expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+    finally:
+        native._native.int8_dots("avx2", 2)  # no cap
+
+
+@requires_native
+def test_an_unknown_instruction_set_is_refused():
+    with pytest.raises(ValueError, match="instruction set sse2"):
+        native._native.int8_dots("sse2", -1)

@@ -244,15 +244,18 @@ static void avx2_panel(const struct gemm_args *a, const struct int8_acts *x, int
 }
 
 /* ----------------------------------------------------------- dispatching */
-enum { MODE_AVX2, MODE_AVX_VNNI, MODE_AVX512_VNNI };
+enum { MODE_AVX2 = 0, MODE_AVX_VNNI = 1, MODE_AVX512_VNNI = 2 }; /* fd_int8_dots' numbers */
 
-/* The dot instructions for the instruction set asked for: AVX-512 VNNI (64 pairs per instruction),
- * AVX-VNNI (its 256-bit VEX form: CPUs with AVX-VNNI but not AVX-512 VNNI; 32), else maddubs. */
-static int int8_mode(int isa)
+static int widest_dots = MODE_AVX512_VNNI; /* fd_int8_dots' cap */
+
+int fd_int8_dots(int isa, int widest)
 {
+    if (widest >= MODE_AVX2 && widest <= MODE_AVX512_VNNI) widest_dots = widest;
     __builtin_cpu_init();
-    if (isa == ISA_AVX512 && native_cpu_has_vnni()) return MODE_AVX512_VNNI;
-    return __builtin_cpu_supports("avxvnni") ? MODE_AVX_VNNI : MODE_AVX2;
+    const int mode = isa == ISA_AVX512 && native_cpu_has_vnni() ? MODE_AVX512_VNNI
+                     : __builtin_cpu_supports("avxvnni")           ? MODE_AVX_VNNI
+                                                                   : MODE_AVX2;
+    return mode < widest_dots ? mode : widest_dots;
 }
 
 struct blocks_int8_job {
@@ -310,7 +313,7 @@ int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)
     const Py_ssize_t blocks = a->depth / GROUP, sixteens = a->depth / 16;
     char *memory = PyMem_RawMalloc((size_t)a->rows * ((size_t)blocks * 8 + (size_t)sixteens * 4 + (size_t)a->depth));
     if (memory == NULL) return -1;
-    struct blocks_int8_job job = {.a = a, .kind = kind, .mode = int8_mode(isa)};
+    struct blocks_int8_job job = {.a = a, .kind = kind, .mode = fd_int8_dots(isa, -1)};
     job.scale = (float *)memory;
     job.sum32 = (int32_t *)(memory + (size_t)a->rows * blocks * 4);
     job.sum16 = (int32_t *)(memory + (size_t)a->rows * blocks * 8);

@@ -91,8 +91,21 @@ static PyObject *native_adapt_replay(PyObject *self, PyObject *args)
 
 static PyObject *native_has_vnni(PyObject *self, PyObject *noargs) { return PyBool_FromLong(native_cpu_has_vnni()); }
 
+/* int8_dots(isa, widest): fd_int8_dots for an instruction set named by Python */
+static PyObject *native_int8_dots(PyObject *self, PyObject *args)
+{
+    const char *isa_name;
+    int widest;
+    if (!PyArg_ParseTuple(args, "si", &isa_name, &widest)) return NULL;
+    const int isa = native_isa_checked(isa_name);
+    return isa < 0 ? NULL : PyLong_FromLong(fd_int8_dots(isa, widest));
+}
+
 static PyMethodDef methods[] = {
     {"has_vnni", native_has_vnni, METH_NOARGS, "Whether the int8 kernels use AVX-512 VNNI on this CPU."},
+    {"int8_dots", native_int8_dots, METH_VARARGS,
+     "int8_dots(isa, widest): the sub-block int8 kernels' dots for isa (0 maddubs, 1 AVX-VNNI, 2 AVX-512 VNNI); "
+     "widest 0..2 caps them from then on, -1 leaves them."},
     {"best_isa", native_best_isa, METH_NOARGS, "The widest instruction set this CPU runs: avx512, avx2 or none."},
     {"attention", native_attention, METH_VARARGS, "Paged causal attention over block tables (see attention.c)."},
     {"encoder_attention", native_encoder_attention, METH_VARARGS,

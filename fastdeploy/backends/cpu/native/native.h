@@ -244,6 +244,9 @@ int gemm_int8(const struct gemm_args *a, int isa, int threads);
 int gemm_blocks(const struct gemm_args *a, int isa, int threads);
 /* gemm_blocks_int8.c: the product for KIND_Q4_0_I8 .. KIND_IQ4_XS_I8 (same threads, GIL, errors). */
 int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads);
+/* The dot instructions gemm_blocks_int8 uses for `isa` here: 0 AVX2's maddubs, 1 AVX-VNNI, 2 AVX-512
+ * VNNI; `widest` in 0..2 caps them from then on (tests reach the narrower ones), else ignored. */
+int fd_int8_dots(int isa, int widest);
 /* gemm_int8.c: rows first..end-1 of x [rows, depth] quantised per 32 values: q (int8), each
  * block's scale and sum of q ([rows, depth / 32]). */
 void fd_quantize_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_ssize_t depth, int8_t *q, float *scale,

@@ -8,7 +8,14 @@ from typing import Any
 
 from fastdeploy.version import __version__
 
-__all__ = ["LLM", "GuidedDecodingParams", "SamplingParams", "StructuredOutputsParams", "__version__"]
+__all__ = [
+    "LLM",
+    "GuidedDecodingParams",
+    "PoolingParams",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,6 +27,10 @@ def __getattr__(name: str) -> Any:
         from fastdeploy.engine.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "PoolingParams":
+        from fastdeploy.engine.pooling_request import PoolingParams
+
+        return PoolingParams
     if name in ("GuidedDecodingParams", "StructuredOutputsParams"):
         from fastdeploy.engine.guided import params
 

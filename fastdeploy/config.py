@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastdeploy import envs
-from fastdeploy.engine_args import GENERATION_CONFIG_MODES, EngineArgs
+from fastdeploy.engine_args import GENERATION_CONFIG_MODES, RUNNERS, EngineArgs
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.speculative_config import parse_speculative_config
 
@@ -218,6 +218,7 @@ class EngineConfig(EngineArgs):
             raise InvalidArgumentError(f"max_logprobs must be an int >= -1, got {self.max_logprobs!r}")
         self._check_speculative()
         self._check_async_scheduling()
+        self._check_runner()
 
     def _resolve(self) -> None:
         """The forms `LLM(...)` and FastDeploy accept, in the one form the engine reads; unset
@@ -255,6 +256,29 @@ class EngineConfig(EngineArgs):
         blocker = self.async_scheduling_blocker() if self.async_scheduling else None
         if blocker is not None:
             raise InvalidArgumentError(blocker)
+
+    def _check_runner(self) -> None:
+        """`runner` is known; the pooling runner (one process, no sampling) refuses what it lacks."""
+        if self.runner not in RUNNERS:
+            raise InvalidArgumentError(f"runner must be one of {', '.join(RUNNERS)}; got {self.runner!r}")
+        if self.pooler_config is not None and not isinstance(self.pooler_config, dict):
+            raise InvalidArgumentError(
+                f"pooler_config must be a dict such as {{'pooling_type': 'LAST'}}, got "
+                f"{type(self.pooler_config).__name__}"
+            )
+        if self.runner != "pooling":
+            if self.pooler_config is not None:
+                raise InvalidArgumentError("pooler_config applies to runner='pooling' only")
+            return
+        if self.runs_in_rank_processes:
+            raise InvalidArgumentError(
+                "runner='pooling' runs the model in the engine process: tensor_parallel_size and "
+                "pipeline_parallel_size 1, no ips, distributed_executor_backend not 'mp'"
+            )
+        if self.speculative_config is not None:
+            raise InvalidArgumentError(
+                "runner='pooling' samples no tokens: speculative_config does not apply"
+            )
 
     def _check_speculative(self) -> None:
         """Parse `speculative_config`; the parallel layouts it cannot run with are refused here."""

@@ -17,6 +17,10 @@ from typing import Any
 #: where requests that leave sampling settings unset take them from (see engine/generation_defaults.py)
 GENERATION_CONFIG_MODES = ("auto", "none")
 
+#: what an engine does with a prompt: generate tokens after it, or pool its hidden states into an
+#: embedding (`engine/pooling_engine.py`)
+RUNNERS = ("generate", "pooling")
+
 #: where an option's command-line flag goes: every engine-building subcommand (`generate`,
 #: `chat`, `serve`), or the server only
 FLAG_GROUPS = ("engine", "server")
@@ -69,6 +73,18 @@ class EngineArgs:
         None, "the GGUF to load from a model directory or hub repository holding several (or org/name:QUANT)"
     )
     tokenizer: str | None = option(None, "tokenizer directory or model name (default: the model's own)")
+    runner: str = option(
+        "generate",
+        "generate: complete prompts (generate, chat); pooling: embed them (embed, /v1/embeddings), "
+        "one prompt pass whose hidden states are pooled, no sampling",
+        flag={"choices": RUNNERS},
+    )
+    pooler_config: dict[str, Any] | None = option(
+        None,
+        'runner pooling: settings over the checkpoint\'s, JSON, e.g. \'{"pooling_type": "LAST", '
+        '"normalize": true, "is_matryoshka": true}\' (see docs/embeddings.md)',
+        flag={"type": _json_object},
+    )
     device: str | None = option(None, "backend name or 'auto' (default: FD_DEVICE or auto)")
     max_model_len: int | None = option(
         None, "prompt + output tokens per request (default: the model's context length)", flag={"type": int}

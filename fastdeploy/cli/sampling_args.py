@@ -57,8 +57,15 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int) -> 
 
 
 def sampling_params_from(args: argparse.Namespace) -> Any:
-    """The `SamplingParams` of parsed sampling flags."""
+    """The `SamplingParams` of parsed sampling flags (refused, before anything loads, with the
+    pooling runner, which samples nothing)."""
     # imported when used: the CLI starts without the engine (cli/__init__)
     from fastdeploy.engine.sampling_params import SamplingParams
+
+    if getattr(args, "runner", "generate") == "pooling":
+        raise InvalidArgumentError(
+            "--runner pooling embeds prompts and generates nothing; serve embeddings with "
+            "`fastdeploy serve MODEL --runner pooling` (/v1/embeddings) or call LLM.embed()"
+        )
 
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)

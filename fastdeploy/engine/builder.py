@@ -164,6 +164,7 @@ def load_model(config: EngineConfig, setup: EngineSetup, inputs: InputProcessor)
     graphs = None
     if (
         not config.enforce_eager
+        and config.runner == "generate"  # the pooling runner never decodes
         and backend.supports(Capability.GRAPH_CAPTURE)
         and getattr(model, "supports_decode_graphs", True)
     ):

@@ -1,4 +1,5 @@
-"""`LLM`: offline inference with FastDeploy's API (`generate`, `chat`).
+"""`LLM`: offline inference with FastDeploy's API (`generate`, `chat`), and `embed` with the
+pooling runner (`LLM(model, runner="pooling")`).
 
 All prompts of a call are queued at once and the engine batches them continuously; outputs come
 back in input order. A prompt that cannot be served (empty, too long, malformed) gets a
@@ -11,14 +12,16 @@ import inspect
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tqdm import tqdm
 
 from fastdeploy.config import EngineConfig, check_data_parallel_size
-from fastdeploy.engine.engine import LLMEngine, error_output
+from fastdeploy.engine.engine import error_output
+from fastdeploy.engine.pooling_request import EmbeddingRequestOutput, PoolingParams, embedding_error_output
 from fastdeploy.engine.request import INVALID_REQUEST, RequestOutput
+from fastdeploy.engine.runners import build_engine
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine_args import option_fields, options_table
 from fastdeploy.entrypoints.offline_tools import constrain_offline, fill_tool_calls, plan_offline
@@ -92,7 +95,8 @@ class LLM:
             # another host's engine drives this host's ranks; return once it has shut them down
             self.follower_status = serve_follower(config, get_registry())
             return
-        self.llm_engine = LLMEngine(config)
+        #: an `LLMEngine`, or a `PoolingEngine` with runner="pooling"
+        self.llm_engine = build_engine(config)
         #: how this LLM's prompts and conversations become the engine's inputs
         self.input_processor: InputProcessor = self.llm_engine.input_processor
 
@@ -126,8 +130,37 @@ class LLM:
     ) -> list[RequestOutput]:
         """Complete each prompt (str, token ids or {"prompt"/"prompt_token_ids": ...} dicts)."""
         arrival = time.time()
+        self._require_runner("generate", "generate")
         items = normalize_prompts(prompts)
         return self._run(items, self._params_per_prompt(sampling_params, len(items)), use_tqdm, arrival)
+
+    def embed(
+        self,
+        prompts: Any,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        prompt_name: str | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """Embed each prompt (str, token ids, or a list of either) with the pooling runner;
+        `output.outputs.embedding` is the vector (docs/embeddings.md).
+
+        `prompt_name` puts one of the model's named prompts (config_sentence_transformers.json,
+        e.g. an instruction for queries) before each text prompt, as sentence-transformers'
+        `encode(prompt_name=...)` does; unset, the model's default prompt if it names one.
+        Token-id prompts are embedded as given.
+        """
+        arrival = time.time()
+        self._require_runner("pooling", "embed")
+        prefix = self.llm_engine.pooling.prompt(prompt_name)
+        items = normalize_prompts(prompts)
+        for item in items:
+            if prefix and item.error is None and item.token_ids is None and item.text is not None:
+                item.text = prefix + item.text
+        if pooling_params is None:
+            params = [PoolingParams() for _ in items]
+        else:
+            params = _one_per_prompt(pooling_params, PoolingParams, len(items), "pooling_params")
+        return self._run(items, params, use_tqdm, arrival, self._embedding_inputs, embedding_error_output)
 
     def chat(
         self,
@@ -147,6 +180,7 @@ class LLM:
         `CompletionOutput.tool_calls` (see docs/tool_calling.md).
         """
         arrival = time.time()
+        self._require_runner("generate", "chat")
         if not isinstance(messages, list) or not messages:
             raise InvalidArgumentError("messages must be a non-empty list of messages or of conversations")
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
@@ -173,6 +207,20 @@ class LLM:
         return outputs
 
     # --- internals --------------------------------------------------------------------------
+    def _require_runner(self, runner: str, call: str) -> None:
+        """Refuse a call the engine's runner does not serve, naming the one that does."""
+        actual = self.llm_engine.config.runner
+        if actual == runner:
+            return
+        instead = "embed()" if actual == "pooling" else "generate() or chat()"
+        raise InvalidArgumentError(
+            f"LLM.{call}() needs runner={runner!r}, but this LLM was built with runner={actual!r}: "
+            f"use {instead}, or build LLM(model, runner={runner!r})"
+        )
+
+    def _embedding_inputs(self, item: PromptItem) -> tuple[list[int], None]:
+        return self.input_processor.embedding_token_ids(item), None
+
     def _render(
         self,
         conversation: Any,
@@ -201,35 +249,39 @@ class LLM:
     ) -> list[SamplingParams]:
         if sampling_params is None:
             return [self.get_default_sampling_params() for _ in range(count)]
-        if isinstance(sampling_params, SamplingParams):
-            return [sampling_params] * count
-        if isinstance(sampling_params, (list, tuple)) and all(
-            isinstance(p, SamplingParams) for p in sampling_params
-        ):
-            if len(sampling_params) != count:
-                raise InvalidArgumentError(
-                    f"got {len(sampling_params)} sampling_params for {count} prompts; pass one, or one per prompt"
-                )
-            return list(sampling_params)
-        raise InvalidArgumentError(
-            f"sampling_params must be a SamplingParams or a list of them, got {type(sampling_params).__name__}"
-        )
+        return _one_per_prompt(sampling_params, SamplingParams, count, "sampling_params")
 
     def _run(
-        self, items: list[PromptItem], params: list[SamplingParams], use_tqdm: bool, arrival: float
-    ) -> list[RequestOutput]:
+        self,
+        items: list[PromptItem],
+        params: list[Any],
+        use_tqdm: bool,
+        arrival: float,
+        inputs: Callable[[PromptItem], tuple[list[int], Any]] | None = None,
+        rejected: Callable[..., Any] = error_output,
+    ) -> list[Any]:
+        """Queue every prompt (`inputs` makes its token ids, by default the generation path's) and
+        step until all finish; a prompt refused before queueing gets `rejected`'s output."""
         if not isinstance(use_tqdm, bool):
             raise InvalidArgumentError(f"use_tqdm must be a bool, got {use_tqdm!r}")
         with self._calls:
-            return self._run_alone(items, params, use_tqdm, arrival)
+            return self._run_alone(
+                items, params, use_tqdm, arrival, inputs or self.input_processor.prompt_inputs, rejected
+            )
 
     def _run_alone(
-        self, items: list[PromptItem], params: list[SamplingParams], use_tqdm: bool, arrival: float
-    ) -> list[RequestOutput]:
+        self,
+        items: list[PromptItem],
+        params: list[Any],
+        use_tqdm: bool,
+        arrival: float,
+        inputs: Callable[[PromptItem], tuple[list[int], Any]],
+        rejected: Callable[..., Any],
+    ) -> list[Any]:
         if self._shut_down:
             raise EngineStoppedError("this LLM has been shut down (LLM.shutdown()); build a new one")
         engine = self.llm_engine
-        results: dict[str, RequestOutput] = {}
+        results: dict[str, Any] = {}
         order: list[str] = []
         try:
             for item, item_params in zip(items, params, strict=True):
@@ -237,7 +289,7 @@ class LLM:
                 order.append(request_id)
                 if item.error is None:
                     try:
-                        token_ids, multimodal = self.input_processor.prompt_inputs(item)
+                        token_ids, multimodal = inputs(item)
                         engine.add_request(
                             request_id,
                             token_ids,
@@ -251,9 +303,7 @@ class LLM:
                     except FastDeployError as exc:
                         item.error = str(exc)
                 logger.warning("request %s rejected: %s", request_id, item.error)
-                results[request_id] = error_output(
-                    request_id, item.text, item.error, arrival, INVALID_REQUEST
-                )
+                results[request_id] = rejected(request_id, item.text, item.error, arrival, INVALID_REQUEST)
         except BaseException:
             # a bug or an interrupt while queueing: the requests queued so far must not run on
             # into the next call (their caller is gone)
@@ -263,7 +313,7 @@ class LLM:
         self._drive(results, len(order), use_tqdm)
         return [results[request_id] for request_id in order]
 
-    def _drive(self, results: dict[str, RequestOutput], total: int, use_tqdm: bool) -> None:
+    def _drive(self, results: dict[str, Any], total: int, use_tqdm: bool) -> None:
         """Step the engine until every queued request has finished."""
         engine = self.llm_engine
         bar = tqdm(total=total, desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
@@ -283,6 +333,21 @@ class LLM:
                     )
         finally:
             bar.close()
+
+
+def _one_per_prompt(value: Any, kind: type, count: int, name: str) -> list[Any]:
+    """`value` (one `kind`, or a list of one per prompt) as one per prompt."""
+    if isinstance(value, kind):
+        return [value] * count
+    if isinstance(value, (list, tuple)) and all(isinstance(item, kind) for item in value):
+        if len(value) != count:
+            raise InvalidArgumentError(
+                f"got {len(value)} {name} for {count} prompts; pass one, or one per prompt"
+            )
+        return list(value)
+    raise InvalidArgumentError(
+        f"{name} must be a {kind.__name__} or a list of them, got {type(value).__name__}"
+    )
 
 
 def _document_options() -> None:

@@ -12,6 +12,7 @@ from fastdeploy.backends.base import BackendOptions
 from fastdeploy.config import EngineConfig, check_data_parallel_size
 from fastdeploy.engine.async_engine import AsyncLLMEngine
 from fastdeploy.engine.engine import LLMEngine
+from fastdeploy.engine.runners import build_engine
 from fastdeploy.entrypoints.replicas import ReplicaRouter
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.executor.placement import find_placement
@@ -33,7 +34,9 @@ def build_replicas(
     """
     check_data_parallel_size(data_parallel_size)
     if data_parallel_size == 1:
-        return AsyncLLMEngine(LLMEngine(EngineConfig(**options)), max_waiting=max_waiting)
+        return AsyncLLMEngine(build_engine(EngineConfig(**options)), max_waiting=max_waiting)
+    if options.get("runner") == "pooling":
+        raise InvalidArgumentError("--data-parallel-size above 1 is not supported with --runner pooling")
     if options.get("ips"):
         raise InvalidArgumentError("--data-parallel-size above 1 with --ips (several hosts) is not supported")
     ranks = (options.get("tensor_parallel_size") or 1) * (options.get("pipeline_parallel_size") or 1)

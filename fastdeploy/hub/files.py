@@ -1,7 +1,8 @@
 """Which files of a hub repository a model needs, and where its weights lie once downloaded.
 
 A safetensors checkpoint needs its weights, config, tokenizer, chat template, generation defaults
-and processor configs, all at the top of the repository; PyTorch `.bin`/`.pth` copies, ONNX
+and processor configs, all at the top of the repository, and an embedding model's
+sentence-transformers files (`modules.json`, its prompts, each module's `config.json`); PyTorch `.bin`/`.pth` copies, ONNX
 exports, GGUFs and READMEs stay on the hub. A GGUF is one file, or every shard of a split one,
 picked by its quantisation tag (`org/name:Q4_K_M`, case-insensitive, as llama.cpp's `-hf` picks
 it) or by name (`gguf_file`). The same choice runs twice: on the repository's listing, to know
@@ -36,7 +37,14 @@ CHECKPOINT_FILES = (
     "preprocessor_config.json",
     "processor_config.json",
     "video_preprocessor_config.json",
+    # sentence-transformers' module list, prompts and settings (the pooling runner reads them)
+    "modules.json",
+    "config_sentence_transformers.json",
+    "sentence_bert_config.json",
 )
+#: a sentence-transformers module's settings, in its folder (`1_Pooling/config.json`)
+_MODULE_CONFIG = re.compile(r"[0-9]+_[A-Za-z]+/config\.json")
+_MODULE_CONFIG_PATTERN = "[0-9]*_*/config.json"
 _TEMPLATES_DIR = "additional_chat_templates/"
 _INDEX_SUFFIX = ".safetensors.index.json"
 
@@ -91,7 +99,13 @@ def download_patterns(model: HubModelId, gguf_file: str | None) -> list[str]:
     if model.quant is not None:
         tag = "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in model.quant)
         return [f"*{tag}*.gguf"]
-    return [*CHECKPOINT_FILES, "*.safetensors", "*" + _INDEX_SUFFIX, _TEMPLATES_DIR + "*.jinja"]
+    return [
+        *CHECKPOINT_FILES,
+        "*.safetensors",
+        "*" + _INDEX_SUFFIX,
+        _TEMPLATES_DIR + "*.jinja",
+        _MODULE_CONFIG_PATTERN,
+    ]
 
 
 def local_files(folder: str) -> list[str]:
@@ -118,7 +132,8 @@ def _checkpoint(files: list[str]) -> Selection | None:
         weights = [path for path in weights if not path.startswith("consolidated")]
     extras = [path for path in top if path in CHECKPOINT_FILES or path.endswith(_INDEX_SUFFIX)]
     templates = [path for path in files if path.startswith(_TEMPLATES_DIR) and path.endswith(".jinja")]
-    return Selection(tuple(sorted(weights + extras + templates)), "")
+    modules = [path for path in files if _MODULE_CONFIG.fullmatch(path)]
+    return Selection(tuple(sorted(weights + extras + templates + modules)), "")
 
 
 def _gguf_groups(files: list[str]) -> dict[str, list[str]]:

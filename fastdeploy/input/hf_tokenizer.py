@@ -204,6 +204,7 @@ class HFTokenizerLoader(TokenizerLoader):
             chat_template=template,
             named_chat_templates=named,
         )
+        tokenizer.suffix_token_ids = tuple(_post_processor_suffix(backend))
         logger.info("loaded tokenizer.json from %s: %r", model_path, tokenizer)
         return tokenizer
 
@@ -283,6 +284,18 @@ def _post_processor_prefix(backend: RustTokenizer) -> list[int]:
     for start in range(len(with_special) - len(plain) + 1):
         if with_special[start : start + len(plain)] == plain:
             return with_special[:start]
+    return []
+
+
+def _post_processor_suffix(backend: RustTokenizer) -> list[int]:
+    """Ids the tokenizer.json post-processor puts after the text (e.g. Qwen3-Embedding's EOS)."""
+    if backend.post_processor is None:
+        return []
+    with_special = backend.encode("a", add_special_tokens=True).ids
+    plain = backend.encode("a", add_special_tokens=False).ids
+    for end in range(len(with_special), len(plain) - 1, -1):
+        if with_special[end - len(plain) : end] == plain:
+            return with_special[end:]
     return []
 
 

@@ -151,6 +151,15 @@ class InputProcessor:
             return item.token_ids
         return self.tokenizer.encode(item.text or "", add_special_tokens=True)
 
+    def embedding_token_ids(self, item: PromptItem) -> list[int]:
+        """The token ids of a prompt to embed: a text as transformers' `tokenizer(text)` encodes
+        it (the tokenizer's suffix appended: see `Tokenizer.suffix_token_ids`), ids as given."""
+        if item.has_media:
+            raise InvalidArgumentError("runner='pooling' embeds text and token ids; media are not supported")
+        if item.token_ids is not None:
+            return item.token_ids
+        return self.token_ids(item) + list(self.tokenizer.suffix_token_ids)
+
     def prompt_inputs(self, item: PromptItem) -> tuple[list[int], MultiModalPrompt | None]:
         """A prompt item's token ids, encoded once, and with media its `MultiModalPrompt` (whose
         expanded ids are then the prompt's), as `LLM.generate` and `/v1/completions` queue it."""
@@ -186,15 +195,21 @@ class InputProcessor:
         )
 
     # --- checks ---------------------------------------------------------------------------------
-    def validate(self, prompt_token_ids: list[int]) -> None:
-        """Raise InvalidArgumentError if the engine cannot serve these prompt tokens."""
+    def validate(self, prompt_token_ids: list[int], generates: bool = True) -> None:
+        """Raise InvalidArgumentError if the engine cannot serve these prompt tokens (a prompt to
+        embed, `generates=False`, may fill `max_model_len`: no token follows it)."""
         if not prompt_token_ids:
             raise InvalidArgumentError("prompt is empty: it must contain at least one token")
         vocab = self.vocab_size
         bad = [token for token in prompt_token_ids if not 0 <= token < vocab]
         if bad:
             raise InvalidArgumentError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
-        if len(prompt_token_ids) >= self.max_model_len:
+        if not generates and len(prompt_token_ids) > self.max_model_len:
+            raise InvalidArgumentError(
+                f"prompt has {len(prompt_token_ids)} tokens, more than max_model_len={self.max_model_len}; "
+                "shorten the prompt or raise max_model_len"
+            )
+        if generates and len(prompt_token_ids) >= self.max_model_len:
             raise InvalidArgumentError(
                 f"prompt has {len(prompt_token_ids)} tokens, which leaves no room to generate within "
                 f"max_model_len={self.max_model_len}; shorten the prompt or raise max_model_len"

@@ -41,6 +41,11 @@ class Tokenizer(ABC):
     chat_template: str | None
     #: further templates by name (e.g. "tool_use"), selectable as `chat_template=name`.
     named_chat_templates: dict[str, str] = {}
+    #: ids the tokenizer's files append after a text (a tokenizer.json post-processor's suffix, such
+    #: as Qwen3-Embedding's `<|endoftext|>`). transformers' `tokenizer(text)` appends them and so
+    #: does the pooling runner, whose last-token pooling reads that token; `encode` never does (a
+    #: prompt to complete must not end with an end token).
+    suffix_token_ids: tuple[int, ...] = ()
 
     @property
     @abstractmethod

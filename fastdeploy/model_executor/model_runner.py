@@ -12,6 +12,7 @@ import numpy as np
 
 from fastdeploy.backends.base import Backend, BatchLayout
 from fastdeploy.model_executor.batch import BatchSequence, ScheduledBatch
+from fastdeploy.model_executor.pooling import pool_chunk, pooled_rows
 from fastdeploy.models.base import CausalLM
 
 
@@ -215,18 +216,42 @@ class ModelRunner:
             logits = self.graphs.run(layout, input_ids)
             if logits is not None:
                 return logits
+        hidden = self.hidden_states(layout, extra, input_ids)
+        if self.hidden_listener is not None:
+            self._pass_hidden = hidden
+        if hidden is None or not layout.logits_indices.size:
+            return None
+        backend = self.backend
+        rows = backend.gather_rows(hidden, backend.from_numpy(layout.logits_indices))
+        return self.model.compute_logits(rows)
+
+    def hidden_states(
+        self, layout: BatchLayout, extra: dict[str, Any] | None = None, input_ids: Any = None
+    ) -> Any:
+        """The model's final hidden states of every token of `layout` (device; None on a pipeline
+        stage that hands its activations on)."""
         backend = self.backend
         metadata = backend.prepare_batch(layout)
-        hidden = self.model.forward(
+        return self.model.forward(
             backend.from_numpy(layout.input_ids) if input_ids is None else input_ids,
             backend.from_numpy(layout.positions),
             metadata,
             self.kv_caches,
             **(extra or {}),
         )
-        if self.hidden_listener is not None:
-            self._pass_hidden = hidden
-        if hidden is None or not layout.logits_indices.size:
-            return None
-        rows = backend.gather_rows(hidden, backend.from_numpy(layout.logits_indices))
-        return self.model.compute_logits(rows)
+
+    def pool(self, batch: ScheduledBatch, pooling_type: str) -> tuple[np.ndarray, float]:
+        """(per sequence of `batch`, what its chunk gives `pooling_type` [seqs, hidden] float32 on
+        the host, forward seconds): the pooling runner's pass (`model_executor/pooling.py`).
+
+        Only the rows the pooling reads come to the host: one per sequence for LAST and CLS."""
+        layout, _ = build_layout(batch, self.block_size)
+        start = time.perf_counter()
+        hidden = self.hidden_states(layout, extra_model_inputs(batch))
+        backend = self.backend
+        rows = pooled_rows(layout.query_lens, pooling_type)
+        if rows is not None:
+            pooled = backend.to_numpy(backend.gather_rows(hidden, backend.from_numpy(rows)))
+        else:
+            pooled = pool_chunk(backend.to_numpy(hidden), layout.query_lens, pooling_type)
+        return np.asarray(pooled, dtype=np.float32), time.perf_counter() - start

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from fastdeploy.backends.conformance.checkpoint import write_byte_tokenizer
 from fastdeploy.cli import main
 
@@ -46,3 +48,12 @@ def test_a_checkpoint_without_safetensors_says_which_weights_are_read(tmp_path, 
         "has no *.safetensors weight files (it holds: config.json, pytorch_model.bin, tokenizer.json)" in err
     )
     assert "not PyTorch .bin/.pt files" in err
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["chat"]])
+def test_the_pooling_runner_is_refused_by_the_generating_commands(command, capsys):
+    """Before anything loads: the pooling runner embeds, these commands generate."""
+    assert main([*command, "--runner", "pooling"]) == 2
+    err = capsys.readouterr().err
+    assert "--runner pooling embeds prompts and generates nothing" in err
+    assert "fastdeploy serve MODEL --runner pooling" in err

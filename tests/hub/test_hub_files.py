@@ -68,6 +68,25 @@ def test_a_checkpoint_takes_its_weights_config_tokenizer_and_templates_only():
     )
 
 
+def test_an_embedding_model_takes_its_sentence_transformers_files():
+    """Qwen3-Embedding's repository: the pooling runner reads modules.json, the prompts and the
+    Pooling module's config.json (docs/embeddings.md); a Dense module's weights stay."""
+    listing = [
+        *QWEN_LIKE,
+        "modules.json",
+        "config_sentence_transformers.json",
+        "sentence_bert_config.json",
+        "1_Pooling/config.json",
+        "2_Dense/config.json",
+        "2_Dense/model.safetensors",
+    ]
+    files = set(pick(listing).files)
+    assert {"modules.json", "config_sentence_transformers.json", "1_Pooling/config.json"} <= files
+    assert "2_Dense/model.safetensors" not in files and "onnx/model.safetensors" not in files
+    patterns = download_patterns(HubModelId("o/n"), None)
+    assert {"modules.json", "config_sentence_transformers.json", "[0-9]*_*/config.json"} <= set(patterns)
+
+
 def test_mistral_s_consolidated_copy_is_left_when_an_index_names_the_shards():
     files = ["config.json", "consolidated.safetensors", "params.json", "model.safetensors.index.json"]
     files += ["model-00001-of-00001.safetensors", "tokenizer.json"]

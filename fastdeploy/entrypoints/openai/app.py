@@ -29,6 +29,7 @@ from fastdeploy.entrypoints.openai.responses_input import ResponsesRequest
 from fastdeploy.entrypoints.openai.serving import ServingContext, as_openai_error
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
+from fastdeploy.entrypoints.openai.serving_embedding import create_embedding
 from fastdeploy.entrypoints.openai.serving_responses import (
     create_response,
     delete_response,
@@ -140,6 +141,10 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
     async def chat_completions(request: Request) -> Response:
         return await _serve(create_chat_completion, ctx, request)
 
+    @app.post("/v1/embeddings", dependencies=authorized)
+    async def embeddings(request: Request) -> Response:
+        return await _serve(create_embedding, ctx, request, runner="pooling")
+
     @app.post("/v1/responses", dependencies=authorized, openapi_extra=json_body(ResponsesRequest))
     async def responses(request: Request) -> Response:
         return await _serve(create_response, ctx, request)
@@ -159,7 +164,7 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
         responses={200: {"model": TokenizeResponse}},
     )
     async def tokenize_route(request: Request) -> Response:
-        return await _serve(tokenize, ctx, request)
+        return await _serve(tokenize, ctx, request, runner=None)
 
     @app.post(
         "/detokenize",
@@ -168,9 +173,27 @@ def build_app(ctx: ServingContext, max_request_bytes: int = DEFAULT_MAX_REQUEST_
         responses={200: {"model": DetokenizeResponse}},
     )
     async def detokenize_route(request: Request) -> Response:
-        return await _serve(detokenize, ctx, request)
+        return await _serve(detokenize, ctx, request, runner=None)
 
     return RequestGuard(app, max_request_bytes, on_refusal=ctx.metrics.count_error)
+
+
+def check_runner(ctx: ServingContext, runner: str, path: str) -> None:
+    """400 for an endpoint of the other runner: a pooling server only embeds, a generating one
+    only generates."""
+    if ctx.runner == runner:
+        return
+    if ctx.runner == "pooling":
+        what = "embeds (--runner pooling): it serves /v1/embeddings"
+    else:
+        what = (
+            "generates (--runner generate): it serves /v1/completions, /v1/chat/completions and /v1/responses"
+        )
+    raise OpenAIError(
+        400,
+        f"{path} needs a server started with --runner {runner}; this server {what}",
+        code="wrong_runner",
+    )
 
 
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
@@ -182,10 +205,16 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
 
 
 async def _serve(
-    handler: Callable[[ServingContext, Request], Awaitable[Response]], ctx: ServingContext, request: Request
+    handler: Callable[[ServingContext, Request], Awaitable[Response]],
+    ctx: ServingContext,
+    request: Request,
+    runner: str | None = "generate",
 ) -> Response:
-    """Run an endpoint; any failure becomes an OpenAI-style error response."""
+    """Run an endpoint of `runner`'s server (None: of either); any failure becomes an OpenAI-style
+    error response."""
     try:
+        if runner is not None:
+            check_runner(ctx, runner, request.url.path)
         return await handler(ctx, request)
     except ClientDisconnect:  # gone while sending its body (or dropped by --body-timeout)
         return Response(status_code=499)

@@ -92,6 +92,8 @@ class ServingContext:
         self.max_model_len = self.inputs.max_model_len
         #: the model's sampling settings (generation_config.json) for fields a request omits
         self.generation_defaults = engine.engine.generation_defaults
+        #: "generate" (completions, chat) or "pooling" (embeddings): which endpoints this server serves
+        self.runner: str = engine.engine.config.runner
         self.served_model_names = list(served_model_names)
         self.metrics = metrics
         self.api_key = api_key

@@ -15,7 +15,7 @@ class ScriptedEngine:
     """Adds one token per step to every request; `gate` (when set) must be open for a step to run."""
 
     def __init__(self, max_num_seqs: int = 4) -> None:
-        self.config = SimpleNamespace(max_num_seqs=max_num_seqs)
+        self.config = SimpleNamespace(max_num_seqs=max_num_seqs, runner="generate")
         self.requests: dict[str, dict] = {}
         self.block_manager = SimpleNamespace(
             usage=lambda: len(self.requests) / 8, num_free_blocks=8, num_blocks=8

@@ -30,7 +30,7 @@
 #include <string.h>
 
 #define FEW_ROWS 4
-#define VNNI_ROWS 8 /* rows per VNNI tile: 3 zmm each (total, part, dot) */
+#define VNNI_ROWS 4 /* rows per VNNI tile: 3 zmm each (total, part, dot) per panel, two panels */
 #define AVX2_ROWS 2 /* rows per AVX2 tile: 6 ymm each */
 #define QUANTIZE_ROWS_PER_TASK 16
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
@@ -80,69 +80,90 @@ static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int 
 }
 
 /* ------------------------------------------------------------- AVX-512 VNNI */
+/* `width` (1 or 2) adjacent panels, the first at `panel` (panel_bytes apart; their regrouped
+ * integers at w, depth * 16 bytes apart), for `rows` rows from row0: two panels share each
+ * activation broadcast and sub-block sum. */
 INLINE VNNI_TARGET void vnni_tile(const struct gemm_args *a, const struct int8_acts *x, const uint8_t *panel,
-                                  Py_ssize_t gbytes, int sub, int with_min, const uint8_t *w, Py_ssize_t row0,
-                                  int rows, Py_ssize_t col0)
+                                  Py_ssize_t panel_bytes, Py_ssize_t gbytes, int sub, int with_min, const uint8_t *w,
+                                  int width, Py_ssize_t row0, int rows, Py_ssize_t col0)
 {
     const Py_ssize_t depth = a->depth, groups = depth / GROUP;
     const int subs = GROUP / sub;
-    __m512 total[VNNI_ROWS];
-    for (int r = 0; r < rows; r++) total[r] = _mm512_setzero_ps();
+    __m512 total[VNNI_ROWS * 2];
+    for (int i = 0; i < rows * width; i++) total[i] = _mm512_setzero_ps();
     for (Py_ssize_t g = 0; g < groups; g++) {
-        const uint8_t *grp = panel + g * gbytes;
-        __m512 part[VNNI_ROWS];
-        for (int r = 0; r < rows; r++) part[r] = _mm512_setzero_ps();
+        __m512 part[VNNI_ROWS * 2];
+        for (int i = 0; i < rows * width; i++) part[i] = _mm512_setzero_ps();
         for (int s = 0; s < subs; s++) {
-            __m512i dot[VNNI_ROWS];
-            for (int r = 0; r < rows; r++) dot[r] = _mm512_setzero_si512();
+            __m512i dot[VNNI_ROWS * 2];
+            for (int i = 0; i < rows * width; i++) dot[i] = _mm512_setzero_si512();
             for (int k = s * sub; k < (s + 1) * sub; k += 4) {
-                const __m512i wv = _mm512_loadu_si512(w + (g * GROUP + k) * PANEL);
-                for (int r = 0; r < rows; r++)
-                    dot[r] = _mm512_dpbusd_epi32(dot[r], wv,
-                                                 _mm512_set1_epi32(four_bytes(x->q + (row0 + r) * depth + g * GROUP + k)));
+                __m512i wv[2];
+                for (int p = 0; p < width; p++) wv[p] = _mm512_loadu_si512(w + p * depth * PANEL + (g * GROUP + k) * PANEL);
+                for (int r = 0; r < rows; r++) {
+                    const __m512i xv = _mm512_set1_epi32(four_bytes(x->q + (row0 + r) * depth + g * GROUP + k));
+                    for (int p = 0; p < width; p++) dot[r * width + p] = _mm512_dpbusd_epi32(dot[r * width + p], wv[p], xv);
+                }
             }
-            const __m512 scale = _mm512_loadu_ps(grp + s * PANEL * 4);
-            const __m512 minimum = with_min ? _mm512_loadu_ps(grp + (subs + s) * PANEL * 4) : scale;
-            for (int r = 0; r < rows; r++) {
-                const int32_t total_q = sub_sum(x, depth, row0 + r, g, s, sub);
-                const __m512i d = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * total_q));
-                part[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(d), part[r]);
-                if (with_min) part[r] = _mm512_fmadd_ps(minimum, _mm512_set1_ps((float)total_q), part[r]);
+            for (int p = 0; p < width; p++) {
+                const uint8_t *grp = panel + p * panel_bytes + g * gbytes;
+                const __m512 scale = _mm512_loadu_ps(grp + s * PANEL * 4);
+                const __m512 minimum = with_min ? _mm512_loadu_ps(grp + (subs + s) * PANEL * 4) : scale;
+                for (int r = 0; r < rows; r++) {
+                    const int32_t total_q = sub_sum(x, depth, row0 + r, g, s, sub);
+                    const __m512i d = _mm512_sub_epi32(dot[r * width + p], _mm512_set1_epi32(128 * total_q));
+                    __m512 t = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(d), part[r * width + p]);
+                    if (with_min) t = _mm512_fmadd_ps(minimum, _mm512_set1_ps((float)total_q), t);
+                    part[r * width + p] = t;
+                }
             }
         }
-        for (int r = 0; r < rows; r++)
-            total[r] = _mm512_fmadd_ps(part[r], _mm512_set1_ps(x->scale[(row0 + r) * groups + g]), total[r]);
+        for (int r = 0; r < rows; r++) {
+            const __m512 sx = _mm512_set1_ps(x->scale[(row0 + r) * groups + g]);
+            for (int p = 0; p < width; p++) total[r * width + p] = _mm512_fmadd_ps(part[r * width + p], sx, total[r * width + p]);
+        }
     }
-    const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
-    const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
-    for (int r = 0; r < rows; r++) {
-        const __m512 t = a->bias ? _mm512_add_ps(total[r], _mm512_maskz_loadu_ps(mask, a->bias + col0)) : total[r];
-        _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + col0, mask, t);
+    for (int p = 0; p < width; p++) {
+        const Py_ssize_t start = col0 + p * PANEL, valid = a->cols - start < PANEL ? a->cols - start : PANEL;
+        const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
+        for (int r = 0; r < rows; r++) {
+            const __m512 t = total[r * width + p];
+            _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + start, mask,
+                                  a->bias ? _mm512_add_ps(t, _mm512_maskz_loadu_ps(mask, a->bias + start)) : t);
+        }
     }
 }
 
 INLINE VNNI_TARGET void vnni_rows(const struct gemm_args *a, const struct int8_acts *x, const uint8_t *panel,
-                                  Py_ssize_t gbytes, int sub, int with_min, const uint8_t *w, Py_ssize_t col0)
+                                  Py_ssize_t panel_bytes, Py_ssize_t gbytes, int sub, int with_min, const uint8_t *w,
+                                  int width, Py_ssize_t col0)
 {
     for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += VNNI_ROWS) {
         const Py_ssize_t left = a->rows - row0;
-        switch (left < VNNI_ROWS ? (int)left : VNNI_ROWS) {
-#define VNNI_CASE(n) case n: vnni_tile(a, x, panel, gbytes, sub, with_min, w, row0, n, col0); break;
-            VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4) VNNI_CASE(5) VNNI_CASE(6) VNNI_CASE(7) VNNI_CASE(8)
-#undef VNNI_CASE
+        const int rows = left < VNNI_ROWS ? (int)left : VNNI_ROWS;
+        if (width == 2) {
+#define PAIR_CASE(n) case n: vnni_tile(a, x, panel, panel_bytes, gbytes, sub, with_min, w, 2, row0, n, col0); break;
+            switch (rows) { PAIR_CASE(1) PAIR_CASE(2) PAIR_CASE(3) PAIR_CASE(4) }
+#undef PAIR_CASE
+        } else {
+#define ONE_CASE(n) case n: vnni_tile(a, x, panel, panel_bytes, gbytes, sub, with_min, w, 1, row0, n, col0); break;
+            switch (rows) { ONE_CASE(1) ONE_CASE(2) ONE_CASE(3) ONE_CASE(4) }
+#undef ONE_CASE
         }
     }
 }
 
 /* one copy of the tiles per sub-block size and minimum (all that they depend on the kind for) */
-static VNNI_TARGET void vnni_panel(const struct gemm_args *a, const struct int8_acts *x, int kind, const uint8_t *panel,
-                                   const uint8_t *w, Py_ssize_t col0)
+static VNNI_TARGET void vnni_panels(const struct gemm_args *a, const struct int8_acts *x, int kind, const uint8_t *panel,
+                                    const uint8_t *w, int width, Py_ssize_t col0)
 {
-    const Py_ssize_t gbytes = group_bytes(kind);
+    const Py_ssize_t gbytes = group_bytes(kind), panel_bytes = a->depth / GROUP * gbytes;
     if (block_sub(kind) == 32)
-        block_has_min(kind) ? vnni_rows(a, x, panel, gbytes, 32, 1, w, col0) : vnni_rows(a, x, panel, gbytes, 32, 0, w, col0);
+        block_has_min(kind) ? vnni_rows(a, x, panel, panel_bytes, gbytes, 32, 1, w, width, col0)
+                            : vnni_rows(a, x, panel, panel_bytes, gbytes, 32, 0, w, width, col0);
     else
-        block_has_min(kind) ? vnni_rows(a, x, panel, gbytes, 16, 1, w, col0) : vnni_rows(a, x, panel, gbytes, 16, 0, w, col0);
+        block_has_min(kind) ? vnni_rows(a, x, panel, panel_bytes, gbytes, 16, 1, w, width, col0)
+                            : vnni_rows(a, x, panel, panel_bytes, gbytes, 16, 0, w, width, col0);
 }
 
 /* ------------------------------------------------------------------- AVX2 */
@@ -283,23 +304,28 @@ static void quantize_task(void *ctx, Py_ssize_t index, int slot)
     (void)slot;
 }
 
-static void panel_task(void *ctx, Py_ssize_t p, int slot)
+/* Task t: panels 2t and 2t + 1 (where the matrix has it). */
+static void panel_task(void *ctx, Py_ssize_t t, int slot)
 {
     struct blocks_int8_job *job = ctx;
     const struct gemm_args *a = job->a;
-    const Py_ssize_t groups = a->depth / GROUP;
-    const uint8_t *panel = a->packed + p * groups * group_bytes(job->kind);
-    uint8_t *w = fd_thread_scratch((size_t)a->depth * PANEL);
+    const Py_ssize_t groups = a->depth / GROUP, panel_bytes = groups * group_bytes(job->kind);
+    const Py_ssize_t first = 2 * t, panels = (a->cols + PANEL - 1) / PANEL;
+    const int width = first + 1 < panels ? 2 : 1;
+    uint8_t *w = fd_thread_scratch((size_t)a->depth * PANEL * 2);
     (void)slot;
     if (w == NULL) {
         job->failed = 1;
         return;
     }
-    int8_weights(job->kind, panel, groups, job->mode != MODE_AVX2, w);
+    for (int p = 0; p < width; p++)
+        int8_weights(job->kind, a->packed + (first + p) * panel_bytes, groups, job->mode != MODE_AVX2, w + p * a->depth * PANEL);
     if (job->mode == MODE_AVX512_VNNI)
-        vnni_panel(a, &job->x, job->kind, panel, w, p * PANEL);
+        vnni_panels(a, &job->x, job->kind, a->packed + first * panel_bytes, w, width, first * PANEL);
     else
-        avx2_panel(a, &job->x, job->kind, panel, job->mode == MODE_AVX_VNNI, w, p * PANEL);
+        for (int p = 0; p < width; p++)
+            avx2_panel(a, &job->x, job->kind, a->packed + (first + p) * panel_bytes, job->mode == MODE_AVX_VNNI,
+                       w + p * a->depth * PANEL, (first + p) * PANEL);
 }
 
 int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)
@@ -320,7 +346,7 @@ int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)
     job.q = (int8_t *)(memory + (size_t)a->rows * (blocks * 8 + sixteens * 4));
     job.x = (struct int8_acts){job.q, job.scale, job.sum16};
     fd_parallel_for((a->rows + QUANTIZE_ROWS_PER_TASK - 1) / QUANTIZE_ROWS_PER_TASK, threads, quantize_task, &job);
-    fd_parallel_for((a->cols + PANEL - 1) / PANEL, threads, panel_task, &job);
+    fd_parallel_for(((a->cols + PANEL - 1) / PANEL + 1) / 2, threads, panel_task, &job);
     PyMem_RawFree(memory);
     return job.failed ? -1 : 0;
 }

@@ -5,7 +5,7 @@
  *
  * Why: the float32 kernels widen every weight to float32 and spend one FMA per weight and row.
  * With the activations in int8 too, one AVX-512 VNNI `vpdpbusd` multiplies and sums 64
- * weight-activation pairs, its AVX-VNNI form 32 (CPUs with AVX-VNNI but no AVX-512 VNNI), and
+ * weight-activation pairs, its AVX-VNNI form 32 (the AVX2 kernels, on CPUs with AVX-VNNI), and
  * plain AVX2 32 in four instructions (`vpsignb`, `vpmaddubsw`, `vpmaddwd`, `vpaddd`).
  *
  * Activations (gemm_int8.c's fd_quantize_rows): per row and 32-value block (one panel group),

@@ -26,6 +26,7 @@ native_kernels = Extension(
             "gemm_mixed",
             "gemm_blocks_avx2",
             "gemm_blocks_avx512",
+            "gemm_blocks_int8",
             "attention",
             "encoder_attention",
             "encoder_attention_bf16",
@@ -38,7 +39,15 @@ native_kernels = Extension(
     ],
     depends=[
         f"fastdeploy/backends/cpu/native/{name}.h"
-        for name in ("native", "row_kernels", "attention_kernels", "thread_adapt", "blocks", "gemm_blocks")
+        for name in (
+            "native",
+            "row_kernels",
+            "attention_kernels",
+            "thread_adapt",
+            "blocks",
+            "gemm_blocks",
+            "block_quants",
+        )
     ],
     # -fno-trapping-math: nothing here reads floating-point exception flags, and without it GCC will
     # not turn the float selects of the AVX2 kernels (exp's clamp) into vector blends. Results are

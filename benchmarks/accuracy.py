@@ -12,8 +12,11 @@ within its own Q4_1 cell (+-half a step), so quantising it again costs what quan
 model costs.
 
     python benchmarks/accuracy.py [--variant LABEL:KEY=VALUE,...] [--jitter] [--tokens 64] [--prompts 16]
+                                  [--gguf PATH]
 
-Default variants: wint8, wint4 on the float32 directory, and the Q4_1 GGUF itself.
+Default variants: wint8, wint4 on the float32 directory, and the Q4_1 GGUF itself. A variant's
+FD_* settings (e.g. FD_CPU_ACTIVATIONS=int8) are set in the environment while its engine starts;
+`--gguf` takes another SmolLM2 GGUF (a Q4_K_M file) and its float32 export as the reference.
 
 `--device cuda` runs every engine on the GPU in `--dtype` (bfloat16 by default), so the reference
 is the bf16 model and the variants are the cuda backend's packed weights: wint8, wint4 (groups of
@@ -152,11 +155,20 @@ def evaluate(args: argparse.Namespace, name: str, models: dict[str, str], text: 
     for label, checkpoint, options in map(variant_settings, args.variant or defaults):
         if checkpoint == "gguf" and name != "SmolLM2":
             continue  # the jittered model has no GGUF
+        env = {key: str(options.pop(key)) for key in list(options) if key.startswith("FD_")}
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)  # FD_* settings are read as the engine starts
         try:
             llm = LLM(model=models[checkpoint or "safetensors"], max_model_len=2048, **device, **options)
         except Exception as exc:  # fp8 on a GPU without FP8 tensor cores: refused, and said why
             print(f"{name} {label}: not run: {exc}", flush=True)
             continue
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         same, prefix = agreement(reference, greedy(llm, prompts, args.tokens))
         rows.append(
             {
@@ -180,6 +192,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument(
+        "--gguf", metavar="PATH", help="a SmolLM2 GGUF file instead of the embedded Q4_1 one (e.g. Q4_K_M)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu (float32 reference) or cuda (--dtype reference)")
     parser.add_argument(
         "--dtype", default="bfloat16", help="--device cuda: the reference's and variants' dtype"
@@ -191,7 +206,7 @@ def main() -> None:
 
     with open(TEXT, encoding="utf-8") as handle:
         text = handle.read()
-    gguf = embedded_model_path()
+    gguf = args.gguf or embedded_model_path()
     rows = []
     with tempfile.TemporaryDirectory(prefix="smollm2-accuracy-") as directory:
         float_dir = os.path.join(directory, "float32")

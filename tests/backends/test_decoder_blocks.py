@@ -30,6 +30,7 @@ VARIANTS = {
     "llama-q4_1": ("Q4_1", "float32", False),
     "qwen-f32": ("F32", "float32", True),
     "int8-activations-q8_0": ("Q8_0", "int8", False),
+    "int8-activations-q5_0": ("Q5_0", "int8", False),  # a sub-block type (gemm_blocks_int8.c)
 }
 #: passes of two sequences (query tokens of each): prefill chunks, a long chunk (row tasks run on
 #: several threads past 32 tokens), then decodes

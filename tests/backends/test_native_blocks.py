@@ -150,13 +150,6 @@ def test_bias_and_fused_parts(type_name):
 
 
 @requires_native
-def test_int8_activations_apply_to_the_types_with_int8_kernels_only():
-    """FD_CPU_ACTIVATIONS=int8 has kernels for Q4_1/Q8_0; the other block types stay exact."""
-    packed = native.pack([random_blocks("Q4_K", 16, 256)], activations="int8")
-    assert packed.type_name == "Q4_K" and packed.activations == "float32"
-
-
-@requires_native
 def test_a_shape_the_type_cannot_hold_is_refused():
     tensor = random_blocks("Q4_K", 16, 256)
     with pytest.raises(ValueError, match="buffer sizes do not match"):

@@ -32,13 +32,19 @@ ISAS = [
 ]
 
 
-def int8_reference(x: np.ndarray, rows: np.ndarray, type_name: str, out_features: int) -> np.ndarray:
-    """x [tokens, in] times GGUF rows [out, in/32 * block bytes] with int8-quantised activations."""
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [tokens, in] float32 as the kernels quantise it: q [tokens, in/32, 32] (int64) and each
+    32-value block's scale [tokens, in/32] (float64 of the kernels' float32)."""
     blocks_x = x.reshape(x.shape[0], -1, 32)
     peak = np.abs(blocks_x).max(axis=-1, keepdims=True)
     inverse = np.divide(np.float32(127), peak, out=np.zeros_like(peak), where=peak > 0)
     q = np.clip(np.rint(blocks_x * inverse), -127, 127).astype(np.int64)
-    scale = (peak[..., 0] / np.float32(127)).astype(np.float64)  # [tokens, blocks]
+    return q, (peak[..., 0] / np.float32(127)).astype(np.float64)
+
+
+def int8_reference(x: np.ndarray, rows: np.ndarray, type_name: str, out_features: int) -> np.ndarray:
+    """x [tokens, in] times GGUF rows [out, in/32 * block bytes] with int8-quantised activations."""
+    q, scale = quantize_activations(x)  # [tokens, blocks, 32], [tokens, blocks]
     size = 20 if type_name == "Q4_1" else 34
     blocks_w = rows.reshape(out_features, -1, size)
     d = blocks_w[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)  # [out, blocks]

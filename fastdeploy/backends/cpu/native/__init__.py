@@ -51,11 +51,12 @@ SUPPORTED_TYPES = (
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
     "MXFP4",
 )  # fmt: skip
-#: the block types with int8-activation kernels too (gemm_int8.c); the others multiply float32
-INT8_TYPES = ("Q4_1", "Q8_0")
+#: the block types with int8-activation kernels too: all but MXFP4 (Q4_1/Q8_0: gemm_int8.c, with
+#: layouts of their own; the others: gemm_blocks_int8.c, on their float32 panels)
+INT8_TYPES = tuple(name for name in SUPPORTED_TYPES if name != "MXFP4")
 PANEL = 16
 ISAS = ("avx512", "avx2")
-#: what the activations are multiplied in: float32 (exact) or int8 (gemm_int8.c, opt-in)
+#: what the activations are multiplied in: float32 (exact) or int8 (gemm_int8.c, gemm_blocks_int8.c; opt-in)
 ACTIVATIONS = ("float32", "int8")
 #: what a vision encoder's linear layers and attention multiply in: float32 (exact) or bfloat16
 #: (gemm_bf16.c, encoder_attention_bf16.c; opt-in)
@@ -135,8 +136,6 @@ def pack(
     if type_name in SUPPORTED_TYPES:
         rows = np.ascontiguousarray(np.concatenate([part.rows for part in parts], axis=0), np.uint8)
         out_features, depth = rows.shape[0], in_features.pop()
-        if type_name not in INT8_TYPES:
-            activations = "float32"
         kind = _kind(type_name, activations)
         packed = empty(_native.packed_bytes(kind, out_features, depth))
         _native.pack_blocks(kind, rows, packed, out_features, depth)

@@ -523,7 +523,7 @@ Py_ssize_t fd_packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
     if (kind == KIND_MIXED) return -1; /* not a function of the shape: fd_packed_valid reads its header */
     if (kind == KIND_F32) return (cols + 2 * PANEL - 1) / (2 * PANEL) * depth * 2 * PANEL * (Py_ssize_t)sizeof(float);
     const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
-    if (is_subblock_kind(kind)) return panels * (depth / GROUP) * group_bytes(kind);
+    if (is_subblock_kind(subblock_layout(kind))) return panels * (depth / GROUP) * group_bytes(subblock_layout(kind));
     return panels * (depth / QBLOCK) * BLOCK_BYTES(kind);
 }
 
@@ -624,6 +624,7 @@ int fd_gemm(const struct gemm_args *a, int isa, int threads)
     if (a->rows <= 0) return 0;
     if (a->kind == KIND_Q4_1_I8 || a->kind == KIND_Q8_0_I8) return gemm_int8(a, isa, threads);
     if (is_subblock_kind(a->kind)) return gemm_blocks(a, isa, threads);
+    if (is_int8_subblock_kind(a->kind)) return gemm_blocks_int8(a, isa, threads);
     if (a->kind == KIND_MIXED) return gemm_mixed(a, isa, threads);
     const Py_ssize_t panels = (a->cols + PANEL - 1) / PANEL;
     struct gemm_job job = {*a, panels, isa, panels_per_task(a)};

@@ -21,7 +21,7 @@
  * the others per kind: fewer row-count cases than gemm.c keep the build of ten kinds short.
  * Not a header to include anywhere else.
  */
-#include "blocks.h"
+#include "block_quants.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -66,18 +66,6 @@ INLINE v16 v_from_i8(__m128i q)
 INLINE void prefetch_bytes(const uint8_t *p, Py_ssize_t bytes)
 {
     for (Py_ssize_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)p + line, _MM_HINT_T0);
-}
-
-/* The integers of row k (0..31) of a panel group, its 16 columns as int8 (layout: blocks.h). */
-INLINE __m128i quants(int kind, const uint8_t *grp, int k)
-{
-    if (block_bytewise(kind)) return _mm_loadu_si128((const __m128i *)(grp + group_nibble_offset(kind) + PANEL * k));
-    __m128i q = _mm_loadu_si128((const __m128i *)(grp + group_nibble_offset(kind) + PANEL * (k / 2)));
-    if (k % 2) q = _mm_srli_epi16(q, 4);
-    q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
-    if (block_codebook(kind)) q = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)block_codebook_values(kind)), q);
-    if (block_offset(kind)) q = _mm_sub_epi8(q, _mm_set1_epi8((char)block_offset(kind)));
-    return q;
 }
 
 /* Stores the tile's totals (total[r * width + i]: row r, panel i at column col0 + 16 i) plus bias. */
@@ -134,7 +122,7 @@ INLINE void tile(const struct gemm_args *a, const float *xsums, int kind, Py_ssi
                 v16 w[MAX_WIDTH];
 #pragma GCC unroll 4
                 for (int i = 0; i < width; i++)
-                    w[i] = buf ? v_load(buf + (g * GROUP + k) * ld + i * PANEL) : v_from_i8(quants(kind, grp[i], k));
+                    w[i] = buf ? v_load(buf + (g * GROUP + k) * ld + i * PANEL) : v_from_i8(block_quants(kind, grp[i], k));
 #pragma GCC unroll 8
                 for (int r = 0; r < rows; r++) {
                     const v16 xv = v_broadcast(xg + r * depth + k);
@@ -206,7 +194,7 @@ INLINE void panels_kind(const struct gemm_args *a, const float *xsums, int kind,
             for (int k8 = 0; k8 < GROUP; k8 += 8)
 #pragma GCC unroll 8
                 for (int kk = 0; kk < 8; kk++)
-                    v_store(weights + (g * GROUP + k8 + kk) * ld + i * PANEL, v_from_i8(quants(kind, grp, k8 + kk)));
+                    v_store(weights + (g * GROUP + k8 + kk) * ld + i * PANEL, v_from_i8(block_quants(kind, grp, k8 + kk)));
         }
     for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += BUF_ROWS) {
         const int rows = a->rows - row0 < BUF_ROWS ? (int)(a->rows - row0) : BUF_ROWS;

@@ -33,8 +33,8 @@ struct int8_rows {
     Py_ssize_t depth, blocks;
 };
 
-static void quantize_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_ssize_t depth, int8_t *q,
-                          float *scale, int32_t *sum)
+void fd_quantize_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_ssize_t depth, int8_t *q,
+                      float *scale, int32_t *sum)
 {
     const Py_ssize_t blocks = depth / QBLOCK;
     for (Py_ssize_t r = first; r < end; r++)
@@ -240,7 +240,7 @@ static void quantize_task(void *ctx, Py_ssize_t index, int slot)
     struct int8_job *job = ctx;
     const Py_ssize_t first = index * QUANTIZE_ROWS_PER_TASK, rows = job->a->rows;
     const Py_ssize_t end = first + QUANTIZE_ROWS_PER_TASK < rows ? first + QUANTIZE_ROWS_PER_TASK : rows;
-    quantize_rows(job->source, first, end, job->x.depth, job->q, job->scale, job->sum);
+    fd_quantize_rows(job->source, first, end, job->x.depth, job->q, job->scale, job->sum);
     (void)slot;
 }
 

@@ -91,8 +91,21 @@ static PyObject *native_adapt_replay(PyObject *self, PyObject *args)
 
 static PyObject *native_has_vnni(PyObject *self, PyObject *noargs) { return PyBool_FromLong(native_cpu_has_vnni()); }
 
+/* int8_dots(isa, widest): fd_int8_dots for an instruction set named by Python */
+static PyObject *native_int8_dots(PyObject *self, PyObject *args)
+{
+    const char *isa_name;
+    int widest;
+    if (!PyArg_ParseTuple(args, "si", &isa_name, &widest)) return NULL;
+    const int isa = native_isa_checked(isa_name);
+    return isa < 0 ? NULL : PyLong_FromLong(fd_int8_dots(isa, widest));
+}
+
 static PyMethodDef methods[] = {
     {"has_vnni", native_has_vnni, METH_NOARGS, "Whether the int8 kernels use AVX-512 VNNI on this CPU."},
+    {"int8_dots", native_int8_dots, METH_VARARGS,
+     "int8_dots(isa, widest): the sub-block int8 kernels' dots for isa (0 maddubs, 1 AVX-VNNI, 2 AVX-512 VNNI); "
+     "widest 0..2 caps them from then on, -1 leaves them."},
     {"best_isa", native_best_isa, METH_NOARGS, "The widest instruction set this CPU runs: avx512, avx2 or none."},
     {"attention", native_attention, METH_VARARGS, "Paged causal attention over block tables (see attention.c)."},
     {"encoder_attention", native_encoder_attention, METH_VARARGS,
@@ -163,5 +176,14 @@ PyMODINIT_FUNC PyInit__native(void)
         Py_DECREF(m);
         return NULL;
     }
+    /* the sub-block kinds' int8-activation twins, in the order of their float32 kinds */
+    static const char *const i8_names[] = {"KIND_Q4_0_I8", "KIND_Q5_0_I8", "KIND_Q5_1_I8", "KIND_Q2_K_I8",
+                                           "KIND_Q3_K_I8", "KIND_Q4_K_I8", "KIND_Q5_K_I8", "KIND_Q6_K_I8",
+                                           "KIND_IQ4_NL_I8", "KIND_IQ4_XS_I8"};
+    for (int i = 0; i <= KIND_IQ4_XS_I8 - KIND_Q4_0_I8; i++)
+        if (PyModule_AddIntConstant(m, i8_names[i], KIND_Q4_0_I8 + i) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
     return m;
 }

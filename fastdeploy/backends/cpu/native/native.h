@@ -79,9 +79,14 @@ enum weight_kind {
     KIND_Q4_0 = 5, KIND_Q5_0 = 6, KIND_Q5_1 = 7, KIND_Q2_K = 8, KIND_Q3_K = 9, KIND_Q4_K = 10, KIND_Q5_K = 11,
     KIND_Q6_K = 12, KIND_IQ4_NL = 13, KIND_IQ4_XS = 14,
     KIND_MIXED = 15, /* parts of different kinds, each in its own layout (gemm_mixed.c) */
-    KIND_MXFP4 = 16, /* a sub-block kind too (after MIXED so that the older numbers stay) */
-    KINDS = 17
+    /* the sub-block kinds with int8 activations, on the same panels (gemm_blocks_int8.c), in their order */
+    KIND_Q4_0_I8 = 16, KIND_IQ4_XS_I8 = 25,
+    KIND_MXFP4 = 26, /* a sub-block kind too (after the others so that their numbers stay); no int8 twin */
+    KINDS = 27
 };
+/* The sub-block kind whose panels a kind reads: an _I8 sub-block kind's float32 twin, else itself. */
+static inline int is_int8_subblock_kind(int kind) { return kind >= KIND_Q4_0_I8 && kind <= KIND_IQ4_XS_I8; }
+static inline int subblock_layout(int kind) { return is_int8_subblock_kind(kind) ? kind - (KIND_Q4_0_I8 - KIND_Q4_0) : kind; }
 enum isa { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
 /* The widest instruction set this CPU runs; the name of one; a name's value, or -1 with a Python
@@ -241,6 +246,15 @@ int gemm_int8(const struct gemm_args *a, int isa, int threads);
 /* gemm_blocks.c: the product for the sub-block kinds (KIND_Q4_0 .. KIND_IQ4_XS and KIND_MXFP4, blocks.h), on the
  * caller's threads (the GIL released); -1 when out of memory. */
 int gemm_blocks(const struct gemm_args *a, int isa, int threads);
+/* gemm_blocks_int8.c: the product for KIND_Q4_0_I8 .. KIND_IQ4_XS_I8 (same threads, GIL, errors). */
+int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads);
+/* The dot instructions gemm_blocks_int8 uses for `isa` here: 0 AVX2's maddubs, 1 AVX-VNNI, 2 AVX-512
+ * VNNI; `widest` in 0..2 caps them from then on (tests reach the narrower ones), else ignored. */
+int fd_int8_dots(int isa, int widest);
+/* gemm_int8.c: rows first..end-1 of x [rows, depth] quantised per 32 values: q (int8), each
+ * block's scale and sum of q ([rows, depth / 32]). */
+void fd_quantize_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_ssize_t depth, int8_t *q, float *scale,
+                      int32_t *sum);
 /* gemm_mixed.c: whether `packed` (len bytes) holds a [cols, depth] weight of `kind` (any kind,
  * KIND_MIXED's header included); the product of a KIND_MIXED weight (-1 when out of memory). */
 #define MIXED_HEADER_BYTES 128

@@ -94,7 +94,7 @@ PyObject *native_pack_blocks(PyObject *self, PyObject *args)
     if (kind >= KIND_Q4_0 && kind < KINDS) { /* the sub-block kinds: block_packing.c */
         int failed;
         Py_BEGIN_ALLOW_THREADS
-        failed = pack_subblock_rows(kind, rows.buf, rows.len, out.buf, out.len, out_features, in_features);
+        failed = pack_subblock_rows(subblock_layout(kind), rows.buf, rows.len, out.buf, out.len, out_features, in_features);
         Py_END_ALLOW_THREADS
         if (failed == -2)
             PyErr_NoMemory();

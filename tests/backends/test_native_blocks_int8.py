@@ -1,0 +1,122 @@
+"""int8 activations (FD_CPU_ACTIVATIONS=int8) on the sub-block types (Q4_0, Q5_0, Q5_1, K-quants,
+IQ4_*: gemm_blocks_int8.c) against float64 products of `gguf`'s dequantised weights with the
+activations quantised per 32 values as the kernels promise (test_native_int8.quantize_activations).
+
+In exact arithmetic the kernels' integer dot products, scaled per sub-block and activation block,
+equal that product, so the only difference left is float32 rounding of a few terms per block. Both
+instruction sets must give the same bits (the integer dots are exact, the float operations the same
+and in the same order), and each row the bits of the many-rows path whatever the rows beside it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_native_blocks import random_blocks, reference
+from test_native_int8 import quantize_activations
+from test_native_kernels import ISAS, requires_native, runs_here
+
+from fastdeploy.backends.cpu import native
+
+SUBBLOCK_TYPES = ("Q4_0", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+FEW_ROWS = 4  # up to this many rows (decode) the float32 kernels run (gemm_blocks_int8.c)
+
+
+def activations(tokens: int, cols: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((tokens, cols)).astype(np.float32)
+    x[:, 7] *= 50  # an outlier channel, as residual streams have
+    x[0, 32:64] = 0.0  # an all-zero block: scale 0
+    return x
+
+
+def int8_expected(x: np.ndarray, tensor) -> np.ndarray:
+    q, scale = quantize_activations(x)
+    dequantised_x = (q * scale[..., None]).reshape(x.shape)
+    return dequantised_x @ reference(tensor).T.astype(np.float64)
+
+
+@requires_native
+@pytest.mark.parametrize("type_name", SUBBLOCK_TYPES)
+@pytest.mark.parametrize("tokens", [5, 8, 9, 17, 40])
+def test_int8_kernels_match_float64_products_of_quantised_activations(type_name, tokens):
+    """72 columns: four full panels and a partial one; depths 256 and 512 (super-blocks)."""
+    for cols in (256, 512):
+        tensor = random_blocks(type_name, 72, cols, seed=tokens)
+        packed = native.pack([tensor], activations="int8")
+        assert packed.kind == getattr(native._native, f"KIND_{type_name}_I8")
+        x = activations(tokens, cols, seed=cols + tokens)
+        expected = int8_expected(x, tensor)
+        outputs = [native.matmul(x, packed, isa, threads=2) for isa in native.ISAS if runs_here(isa)]
+        for out in outputs:
+            np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+            np.testing.assert_array_equal(out, outputs[0])
+        exact = x.astype(np.float64) @ reference(tensor).T.astype(np.float64)
+        error = np.abs(outputs[0] - exact).max() / np.abs(exact).max()
+        assert 1e-4 < error < 5e-2  # int8 activations are approximate, not broken
+
+
+@requires_native
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "IQ4_NL"])
+def test_each_row_count_equals_the_many_rows_path_bit_for_bit(isa, type_name):
+    """Past FEW_ROWS, every row count (tiles of 8 or 2 rows and their remainders) gives each row
+    the bits of the many-rows path; up to FEW_ROWS the float32 kernels' exact bits."""
+    cols = 256
+    tensor = random_blocks(type_name, 90, cols, seed=3)
+    packed, exact = native.pack([tensor], activations="int8"), native.pack([tensor])
+    x = np.random.default_rng(4).standard_normal((70, cols)).astype(np.float32)
+    many_rows = native.matmul(x, packed, isa, threads=2)
+    for rows in [*range(1, 18), 33, 64]:
+        for start in (0, 70 - rows):
+            part = x[start : start + rows]
+            expected = (
+                native.matmul(part, exact, isa, threads=2)
+                if rows <= FEW_ROWS
+                else many_rows[start : start + rows]
+            )
+            np.testing.assert_array_equal(
+                native.matmul(part, packed, isa, threads=2), expected, err_msg=f"{rows} rows from row {start}"
+            )
+
+
+@requires_native
+@pytest.mark.parametrize("isa", ISAS)
+def test_fused_parts_of_different_types_take_int8_activations_each(isa):
+    """A Q4_K_M layer's fused q/k/v (Q4_K and Q6_K parts) with int8 activations, and a bias."""
+    q, v = random_blocks("Q4_K", 48, 256, 1), random_blocks("Q6_K", 16, 256, 3)
+    fused = native.pack([q, v], activations="int8")
+    assert fused.segments == (("Q4_K", 48), ("Q6_K", 16))
+    x = activations(12, 256, seed=9)
+    bias = np.random.default_rng(6).standard_normal(64).astype(np.float32)
+    out = native.matmul(x, fused, isa, threads=2, bias=bias)
+    expected = np.concatenate([int8_expected(x, q), int8_expected(x, v)], axis=1) + bias
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+
+
+@requires_native
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q3_K", "Q5_K", "Q6_K", "IQ4_XS"])
+def test_every_dot_instruction_gives_the_same_bits(type_name):
+    """AVX2's maddubs (signed weights, sign trick) and the VNNI dots (weights + 128, corrected)
+    compute the same exact integer dots: capped to each dot this CPU has, the same bits."""
+    tensor = random_blocks(type_name, 40, 512, seed=7)
+    packed = native.pack([tensor], activations="int8")
+    x = activations(11, 512, seed=8)
+    expected = int8_expected(x, tensor)
+    try:
+        for isa in (isa for isa in native.ISAS if runs_here(isa)):
+            widest = native._native.int8_dots(isa, -1)
+            outputs = []
+            for cap in range(widest + 1):
+                assert native._native.int8_dots(isa, cap) == cap
+                outputs.append(native.matmul(x, packed, isa, threads=2))
+            for out in outputs:
+                np.testing.assert_array_equal(out, outputs[0])
+            np.testing.assert_allclose(outputs[0], expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+    finally:
+        native._native.int8_dots("avx2", 2)  # no cap
+
+
+@requires_native
+def test_an_unknown_instruction_set_is_refused():
+    with pytest.raises(ValueError, match="instruction set sse2"):
+        native._native.int8_dots("sse2", -1)

@@ -9,7 +9,16 @@ must declare `Capability.SLIDING_WINDOW`, or the model is refused with the limit
 
 from __future__ import annotations
 
-from fastdeploy.plugins.api import Backend, Capability, ModelConfig, UnsupportedModelError
+from fastdeploy.plugins.api import (
+    Backend,
+    Capability,
+    InvalidArgumentError,
+    ModelConfig,
+    UnsupportedModelError,
+)
+
+#: config.json's `layer_types` name of a sliding-window layer (Gemma 3, GPT-OSS)
+SLIDING = "sliding_attention"
 
 
 def sliding_window(config: ModelConfig, max_positions: int, backend: Backend) -> int:
@@ -26,3 +35,17 @@ def sliding_window(config: ModelConfig, max_positions: int, backend: Backend) ->
             f"pass max_model_len <= {window}"
         )
     return window
+
+
+def sliding_layer_types(config: ModelConfig, full: str, every: int) -> list[str]:
+    """Each layer's kind: config.json's `layer_types` (checked against the layer count and the two
+    kinds `SLIDING` and `full`), else every `every`-th layer `full` and the others sliding."""
+    layers = config.num_hidden_layers
+    types = config.raw.get("layer_types")
+    if types is None:
+        return [SLIDING if (i + 1) % every else full for i in range(layers)]
+    if len(types) != layers or set(types) - {SLIDING, full}:
+        raise InvalidArgumentError(
+            f"config.json: layer_types must list {layers} entries of {SLIDING!r} or {full!r}, got {types!r}"
+        )
+    return list(types)

@@ -27,17 +27,17 @@ from typing import Any
 
 import numpy as np
 
+from fastdeploy.models.attention_window import SLIDING, sliding_layer_types
 from fastdeploy.models.llama import LlamaForCausalLM, LlamaLayerWeights, ProjectionBiases
 from fastdeploy.plugins.api import (
     Backend,
-    InvalidArgumentError,
     ModelConfig,
     ModelParallel,
     hookimpl,
     rope_tables,
 )
 
-SLIDING, GLOBAL = "sliding_attention", "full_attention"
+GLOBAL = "full_attention"
 
 
 @dataclass
@@ -69,20 +69,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         super().__init__(config, backend, max_positions, parallel)
         raw = config.raw
         self.scale = float(raw.get("query_pre_attn_scalar") or config.head_dim) ** -0.5
-        self.layer_types = self._layer_types()
+        self.layer_types = sliding_layer_types(
+            self.config, GLOBAL, int(self.config.raw.get("sliding_window_pattern", 6) or 6)
+        )
         self.tables: dict[str, tuple[Any, Any]] = {}
-
-    def _layer_types(self) -> list[str]:
-        raw, layers = self.config.raw, self.config.num_hidden_layers
-        types = raw.get("layer_types")
-        if types is None:
-            pattern = int(raw.get("sliding_window_pattern", 6) or 6)
-            return [SLIDING if (i + 1) % pattern else GLOBAL for i in range(layers)]
-        if len(types) != layers or set(types) - {SLIDING, GLOBAL}:
-            raise InvalidArgumentError(
-                f"config.json: layer_types must list {layers} entries of {SLIDING!r} or {GLOBAL!r}, got {types!r}"
-            )
-        return list(types)
 
     def attention_window(self, layer: int) -> int:
         return self.window if self.layer_types[layer] == SLIDING else 0

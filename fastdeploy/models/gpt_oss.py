@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from fastdeploy.models.attention_window import SLIDING, sliding_layer_types
 from fastdeploy.models.llama import LlamaForCausalLM, LlamaLayerWeights, ProjectionBiases
 from fastdeploy.plugins.api import (
     Backend,
@@ -43,7 +44,7 @@ from fastdeploy.plugins.api import (
     rope_tables,
 )
 
-SLIDING, FULL = "sliding_attention", "full_attention"
+FULL = "full_attention"
 SWIGLU_ALPHA = 1.702
 DEFAULT_ROPE = {
     "rope_type": "yarn",
@@ -102,20 +103,9 @@ class GptOssForCausalLM(LlamaForCausalLM):
             )
         self.limit = float(config.raw.get("swiglu_limit", 7.0))
         self.alpha = float(config.raw.get("swiglu_alpha", SWIGLU_ALPHA))
-        self.layer_types = self._layer_types()
+        self.layer_types = sliding_layer_types(self.config, FULL, 2)
         #: whether the checkpoint's experts are MXFP4 blocks (set from its tensor names)
         self.mxfp4 = False
-
-    def _layer_types(self) -> list[str]:
-        layers = self.config.num_hidden_layers
-        types = self.config.raw.get("layer_types")
-        if types is None:
-            return [SLIDING if (i + 1) % 2 else FULL for i in range(layers)]
-        if len(types) != layers or set(types) - {SLIDING, FULL}:
-            raise InvalidArgumentError(
-                f"config.json: layer_types must list {layers} entries of {SLIDING!r} or {FULL!r}, got {types!r}"
-            )
-        return list(types)
 
     def attention_window(self, layer: int) -> int:
         return self.window if self.layer_types[layer] == SLIDING else 0

@@ -16,8 +16,6 @@ vision tower's fields get one spelling each.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +27,7 @@ from fastdeploy.model_executor.loaders.paddle_ernie import (
     PaddleErnieTranslator,
     checkpoint_tensor_names,
 )
-from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader
+from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader, declares_architecture
 
 ARCHITECTURES = ("Ernie4_5_VLMoeForConditionalGeneration", "Ernie4_5_VL_MoeForConditionalGeneration")
 _ROUTERS = (".mlp.gate.weight", ".mlp.gate.weight_1")
@@ -102,14 +100,7 @@ class Ernie4_5_VLLoader(SafetensorsLoader):
     priority = 10
 
     def can_load(self, model_path: str) -> bool:
-        if not super().can_load(model_path):
-            return False
-        try:
-            with open(os.path.join(model_path, "config.json"), encoding="utf-8") as handle:
-                architectures = json.load(handle).get("architectures") or []
-        except (OSError, json.JSONDecodeError, AttributeError):
-            return False
-        return bool(set(architectures) & set(ARCHITECTURES))
+        return super().can_load(model_path) and declares_architecture(model_path, ARCHITECTURES)
 
     def load_config(self, model_path: str) -> dict[str, Any]:
         return normalize_config(super().load_config(model_path))

@@ -13,15 +13,13 @@ tower's fields get their defaults.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from fastdeploy.errors import InvalidArgumentError
-from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader
+from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader, declares_architecture
 
 ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration",)
 _VISION_DEFAULTS = {
@@ -72,14 +70,7 @@ class Qwen2_5_VLLoader(SafetensorsLoader):
     priority = 10
 
     def can_load(self, model_path: str) -> bool:
-        if not super().can_load(model_path):
-            return False
-        try:
-            with open(os.path.join(model_path, "config.json"), encoding="utf-8") as handle:
-                architectures = json.load(handle).get("architectures") or []
-        except (OSError, json.JSONDecodeError, AttributeError):
-            return False
-        return bool(set(architectures) & set(ARCHITECTURES))
+        return super().can_load(model_path) and declares_architecture(model_path, ARCHITECTURES)
 
     def load_config(self, model_path: str) -> dict[str, Any]:
         return normalize_config(super().load_config(model_path))

@@ -44,6 +44,17 @@ def safetensors_files(model_dir: str) -> list[str]:
     return [os.path.join(model_dir, name) for name in names]
 
 
+def declares_architecture(model_path: str, architectures: tuple[str, ...]) -> bool:
+    """Whether the directory's config.json names one of `architectures` (an unreadable or
+    malformed config.json names none): how a family's loader claims its checkpoints."""
+    try:
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as handle:
+            declared = json.load(handle).get("architectures") or []
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+    return bool(set(declared) & set(architectures))
+
+
 class SafetensorsLoader(WeightLoader):
     name = "safetensors"
     priority = 0

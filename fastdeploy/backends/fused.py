@@ -4,7 +4,8 @@ A decoder layer of the Llama family (Llama, Qwen2/3, ERNIE-4.5 and its VL model)
 half and a SwiGLU half. The models hand both halves to the backend as data (`AttentionBlock`,
 `MLPBlock`), so a backend that fuses them (the cpu backend: one native call for a whole run of
 layers) speeds up every such model at once. Model-specific parts are options of the data, not
-methods of the contract: Qwen3's per-head q/k RMSNorm is `AttentionBlock.q_norm` / `k_norm`.
+methods of the contract: Qwen3's per-head q/k RMSNorm is `AttentionBlock.q_norm` / `k_norm`, a
+sliding layer's window `AttentionBlock.window`, GPT-OSS's attention sinks `AttentionBlock.sinks`.
 
 The functions here are the portable default, built from the generic ops of `DeviceOps` only;
 `Backend` runs them where a backend does not declare the capability, and a backend that fuses
@@ -25,7 +26,8 @@ from fastdeploy.backends.ops import DeviceOps
 class AttentionBlock:
     """A decoder layer's attention half, computed by `Backend.attention_block`: RMSNorm of
     (x + residual), the fused q/k/v projection, per-head q/k RMSNorm where given (Qwen3), the
-    rotate-half rotary embedding, paged attention, the output projection.
+    rotate-half rotary embedding, paged attention (with sinks where given: GPT-OSS), the output
+    projection.
 
     Weights are this backend's arrays (`linear_weight`, `linear_bias`, `from_numpy`). `qkv`
     stacks the rows of the q heads, then the k heads, then the v heads (`num_heads` and
@@ -50,6 +52,11 @@ class AttentionBlock:
     #: sliding window: each query sees only its last `window` positions (0: all; a backend that
     #: fuses reads it only when it declares `Capability.SLIDING_WINDOW`)
     window: int = 0
+    #: attention sinks: a learned logit per query head of this rank ([num_heads] float32, GPT-OSS)
+    #: in each softmax denominator, computed as `Backend.attention_with_sinks` (with `window`).
+    #: Set only on a backend that declares `Capability.ATTENTION_SINKS` (models with sinks are
+    #: refused elsewhere); such a backend, if it fuses, must honour them or run this default
+    sinks: Any | None = None
     #: the backend's own form of the block (e.g. its kernels' arguments), made at first use
     prepared: Any = field(default=None, repr=False, compare=False)
 
@@ -97,7 +104,9 @@ def attention_block(
         k = ops.rms_norm(k.reshape(-1, dim), block.k_norm, block.eps)[0].reshape(tokens, -1, dim)
     q = ops.rotary_embedding(q, positions, cos, sin)
     k = ops.rotary_embedding(k, positions, cos, sin)
-    if block.window:
+    if block.sinks is not None:
+        out = ops.attention_with_sinks(q, k, v, kv_cache, batch, block.scale, block.sinks, block.window)
+    elif block.window:
         out = ops.windowed_attention(q, k, v, kv_cache, batch, block.scale, block.window)
     else:
         out = ops.attention(q, k, v, kv_cache, batch, block.scale)

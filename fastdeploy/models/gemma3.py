@@ -65,17 +65,13 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         max_positions: int,
         parallel: ModelParallel | None = None,
     ) -> None:
-        self.layer_types: list[str] = []
         super().__init__(config, backend, max_positions, parallel)
         raw = config.raw
         self.scale = float(raw.get("query_pre_attn_scalar") or config.head_dim) ** -0.5
-        self.layer_types = sliding_layer_types(
+        self.attention_kinds = sliding_layer_types(
             self.config, GLOBAL, int(self.config.raw.get("sliding_window_pattern", 6) or 6)
         )
         self.tables: dict[str, tuple[Any, Any]] = {}
-
-    def attention_window(self, layer: int) -> int:
-        return self.window if self.layer_types[layer] == SLIDING else 0
 
     def projection_biases(self) -> ProjectionBiases:
         attention = bool(self.config.raw.get("attention_bias", False))
@@ -113,7 +109,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
 
     def load_mlp(self, layer: int, prefix: str, host: dict[str, Any]) -> Gemma3Block:
         backend = self.backend
-        kind = self.layer_types[layer]
+        kind = self.attention_kinds[layer]
         if kind not in self.tables:
             cos, sin = self._rope(kind)
             self.tables[kind] = (backend.from_numpy(cos), backend.from_numpy(sin))

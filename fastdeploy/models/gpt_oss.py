@@ -4,11 +4,12 @@
 A Llama-shaped decoder (RMSNorm, grouped-query attention, rotate-half rotary) with:
 
 - attention sinks: a learned logit per query head (`self_attn.sinks`) in every softmax
-  denominator (`Backend.attention_with_sinks`, `Capability.ATTENTION_SINKS`); biases on q/k/v/o;
+  denominator (`AttentionBlock.sinks`, run by `Backend.attention_with_sinks`,
+  `Capability.ATTENTION_SINKS`); biases on q/k/v/o;
 - YaRN rotary (`rope_parameters`, rope_theta 150000 by default);
 - layers alternating sliding-window and full attention (`layer_types`): past `sliding_window`
-  the sliding layers attend over their window only (`attention_with_sinks(..., window)`, on a
-  backend that also declares `Capability.SLIDING_WINDOW`; elsewhere such contexts are refused);
+  the sliding layers attend over their window only (`AttentionBlock.window`, on a backend that
+  also declares `Capability.SLIDING_WINDOW`; elsewhere such contexts are refused);
 - every feed-forward block a mixture of experts: the router is a linear layer with a bias whose
   top-k logits are softmaxed into the chosen experts' weights; an expert is a clamped SwiGLU
   with biases, `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)` where
@@ -19,9 +20,15 @@ A Llama-shaped decoder (RMSNorm, grouped-query attention, rotate-half rotary) wi
   (`gate_up_proj_blocks` / `_scales`, `down_proj_blocks` / `_scales`), kept packed
   (`fastdeploy.formats.mxfp4`): the cpu backend multiplies the blocks themselves.
 
-The experts run as the backend's linear ops per chosen expert, with the routing and the clamped
-activation on the host (the fused MoE op has no expert biases or clamp), so decode steps are
-not captured in device graphs. Runs in one process (no tensor or pipeline parallelism).
+The attention half is Llama's (`Backend.attention_block`); the experts run as the backend's
+linear ops per chosen expert, with the routing and the clamped activation on the host (the fused
+MoE op has no expert biases or clamp), so decode steps are not captured in device graphs.
+
+Split over tensor-parallel ranks, attention is split by heads as Llama's (q/k/v rows and their
+biases, o_proj columns, each rank's query heads' sinks; o_proj's bias added by rank 0 only) and
+the experts by expert, as the other sparse-MoE families: every rank routes every token, and
+computes, packed MXFP4 blocks included, only the chosen experts it holds; the partial outputs
+are summed over the group.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.models.attention_window import SLIDING, sliding_layer_types
+from fastdeploy.models.attention_window import sliding_layer_types
 from fastdeploy.models.llama import LlamaForCausalLM, LlamaLayerWeights, ProjectionBiases
 from fastdeploy.plugins.api import (
     Backend,
@@ -59,12 +66,12 @@ EXPERT_PARTS = ("gate_up_proj", "down_proj")
 
 @dataclass
 class GptOssBlock:
-    """A layer's parts beyond Llama's: its attention sinks and its mixture of experts."""
+    """A layer's mixture of experts: the router, and this rank's experts."""
 
-    sinks: Any
     router: Any
     router_bias: Any
-    #: per expert: (gate/up weight with the gate rows first, its bias, down weight, its bias)
+    #: per expert of `GptOssForCausalLM.local_experts`: (gate/up weight with the gate rows first,
+    #: its bias, down weight, its bias)
     experts: list[tuple[Any, Any, Any, Any]]
 
 
@@ -78,7 +85,6 @@ def _required(config: ModelConfig, name: str) -> Any:
 class GptOssForCausalLM(LlamaForCausalLM):
     """GPT-OSS decoder (see the module docstring)."""
 
-    supports_parallel = False
     supports_decode_graphs = False
 
     def __init__(
@@ -103,16 +109,18 @@ class GptOssForCausalLM(LlamaForCausalLM):
             )
         self.limit = float(config.raw.get("swiglu_limit", 7.0))
         self.alpha = float(config.raw.get("swiglu_alpha", SWIGLU_ALPHA))
-        self.layer_types = sliding_layer_types(self.config, FULL, 2)
+        self.attention_kinds = sliding_layer_types(self.config, FULL, 2)
+        #: the experts this rank computes (expert parallel over the tensor-parallel group)
+        self.local_experts = self.parallel.shard_of(self.num_experts)
         #: whether the checkpoint's experts are MXFP4 blocks (set from its tensor names)
         self.mxfp4 = False
-
-    def attention_window(self, layer: int) -> int:
-        return self.window if self.layer_types[layer] == SLIDING else 0
 
     def projection_biases(self) -> ProjectionBiases:
         attention = bool(self.config.raw.get("attention_bias", True))
         return ProjectionBiases(qkv=attention, o_proj=attention)
+
+    def has_attention_sinks(self) -> bool:
+        return True
 
     def rotary_tables(self, freq_factors: Any | None) -> tuple[Any, Any]:
         parameters = dict(self.config.raw.get("rope_parameters") or self.config.rope_scaling or DEFAULT_ROPE)
@@ -136,22 +144,27 @@ class GptOssForCausalLM(LlamaForCausalLM):
 
     def mlp_names(self, layer: int, prefix: str) -> set[str]:
         mlp = prefix + "mlp."
-        names = {prefix + "self_attn.sinks", mlp + "router.weight", mlp + "router.bias"}
+        names = {mlp + "router.weight", mlp + "router.bias"}
         return names | set(self._expert_tensor_names(mlp + "experts."))
 
     def _expert_matrices(self, experts: str, part: str, host: dict[str, Any]) -> list[Any]:
-        """Per expert, `part`'s [out, in] matrix: MXFP4 blocks kept packed, or float transposed
-        from transformers' [in, out]."""
+        """Per expert of this rank (`local_experts`), `part`'s [out, in] matrix: MXFP4 blocks kept
+        packed, or float transposed from transformers' [in, out]."""
+        local = slice(self.local_experts.start, self.local_experts.stop)
         if self.mxfp4:
-            return mxfp4_experts_to_ggml(
-                host[experts + part + "_blocks"], host[experts + part + "_scales"], experts + part
-            )
+            blocks, scales = host[experts + part + "_blocks"], host[experts + part + "_scales"]
+            if len(blocks) != self.num_experts or len(scales) != self.num_experts:
+                raise InvalidArgumentError(
+                    f"{experts + part}_blocks and _scales must hold {self.num_experts} experts, "
+                    f"got {len(blocks)} and {len(scales)}"
+                )
+            return mxfp4_experts_to_ggml(blocks[local], scales[local], experts + part)
         stacked = np.asarray(host[experts + part], dtype=np.float32)
         if stacked.ndim != 3 or len(stacked) != self.num_experts:
             raise InvalidArgumentError(
                 f"{experts + part} must be [{self.num_experts} experts, in, out], got {stacked.shape}"
             )
-        return [np.ascontiguousarray(matrix.T) for matrix in stacked]
+        return [np.ascontiguousarray(matrix.T) for matrix in stacked[local]]
 
     def load_mlp(self, layer: int, prefix: str, host: dict[str, Any]) -> GptOssBlock:
         backend, mlp = self.backend, prefix + "mlp."
@@ -164,18 +177,17 @@ class GptOssForCausalLM(LlamaForCausalLM):
         # the checkpoint interleaves gate and up rows (gate at even rows): gate rows first here
         order = np.concatenate([np.arange(0, 2 * inner, 2), np.arange(1, 2 * inner, 2)])
         loaded = []
-        for e in range(self.num_experts):
-            matrix = gate_up[e].take_rows(order) if self.mxfp4 else gate_up[e][order]
+        for i, e in enumerate(self.local_experts):
+            matrix = gate_up[i].take_rows(order) if self.mxfp4 else gate_up[i][order]
             loaded.append(
                 (
                     backend.linear_weight(matrix),
                     backend.linear_bias(gate_up_bias[e][order]),
-                    backend.linear_weight(down[e]),
+                    backend.linear_weight(down[i]),
                     backend.linear_bias(down_bias[e]),
                 )
             )
         return GptOssBlock(
-            sinks=backend.from_numpy(np.asarray(host[prefix + "self_attn.sinks"], dtype=np.float32)),
             router=backend.linear_weight(host[mlp + "router.weight"]),
             router_bias=backend.linear_bias(host[mlp + "router.bias"]),
             experts=loaded,
@@ -189,7 +201,9 @@ class GptOssForCausalLM(LlamaForCausalLM):
         return ((up + np.float32(1.0)) * glu).astype(np.float32)
 
     def mlp_block(self, layer: LlamaLayerWeights, x: Any) -> Any:
-        ops, block = self.backend, layer.mlp
+        """The routed experts on normed x: every token routed, only this rank's experts computed
+        (its partial sum under tensor parallelism)."""
+        ops, block, first = self.backend, layer.mlp, self.local_experts.start
         logits = np.asarray(ops.to_numpy(ops.linear(x, block.router, block.router_bias)), dtype=np.float32)
         chosen = np.argsort(-logits, axis=1, kind="stable")[:, : self.top_k]
         top = np.take_along_axis(logits, chosen, axis=1)
@@ -197,38 +211,12 @@ class GptOssForCausalLM(LlamaForCausalLM):
         weights /= weights.sum(axis=1, keepdims=True)
         out = np.zeros((logits.shape[0], self.config.hidden_size), dtype=np.float32)
         for expert in np.unique(chosen):
+            if int(expert) not in self.local_experts:
+                continue
             rows, slot = np.nonzero(chosen == expert)
-            gate_up, gate_up_bias, down, down_bias = block.experts[int(expert)]
+            gate_up, gate_up_bias, down, down_bias = block.experts[int(expert) - first]
             xs = ops.gather_rows(x, ops.from_numpy(rows.astype(np.int64)))
             hidden = self._clamped_swiglu(np.asarray(ops.to_numpy(ops.linear(xs, gate_up, gate_up_bias))))
             result = np.asarray(ops.to_numpy(ops.linear(ops.from_numpy(hidden), down, down_bias)))
             np.add.at(out, rows, result * weights[rows, slot][:, None])
         return ops.from_numpy(out)
-
-    def layer_forward(
-        self,
-        layer: LlamaLayerWeights,
-        hidden: Any,
-        residual: Any | None,
-        positions: Any,
-        cos: Any,
-        sin: Any,
-        batch: Any,
-        kv_cache: Any,
-    ) -> tuple[Any, Any]:
-        """Attention with the layer's sinks, then the experts (Llama's layer otherwise)."""
-        ops, block, eps = self.backend, layer.attention, self.config.rms_norm_eps
-        normed, residual = ops.rms_norm(hidden, block.input_norm, eps, residual)
-        qkv = ops.linear(normed, block.qkv, block.qkv_bias)
-        tokens, dim = qkv.shape[0], block.head_dim
-        q_size, kv_size = block.num_heads * dim, block.num_kv_heads * dim
-        q = ops.rotary_embedding(qkv[:, :q_size].reshape(tokens, block.num_heads, dim), positions, cos, sin)
-        k = qkv[:, q_size : q_size + kv_size].reshape(tokens, block.num_kv_heads, dim)
-        k = ops.rotary_embedding(k, positions, cos, sin)
-        v = qkv[:, q_size + kv_size :].reshape(tokens, block.num_kv_heads, dim)
-        attended = ops.attention_with_sinks(
-            q, k, v, kv_cache, batch, block.scale, layer.mlp.sinks, block.window
-        )
-        attention = ops.linear(attended.reshape(tokens, q_size), block.o_proj, block.o_bias)
-        normed, residual = ops.rms_norm(attention, layer.post_norm, eps, residual)
-        return self.mlp_block(layer, normed), residual

@@ -24,7 +24,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fastdeploy.models.attention_window import sliding_window
+import numpy as np
+
+from fastdeploy.models.attention_window import SLIDING, sliding_window
 from fastdeploy.plugins.api import (
     AttentionBlock,
     Backend,
@@ -117,6 +119,9 @@ class LlamaForCausalLM(CausalLM):
         self.scale = self.head_dim**-0.5
         #: the sliding layers' window where it binds (`attention_window`), else 0
         self.window = self.sliding_window(max_positions)
+        #: each layer's attention kind where config.json alternates sliding and full layers
+        #: (`attention_window.sliding_layer_types`: Gemma 3, GPT-OSS); None where every layer slides
+        self.attention_kinds: list[str] | None = None
         self.biases = self.projection_biases()
         self.lm_head_bias: Any | None = None
         self.layers: list[LlamaLayerWeights] = []
@@ -133,8 +138,10 @@ class LlamaForCausalLM(CausalLM):
         return sliding_window(self.config, max_positions, self.backend)
 
     def attention_window(self, layer: int) -> int:
-        """Layer `layer`'s `AttentionBlock.window` (0: full attention); every layer slides here."""
-        return self.window
+        """Layer `layer`'s `AttentionBlock.window` (0: full attention): the window on every layer,
+        or on the sliding ones of `attention_kinds`."""
+        kinds = self.attention_kinds
+        return self.window if kinds is None or kinds[layer] == SLIDING else 0
 
     def kv_window(self) -> int:
         windows = {self.attention_window(i) for i in range(self.config.num_hidden_layers)}
@@ -149,6 +156,11 @@ class LlamaForCausalLM(CausalLM):
 
     def has_qk_norm(self) -> bool:
         """Whether layers carry `self_attn.q_norm` / `self_attn.k_norm` (Qwen3)."""
+        return False
+
+    def has_attention_sinks(self) -> bool:
+        """Whether layers carry `self_attn.sinks`, a logit per query head in each softmax
+        (GPT-OSS: `AttentionBlock.sinks`, on a backend with `Capability.ATTENTION_SINKS`)."""
         return False
 
     def has_lm_head_bias(self) -> bool:
@@ -237,6 +249,8 @@ class LlamaForCausalLM(CausalLM):
             names.add(attn + "o_proj.bias")
         if self.has_qk_norm():
             names.update({attn + "q_norm.weight", attn + "k_norm.weight"})
+        if self.has_attention_sinks():
+            names.add(attn + "sinks")
         return names
 
     def _expected_names(self) -> set[str]:
@@ -269,6 +283,8 @@ class LlamaForCausalLM(CausalLM):
             shapes[attn + "k_proj.weight"] = (kv_rows, hidden)
             shapes[attn + "v_proj.weight"] = (kv_rows, hidden)
             shapes[attn + "o_proj.weight"] = (hidden, q_rows)
+            if self.has_attention_sinks():
+                shapes[attn + "sinks"] = (config.num_attention_heads,)
         return shapes
 
     def load_weights(self, tensors: Iterable[tuple[str, Any]]) -> None:
@@ -334,6 +350,9 @@ class LlamaForCausalLM(CausalLM):
         if self.has_qk_norm():
             attention.q_norm = backend.from_numpy(host[attn + "q_norm.weight"])
             attention.k_norm = backend.from_numpy(host[attn + "k_norm.weight"])
+        if self.has_attention_sinks():  # this rank's query heads
+            sinks = np.asarray(host[attn + "sinks"], dtype=np.float32)
+            attention.sinks = backend.from_numpy(sinks[self.q_heads.start : self.q_heads.stop])
         layer = LlamaLayerWeights(
             attention=attention,
             post_norm=backend.from_numpy(host[p + "post_attention_layernorm.weight"]),

@@ -318,7 +318,7 @@ def check_moe(backend: Backend) -> None:
 
 
 def _decoder_layer(
-    rng: np.random.Generator, hidden: int, heads: int, kv_heads: int, dim: int, qk_norm: bool
+    rng: np.random.Generator, hidden: int, heads: int, kv_heads: int, dim: int, qk_norm: bool, sinks: bool
 ) -> dict:
     inner = 24
     layer = {
@@ -341,6 +341,8 @@ def _decoder_layer(
         )
     else:
         layer["qkv_bias"] = 0.1 * random_normal(rng, (heads + 2 * kv_heads) * dim)
+    if sinks:  # GPT-OSS: one head's sink large enough that it attends to almost nothing
+        layer["sinks"] = np.array([3.0, -2.0, 0.5, 8.0], np.float32)[:heads]
     return layer
 
 
@@ -358,6 +360,7 @@ def _blocks(backend: Backend, layer: dict) -> tuple[AttentionBlock, MLPBlock]:
         qkv_bias=backend.linear_bias(layer["qkv_bias"]) if "qkv_bias" in layer else None,
         q_norm=put(layer["q_norm"]) if "q_norm" in layer else None,
         k_norm=put(layer["k_norm"]) if "k_norm" in layer else None,
+        sinks=put(layer["sinks"]) if "sinks" in layer else None,
     )
     mlp = MLPBlock(
         put(layer["post_norm"]),
@@ -369,12 +372,16 @@ def _blocks(backend: Backend, layer: dict) -> tuple[AttentionBlock, MLPBlock]:
 
 
 def check_decoder_layers(backend: Backend) -> None:
-    """Two decoder layers (one with q/k biases, one with Qwen3's per-head q/k norms) over a
-    prompt, through `attention_block` + `mlp_block` and through `decoder_layers`: the residual
-    stream after them equals the numpy layers'."""
+    """Two decoder layers (one with q/k biases, one with Qwen3's per-head q/k norms), and a third
+    with attention sinks (`AttentionBlock.sinks`) on a backend with `Capability.ATTENTION_SINKS`,
+    over a prompt, through `attention_block` + `mlp_block` and through `decoder_layers`: the
+    residual stream after them equals the numpy layers'."""
     rng = np.random.default_rng(23)
     hidden, heads, kv_heads, dim, tokens, block = 32, 4, 2, 16, 6, 4
-    layers = [_decoder_layer(rng, hidden, heads, kv_heads, dim, qk_norm) for qk_norm in (False, True)]
+    kinds = [(False, False), (True, False)]
+    if backend.supports(Capability.ATTENTION_SINKS):
+        kinds.append((False, True))
+    layers = [_decoder_layer(rng, hidden, heads, kv_heads, dim, *kind) for kind in kinds]
     blocks = [_blocks(backend, layer) for layer in layers]
     inv_freq = 1.0 / 10000 ** (np.arange(0, dim, 2) / dim)
     angles = np.outer(np.arange(16), inv_freq)
@@ -385,7 +392,9 @@ def check_decoder_layers(backend: Backend) -> None:
     expected = x.astype(np.float64)
     for layer in layers:
         expected = ref.decoder_layer(expected, layer, layout.positions, inv_freq)
-    spec = KVCacheSpec(num_layers=2, num_blocks=3, block_size=block, num_kv_heads=kv_heads, head_dim=dim)
+    spec = KVCacheSpec(
+        num_layers=len(layers), num_blocks=3, block_size=block, num_kv_heads=kv_heads, head_dim=dim
+    )
     caches = backend.allocate_kv_cache(spec)
     out, residual = backend.from_numpy(x), None
     for (attention, mlp), cache in zip(blocks, caches, strict=True):

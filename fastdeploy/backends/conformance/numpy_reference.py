@@ -187,8 +187,8 @@ def decoder_layer(
 ) -> np.ndarray:
     """One Llama decoder layer over a whole prompt (no cache) on the residual stream x [tokens,
     hidden]; `layer` holds "input_norm", "qkv" [rows, hidden], optional "qkv_bias", optional
-    per-head "q_norm"/"k_norm", "o_proj", "post_norm", "gate_up" (gate rows first), "down",
-    "heads", "kv_heads", "head_dim", "eps"."""
+    per-head "q_norm"/"k_norm", optional per-head attention "sinks", "o_proj", "post_norm",
+    "gate_up" (gate rows first), "down", "heads", "kv_heads", "head_dim", "eps"."""
     heads, kv_heads, dim, eps = layer["heads"], layer["kv_heads"], layer["head_dim"], layer["eps"]
     tokens = x.shape[0]
     qkv = rms_norm(x, layer["input_norm"], eps) @ layer["qkv"].T + layer.get("qkv_bias", 0.0)
@@ -198,7 +198,8 @@ def decoder_layer(
     if "q_norm" in layer:
         q, k = rms_norm(q, layer["q_norm"], eps), rms_norm(k, layer["k_norm"], eps)
     q, k = rotary(q, positions, inv_freq), rotary(k, positions, inv_freq)
-    x = x + causal_attention(q, k, v, layer["scale"]).reshape(tokens, -1) @ layer["o_proj"].T
+    attended = causal_attention(q, k, v, layer["scale"], layer.get("sinks"))
+    x = x + attended.reshape(tokens, -1) @ layer["o_proj"].T
     up = silu_and_mul(rms_norm(x, layer["post_norm"], eps) @ layer["gate_up"].T)
     return x + up @ layer["down"].T
 

@@ -10,7 +10,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from fastdeploy import envs
-from fastdeploy.backends import portable
+from fastdeploy.backends import fused, portable
 from fastdeploy.backends.base import Backend
 from fastdeploy.backends.capabilities import Capability
 from fastdeploy.backends.cpu import native
@@ -384,8 +384,9 @@ class CpuBackend(Backend):
         batch: CpuAttentionMetadata | native.AttentionBatch,
         kv_cache: LayerKVCache,
     ) -> tuple[np.ndarray, np.ndarray]:
-        if not self.native_isa:
-            return super().attention_block(x, residual, block, positions, cos, sin, batch, kv_cache)
+        if not self.native_isa or block.sinks is not None:
+            # the native layer has no sinks: op by op, through `attention_with_sinks`
+            return fused.attention_block(self, x, residual, block, positions, cos, sin, batch, kv_cache)
         return native.attention_block(
             x, residual, block, positions, cos, sin, kv_cache, batch, self.native_isa, self.threads
         )
@@ -409,8 +410,9 @@ class CpuBackend(Backend):
         kv_caches: Sequence[LayerKVCache],
     ) -> tuple[np.ndarray, np.ndarray]:
         """One native call a pass (decoder_layer.c); the layers' weights and caches are parsed once
-        and kept for the latest `layers`/`kv_caches` pair (a probe pass on other caches replaces it)."""
-        if not self.native_isa:
+        and kept for the latest `layers`/`kv_caches` pair (a probe pass on other caches replaces it);
+        layers with attention sinks run layer by layer (the native layers have none)."""
+        if not self.native_isa or any(attention.sinks is not None for attention, _ in layers):
             return super().decoder_layers(x, residual, layers, positions, cos, sin, batch, kv_caches)
         held = self._decoder_stack
         if held is None or held[0] is not layers or held[1] is not kv_caches:

@@ -2,7 +2,8 @@
 q/k/v rows and biases, o_proj columns, attention sinks) and half the experts (float, or MXFP4
 blocks kept packed); greedy tokens equal transformers' float32 ones, as in one process
 (tests/models/test_gpt_oss.py). The sliding window is narrowed to 8 so that every prompt and its
-24 tokens cross it, and the sinks are set large enough that each rank's own matter."""
+24 tokens cross it, and the sinks are set large enough that each rank's own matter. Split into
+2 pipeline stages instead (a layer each: the sliding one, then the full one), likewise."""
 
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ def test_each_ranks_sinks_change_the_tokens():
     assert gpt_oss.reference_tokens(model) != tokens
 
 
-@pytest.mark.parametrize("experts", ["float", "mxfp4"])
-def test_gpt_oss_over_two_ranks_matches_transformers(tmp_path, experts):
+@pytest.mark.parametrize(("tp", "pp", "experts"), [(2, 1, "float"), (2, 1, "mxfp4"), (1, 2, "float")])
+def test_gpt_oss_over_two_ranks_matches_transformers(tmp_path, tp, pp, experts):
     model = gpt_oss.reference_model(sliding_window=WINDOW)
     set_sinks(model, SINKS)
     if experts == "float":
@@ -48,7 +49,14 @@ def test_gpt_oss_over_two_ranks_matches_transformers(tmp_path, experts):
     directory = gpt_oss.write_checkpoint(tmp_path / experts, tensors, sliding_window=WINDOW)
     expected = gpt_oss.reference_tokens(model)
     assert min(len(prompt) for prompt in gpt_oss.PROMPTS) + gpt_oss.NEW_TOKENS > 2 * WINDOW
-    llm = LLM(model=directory, tensor_parallel_size=2, max_model_len=64, max_num_seqs=4, block_size=16)
+    llm = LLM(
+        model=directory,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        max_model_len=64,
+        max_num_seqs=4,
+        block_size=16,
+    )
     try:
         params = SamplingParams(temperature=0, max_tokens=gpt_oss.NEW_TOKENS, ignore_eos=True)
         outputs = llm.generate([{"prompt_token_ids": p} for p in gpt_oss.PROMPTS], params, use_tqdm=False)

@@ -11,9 +11,9 @@ attention and the layer loop stay here. Each layer's attention half and dense Sw
 `Backend.attention_block` / `Backend.mlp_block` calls, which a backend may fuse.
 
 Split over ranks (`parallel=`, see docs/architecture.md "Parallelism"), a rank holds the query
-and KV heads of its shard (q/k/v column-parallel), the matching input columns of o_proj
-(row-parallel), its share of the MLP's intermediate features (gate/up column-parallel, down
-row-parallel) and its slice of the vocabulary (embedding and LM head); the row-parallel outputs
+and KV heads of its shard (q/k/v column-parallel; attention sinks, where a layer has them, with
+their query heads), the matching input columns of o_proj (row-parallel), its share of the MLP's
+intermediate features (gate/up column-parallel, down row-parallel) and its slice of the vocabulary (embedding and LM head); the row-parallel outputs
 and the embedding are summed over the tensor-parallel group, the logits gathered. A pipeline
 stage holds only its layers and hands hidden states and residuals to the next stage.
 """

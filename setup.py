@@ -28,6 +28,7 @@ native_kernels = Extension(
             "gemm_blocks_avx512",
             "gemm_blocks_int8",
             "attention",
+            "attention_sinks",
             "encoder_attention",
             "encoder_attention_bf16",
             "elementwise",

@@ -18,6 +18,7 @@ from gguf.quants import dequantize, quantize
 from kv_reference import KV_DTYPES, cached_values
 
 from fastdeploy.backends.base import BackendOptions, BatchLayout
+from fastdeploy.backends.conformance import numpy_reference as ref
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.cpu.kv_cache import allocate_native
@@ -320,6 +321,80 @@ def test_attention_over_scattered_blocks(backend_for_isa, block_size, head_dim, 
             scale,
         )
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@requires_native
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+@pytest.mark.parametrize("window", [0, 37])
+@pytest.mark.parametrize(("block_size", "head_dim", "heads", "kv_heads"), [(16, 64, 8, 2), (4, 8, 3, 1)])
+def test_attention_with_sinks_over_scattered_blocks(
+    backend_for_isa, block_size, head_dim, heads, kv_heads, kv_dtype, window
+):
+    """The native attention times the native sink factors (attention_sinks.c), against numpy's
+    attention with sinks over the values the cache holds: a prefill in two chunks (more than one
+    tile of query tokens), then decodes; sinks from far below to far above the scores, with and
+    without a sliding window."""
+    rng = np.random.default_rng(block_size + head_dim + window)
+    backend = backend_for_isa
+    context = 100
+    blocks = -(-(context + 2) // block_size)
+    table = rng.permutation(blocks + 5)[:blocks]
+    cache = allocate_native(blocks + 5, block_size, kv_heads, head_dim, kv_dtype)
+    keys, values = (rng.standard_normal((context + 2, kv_heads, head_dim)).astype(np.float32) for _ in "kv")
+    queries = rng.standard_normal((context + 2, heads, head_dim)).astype(np.float32)
+    sinks = np.linspace(-6.0, 6.0, heads).astype(np.float32)
+    scale = head_dim**-0.5
+    for start, end in [(0, 45), (45, context), (context, context + 1), (context + 1, context + 2)]:
+        positions = np.arange(start, end)
+        layout = BatchLayout(
+            input_ids=np.zeros(end - start, np.int64),
+            positions=positions,
+            slot_mapping=table[positions // block_size] * block_size + positions % block_size,
+            query_lens=np.array([end - start]),
+            context_lens=np.array([end]),
+            block_tables=table[None, :],
+            logits_indices=np.array([end - start - 1]),
+            block_size=block_size,
+        )
+        out = backend.attention_with_sinks(
+            queries[start:end],
+            keys[start:end],
+            values[start:end],
+            cache,
+            backend.prepare_batch(layout),
+            scale,
+            sinks,
+            window,
+        )
+        expected = ref.causal_attention(
+            queries[start:end],
+            cached_values(keys[:end], kv_dtype),
+            cached_values(values[:end], kv_dtype),
+            scale,
+            sinks,
+            window,
+        )
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@requires_native
+def test_sink_factors_reject_a_block_table_outside_the_cache():
+    cache = allocate_native(2, 4, 1, 8, "float32")
+    batch = native.attention_batch(
+        BatchLayout(
+            input_ids=np.zeros(1, np.int64),
+            positions=np.array([0]),
+            slot_mapping=np.array([0]),
+            query_lens=np.array([1]),
+            context_lens=np.array([1]),
+            block_tables=np.array([[7]]),
+            logits_indices=np.array([0]),
+            block_size=4,
+        )
+    )
+    q = np.zeros((1, 1, 8), np.float32)
+    with pytest.raises(ValueError, match="block_tables"):
+        native.attention_sink_factors(q, cache, batch, 1.0, np.zeros(1, np.float32), 1)
 
 
 @requires_native

@@ -18,7 +18,6 @@ from fastdeploy.backends.cpu.attention import (
     CpuAttentionMetadata,
     build_metadata,
     paged_attention,
-    sink_factors,
 )
 from fastdeploy.backends.cpu.host_memory import (
     available_host_memory,
@@ -510,23 +509,14 @@ class CpuBackend(Backend):
     ) -> np.ndarray:
         if not self.native_isa:
             return paged_attention(q, k, v, kv_cache, batch, scale, sinks=sinks, window=window)
-        # the native kernels have no sinks: their output, scaled by each query's sink factor
+        # the attention kernels' softmax has no sinks: their output, scaled by each query head's
+        # sink factor (a second native pass over the cached keys)
         if window:
             out = native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads, window)
         else:
             out = native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads)
-        factors = sink_factors(
-            q,
-            kv_cache,
-            batch.query_starts,
-            batch.context_lens,
-            batch.block_tables,
-            batch.block_size,
-            scale,
-            sinks,
-            window,
-        )
-        return out * factors
+        out *= native.attention_sink_factors(q, kv_cache, batch, scale, sinks, self.threads, window)
+        return out
 
     def encoder_attention(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray, scale: float

@@ -415,6 +415,44 @@ def _cache_arguments(kv_cache: LayerKVCache) -> tuple:
     )
 
 
+def attention_sink_factors(
+    q: np.ndarray,
+    kv_cache: LayerKVCache,
+    batch: AttentionBatch,
+    scale: float,
+    sinks: np.ndarray,
+    threads: int,
+    window: int = 0,
+) -> np.ndarray:
+    """[tokens, heads, 1] factors that turn `attention`'s output (same q, cache and batch, after
+    it has written the keys) into attention with `sinks` [heads] (attention_sinks.c): with lse
+    a query head's log-sum-exp of its scores, 1 / (1 + exp(sink_h - lse))."""
+    q = np.ascontiguousarray(q, np.float32)
+    tokens, heads, head_dim = q.shape
+    out = np.empty((tokens, heads, 1), np.float32)
+    _native.attention_sink_factors(
+        q,
+        kv_cache.keys,
+        kv_cache.key_scales,
+        np.ascontiguousarray(sinks, np.float32),
+        out,
+        batch.query_starts,
+        batch.context_lens,
+        batch.block_tables,
+        tokens,
+        heads,
+        kv_cache.values.shape[1],
+        head_dim,
+        batch.block_size,
+        batch.block_tables.shape[1],
+        scale,
+        KV_TYPES[kv_cache.kv_dtype],
+        window,
+        threads,
+    )
+    return out
+
+
 def attention_block(
     x: np.ndarray,
     residual: np.ndarray | None,

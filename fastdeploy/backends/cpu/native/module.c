@@ -108,6 +108,8 @@ static PyMethodDef methods[] = {
      "widest 0..2 caps them from then on, -1 leaves them."},
     {"best_isa", native_best_isa, METH_NOARGS, "The widest instruction set this CPU runs: avx512, avx2 or none."},
     {"attention", native_attention, METH_VARARGS, "Paged causal attention over block tables (see attention.c)."},
+    {"attention_sink_factors", native_attention_sink_factors, METH_VARARGS,
+     "Per query head, the factor that adds attention sinks to attention's output (see attention_sinks.c)."},
     {"encoder_attention", native_encoder_attention, METH_VARARGS,
      "Bidirectional attention within segments, no cache (see encoder_attention.c)."},
     {"attention_block", native_attention_block, METH_VARARGS,

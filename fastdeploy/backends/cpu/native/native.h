@@ -274,6 +274,7 @@ PyObject *native_pack_blocks(PyObject *self, PyObject *args);
 PyObject *native_packed_bytes(PyObject *self, PyObject *args);
 PyObject *native_shm_collective(PyObject *self, PyObject *args);
 PyObject *native_attention(PyObject *self, PyObject *args);
+PyObject *native_attention_sink_factors(PyObject *self, PyObject *args);
 PyObject *native_encoder_attention(PyObject *self, PyObject *args);
 PyObject *native_rms_norm(PyObject *self, PyObject *args);
 PyObject *native_attention_block(PyObject *self, PyObject *args);

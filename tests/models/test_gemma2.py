@@ -114,6 +114,17 @@ def test_a_backend_without_soft_capping_refuses_it_by_name(hf_dir, monkeypatch):
         build_model(checkpoint, backend, 16, registry)
 
 
+def test_the_cuda_backend_refuses_it_for_now(hf_dir):
+    """The cuda backend (here its torch runtime on the host) has no soft-capped attention kernel."""
+    pytest.importorskip("torch", reason="the torch-cpu backend needs torch")
+    registry = get_registry()
+    backend = create_backend("torch-cpu", BackendOptions(threads=1), registry)
+    with pytest.raises(
+        UnsupportedModelError, match=r"torch-cpu backend lacks \(Capability.ATTENTION_SOFTCAP\)"
+    ):
+        build_model(inspect_checkpoint(hf_dir, registry), backend, 16, registry)
+
+
 def test_past_the_window_it_needs_sliding_windows(hf_dir, monkeypatch):
     registry = get_registry()
     backend = _reduced_backend(monkeypatch, Capability.SLIDING_WINDOW)

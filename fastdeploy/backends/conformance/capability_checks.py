@@ -461,10 +461,13 @@ def check_attention_softcap(backend: Backend) -> str | None:
     """`softcapped_attention` (optional): scores of about +-4 against a cap of 2 (so the cap
     binds), grouped heads; a prefill, then a decode beside a continued prefill chunk, against
     numpy; with a 5-position window too where the backend declares `Capability.SLIDING_WINDOW`
-    (Gemma 2's sliding layers cap and slide)."""
+    (Gemma 2's sliding layers cap and slide). Also `softcap`, which caps Gemma 2's logits."""
     if not backend.supports(Capability.ATTENTION_SOFTCAP):
         return "backend has no attention logit soft-capping (Capability.ATTENTION_SOFTCAP): Gemma 2 is refused on it"
     rng = np.random.default_rng(29)
+    logits = random_normal(rng, 3, 40) * np.float32(20)
+    capped = backend.to_numpy(backend.softcap(backend.from_numpy(logits), 30.0))
+    assert_close("softcap", capped, 30.0 * np.tanh(logits.astype(np.float64) / 30.0))
     heads, kv_heads, dim, block, cap = 4, 2, 16, 4, 2.0
     windows = [0, 5] if backend.supports(Capability.SLIDING_WINDOW) else [0]
     spec = KVCacheSpec(num_layers=1, num_blocks=10, block_size=block, num_kv_heads=kv_heads, head_dim=dim)

@@ -19,6 +19,7 @@ from fastdeploy.backends.capabilities import Capability
 from fastdeploy.backends.selection import create_backend
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.formats.gguf_file import read_gguf
+from fastdeploy.input.family_templates import GEMMA_CHAT_TEMPLATE
 from fastdeploy.model_executor.loaders.gguf_loader import config_from_gguf
 from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint
 from fastdeploy.plugins.registry import get_registry
@@ -86,6 +87,14 @@ def test_gguf_config_carries_the_caps_window_and_scale():
         "tie_word_embeddings",
     ):
         assert config[key] == SPEC[key], key
+
+
+def test_the_gguf_brings_its_tokenizer_and_gemmas_template():
+    """llama.cpp writes no chat template for the tiny SentencePiece vocabulary: Gemma's turns."""
+    tokenizer = LLM(model=str(families.gguf_path("gemma2")), max_model_len=32).get_tokenizer()
+    assert tokenizer.chat_template == GEMMA_CHAT_TEMPLATE
+    ids = tokenizer.encode("A river begins as rain.", add_special_tokens=False)
+    assert tokenizer.decode(ids) == "A river begins as rain."
 
 
 def test_every_other_layer_slides_and_every_layer_caps(hf_dir):

@@ -57,6 +57,9 @@ class AttentionBlock:
     #: Set only on a backend that declares `Capability.ATTENTION_SINKS` (models with sinks are
     #: refused elsewhere); such a backend, if it fuses, must honour them or run this default
     sinks: Any | None = None
+    #: attention logit soft-capping: scores become softcap * tanh(score / softcap) before the
+    #: softmax (0: none; Gemma 2; set only on a backend that declares `Capability.ATTENTION_SOFTCAP`)
+    softcap: float = 0.0
     #: the backend's own form of the block (e.g. its kernels' arguments), made at first use
     prepared: Any = field(default=None, repr=False, compare=False)
 
@@ -106,6 +109,8 @@ def attention_block(
     k = ops.rotary_embedding(k, positions, cos, sin)
     if block.sinks is not None:
         out = ops.attention_with_sinks(q, k, v, kv_cache, batch, block.scale, block.sinks, block.window)
+    elif block.softcap:
+        out = ops.softcapped_attention(q, k, v, kv_cache, batch, block.scale, block.softcap, block.window)
     elif block.window:
         out = ops.windowed_attention(q, k, v, kv_cache, batch, block.scale, block.window)
     else:

@@ -102,7 +102,7 @@ struct linear {
 /* Whether `w` is a valid [cols, depth] weight (and [cols] bias); sets a ValueError naming it if not. */
 static int check_linear(const struct linear *w, Py_ssize_t cols, Py_ssize_t depth, const char *name)
 {
-    if (w->kind < KIND_Q4_1 || w->kind >= KINDS || (w->kind != KIND_F32 && depth % 32 != 0) ||
+    if (w->kind < KIND_Q4_1 || w->kind >= KINDS || (w->kind != KIND_F32 && w->kind != KIND_BF16 && depth % 32 != 0) ||
         !fd_packed_valid(w->kind, w->packed.buf, w->packed.len, cols, depth) ||
         (w->bias.buf != NULL && w->bias.len != cols * (Py_ssize_t)sizeof(float))) {
         PyErr_Format(PyExc_ValueError, "%s: a packed [%zd, %zd] weight (kind %d) and bias do not match their buffers",

@@ -82,7 +82,8 @@ enum weight_kind {
     /* the sub-block kinds with int8 activations, on the same panels (gemm_blocks_int8.c), in their order */
     KIND_Q4_0_I8 = 16, KIND_IQ4_XS_I8 = 25,
     KIND_MXFP4 = 26, /* a sub-block kind too (after the others so that their numbers stay); no int8 twin */
-    KINDS = 27
+    KIND_BF16 = 27, /* bfloat16 panels (gemm_bf16.c), activations rounded to bfloat16 */
+    KINDS = 28
 };
 /* The sub-block kind whose panels a kind reads: an _I8 sub-block kind's float32 twin, else itself. */
 static inline int is_int8_subblock_kind(int kind) { return kind >= KIND_Q4_0_I8 && kind <= KIND_IQ4_XS_I8; }
@@ -289,6 +290,12 @@ int native_cpu_has_bf16(void);
 PyObject *native_has_bf16(PyObject *self, PyObject *noargs);
 PyObject *native_round_bf16(PyObject *self, PyObject *args);
 PyObject *native_gemm_bf16(PyObject *self, PyObject *args);
+PyObject *native_bf16_amx_py(PyObject *self, PyObject *args);
+/* gemm_bf16.c: the product of a KIND_BF16 weight (fd_gemm's; -1 when out of memory), its packed bytes,
+ * and whether many-row products run on AMX (enable 0/1 sets the tests' switch, -1 only asks) */
+int fd_gemm_bf16(const struct gemm_args *a, int isa, int threads);
+Py_ssize_t fd_bf16_packed_bytes(Py_ssize_t cols, Py_ssize_t depth);
+int native_bf16_amx(int enable);
 PyObject *native_encoder_attention_bf16(PyObject *self, PyObject *args);
 
 #endif

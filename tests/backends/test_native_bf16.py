@@ -57,6 +57,11 @@ def test_rounding_is_to_nearest_even_and_keeps_specials():
     # a NaN whose payload is only in the dropped bits stays NaN (plain rounding would give inf)
     nan = np.array([0x7F800001, 0xFFC00000], np.uint32).view(np.float32)
     assert np.isnan(native.round_bf16(nan).view(ml_dtypes.bfloat16).astype(np.float32)).all()
+    # 16 at a time (the AVX-512 loop) as one at a time (its tail)
+    mixed = np.concatenate([np.tile(nan, 9), np.linspace(-3, 3, 15, dtype=np.float32)])
+    np.testing.assert_array_equal(
+        native.round_bf16(mixed), [native.round_bf16(mixed[i : i + 1])[0] for i in range(mixed.size)]
+    )
 
 
 @pytest.mark.parametrize("isa", KERNELS)

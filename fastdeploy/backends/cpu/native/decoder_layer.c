@@ -457,14 +457,48 @@ struct layer_halves {
 };
 
 struct stack {
+    /* the scratch of the latest pass, kept for the next: a prompt pass's (tens of MB) would otherwise
+     * be mapped afresh each time, its pages faulted in and zeroed by the kernel (~5% of a 2048-token
+     * pass); `busy` while a call uses it (a concurrent call on the same stack takes its own) */
+    float *scratch;
+    size_t scratch_bytes;
+    int busy;
     Py_ssize_t count;
     struct layer_halves layers[];
 };
 
 #define STACK_CAPSULE "fastdeploy.decoder_stack"
 
+/* `floats` per token of scratch: the stack's own (grown when too small) unless another call holds it;
+ * NULL with MemoryError set when out of memory. */
+static float *stack_scratch(struct stack *stack, Py_ssize_t tokens, Py_ssize_t floats)
+{
+    if (__atomic_exchange_n(&stack->busy, 1, __ATOMIC_ACQUIRE)) return token_rows(tokens, floats);
+    const size_t bytes = (size_t)(tokens > 0 ? tokens : 1) * (size_t)floats * sizeof(float);
+    if (stack->scratch_bytes < bytes) {
+        PyMem_RawFree(stack->scratch);
+        stack->scratch = PyMem_RawMalloc(bytes);
+        stack->scratch_bytes = stack->scratch ? bytes : 0;
+    }
+    if (stack->scratch == NULL) {
+        __atomic_store_n(&stack->busy, 0, __ATOMIC_RELEASE);
+        PyErr_NoMemory();
+    }
+    return stack->scratch;
+}
+
+static void release_stack_scratch(struct stack *stack, float *scratch)
+{
+    if (scratch == NULL) return;
+    if (scratch == stack->scratch)
+        __atomic_store_n(&stack->busy, 0, __ATOMIC_RELEASE);
+    else
+        PyMem_RawFree(scratch);
+}
+
 static void free_stack(struct stack *stack)
 {
+    PyMem_RawFree(stack->scratch);
     for (Py_ssize_t i = 0; i < stack->count; i++) {
         release_attention_half(&stack->layers[i].attention);
         release_mlp_half(&stack->layers[i].mlp);
@@ -531,7 +565,7 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOOOnOOsi", &x_obj, &residual_obj, &out_obj, &sum_obj, &positions, &cos, &sin,
                           &half, &capsule, &batch, &isa_str, &threads))
         return NULL;
-    const struct stack *stack = PyCapsule_GetPointer(capsule, STACK_CAPSULE);
+    struct stack *stack = PyCapsule_GetPointer(capsule, STACK_CAPSULE);
     if (stack == NULL) return NULL;
     if (sum_obj == Py_None) {
         PyErr_SetString(PyExc_TypeError, "decoder_stack: sum_out is required (the residual stream it returns)");
@@ -552,7 +586,7 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
         floats = mlp_scratch(&l->mlp) > floats ? mlp_scratch(&l->mlp) : floats;
     }
     /* the halves' scratch | attention outputs | MLP outputs | two residual sums, alternating by half */
-    scratch = token_rows(p.tokens, floats + 4 * hidden);
+    scratch = stack_scratch(stack, p.tokens, floats + 4 * hidden);
     plans = PyMem_RawCalloc((size_t)layers, sizeof(*plans));
     if (scratch == NULL || plans == NULL) {
         PyErr_NoMemory();
@@ -582,7 +616,7 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
 done:
     for (Py_ssize_t i = 0; plans != NULL && i < layers; i++) paged_attention_free(plans[i]);
     PyMem_RawFree(plans);
-    PyMem_RawFree(scratch);
+    release_stack_scratch(stack, scratch);
     release_pass(&p);
     release_rows(&r);
     return result;

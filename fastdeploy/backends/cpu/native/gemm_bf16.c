@@ -301,12 +301,14 @@ static void round_task(void *ctx, Py_ssize_t index, int slot)
     struct bf16_job *job = ctx;
     const Py_ssize_t first = index * CONVERT_ROWS_PER_TASK;
     const Py_ssize_t end = first + CONVERT_ROWS_PER_TASK < job->rows ? first + CONVERT_ROWS_PER_TASK : job->rows;
-    for (Py_ssize_t r = first; r < end; r++) {
-        uint16_t *row = job->rounded + r * job->x_stride * 2;
-        round_row(job->x + r * job->depth, row, job->depth);
-        if (job->depth % 2) row[job->depth] = 0;
-    }
+    for (Py_ssize_t r = first; r < end; r++) fd_bf16_round_row(job->x + r * job->depth, job->rounded + r * job->x_stride * 2, job->depth);
     (void)slot;
+}
+
+void fd_bf16_round_row(const float *x, uint16_t *out, Py_ssize_t depth)
+{
+    round_row(x, out, depth);
+    if (depth % 2) out[depth] = 0;
 }
 
 /* Pairs from one activation row to the next: whole cache lines, and never a multiple of 2 KiB,
@@ -378,16 +380,24 @@ Py_ssize_t fd_bf16_packed_bytes(Py_ssize_t cols, Py_ssize_t depth)
     return (cols + PAIR_COLS - 1) / PAIR_COLS * ((depth + 1) / 2) * 2 * PAIR_COLS * (Py_ssize_t)sizeof(uint16_t);
 }
 
+Py_ssize_t fd_bf16_row_pairs(Py_ssize_t depth) { return row_stride((depth + 1) / 2); }
+
+/* AMX reads whole 32-row steps; the rows past `rows` only give sums that are not stored */
+Py_ssize_t fd_bf16_padded_rows(Py_ssize_t rows) { return (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS; }
+
 int fd_gemm_bf16(const struct gemm_args *a, int isa, int threads)
 {
     const Py_ssize_t rows = a->rows, k2 = (a->depth + 1) / 2, pairs = (a->cols + PAIR_COLS - 1) / PAIR_COLS;
     const Py_ssize_t x_stride = row_stride(k2);
     const int amx = isa == ISA_AVX512 && rows >= AMX_MIN_ROWS && a->depth % AMX_K == 0 && native_bf16_amx(-1);
-    /* AMX reads whole 32-row steps: the rows past `rows` are zeros */
-    const Py_ssize_t padded = amx ? (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS : rows;
-    uint16_t *rounded = PyMem_RawMalloc((size_t)(padded > 0 ? padded : 1) * (size_t)x_stride * 2 * sizeof(uint16_t));
-    if (rounded == NULL) return -1;
-    if (padded > rows) memset(rounded + rows * x_stride * 2, 0, (size_t)(padded - rows) * x_stride * 2 * sizeof(uint16_t));
+    uint16_t *rounded = (uint16_t *)a->x_bf16;
+    if (rounded == NULL) {
+        const Py_ssize_t padded = fd_bf16_padded_rows(rows);
+        rounded = PyMem_RawMalloc((size_t)(padded > 0 ? padded : 1) * (size_t)x_stride * 2 * sizeof(uint16_t));
+        if (rounded == NULL) return -1;
+        /* zeros, though unread into `out`: no uninitialised memory reaches the tiles */
+        memset(rounded + rows * x_stride * 2, 0, (size_t)(padded - rows) * x_stride * 2 * sizeof(uint16_t));
+    }
     struct bf16_job job = {
         .x = a->x, .x_pairs = (const uint32_t *)rounded, .rounded = rounded, .packed = (const uint16_t *)a->packed,
         .out = a->out, .bias = a->bias, .rows = rows, .cols = a->cols, .depth = a->depth, .k2 = k2,
@@ -395,9 +405,10 @@ int fd_gemm_bf16(const struct gemm_args *a, int isa, int threads)
         .block_rows = amx ? AMX_BLOCK_ROWS : block_rows(rows, pairs, threads),
         .dpbf16 = isa == ISA_AVX512 && native_cpu_has_bf16(), .amx = amx,
     };
-    fd_parallel_for((rows + CONVERT_ROWS_PER_TASK - 1) / CONVERT_ROWS_PER_TASK, threads, round_task, &job);
+    if (a->x_bf16 == NULL)
+        fd_parallel_for((rows + CONVERT_ROWS_PER_TASK - 1) / CONVERT_ROWS_PER_TASK, threads, round_task, &job);
     if (rows > 0) fd_parallel_for(pairs * ((rows + job.block_rows - 1) / job.block_rows), threads, tile_task, &job);
-    PyMem_RawFree(rounded);
+    if (a->x_bf16 == NULL) PyMem_RawFree(rounded);
     return 0;
 }
 

@@ -24,7 +24,7 @@
  * Kernels: AMX (AMX-BF16 with the kernel's permission, a depth that is a multiple of 32, and at least
  * AMX_MIN_ROWS rows): 32 x 32 outputs a step from four 16 x 16 float32 tile registers, each tile
  * product 16 x 16 x 32 multiply-adds in one instruction (a prompt pass of 2048 rows: ~5x the AVX-512
- * products below on a Sapphire Rapids core). AVX-512 with AVX512_BF16, tiles of 12 rows x 32 columns
+ * products below on a Xeon core with AMX). AVX-512 with AVX512_BF16, tiles of 12 rows x 32 columns
  * (24 accumulators of 32 zmm registers); elsewhere (AVX2, or AVX-512 without BF16) the same packed values widened to float32
  * in registers (a 16-bit shift or a mask) and float32 FMAs, tiles of 4 rows x 16 columns: correct,
  * no faster than float32 (a CPU without BF16 should keep the float32 default). Work is split over

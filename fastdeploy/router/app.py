@@ -8,26 +8,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.logger import get_logger
 from fastdeploy.router.disaggregation import FLAGS, PairedProxy, check_pairing
 from fastdeploy.router.metrics import RouterMetrics, merge_worker_metrics
 from fastdeploy.router.policies import Policy, make_policy
-from fastdeploy.router.proxy import Proxy, forwarded_headers
+from fastdeploy.router.proxy import Proxy, forwarded_headers, new_session
 from fastdeploy.router.workers import Worker, WorkerSet, parse_worker_url
 
 logger = get_logger(__name__)
+
+#: the OpenAI routes forwarded to workers
+FORWARDED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 @dataclass
@@ -83,15 +89,32 @@ class RouterSettings:
                 parse_worker_url(url, flag)
 
 
-def build_app(settings: RouterSettings, workers: WorkerSet) -> FastAPI:
-    """The router's app over `workers`; health checks and file reloads run while it serves."""
+class RouterApp:
+    """The router's ASGI app: the forwarded paths go straight to the proxy (a plain ASGI handler:
+    FastAPI's middleware and parameter handling would be work for nothing on every request);
+    everything else, start-up and shutdown included, to `api`."""
+
+    def __init__(self, api: FastAPI) -> None:
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in FORWARDED_PATHS and scope["method"] == "POST":
+            await self.api.state.proxy.handle(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)
+
+
+def build_app(settings: RouterSettings, workers: WorkerSet) -> RouterApp:
+    """The router's app over `workers`; health checks and file reloads run while it serves.
+    Requests go on over a pooled aiohttp session; the router's own few requests (health checks,
+    /v1/models, /metrics, /v1/disaggregation) over an httpx client."""
     metrics = RouterMetrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with new_client(settings) as client:
+        async with new_client(settings) as client, new_session(settings.connect_timeout) as session:
             app.state.client = client
-            app.state.proxy = make_proxy(settings, workers, client, metrics)
+            app.state.proxy = make_proxy(settings, workers, client, session, metrics)
             await workers.check(client, settings.health_timeout)
             watcher = asyncio.create_task(
                 workers.watch(client, settings.health_interval, settings.health_timeout)
@@ -103,11 +126,6 @@ def build_app(settings: RouterSettings, workers: WorkerSet) -> FastAPI:
                 await asyncio.gather(watcher, return_exceptions=True)
 
     app = FastAPI(title="fastdeploy router", lifespan=lifespan)
-
-    # plain Starlette routes: the body goes on as bytes, so FastAPI's parameter handling would be
-    # work for nothing on every request
-    for path in ("/v1/completions", "/v1/chat/completions"):
-        app.add_route(path, forwarding(path), methods=["POST"])
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -131,11 +149,15 @@ def build_app(settings: RouterSettings, workers: WorkerSet) -> FastAPI:
             media_type="text/plain; version=0.0.4; charset=utf-8",
         )
 
-    return app
+    return RouterApp(app)
 
 
 def make_proxy(
-    settings: RouterSettings, workers: WorkerSet, client: httpx.AsyncClient, metrics: RouterMetrics
+    settings: RouterSettings,
+    workers: WorkerSet,
+    client: httpx.AsyncClient,
+    session: aiohttp.ClientSession,
+    metrics: RouterMetrics,
 ) -> Proxy | PairedProxy:
     """The plain proxy, or with prefill and decode workers the proxy that pairs them."""
 
@@ -143,33 +165,22 @@ def make_proxy(
         return make_policy(settings.policy, settings.prefix_block_chars, settings.prefix_slack)
 
     if not settings.disaggregated:
-        return Proxy(workers, policy(), client, metrics)
+        return Proxy(workers, policy(), session, metrics)
     return PairedProxy(
         workers,
         {parse_worker_url(url, "--prefill-workers") for url in settings.prefill_workers},
         {parse_worker_url(url, "--decode-workers") for url in settings.decode_workers},
         (policy(), policy()),
-        client,
+        (client, session),
         metrics,
         settings.health_timeout,
     )
 
 
-def forwarding(path: str) -> Callable[[Request], Awaitable[Response]]:
-    """The endpoint that forwards a request to a worker's `path`."""
-
-    async def forward(request: Request) -> Response:
-        return await request.app.state.proxy.forward(request, path)
-
-    return forward
-
-
 def new_client(settings: RouterSettings) -> httpx.AsyncClient:
-    """The pooled client for the workers: no read timeout (a long generation is not a failure),
-    and answers uncompressed so streams can be relayed byte for byte."""
+    """The client for the router's own requests to its workers (health, models, metrics)."""
     timeout = httpx.Timeout(None, connect=settings.connect_timeout)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    return httpx.AsyncClient(timeout=timeout, limits=limits, headers={"accept-encoding": "identity"})
+    return httpx.AsyncClient(timeout=timeout, headers={"accept-encoding": "identity"})
 
 
 async def merged_models(
@@ -275,6 +286,8 @@ def run_router(
         port=port,
         log_level=log_level,
         access_log=False,
+        proxy_headers=False,  # the router reads no client address
+        http="httptools" if importlib.util.find_spec("httptools") else "h11",
         timeout_graceful_shutdown=shutdown_timeout,
     )
     _QuietExitServer(config).run()

@@ -22,23 +22,25 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import httpx
-from fastapi import Request
-from fastapi.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from fastdeploy.client_disconnects import ClientDisconnected
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.kv_layout import KVLayout
 from fastdeploy.logger import get_logger
 from fastdeploy.router.metrics import RouterMetrics
 from fastdeploy.router.policies import Policy
 from fastdeploy.router.proxy import (
+    WORKER_ERRORS,
+    Answer,
     Proxy,
     WorkerFailed,
     answer_headers,
-    error_response,
-    forwarded_headers,
+    describe,
+    error_answer,
     json_or_none,
+    serve,
 )
 from fastdeploy.router.workers import Worker, WorkerSet
 
@@ -59,28 +61,33 @@ class PairedProxy:
         prefill_urls: set[str],
         decode_urls: set[str],
         policies: tuple[Policy, Policy],
-        client: httpx.AsyncClient,
+        clients: tuple[httpx.AsyncClient, aiohttp.ClientSession],
         metrics: RouterMetrics,
         info_timeout: float,
     ) -> None:
+        """`clients`: the router's own requests (/v1/disaggregation) go over the first, the
+        forwarded ones over the second."""
         self.workers = workers
         self.prefill_urls, self.decode_urls = prefill_urls, decode_urls
         self.prefill_policy, self.decode_policy = policies
-        self.client = client
+        self.client, self.session = clients
         self.metrics = metrics
         self.info_timeout = info_timeout
-        self.decode = Proxy(workers, self.decode_policy, client, metrics)
+        self.decode = Proxy(workers, self.decode_policy, self.session, metrics)
 
     def _available(self, urls: set[str], tried: set[Worker]) -> list[Worker]:
         return [w for w in self.workers.available() if w.url in urls and w not in tried]
 
-    async def forward(self, request: Request, path: str) -> Response:
-        body = await request.body()
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI handler of a forwarded path."""
+        await serve(scope, receive, send, self.forward)
+
+    async def forward(self, send: Send, path: str, body: bytes, headers: list[tuple[str, str]]) -> None:
+        """Send the client the decode worker's answer once a prefill worker sent it the prompt's
+        KV blocks; a refusal or failed transfer as the prefill worker answered it; else a 503."""
         parsed = json_or_none(body)
         if not isinstance(parsed, dict):  # the decode worker answers what is wrong with it
-            return await self.decode.forward(request, path)
-        streaming = parsed.get("stream") is True
-        headers = forwarded_headers(request)
+            return await self.decode.forward(send, path, body, headers)
         tried_prefill: set[Worker] = set()
         tried_decode: set[Worker] = set()
         reasons: list[str] = []
@@ -91,22 +98,18 @@ class PairedProxy:
             if address is None:
                 continue
             prefilled = await self._prefill(parsed, path, headers, address, tried_prefill, reasons)
-            if isinstance(prefilled, Response):
-                return prefilled
+            if isinstance(prefilled, Answer):
+                return await prefilled.send(send)
             if prefilled is None:
                 break  # no prefill worker could take it
             try:
-                return await self.decode.attempt(
-                    request, decode, path, body, headers, streaming, len(candidates) > 1
-                )
-            except ClientDisconnected:
-                return Response(status_code=499)
+                return await self.decode.attempt(send, decode, path, body, headers, len(candidates) > 1)
             except WorkerFailed as exc:
                 reasons.append(f"{decode.url}: {exc}")
                 self.metrics.retries.labels(decode.url).inc()
         self.metrics.unserved.inc()
         detail = "; ".join(reasons) if reasons else "no prefill and decode worker pair is healthy"
-        return error_response(503, f"no worker pair could serve the request ({detail})")
+        await error_answer(503, f"no worker pair could serve the request ({detail})").send(send)
 
     async def _kv_address(self, decode: Worker, reasons: list[str]) -> str | None:
         """`host:port` where `decode` receives KV blocks (None, and the worker left out, if it
@@ -125,11 +128,11 @@ class PairedProxy:
         self,
         parsed: dict,
         path: str,
-        headers: dict[str, str],
+        headers: list[tuple[str, str]],
         address: str,
         tried: set[Worker],
         reasons: list[str],
-    ) -> dict | Response | None:
+    ) -> dict | Answer | None:
         """The prefill worker's transfer summary once the blocks are at `address`; its answer if
         it refused the request or the transfer failed; None if no prefill worker could take it."""
         body = {key: value for key, value in parsed.items() if key not in _DROPPED}
@@ -141,9 +144,10 @@ class PairedProxy:
             tried.add(prefill)
             prefill.outstanding += 1
             try:
-                answer = await self.client.post(prefill.url + path, json=body, headers=headers)
-            except httpx.TransportError as exc:
-                reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                async with self.session.post(prefill.url + path, json=body, headers=headers) as answer:
+                    content = await answer.read()
+            except WORKER_ERRORS as exc:
+                reason = describe(exc)
                 self.workers.mark_failed(prefill, reason)
                 reasons.append(f"{prefill.url}: {reason}")
                 self.metrics.retries.labels(prefill.url).inc()
@@ -151,14 +155,15 @@ class PairedProxy:
                 continue
             finally:
                 prefill.outstanding -= 1
-            if answer.status_code == 503 and len(candidates) > 1:
+            if answer.status == 503 and len(candidates) > 1:
                 reasons.append(f"{prefill.url}: it answered 503")
                 continue
-            outcome = "ok" if answer.status_code == 200 else "http_error"
+            outcome = "ok" if answer.status == 200 else "http_error"
             self.metrics.requests.labels(prefill.url, outcome).inc()
-            if answer.status_code != 200:
-                return Response(answer.content, answer.status_code, headers=answer_headers(answer))
-            return json_or_none(answer.content).get("kv_transfer_params") or {}
+            if answer.status != 200:
+                return Answer(answer.status, content, answer_headers(answer))
+            summary = json_or_none(content)
+            return (summary.get("kv_transfer_params") if isinstance(summary, dict) else None) or {}
         return None
 
 

@@ -52,6 +52,7 @@ _NOT_FORWARDED = frozenset(
         "content-encoding",
         "date",
         "server",
+        "expect",  # the router has read the whole body already
     }
 )
 _NOT_FORWARDED_BYTES = frozenset(name.encode() for name in _NOT_FORWARDED)

@@ -26,7 +26,7 @@ import aiohttp
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from fastdeploy.client_disconnects import ClientDisconnected, unless_disconnected
+from fastdeploy.client_disconnects import ClientDisconnected, cancelled_if_disconnected
 from fastdeploy.logger import get_logger
 from fastdeploy.router.metrics import RouterMetrics
 from fastdeploy.router.policies import Policy
@@ -102,8 +102,8 @@ async def serve(scope: Scope, receive: Receive, send: Send, forward: Forward) ->
     """Read the client's request and run `forward` on it, cancelled if the client leaves."""
     try:
         body = await read_body(receive)
-        work = forward(send, scope["path"], body, request_headers(scope))
-        await unless_disconnected(work, Request(scope, receive))
+        async with cancelled_if_disconnected(receive):
+            await forward(send, scope["path"], body, request_headers(scope))
     except ClientDisconnected:
         pass  # nothing to answer; the worker's connection was closed with the cancelled work
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -294,7 +293,7 @@ def run_router(
         log_level=log_level,
         access_log=False,
         proxy_headers=False,  # the router reads no client address
-        http="httptools" if importlib.util.find_spec("httptools") else "h11",
+        http="httptools",  # uvicorn's C parser: a fraction of h11's time per request
         timeout_graceful_shutdown=shutdown_timeout,
     )
     _QuietExitServer(config).run()

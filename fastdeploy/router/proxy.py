@@ -85,8 +85,9 @@ class Answer:
 
 def new_session(connect_timeout: float) -> aiohttp.ClientSession:
     """The pooled client for forwarded requests: no read timeout (a long generation is not a
-    failure), no cookie jar, keep-alive connections dropped before a worker's own idle timeout (uvicorn's 5 s)
-    would close one under a request, answers uncompressed so streams go on byte for byte."""
+    failure), no cookie jar, keep-alive connections dropped before a worker's own idle timeout
+    (uvicorn's 5 s) would close one under a request, answers uncompressed so streams go on byte
+    for byte."""
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0, ttl_dns_cache=60)
     return aiohttp.ClientSession(
         connector=connector,

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from fastdeploy.engine.sequence import Sequence
+from fastdeploy.model_executor.batch import KVGroupPart
 
 BlockKey = tuple  # (parent block id, parent generation, tokens[, content hashes of images in the block])
 _ROOT = (-1, 0)
@@ -55,6 +56,10 @@ class BlockManager:
         self._cached: dict[BlockKey, int] = {}
         #: (source block, destination block) KV copies owed before the next forward pass
         self.pending_copies: list[tuple[int, int]] = []
+
+    def empty_copy(self, enable_prefix_caching: bool) -> BlockManager:
+        """A manager of the same pool and window, all blocks free."""
+        return BlockManager(self.num_blocks, self.block_size, enable_prefix_caching, self.window)
 
     @property
     def num_free_blocks(self) -> int:
@@ -160,6 +165,11 @@ class BlockManager:
         """The copy-on-write pairs queued since the last call (the runner applies them)."""
         copies, self.pending_copies = self.pending_copies, []
         return copies
+
+    def batch_groups(self, seqs: list[Sequence]) -> list[KVGroupPart]:
+        """The sliding KV-cache groups' side of a pass of `seqs`: none, one table serves every
+        layer (`engine/kv_groups.py` has several)."""
+        return []
 
     def free(self, seq: Sequence) -> None:
         """Release all of `seq`'s blocks (finished, aborted or preempted)."""

@@ -34,6 +34,7 @@ from fastdeploy.plugins.api import (
     ModelConfig,
     ModelParallel,
     hookimpl,
+    layer_batch,
     rope_tables,
 )
 
@@ -160,7 +161,14 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = self.layer_forward(
-                layer, hidden, residual, positions, None, None, batch, kv_cache
+                layer,
+                hidden,
+                residual,
+                positions,
+                None,
+                None,
+                layer_batch(batch, layer.attention.window),
+                kv_cache,
             )
         normed, _ = ops.rms_norm(hidden, self.final_norm, self.config.rms_norm_eps, residual)
         return normed

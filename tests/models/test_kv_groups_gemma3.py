@@ -103,3 +103,41 @@ def test_preempted_sequences_resume_with_both_groups(checkpoint, references):
     assert generate(llm, cases) == [case["output_token_ids"] for case in cases]
     assert llm.llm_engine.scheduler.num_preemptions > 0
     assert held_now(llm) == [0, 0]
+
+
+def test_ngram_drafts_rejected_past_the_window_give_their_blocks_back(checkpoint, references):
+    """Speculative decoding truncates rejected drafts' blocks in every group; tokens unchanged."""
+    (case,) = references["long"]["cases"]
+    llm = LLM(
+        model=checkpoint,
+        max_model_len=128,
+        block_size=BLOCK,
+        max_num_batched_tokens=CHUNK,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
+    )
+    assert generate(llm, [case]) == [case["output_token_ids"]]
+    assert held_now(llm) == [0, 0]
+
+
+def test_beams_past_the_window_equal_those_of_one_table_for_every_layer(checkpoint, references, monkeypatch):
+    """Forked beams share blocks and copy on write in each group; their outputs equal the same
+    engine's with one block table for every layer (the window then only a mask)."""
+    (case,) = references["long"]["cases"]
+    params = SamplingParams(
+        use_beam_search=True, temperature=0, n=2, best_of=3, max_tokens=12, ignore_eos=True
+    )
+    settings = dict(model=checkpoint, max_model_len=128, block_size=BLOCK, max_num_batched_tokens=CHUNK)
+    prompt = [{"prompt_token_ids": case["prompt_token_ids"]}]
+
+    def beams(llm: LLM) -> list[tuple[list[int], float]]:
+        (output,) = llm.generate(prompt, params, use_tqdm=False)
+        assert output.error_code == 200, output.error_msg
+        return [(list(s.token_ids), s.cumulative_logprob) for s in output.outputs]
+
+    grouped = LLM(**settings)
+    got = beams(grouped)
+    assert held_now(grouped) == [0, 0]
+    monkeypatch.setattr(Gemma3ForCausalLM, "kv_cache_groups", CausalLM.kv_cache_groups)
+    expected = beams(LLM(**settings))
+    assert [tokens for tokens, _ in got] == [tokens for tokens, _ in expected]
+    assert [score for _, score in got] == pytest.approx([score for _, score in expected], abs=1e-4)

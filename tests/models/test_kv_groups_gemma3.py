@@ -141,3 +141,12 @@ def test_beams_past_the_window_equal_those_of_one_table_for_every_layer(checkpoi
     expected = beams(LLM(**settings))
     assert [tokens for tokens, _ in got] == [tokens for tokens, _ in expected]
     assert [score for _, score in got] == pytest.approx([score for _, score in expected], abs=1e-4)
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_disaggregation_refuses_a_model_with_layer_groups_by_name(checkpoint, role):
+    with pytest.raises(InvalidArgumentError, match=r"Gemma3ForCausalLM keeps its KV cache in 2 layer groups"):
+        LLM(model=checkpoint, max_model_len=128, splitwise_role=role)
+    llm = LLM(model=checkpoint, max_model_len=64, splitwise_role=role)  # within the window: one group
+    if role == "prefill":
+        llm.llm_engine.kv_transfer.close()  # its sender threads

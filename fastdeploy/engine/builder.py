@@ -89,8 +89,8 @@ def prepare(config: EngineConfig) -> EngineSetup:
     )
     model_config = checkpoint.config
     max_model_len = resolve_max_model_len(config, model_config, backend)
-    max_num_batched_tokens = config.max_num_batched_tokens or max(
-        max_model_len, backend_class.default_max_num_batched_tokens
+    max_num_batched_tokens = config.max_num_batched_tokens or default_chunk(
+        model_config, max_model_len, backend_class.default_max_num_batched_tokens
     )
     vocab = model_config.vocab_size
     remote = (
@@ -132,6 +132,18 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig, backe
                 f"for {model_limit} positions"
             )
     return config.max_model_len
+
+
+def default_chunk(model_config: ModelConfig, max_model_len: int, backend_default: int) -> int:
+    """`max_num_batched_tokens` when unset: a whole prompt in one pass (`max_model_len`, at least
+    the backend's default), except where a sliding window binds: a pass's keys are all cached
+    before its queries attend, so sliding layers hold a window and a chunk per sequence, and
+    chunks of the backend's default keep that small."""
+    window = int(model_config.raw.get("sliding_window") or 0)
+    # Qwen's configs name a window they switch off (`use_sliding_window: false`)
+    if 0 < window < max_model_len and model_config.raw.get("use_sliding_window", True) is not False:
+        return backend_default
+    return max(max_model_len, backend_default)
 
 
 @dataclass

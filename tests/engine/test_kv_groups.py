@@ -1,6 +1,6 @@
 """KV blocks per layer group (engine/kv_groups.py): a whole-context group keeps every block, a
 sliding group frees what its window left behind; prefix hits, forks and frees across groups; the
-planner's split of one budget between the groups' pools."""
+planner's split of one budget between the groups' pools; the default prefill chunk of sliding models."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from fastdeploy import SamplingParams
+from fastdeploy.config import ModelConfig
 from fastdeploy.engine.block_manager import BlockManager
+from fastdeploy.engine.builder import default_chunk
 from fastdeploy.engine.kv_groups import GroupedBlockManager
 from fastdeploy.engine.sequence import Sequence
 from fastdeploy.model_executor.kv_cache_planner import split_blocks
@@ -149,3 +151,27 @@ def test_a_sliding_group_of_many_layers_is_capped_by_its_windows():
     # budget 200: shared 200 // 6 = 33 blocks; the sliding cap 7 x 2 = 14 (70 units); the full
     # group takes (200 - 70) // 1 = 130, capped at 16 x 2 = 32
     assert split_blocks(200, [1, 5], [16, 7], 2) == [32, 14]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"sliding_window": 512}, 2048),  # the window binds at 32k: chunks of the backend's default
+        ({}, 32768),  # no window: a whole prompt in one pass
+        ({"sliding_window": 512, "use_sliding_window": False}, 32768),  # Qwen: named, switched off
+        ({"sliding_window": 65536}, 32768),  # a window beyond the context never binds
+    ],
+)
+def test_sliding_models_prefill_in_chunks_unless_told_otherwise(overrides, expected):
+    config = ModelConfig.from_hf_dict(
+        {
+            "architectures": ["Gemma3ForCausalLM"],
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+            "vocab_size": 100,
+        }
+        | overrides
+    )
+    assert default_chunk(config, 32768, 2048) == expected

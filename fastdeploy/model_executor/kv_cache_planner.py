@@ -166,7 +166,7 @@ def plan_kv_cache_groups(
     """Each KV-cache group's pool (`CausalLM.kv_cache_groups`: sliding layers hold only their
     window and a prefill chunk per sequence), from one budget (`plan_kv_cache`'s) split by
     `split_blocks`; `num_gpu_blocks_override` gives every group that many blocks. Each group's
-    memory is logged."""
+    memory is logged, and the first group's count as FastDeploy logs it (`total_block_num`)."""
     whole = model.kv_cache_spec(0, config.block_size, _cache_dtype(config, backend))
     specs = [dataclasses.replace(whole, num_layers=len(group.layers)) for group in groups]
     per_block = [spec.bytes_per_block() for spec in specs]
@@ -181,6 +181,12 @@ def plan_kv_cache_groups(
         budget = _budget(config, backend, model, whole, max_num_batched_tokens, max_model_len, 1.0)
         counts = split_blocks(budget, per_block, held_blocks, config.max_num_seqs)
     total = sum(count * size for count, size in zip(counts, per_block, strict=True))
+    logger.info(
+        "Doing profile, the total_block_num:%d (block_size %d, the whole-context layer group's; %.1f GiB free)",
+        counts[0],
+        config.block_size,
+        backend.free_memory_bytes() / 2**30,
+    )
     for index, (group, count, size) in enumerate(zip(groups, counts, per_block, strict=True)):
         logger.info(
             "KV cache group %d (%s, %d layers): %d blocks of %d tokens, %.1f MiB; a sequence holds at most %d tokens here",

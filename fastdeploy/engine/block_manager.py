@@ -72,6 +72,10 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def identity(self, block: int) -> tuple[int, int]:
+        """(block, generation): names what `block` holds now (a prefix-cache key's parent)."""
+        return block, self._generation[block]
+
     def ref_count(self, block: int) -> int:
         """How many sequences hold `block`."""
         return self._ref_counts[block]

@@ -217,12 +217,11 @@ def _grouped_kv_cache(
     specs = plan_kv_cache_groups(
         config, setup.backend, setup.max_model_len, model, setup.max_num_batched_tokens, groups
     )
-    caching = config.enable_prefix_caching
     manager = GroupedBlockManager(
-        [
-            BlockManager(spec.num_blocks, spec.block_size, caching, group.window)
-            for spec, group in zip(specs, groups, strict=True)
-        ]
+        [spec.num_blocks for spec in specs],
+        [group.window for group in groups],
+        config.block_size,
+        config.enable_prefix_caching,
     )
     kv_caches: list[Any] = [None] * sum(len(group.layers) for group in groups)
     for spec, group in zip(specs, groups, strict=True):

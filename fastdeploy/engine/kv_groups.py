@@ -9,16 +9,18 @@ it does where every layer slides. A sliding group's tables live on a `GroupTable
 which shows the manager the sequence's tokens and progress beside the group's own table.
 
 Every operation runs on every group; a sequence can grow only if every group has the blocks. A
-prefix-cache hit is the shortest of the groups' hits (each group's chain of cached blocks is its
-own, and a small sliding pool evicts sooner), the longer ones are cut back to it.
+prefix-cache hit is the whole-context group's, cut back where a sliding group no longer has the
+blocks within its window of the cut (`SlidingGroupManager` keys its blocks by the whole-context
+group's, so it needs nothing behind the window).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastdeploy.engine.block_manager import BlockManager
+from fastdeploy.engine.block_manager import BlockKey, BlockManager
 from fastdeploy.engine.sequence import Sequence
+from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.model_executor.batch import KVGroupPart
 
 
@@ -56,20 +58,84 @@ class GroupTable:
         return self.seq.lora
 
 
+#: a sliding group's prefix-cache key: the whole-context group's block at the same index
+_SAME_AS = "whole-context block"
+
+
+class SlidingGroupManager(BlockManager):
+    """A sliding group's blocks (tables on `GroupTable`s). Its prefix-cache keys name the
+    whole-context group's block at the same index (block id and generation, as a `BlockManager`
+    key names its parent: that block's own key names every token up to its end), not the group's
+    previous block. So a prefix hit needs here only the blocks within the window of where the
+    sequence continues; the ones behind it may long have been evicted."""
+
+    def __init__(
+        self,
+        primary: BlockManager,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        window: int,
+    ) -> None:
+        super().__init__(num_blocks, block_size, enable_prefix_caching, window)
+        self.primary = primary
+
+    def _key(self, seq: Any, index: int) -> BlockKey:
+        return (_SAME_AS, *self.primary.identity(seq.seq.block_table[index]))
+
+    def cached_window(self, primary_blocks: list[int]) -> tuple[int, int, list[int]]:
+        """(count, first, blocks): the longest prefix of `primary_blocks` (the whole-context
+        group's hit) whose window is cached here, as its block count, the first block a sequence
+        continuing after it reads, and the cached blocks from that one on. Only reads."""
+        count = len(primary_blocks)
+        while count:
+            # as `_release_behind_window` leaves a table continuing at `count` blocks
+            first = max(0, (count * self.block_size - self.window + 1) // self.block_size - 1)
+            found = [
+                self._cached.get((_SAME_AS, *self.primary.identity(b))) for b in primary_blocks[first:count]
+            ]
+            missing = [i for i, block in enumerate(found) if block is None]
+            if not missing:
+                return count, first, found  # type: ignore[return-value]
+            count = first + missing[-1]
+        return 0, 0, []
+
+    def hold_window(self, view: GroupTable, first: int, blocks: list[int]) -> None:
+        """Give a fresh sequence's table `blocks` (a `cached_window` answer) from index `first`
+        on; the entries before alias the first, as released ones do."""
+        for block in blocks:
+            if self._ref_counts[block] == 0:
+                del self._evictable[block]
+            self._ref_counts[block] += 1
+        view.block_table = [blocks[0]] * first + blocks if blocks else []
+        if first:
+            self._released[view.seq_id] = first
+        view.num_registered_blocks = first + len(blocks)
+
+
 class GroupedBlockManager:
     """The engine's block manager where layers keep KV in several groups (same interface as
     `BlockManager`; its counts are the first, whole-context group's)."""
 
-    def __init__(self, managers: list[BlockManager]) -> None:
+    def __init__(
+        self, counts: list[int], windows: list[int], block_size: int, enable_prefix_caching: bool = False
+    ) -> None:
+        if windows[0] or len(set(windows)) != len(windows):
+            raise InvalidArgumentError(
+                f"KV-cache groups need one whole-context group first and distinct windows, got windows {windows}"
+            )
+        self.primary = BlockManager(counts[0], block_size, enable_prefix_caching)
         #: one per group, the whole-context group first; the others' tables are `GroupTable`s
-        self.managers = managers
-        self.primary = managers[0]
+        self.managers: list[BlockManager] = [self.primary] + [
+            SlidingGroupManager(self.primary, count, block_size, enable_prefix_caching, window)
+            for count, window in zip(counts[1:], windows[1:], strict=True)
+        ]
         self.block_size = self.primary.block_size
         self.enable_prefix_caching = self.primary.enable_prefix_caching
         #: per sliding group: seq_id -> its table there
-        self._tables: list[dict[int, GroupTable]] = [{} for _ in managers[1:]]
+        self._tables: list[dict[int, GroupTable]] = [{} for _ in windows[1:]]
         #: per sliding group: the copy-on-write pairs queued since the last call
-        self.pending_group_copies: list[list[tuple[int, int]]] = [[] for _ in managers[1:]]
+        self.pending_group_copies: list[list[tuple[int, int]]] = [[] for _ in windows[1:]]
 
     @property
     def num_blocks(self) -> int:
@@ -151,20 +217,29 @@ class GroupedBlockManager:
             tables.pop(seq.seq_id, None)
 
     def reuse_cached_prefix(self, seq: Sequence) -> int:
-        """The shortest of the groups' cached prefixes (every group holds it); 0 without caching."""
+        """The whole-context group's cached prefix, cut back to the longest whose window every
+        sliding group also has cached; 0 without caching."""
         if not self.enable_prefix_caching or seq.block_table:
             return 0
-        views = self._each(seq)
-        hits = [manager.reuse_cached_prefix(view) for manager, view in views]
-        shortest = min(hits)
-        keep = shortest // self.block_size
-        for (manager, view), hit in zip(views, hits, strict=True):
-            if hit > shortest:
-                manager.release_blocks(view.block_table[keep:])
-                del view.block_table[keep:]
-                view.num_registered_blocks = keep
-        seq.num_computed_tokens = shortest
-        return shortest
+        count = self.primary.reuse_cached_prefix(seq) // self.block_size
+        sliding: list[SlidingGroupManager] = self.managers[1:]  # type: ignore[assignment]
+        windows: list[tuple[int, int, list[int]]] = []
+        while len(windows) < len(sliding):  # until every group takes the same count
+            windows = []
+            for manager in sliding:
+                found = manager.cached_window(seq.block_table[:count])
+                if found[0] < count:
+                    count = found[0]
+                    break
+                windows.append(found)
+        if count < len(seq.block_table):
+            self.primary.release_blocks(seq.block_table[count:])
+            del seq.block_table[count:]
+            seq.num_registered_blocks = count
+        for group, (manager, (_, first, blocks)) in enumerate(zip(sliding, windows, strict=True), 1):
+            manager.hold_window(self.group_table(group, seq), first, blocks)
+        seq.num_computed_tokens = count * self.block_size
+        return seq.num_computed_tokens
 
     def register_full_blocks(self, seq: Sequence) -> None:
         for manager, view in self._each(seq):
@@ -177,4 +252,9 @@ class GroupedBlockManager:
 
     def empty_copy(self, enable_prefix_caching: bool) -> GroupedBlockManager:
         """A manager of the same pools, all blocks free."""
-        return GroupedBlockManager([manager.empty_copy(enable_prefix_caching) for manager in self.managers])
+        return GroupedBlockManager(
+            [manager.num_blocks for manager in self.managers],
+            [manager.window for manager in self.managers],
+            self.block_size,
+            enable_prefix_caching,
+        )

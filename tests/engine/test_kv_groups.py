@@ -9,7 +9,6 @@ import pytest
 
 from fastdeploy import SamplingParams
 from fastdeploy.config import ModelConfig
-from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.builder import default_chunk
 from fastdeploy.engine.kv_groups import GroupedBlockManager
 from fastdeploy.engine.sequence import Sequence
@@ -24,9 +23,7 @@ def make_seq(seq_id: int, tokens) -> Sequence:
 
 
 def grouped(full: int = 40, sliding: int = 40, caching: bool = False) -> GroupedBlockManager:
-    return GroupedBlockManager(
-        [BlockManager(full, BLOCK, caching), BlockManager(sliding, BLOCK, caching, window=WINDOW)]
-    )
+    return GroupedBlockManager([full, sliding], [0, WINDOW], BLOCK, caching)
 
 
 def step(manager: GroupedBlockManager, seq: Sequence, count: int) -> None:
@@ -108,6 +105,29 @@ def test_a_prefix_hit_is_every_groups_and_the_longer_hits_are_cut_back():
     assert late.num_computed_tokens == hit
     assert len(full_view) == len(part.tables[0].block_table) == hit // BLOCK
     step(manager, late, 30 - hit)
+    manager.free(late)
+    assert_all_free(manager)
+
+
+def test_a_prefix_hit_needs_only_the_blocks_within_the_window_of_its_end():
+    manager = grouped(full=40, sliding=8, caching=True)
+    first = make_seq(0, range(30))
+    step(manager, first, 28)
+    step(manager, first, 1)  # releases sliding blocks 0-3 (behind the window), cached, evictable first
+    step(manager, first, 1)
+    manager.free(first)
+    other = make_seq(1, range(100, 116))  # 4 sliding blocks: the free one, then 0-2 evicted
+    step(manager, other, 16)
+    manager.free(other)
+    late = make_seq(2, range(30))
+    # 7 whole blocks; continuing at position 28 reads 23-27 (window 6): blocks 5 and 6, and block 4 of
+    # margin, still cached: the whole hit, though the chain's first blocks are gone
+    assert manager.reuse_cached_prefix(late) == 28
+    (part,) = manager.batch_groups([late])
+    sliding = part.tables[0].block_table
+    assert len(sliding) == 7 and sliding[:4] == [sliding[4]] * 4  # aliases before the window
+    assert len(set(sliding)) == 3
+    step(manager, late, 2)
     manager.free(late)
     assert_all_free(manager)
 

@@ -95,7 +95,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = option(
         None,
         "token budget of one forward pass; longer prompts are prefilled in chunks "
-        "(default: max(max_model_len, 2048))",
+        "(default: max(max_model_len, 2048); 2048 where a sliding window binds)",
         flag={"type": int},
     )
     block_size: int = option(64, "tokens per KV-cache block (a power of two)", flag={"type": int})
@@ -258,7 +258,8 @@ class EngineArgs:
     dtype: str = option(
         "auto",
         "weights / activations dtype: 'auto' (default: float32 on the cpu backend, bfloat16 on a GPU "
-        "that has it), 'float32', 'bfloat16' or 'float16'",
+        "that has it), 'float32', 'bfloat16' or 'float16'; on the cpu backend 'bfloat16' multiplies "
+        "the linear layers in bfloat16 (faster, not exact) and keeps the rest float32",
     )
     #: the server sets these from its --allowed-local-media-path and --disable-media-url-fetch,
     #: whose defaults are the safe opposite of these (requests come from the network)

@@ -114,7 +114,7 @@ def _matmul_note(isa: str, matmul_dtype: str) -> str:
     if matmul_dtype == "float32":
         return "float32"
     if isa == "avx512" and native.has_bf16():
-        instructions = "AMX-BF16 for many rows, AVX512_BF16" if native.bf16_amx() else "AVX512_BF16"
+        instructions = "AVX512_BF16"
     else:
         instructions = "widened to float32: no faster than float32"
     return f"float32 with bfloat16 matmuls ({instructions}; dtype='bfloat16')"

@@ -214,12 +214,6 @@ def _pack_f32(parts: Sequence[GGMLTensor | np.ndarray], empty: Callable[[int], n
     return panels
 
 
-def bf16_amx(enable: bool | None = None) -> bool:
-    """Whether bfloat16 products of many rows run on AMX here (gemm_bf16.c); `enable` False/True
-    switches it off/back on (process-wide, for tests and measurements)."""
-    return _native is not None and _native.bf16_amx(-1 if enable is None else int(enable))
-
-
 def round_bf16(x: np.ndarray) -> np.ndarray:
     """The bfloat16 bits (uint16) of float32 x, rounded to nearest even as the kernels round."""
     x = np.ascontiguousarray(x, np.float32)

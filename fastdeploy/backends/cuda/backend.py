@@ -105,6 +105,8 @@ class TensorBackend(Backend):
             Capability.VISION_OPS,
             Capability.LORA,
             Capability.QUANTIZED_WEIGHTS,
+            Capability.SLIDING_WINDOW,
+            Capability.ATTENTION_SINKS,
         }
     )
 
@@ -424,10 +426,44 @@ class TensorBackend(Backend):
     def attention(
         self, q: Any, k: Any, v: Any, kv_cache: tuple[Any, Any], batch: CudaBatch, scale: float
     ) -> Any:
+        return self._paged_attention(q, k, v, kv_cache, batch, scale)
+
+    def windowed_attention(
+        self, q: Any, k: Any, v: Any, kv_cache: tuple[Any, Any], batch: CudaBatch, scale: float, window: int
+    ) -> Any:
+        """The same kernels with the window a kernel argument: prefill skips the key tiles
+        before it, decode splits only the window (a captured graph replays it unchanged)."""
+        return self._paged_attention(q, k, v, kv_cache, batch, scale, window=window)
+
+    def attention_with_sinks(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        kv_cache: tuple[Any, Any],
+        batch: CudaBatch,
+        scale: float,
+        sinks: Any,
+        window: int = 0,
+    ) -> Any:
+        """The sinks (a device tensor) join each softmax at its end, in the kernels."""
+        return self._paged_attention(q, k, v, kv_cache, batch, scale, sinks, window)
+
+    def _paged_attention(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        kv_cache: tuple[Any, Any],
+        batch: CudaBatch,
+        scale: float,
+        sinks: Any = None,
+        window: int = 0,
+    ) -> Any:
         key_cache, value_cache = kv_cache
         if self.launch is None:
             reference.store_kv(self.rt, k, v, key_cache, value_cache, batch.slot_mapping)
-            return reference.paged_attention(self.rt, q, kv_cache, batch.reference, scale)
+            return reference.paged_attention(self.rt, q, kv_cache, batch.reference, scale, sinks, window)
         q, k = q.contiguous(), k.contiguous()
         v, value_stride = self.rt.token_rows(v)  # read in place from the qkv projection
         launch = self.launch
@@ -450,6 +486,8 @@ class TensorBackend(Backend):
                 scale,
                 batch.block_size,
                 launch.shared_memory,
+                sinks,
+                window,
             )
         if batch.num_decodes:
             scratch = self._decode_scratch(batch, q.shape[1], q.shape[2])
@@ -468,6 +506,8 @@ class TensorBackend(Backend):
                 scale,
                 batch.block_size,
                 batch.num_splits,
+                sinks,
+                window,
             )
         return out
 

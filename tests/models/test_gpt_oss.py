@@ -19,6 +19,7 @@ import tiny_checkpoints as tiny
 from safetensors.numpy import save_file
 
 from fastdeploy import LLM, SamplingParams
+from fastdeploy.backends.cuda.backend import CudaBackend
 
 # the Triton kernels run interpreted on the host (read when a kernel module is first imported)
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -174,12 +175,24 @@ def test_past_the_sliding_window_the_sliding_layer_attends_over_its_window(narro
     assert engine_tokens(directory) == expected
 
 
-@pytest.mark.parametrize(("device", "kernels"), [("torch-cpu", "triton"), ("paddle-cpu", "reference")])
+@pytest.mark.parametrize(
+    ("device", "kernels"),
+    [
+        ("torch-cpu", "triton"),
+        ("paddle-cpu", "reference"),
+        pytest.param("cuda", "triton", marks=pytest.mark.gpu),
+    ],
+)
 def test_the_cuda_backends_code_runs_the_sinks_and_the_window(narrow_window, device, kernels, monkeypatch):
-    """The cuda backend's own code on the host: its Triton kernels (interpreted: sinks and the
-    window inside the prefill and split-KV decode kernels) and its reference kernels give
-    transformers' tokens past the window."""
-    pytest.importorskip(device.split("-")[0], reason=f"the {device} backend needs {device.split('-')[0]}")
+    """The cuda backend's kernels give transformers' tokens past the window: on the host its
+    Triton kernels (interpreted: sinks and the window inside the prefill and split-KV decode
+    kernels) and its reference kernels; compiled on a GPU where there is one."""
+    if device == "cuda":
+        reason = CudaBackend.unavailable_reason()
+        if reason is not None:
+            pytest.skip(f"no usable NVIDIA GPU: {reason}")
+    else:
+        pytest.importorskip(device.split("-")[0], reason=f"the {device} backend needs {device.split('-')[0]}")
     if kernels == "triton":
         pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
     monkeypatch.setenv("FD_CUDA_KERNELS", kernels)

@@ -195,7 +195,7 @@ def test_phi3_longrope_factors_of_the_wrong_length_are_refused(tmp_path):
 
 
 def _without_sliding_window(monkeypatch) -> Any:
-    """A cpu backend that does not declare Capability.SLIDING_WINDOW (as the cuda backend)."""
+    """A cpu backend that does not declare Capability.SLIDING_WINDOW (as a third-party backend may not)."""
     backend = create_backend("cpu", BackendOptions(threads=1), get_registry())
     reduced = type(backend).capabilities - {Capability.SLIDING_WINDOW}
     monkeypatch.setattr(type(backend), "capabilities", reduced)

@@ -234,6 +234,26 @@ def test_gemma3_beyond_its_sliding_window_needs_the_capability(hf_dirs, monkeypa
         build_model(inspect_checkpoint(hf_dirs["gemma3"], registry), backend, 128, registry)
 
 
+def test_gemma3_past_its_window_on_the_cuda_backends_code(references):
+    """Gemma 3's five sliding layers (window 64) and its global one on the cuda backend's code
+    (`torch-cpu`, reference kernels; the Triton kernels' windows are checked in tests/backends): a
+    70-token prompt and its generation cross the window, and the tokens are transformers'."""
+    pytest.importorskip("torch", reason="the torch-cpu backend needs torch (the test extra installs it)")
+    prompt_set = references["gemma3"]["prompt_sets"]["long"]
+    (case,) = prompt_set["cases"]
+    llm = LLM(
+        model=str(families.gguf_path("gemma3")),
+        device="torch-cpu",
+        dtype="float32",
+        max_model_len=prompt_set["max_model_len"],
+    )
+    assert [layer.attention.window for layer in llm.llm_engine.runner.model.layers] == [64] * 5 + [0]
+    params = SamplingParams(temperature=0, max_tokens=len(case["output_token_ids"]), ignore_eos=True)
+    (output,) = llm.generate([{"prompt_token_ids": case["prompt_token_ids"]}], params, use_tqdm=False)
+    assert len(case["prompt_token_ids"]) + len(case["output_token_ids"]) > 64
+    assert output.outputs.token_ids == case["output_token_ids"]
+
+
 def test_only_the_sliding_layers_carry_the_window(hf_dirs):
     """Gemma 3's pattern 6: five sliding layers, then a global one; within the window none slide."""
     registry = get_registry()

@@ -148,6 +148,10 @@ class LlamaForCausalLM(CausalLM):
         """Layer `layer`'s `AttentionBlock.window` (0: full attention); every layer slides here."""
         return self.window
 
+    def attention_softcap(self) -> float:
+        """Every layer's `AttentionBlock.softcap` (0: scores are not soft-capped; Gemma 2 caps them)."""
+        return 0.0
+
     def kv_window(self) -> int:
         windows = {self.attention_window(i) for i in range(self.config.num_hidden_layers)}
         return self.window if windows == {self.window} else 0
@@ -338,6 +342,7 @@ class LlamaForCausalLM(CausalLM):
             eps=self.config.rms_norm_eps,
             scale=self.scale,
             window=self.attention_window(i),
+            softcap=self.attention_softcap(),
         )
         if self.biases.qkv:
             attention.qkv_bias = backend.linear_bias(*self._qkv_rows(attn, "bias", host))

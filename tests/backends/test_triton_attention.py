@@ -27,7 +27,7 @@ def tensor(array):
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
-def _step(heads, kv_heads, head_dim, block=8, seed=0, sinks=None, window=0):
+def _step(heads, kv_heads, head_dim, block=8, seed=0, sinks=None, window=0, softcap=0.0):
     """One mixed step and its float64 attention. With a window, the cache slots of positions
     no query of the step sees are NaN: a kernel that read them would give NaN."""
     rng = np.random.default_rng(seed)
@@ -66,7 +66,7 @@ def _step(heads, kv_heads, head_dim, block=8, seed=0, sinks=None, window=0):
     expected, start = [], 0
     for (_, new), (keys, values) in zip(SEQUENCES, history, strict=True):
         expected.append(
-            ref.causal_attention(q[start : start + new], keys, values, head_dim**-0.5, sinks, window)
+            ref.causal_attention(q[start : start + new], keys, values, head_dim**-0.5, sinks, window, softcap)
         )
         start += new
     return layout, q, key_cache, value_cache, np.concatenate(expected)
@@ -92,11 +92,13 @@ def test_prefill_and_decode_kernels_match_float64_attention(
     _check_step(heads, kv_heads, head_dim, num_splits)
 
 
-def _check_step(heads, kv_heads, head_dim, num_splits, sinks=None, window=0):
-    layout, q, key_cache, value_cache, expected = _step(heads, kv_heads, head_dim, sinks=sinks, window=window)
+def _check_step(heads, kv_heads, head_dim, num_splits, sinks=None, window=0, softcap=0.0):
+    layout, q, key_cache, value_cache, expected = _step(
+        heads, kv_heads, head_dim, sinks=sinks, window=window, softcap=softcap
+    )
     meta = build_host_metadata(layout, attention.prefill_block_m(is_float32=True))
     assert meta.tile_seq.tolist() == [2, 2, 3, 3] and meta.decode_seq.tolist() == [0, 1, 4]
-    extra = {"sinks": tensor(sinks) if sinks is not None else None, "window": window}
+    extra = {"sinks": tensor(sinks) if sinks is not None else None, "window": window, "softcap": softcap}
     out = np.full_like(q, np.nan)
     common = (tensor(q), tensor(key_cache), tensor(value_cache), tensor(out), tensor(meta.block_tables))
     attention.prefill_attention(
@@ -135,26 +137,31 @@ SINKS = np.array([9.0, -3.0, 0.5, 2.0, -0.5, 4.0, 1.0, -8.0, 3.0], np.float32)
 
 
 @pytest.mark.parametrize(
-    ("window", "sinks", "num_splits", "hopper_tiles"),
+    ("window", "sinks", "num_splits", "hopper_tiles", "softcap"),
     [
-        (1, False, 1, False),  # each query sees itself only
-        (5, False, 4, False),  # inside one 8-slot block
-        (20, False, 1, False),  # across blocks, narrower than a query tile: late rows skip whole tiles
-        (20, True, 4, False),
-        (70, True, 1, True),  # wider than a query tile: tiles every row sees run unmasked
-        (100, False, 4, False),
-        (1000, False, 1, False),  # wider than every context: plain causal attention
-        (0, True, 1, False),  # sinks alone
-        (0, True, 4, True),
+        (1, False, 1, False, 0.0),  # each query sees itself only
+        (5, False, 4, False, 0.0),  # inside one 8-slot block
+        (20, False, 1, False, 0.0),  # across blocks, narrower than a query tile: late rows skip whole tiles
+        (20, True, 4, False, 0.0),
+        (70, True, 1, True, 0.0),  # wider than a query tile: tiles every row sees run unmasked
+        (100, False, 4, False, 0.0),
+        (1000, False, 1, False, 0.0),  # wider than every context: plain causal attention
+        (0, True, 1, False, 0.0),  # sinks alone
+        (0, True, 4, True, 0.0),
+        (0, False, 1, False, 1.5),  # soft-capped scores (Gemma 2): the cap binds (scores reach ~+-4)
+        (20, False, 4, False, 1.5),  # Gemma 2's sliding layers cap and slide
+        (0, False, 4, True, 1.5),
     ],
 )
-def test_windows_and_sinks_match_float64_attention(window, sinks, num_splits, hopper_tiles, monkeypatch):
+def test_windows_sinks_and_softcap_match_float64_attention(
+    window, sinks, num_splits, hopper_tiles, softcap, monkeypatch
+):
     """GQA (9 query heads over 3 KV heads); the NaN outside every window proves the skipped
     positions are never read."""
     if hopper_tiles:
         options = attention.prefill_launch_options(False, 64, LARGE_SHARED_MEMORY)
         monkeypatch.setattr(attention, "prefill_launch_options", lambda *_: options)
-    _check_step(9, 3, 64, num_splits, SINKS if sinks else None, window)
+    _check_step(9, 3, 64, num_splits, SINKS if sinks else None, window, softcap)
 
 
 def test_decode_split_count_fills_the_gpu_and_stays_a_power_of_two():

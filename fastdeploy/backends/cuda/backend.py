@@ -109,6 +109,7 @@ class TensorBackend(Backend):
             Capability.QUANTIZED_WEIGHTS,
             Capability.SLIDING_WINDOW,
             Capability.ATTENTION_SINKS,
+            Capability.ATTENTION_SOFTCAP,
         }
     )
 
@@ -451,6 +452,27 @@ class TensorBackend(Backend):
         """The sinks (a device tensor) join each softmax at its end, in the kernels."""
         return self._paged_attention(q, k, v, kv_cache, batch, scale, sinks, window)
 
+    def softcapped_attention(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        kv_cache: tuple[Any, Any],
+        batch: CudaBatch,
+        scale: float,
+        softcap: float,
+        window: int = 0,
+    ) -> Any:
+        """The kernels cap each score as it leaves the q.k product (the cap a kernel argument)."""
+        return self._paged_attention(q, k, v, kv_cache, batch, scale, window=window, softcap=softcap)
+
+    def softcap(self, x: Any, cap: float) -> Any:
+        """On the device, in float32 (graph-safe: Gemma 2's logits are capped inside a captured
+        decode step): cap * tanh(x / cap) = cap * (2 sigmoid(2x / cap) - 1)."""
+        wide = self.rt.cast(x, "float32")
+        capped = (self.rt.sigmoid(wide * (2.0 / cap)) * 2.0 - 1.0) * cap
+        return self.rt.cast(capped, self.rt.dtype_name(x))
+
     def _paged_attention(
         self,
         q: Any,
@@ -461,11 +483,14 @@ class TensorBackend(Backend):
         scale: float,
         sinks: Any = None,
         window: int = 0,
+        softcap: float = 0.0,
     ) -> Any:
         key_cache, value_cache = kv_cache
         if self.launch is None:
             reference.store_kv(self.rt, k, v, key_cache, value_cache, batch.slot_mapping)
-            return reference.paged_attention(self.rt, q, kv_cache, batch.reference, scale, sinks, window)
+            return reference.paged_attention(
+                self.rt, q, kv_cache, batch.reference, scale, sinks, window, softcap
+            )
         q, k = q.contiguous(), k.contiguous()
         v, value_stride = self.rt.token_rows(v)  # read in place from the qkv projection
         launch = self.launch
@@ -490,6 +515,7 @@ class TensorBackend(Backend):
                 launch.shared_memory,
                 sinks,
                 window,
+                softcap,
             )
         if batch.num_decodes:
             scratch = self._decode_scratch(batch, q.shape[1], q.shape[2])
@@ -510,6 +536,7 @@ class TensorBackend(Backend):
                 batch.num_splits,
                 sinks,
                 window,
+                softcap,
             )
         return out
 

@@ -7,7 +7,8 @@ place, or where Triton is unavailable.
 Attention follows the cpu backend: decode sequences batched over a padded gather of their
 cache slots, prefill chunks one sequence at a time in query tiles. A sliding window is one more
 additive mask (built on the host for each window a step's layers use, then kept); attention
-sinks are one more column of each softmax, dropped after it.
+sinks are one more column of each softmax, dropped after it; soft-capped scores are
+cap * (2 sigmoid(2 s / cap) - 1), which is cap * tanh(s / cap).
 """
 
 from __future__ import annotations
@@ -97,6 +98,13 @@ def _masks(rt: Any, meta: ReferenceAttentionMetadata, window: int) -> tuple[Any,
     return meta.windowed[window]
 
 
+def _capped(rt: Any, scores: Any, softcap: float) -> Any:
+    """softcap * tanh(scores / softcap) where `softcap` > 0 (the runtimes share sigmoid, not tanh)."""
+    if softcap <= 0:
+        return scores
+    return (rt.sigmoid(scores * (2.0 / softcap)) * 2.0 - 1.0) * softcap
+
+
 def _softmax(rt: Any, scores: Any, sinks: Any | None) -> Any:
     """Softmax over the last axis of scores [a, b, c, keys]; `sinks` [a or 1, b, c, 1]
     (broadcast) join it as one more column that weighs no value."""
@@ -121,10 +129,12 @@ def paged_attention(
     scale: float,
     sinks: Any | None = None,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> Any:
     """Causal attention of q [tokens, heads, head_dim] over caches [slots, kv_heads, head_dim]
     (over each query's last `window` positions where `window` > 0; `sinks` [heads] as
-    `Backend.attention_with_sinks`)."""
+    `Backend.attention_with_sinks`; scores soft-capped as `Backend.softcapped_attention` where
+    `softcap` > 0)."""
     key_cache, value_cache = kv_cache
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = key_cache.shape[1]
@@ -140,7 +150,9 @@ def paged_attention(
         values = rt.index_select(value_cache, meta.decode_slots).reshape(
             [count, width, num_kv_heads, head_dim]
         )
-        scores = rt.matmul(queries * scale, rt.permute(keys, [0, 2, 3, 1])) + decode_mask
+        scores = (
+            _capped(rt, rt.matmul(queries * scale, rt.permute(keys, [0, 2, 3, 1])), softcap) + decode_mask
+        )
         head_sinks = None if sinks is None else sinks.reshape([1, num_kv_heads, group, 1])
         result = rt.matmul(_softmax(rt, scores, head_sinks), rt.permute(values, [0, 2, 1, 3]))
         rt.index_copy_(out, meta.decode_rows, result.reshape([count, num_heads, head_dim]))
@@ -151,7 +163,7 @@ def paged_attention(
         queries = (q[tile.start : tile.end] * scale).reshape([length, num_kv_heads, group, head_dim])
         scores = rt.matmul(rt.permute(queries, [1, 2, 0, 3]), keys.reshape([num_kv_heads, 1, head_dim, -1]))
         head_sinks = None if sinks is None else sinks.reshape([num_kv_heads, group, 1, 1])
-        weights = _softmax(rt, scores + mask, head_sinks)
+        weights = _softmax(rt, _capped(rt, scores, softcap) + mask, head_sinks)
         result = rt.matmul(weights, values.reshape([num_kv_heads, 1, -1, head_dim]))  # [kvh, g, L, hd]
         out[tile.start : tile.end] = rt.permute(result, [2, 0, 1, 3]).reshape([length, num_heads, head_dim])
     return out

@@ -30,8 +30,10 @@ entries alias others are never loaded); a tile every query of the program sees w
 runs unmasked. Decode spreads its splits over the window instead of the context. Sinks (a
 learned logit per query head) join the softmax only at the end: the final maximum and
 denominator take `exp(sink - max)`, and the split-KV reduce adds it once, after merging the
-splits. Both are kernel arguments (the window a scalar, the sinks a device tensor), so a
-captured CUDA graph replays them with no host data per step.
+splits. Soft-capping (`softcapped_attention`, Gemma 2) caps each score at
+cap * tanh(score / cap) as it leaves `tl.dot`, before the mask. All are kernel arguments (the
+window and the cap scalars, the sinks a device tensor), so a captured CUDA graph replays them
+with no host data per step.
 """
 
 from __future__ import annotations
@@ -86,6 +88,16 @@ def decode_launch_options(is_float32: bool) -> dict[str, int]:
     return {"num_warps": 4, "num_stages": 2 if is_float32 else 3}
 
 
+def _score_scale(scale: float, softcap: float) -> float:
+    """The kernels' `scale_log2`: q.k to base-2 units, or 1 where soft-capping does that."""
+    return 1.0 if softcap > 0 else scale * LOG2E
+
+
+def _softcap_scales(scale: float, softcap: float) -> tuple[float, float]:
+    """The kernels' `softcap_scale`, `softcap_log2` (unused, 1.0, without soft-capping)."""
+    return (scale / softcap, softcap * LOG2E) if softcap > 0 else (1.0, 1.0)
+
+
 def _dot_precision(dtype_is_fp32: bool) -> str:
     """float32 models compute float32 dot products (tf32 would change greedy tokens)."""
     return "ieee" if dtype_is_fp32 else "tf32"
@@ -97,6 +109,14 @@ def _kv_tile_offsets(block_tables_ptr, table_row, n, n_mask, block_size, kv_head
     page = tl.load(block_tables_ptr + table_row + n // block_size, mask=n_mask, other=0).to(tl.int64)
     slots = page * block_size + n % block_size
     return (slots * num_kv_heads + kv_head) * head_dim
+
+
+@triton.jit
+def _capped(s, softcap_scale, softcap_log2):
+    """Scores s = q.k soft-capped, in the kernels' base-2 units: cap * tanh(scale * s / cap) *
+    log2(e), with `softcap_scale` = scale / cap and `softcap_log2` = cap * log2(e); tanh from
+    exp2, saturating to +-1 where exp2 overflows or vanishes."""
+    return (1.0 - 2.0 / (tl.exp2(s * (softcap_scale * 2.0 * _LOG2E_IN_KERNEL)) + 1.0)) * softcap_log2
 
 
 @triton.jit
@@ -121,9 +141,12 @@ def _attend_tile(
     head_dim,
     scale_log2,
     window,
+    softcap_scale,
+    softcap_log2,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """One key/value tile `start` .. + BLOCK_N into a prefill program's online softmax (rows at
@@ -140,6 +163,8 @@ def _attend_tile(
             key_cache_ptr + kv[None, :] + d[:, None], mask=d_mask[:, None] & n_mask[None, :], other=0.0
         )
         s = tl.dot(q, k, input_precision=PRECISION)
+        if SOFTCAP:  # then scale_log2 is 1: the scores are in base-2 units already
+            s = _capped(s, softcap_scale, softcap_log2)
         visible = (n[None, :] <= positions[:, None]) & n_mask[None, :]
         if WINDOWED:
             visible = visible & (n[None, :] > positions[:, None] - window)
@@ -157,6 +182,8 @@ def _attend_tile(
         )
         k = tl.load(key_cache_ptr + kv[None, :] + d[:, None], mask=d_mask[:, None], other=0.0)
         s = tl.dot(q, k, input_precision=PRECISION)
+        if SOFTCAP:
+            s = _capped(s, softcap_scale, softcap_log2)
         m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale_log2)
         p = tl.exp2(s * scale_log2 - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
@@ -196,6 +223,8 @@ def _prefill_kernel(
     sinks_ptr,
     scale_log2,
     window,
+    softcap_scale,
+    softcap_log2,
     num_heads,
     num_kv_heads,
     head_dim,
@@ -208,6 +237,7 @@ def _prefill_kernel(
     PRECISION: tl.constexpr,
     WINDOWED: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     head = tl.program_id(0)
     tile = tl.program_id(1)
@@ -248,19 +278,19 @@ def _prefill_kernel(
         m_i, l_i, acc = _attend_tile(
             q, m_i, l_i, acc, start, positions, lo, context, key_cache_ptr, value_cache_ptr,
             block_tables_ptr, table_row, block_size, kv_head, num_kv_heads, d, d_mask, head_dim,
-            scale_log2, window, BLOCK_N, True, WINDOWED, PRECISION,
+            scale_log2, window, softcap_scale, softcap_log2, BLOCK_N, True, WINDOWED, SOFTCAP, PRECISION,
         )  # fmt: skip
     for start in range(unmasked_start, unmasked_end, BLOCK_N):
         m_i, l_i, acc = _attend_tile(
             q, m_i, l_i, acc, start, positions, lo, context, key_cache_ptr, value_cache_ptr,
             block_tables_ptr, table_row, block_size, kv_head, num_kv_heads, d, d_mask, head_dim,
-            scale_log2, window, BLOCK_N, False, WINDOWED, PRECISION,
+            scale_log2, window, softcap_scale, softcap_log2, BLOCK_N, False, WINDOWED, SOFTCAP, PRECISION,
         )  # fmt: skip
     for start in range(unmasked_end, last_key, BLOCK_N):
         m_i, l_i, acc = _attend_tile(
             q, m_i, l_i, acc, start, positions, lo, context, key_cache_ptr, value_cache_ptr,
             block_tables_ptr, table_row, block_size, kv_head, num_kv_heads, d, d_mask, head_dim,
-            scale_log2, window, BLOCK_N, True, WINDOWED, PRECISION,
+            scale_log2, window, softcap_scale, softcap_log2, BLOCK_N, True, WINDOWED, SOFTCAP, PRECISION,
         )  # fmt: skip
     out = _normalise(m_i, l_i, acc, sinks_ptr, head + m * 0, row_mask, HAS_SINKS)
     tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
@@ -282,6 +312,7 @@ def prefill_attention(
     shared_memory: int | None = None,
     sinks: Any = None,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
     """Causal attention of the prefill tokens of q [tokens, heads, head_dim] into out.
 
@@ -291,7 +322,7 @@ def prefill_attention(
     pairs of `prefill_block_m` queries; rows of other sequences are not touched. `shared_memory`
     (bytes one program may use on this GPU) picks the tile sizes. `sinks` [heads] (any float
     dtype) join each row's softmax denominator; `window` > 0 limits each query to its last
-    `window` positions.
+    `window` positions; `softcap` > 0 caps each scaled score at softcap * tanh(score / softcap).
     """
     fp32 = _is_float32(q)
     heads, head_dim = q.shape[1], q.shape[2]
@@ -311,8 +342,9 @@ def prefill_attention(
         tile_seq,
         tile_offset,
         sinks if sinks is not None else q,
-        scale * LOG2E,
+        _score_scale(scale, softcap),
         window,
+        *_softcap_scales(scale, softcap),
         heads,
         kv_heads,
         head_dim,
@@ -324,6 +356,7 @@ def prefill_attention(
         PRECISION=_dot_precision(fp32),
         WINDOWED=window > 0,
         HAS_SINKS=sinks is not None,
+        SOFTCAP=softcap > 0,
         **prefill_launch_options(fp32, head_dim, shared_memory),
     )
 
@@ -343,6 +376,8 @@ def _decode_kernel(
     sinks_ptr,
     scale_log2,
     window,
+    softcap_scale,
+    softcap_log2,
     num_heads,
     num_kv_heads,
     head_dim,
@@ -356,6 +391,7 @@ def _decode_kernel(
     PRECISION: tl.constexpr,
     WINDOWED: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     index = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -393,8 +429,10 @@ def _decode_kernel(
         k = tl.load(
             key_cache_ptr + kv[None, :] + d[:, None], mask=d_mask[:, None] & n_mask[None, :], other=0.0
         )
-        s = tl.dot(q, k, input_precision=PRECISION) * scale_log2
-        s = tl.where(n_mask[None, :], s, float("-inf"))
+        s = tl.dot(q, k, input_precision=PRECISION)
+        if SOFTCAP:  # scale_log2 is 1 then
+            s = _capped(s, softcap_scale, softcap_log2)
+        s = tl.where(n_mask[None, :], s * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
@@ -485,6 +523,7 @@ def decode_attention(
     num_splits: int,
     sinks: Any = None,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
     """Attention of single decode tokens over their whole context (or its last `window`
     positions), split-KV.
@@ -493,7 +532,7 @@ def decode_attention(
     its sequence (row of block_tables / seq_context_len). With num_splits > 1 the scratch
     partial_out [decodes, heads, num_splits, head_dim] float32 and partial_lse
     [decodes, heads, num_splits] float32 hold the split results before the reduce kernel.
-    `sinks` [heads] as in `prefill_attention`.
+    `sinks` [heads] and `softcap` as in `prefill_attention`.
     """
     decodes = decode_token.shape[0]
     if decodes == 0:
@@ -514,8 +553,9 @@ def decode_attention(
         decode_seq,
         seq_context_len,
         sinks if sinks is not None else q,
-        scale * LOG2E,
+        _score_scale(scale, softcap),
         window,
+        *_softcap_scales(scale, softcap),
         heads,
         kv_heads,
         head_dim,
@@ -529,6 +569,7 @@ def decode_attention(
         PRECISION=_dot_precision(_is_float32(q)),
         WINDOWED=window > 0,
         HAS_SINKS=sinks is not None,
+        SOFTCAP=softcap > 0,
         **decode_launch_options(_is_float32(q)),
     )
     if num_splits > 1:

@@ -1,8 +1,8 @@
 """Sliding windows and attention sinks on a GPU (issues 28 and 29 on the cuda backend).
 
 - the compiled prefill and split-KV decode kernels against float64 attention on the GPU, in
-  bfloat16 and float32, with grouped heads, windows that start inside blocks and tiles, and
-  sinks (some large: a head attending to almost nothing);
+  bfloat16 and float32, with grouped heads, windows that start inside blocks and tiles, sinks
+  (some large: a head attending to almost nothing) and soft-capped scores (Gemma 2);
 - the window's cost: over a 32k context a windowed prefill chunk and windowed decodes read only
   their window (tiles before it are skipped, not masked), so they take a fraction of the full
   context's time;
@@ -78,14 +78,17 @@ def _step(torch, sequences, heads, kv_heads, head_dim, block, dtype, seed=0):
     return layout, q, key_cache, value_cache, history
 
 
-def _expected(torch, q, history, sequences, scale, sinks, window):
-    """float64 attention of each sequence's queries over its keys (the last `window` of them)."""
+def _expected(torch, q, history, sequences, scale, sinks, window, softcap=0.0):
+    """float64 attention of each sequence's queries over its keys (the last `window` of them;
+    scores capped at softcap * tanh(score / softcap) where `softcap` > 0)."""
     out, start = [], 0
     for (cached, new), (keys, values) in zip(sequences, history, strict=True):
         group = q.shape[1] // keys.shape[1]
         k = keys.double().repeat_interleave(group, 1).transpose(0, 1)  # [heads, ctx, d]
         v = values.double().repeat_interleave(group, 1).transpose(0, 1)
         scores = torch.einsum("qhd,hkd->hqk", q[start : start + new].double(), k) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         query_pos = torch.arange(cached, cached + new, device="cuda")[:, None]
         key_pos = torch.arange(cached + new, device="cuda")[None, :]
         hidden = key_pos > query_pos
@@ -102,7 +105,7 @@ def _expected(torch, q, history, sequences, scale, sinks, window):
     return torch.cat(out)
 
 
-def _launch(torch, attention, layout, q, key_cache, value_cache, sinks, window, num_splits=None):
+def _launch(torch, attention, layout, q, key_cache, value_cache, sinks, window, softcap=0.0):
     from fastdeploy.backends.cuda.attention_metadata import build_host_metadata
     from fastdeploy.backends.cuda.launch import device_shared_memory
 
@@ -117,7 +120,7 @@ def _launch(torch, attention, layout, q, key_cache, value_cache, sinks, window, 
     )
     heads, head_dim, kv_heads = q.shape[1], q.shape[2], key_cache.shape[1]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    splits = num_splits or attention.decode_splits(tokens.shape[0], kv_heads, meta.max_context, sms)
+    splits = attention.decode_splits(tokens.shape[0], kv_heads, meta.max_context, sms)
     partial_out = torch.empty(tokens.shape[0], heads, splits, head_dim, device="cuda")
     partial_lse = torch.empty(tokens.shape[0], heads, splits, device="cuda")
     out = torch.empty_like(q)
@@ -128,21 +131,31 @@ def _launch(torch, attention, layout, q, key_cache, value_cache, sinks, window, 
     def prefill():
         attention.prefill_attention(
             q, key_cache, value_cache, out, tables, starts, lens, contexts, tile_seq, tile_offset,
-            scale, block, shared_memory, sinks, window,
+            scale, block, shared_memory, sinks, window, softcap,
         )  # fmt: skip
 
     def decode():
         attention.decode_attention(
             q, key_cache, value_cache, out, tables, tokens, seqs, contexts, partial_out, partial_lse,
-            scale, block, splits, sinks, window,
+            scale, block, splits, sinks, window, softcap,
         )  # fmt: skip
 
     return out, prefill, decode
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize(("window", "with_sinks"), [(0, True), (128, False), (1000, True), (4096, True)])
-def test_compiled_kernels_match_float64_attention(dtype, window, with_sinks):
+@pytest.mark.parametrize(
+    ("window", "with_sinks", "softcap"),
+    [
+        (0, True, 0.0),
+        (128, False, 0.0),
+        (1000, True, 0.0),
+        (4096, True, 0.0),
+        (0, False, 1.5),
+        (1000, False, 1.5),
+    ],
+)
+def test_compiled_kernels_match_float64_attention(dtype, window, with_sinks, softcap):
     torch, attention = _kernels_or_skip()
     torch_dtype = getattr(torch, dtype)
     heads, kv_heads, head_dim, block = 32, 8, 64, 16
@@ -152,10 +165,12 @@ def test_compiled_kernels_match_float64_attention(dtype, window, with_sinks):
     sinks = None
     if with_sinks:
         sinks = torch.linspace(-4.0, 9.0, heads, device="cuda")[torch.randperm(heads, device="cuda")]
-    out, prefill, decode = _launch(torch, attention, layout, q, key_cache, value_cache, sinks, window)
+    out, prefill, decode = _launch(
+        torch, attention, layout, q, key_cache, value_cache, sinks, window, softcap
+    )
     prefill()
     decode()
-    expected = _expected(torch, q, history, SEQUENCES, head_dim**-0.5, sinks, window)
+    expected = _expected(torch, q, history, SEQUENCES, head_dim**-0.5, sinks, window, softcap)
     tolerance = 1e-4 if dtype == "float32" else 2e-2
     torch.testing.assert_close(out.double(), expected, rtol=tolerance, atol=tolerance)
 

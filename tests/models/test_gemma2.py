@@ -18,6 +18,7 @@ import tiny_families as families
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.backends.base import BackendOptions
 from fastdeploy.backends.capabilities import Capability
+from fastdeploy.backends.cuda.backend import CudaBackend
 from fastdeploy.backends.selection import create_backend
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.formats.gguf_file import read_gguf
@@ -128,12 +129,19 @@ def test_a_backend_without_soft_capping_refuses_it_by_name(hf_dir, monkeypatch):
         build_model(checkpoint, backend, 16, registry)
 
 
-@pytest.mark.parametrize("kernels", ["reference", "triton"])
+@pytest.mark.parametrize("kernels", ["reference", "triton", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_the_cuda_backends_code_generates_transformers_tokens(reference, kernels, monkeypatch):
     """The cuda backend's code on the host (`torch-cpu`): soft-capped attention in its reference
     kernels and in its Triton kernels (interpreted), sliding past the window, and the logits
-    capped on the device; every case's tokens are transformers'."""
-    pytest.importorskip("torch", reason="the torch-cpu backend needs torch")
+    capped on the device; every case's tokens are transformers'. "cuda": compiled on a GPU, with
+    its CUDA graphs, where there is one."""
+    device = "torch-cpu"
+    if kernels == "cuda":
+        reason = CudaBackend.unavailable_reason()
+        if reason is not None:
+            pytest.skip(f"no usable NVIDIA GPU: {reason}")
+        device, kernels = "cuda", "triton"
+    pytest.importorskip("torch", reason="the cuda backend's code needs torch here")
     if kernels == "triton":
         pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
     monkeypatch.setenv("FD_CUDA_KERNELS", kernels)
@@ -141,7 +149,7 @@ def test_the_cuda_backends_code_generates_transformers_tokens(reference, kernels
     for prompt_set in reference["prompt_sets"].values():
         llm = LLM(
             model=str(families.gguf_path("gemma2")),
-            device="torch-cpu",
+            device=device,
             dtype="float32",
             max_model_len=prompt_set["max_model_len"],
         )

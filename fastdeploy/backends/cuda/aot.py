@@ -7,8 +7,8 @@ check what the kernels compute; this checks that the GPU compiler accepts them.
 
 Run `python -m fastdeploy.backends.cuda.aot [ARCH ...] [--dtypes float32,bfloat16]` (TRITON_INTERPRET
 must be unset). It compiles float32, bfloat16 and float16 variants (or those `--dtypes` names) of every kernel at the shapes the models here
-use (head_dim 128 and 64, GPT-OSS's windowed attention with sinks, ERNIE-4.5-21B-A3B's MoE, a
-152064-token vocabulary), in parallel,
+use (head_dim 128 and 64, GPT-OSS's windowed attention with sinks, soft-capped windowed
+attention, ERNIE-4.5-21B-A3B's MoE, a 152064-token vocabulary), in parallel,
 with the num_warps / num_stages the launchers use, and fails where a kernel needs more shared
 memory than the architecture gives one program (which on a GPU is a launch-time OutOfResources).
 """
@@ -99,12 +99,18 @@ def _specialisations(dtype: str, shared_memory: int) -> list[Launch]:
         ),
     ]
     # prefill: head_dim 128 (Llama-1B) and 64 (SmolLM2), GQA 4 and 3; GPT-OSS's sliding layers
-    # (head_dim 64, GQA 8, a window and sinks)
-    attention_common |= {"sinks_ptr": t, "window": "i32"}
-    attention_flags = dict.fromkeys(("WINDOWED", "HAS_SINKS"), "constexpr")
-    for head_dim, group, windowed in ((128, 4, False), (64, 3, False), (64, 8, True)):
+    # (head_dim 64, GQA 8, a window and sinks) and soft-capped sliding layers (head_dim 128, GQA 2)
+    attention_common |= {"sinks_ptr": t, "window": "i32", "softcap_scale": "fp32", "softcap_log2": "fp32"}
+    attention_flags = dict.fromkeys(("WINDOWED", "HAS_SINKS", "SOFTCAP"), "constexpr")
+    # (head_dim, GQA group, decode split counts, WINDOWED / HAS_SINKS / SOFTCAP)
+    for head_dim, group, split_counts, (windowed, sinks, softcap) in (
+        (128, 4, (1, 8), (False, False, False)),
+        (64, 3, (1,), (False, False, False)),
+        (64, 8, (1, 8), (True, True, False)),
+        (128, 2, (1,), (True, False, True)),
+    ):
         prefill = prefill_launch_options(fp32, head_dim, shared_memory)
-        flags = {"WINDOWED": windowed, "HAS_SINKS": windowed}
+        flags = {"WINDOWED": windowed, "HAS_SINKS": sinks, "SOFTCAP": softcap}
         specs.append(
             (
                 "triton_attention",
@@ -121,7 +127,7 @@ def _specialisations(dtype: str, shared_memory: int) -> list[Launch]:
                 {k: v for k, v in prefill.items() if k.startswith("num_")},
             )
         )
-        for splits in (1, 8) if head_dim == 128 or windowed else (1,):
+        for splits in split_counts:
             specs.append(
                 (
                     "triton_attention",

@@ -40,6 +40,7 @@ from fastdeploy.plugins.api import (
     ModelConfig,
     ModelParallel,
     UnsupportedModelError,
+    layer_batch,
 )
 
 #: config.json's `layer_types` name of a global (full-attention) layer
@@ -183,8 +184,9 @@ class GemmaDecoder(LlamaForCausalLM):
         hidden = self.parallel.vocab_embedding(ops, input_ids, self.embed_tokens) * scale
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            window_batch = layer_batch(batch, layer.attention.window)  # its KV group's tables
             hidden, residual = self.layer_forward(
-                layer, hidden, residual, positions, None, None, batch, kv_cache
+                layer, hidden, residual, positions, None, None, window_batch, kv_cache
             )
         normed, _ = ops.rms_norm(hidden, self.final_norm, self.config.rms_norm_eps, residual)
         return normed

@@ -7,6 +7,7 @@ with `gguf` exactly as before.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,9 @@ class GGMLTensor:
     ggml_type: int
     rows: np.ndarray
     shape: tuple[int, int]
+    #: where the blocks came from (file identity, tensor, then any row selection), so what is
+    #: derived from them at load (a backend's repacked layout) can be cached; "" when unknown
+    origin: str = ""
 
     ndim = 2
     #: what `__array__` yields, so code written for arrays converts it like any float tensor
@@ -66,7 +70,14 @@ class GGMLTensor:
 
     def take_rows(self, order: np.ndarray) -> GGMLTensor:
         """The matrix with its output rows reordered (blocks run along `in`, so rows move whole)."""
-        return GGMLTensor(self.ggml_type, np.ascontiguousarray(self.rows[order]), self.shape)
+        digest = hashlib.sha256(np.ascontiguousarray(order, np.int64).tobytes()).hexdigest()[:16]
+        return GGMLTensor(
+            self.ggml_type, np.ascontiguousarray(self.rows[order]), self.shape, self.derived(f"rows {digest}")
+        )
+
+    def derived(self, how: str) -> str:
+        """The origin of a tensor made from this one's blocks by `how` ("" when this one's is unknown)."""
+        return f"{self.origin}|{how}" if self.origin else ""
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = self.dequantize()

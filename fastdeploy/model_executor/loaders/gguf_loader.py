@@ -10,6 +10,7 @@ code path (the rotate-half layout), as transformers does.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -155,27 +156,32 @@ class GGUFLoader(WeightLoader):
         config = config_from_gguf(gguf_file)
         arch = gguf_file.metadata["general.architecture"]
         permuted = _ARCHITECTURES[arch][1]
+        identities = {}
         for tensor in gguf_file.tensors:
             if tensor.name in _ROPE_FACTORS:
                 continue  # in config["rope_scaling"]
             data = gguf_file.tensor_data(tensor)
             is_float = tensor.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
+            source = tensor.path or gguf_file.path
+            if source not in identities:
+                identities[source] = file_identity(source)
+            origin = f"{identities[source]}|{tensor.name}"
             if len(tensor.shape) == 3:
                 # one [out, in] matrix per expert, quantised ones still in their blocks
                 experts = expert_tensor_names(tensor.name, arch, tensor.shape[0])
-                for name, rows in zip(experts, data, strict=True):
+                for index, (name, rows) in enumerate(zip(experts, data, strict=True)):
                     yield (
                         name,
                         np.asarray(rows)
                         if is_float
-                        else GGMLTensor(tensor.ggml_type, rows, tensor.shape[1:]),
+                        else GGMLTensor(tensor.ggml_type, rows, tensor.shape[1:], f"{origin}|expert {index}"),
                     )
                 continue
             name = hf_tensor_name(tensor.name, arch)
             if is_float:
                 array = np.asarray(data)
             elif len(tensor.shape) == 2:
-                array = GGMLTensor(tensor.ggml_type, data, tuple(tensor.shape))
+                array = GGMLTensor(tensor.ggml_type, data, tuple(tensor.shape), origin)
             else:
                 array = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
             if arch in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
@@ -185,6 +191,13 @@ class GGUFLoader(WeightLoader):
             elif permuted and name.endswith("self_attn.k_proj.weight"):
                 array = interleaved_to_half_rows(array, config["num_key_value_heads"])
             yield name, array
+
+
+def file_identity(path: str) -> str:
+    """The file's absolute path, size and modification time: what a `GGMLTensor.origin` names, so
+    a cache of what is derived from its blocks misses once the file is replaced."""
+    status = os.stat(path)
+    return f"{os.path.abspath(path)}|{status.st_size}|{status.st_mtime_ns}"
 
 
 def config_from_gguf(gguf_file: GGUFFile) -> dict[str, Any]:

@@ -10,6 +10,7 @@ code path (the rotate-half layout), as transformers does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterator
@@ -191,6 +192,31 @@ class GGUFLoader(WeightLoader):
             elif permuted and name.endswith("self_attn.k_proj.weight"):
                 array = interleaved_to_half_rows(array, config["num_key_value_heads"])
             yield name, array
+
+    def shape_error(
+        self, model_path: str, wrong: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+    ) -> str | None:
+        """Each tensor named as the GGUF file has it, with the shape its metadata implies."""
+        gguf_file = read_gguf(model_path)
+        arch = gguf_file.metadata["general.architecture"]
+        where: dict[str, str] = {}
+        for tensor in gguf_file.tensors:
+            if len(tensor.shape) == 3 and _LAYER_NAME.match(tensor.name):
+                for index, name in enumerate(expert_tensor_names(tensor.name, arch, tensor.shape[0])):
+                    where[name] = f"{tensor.name!r} (expert {index})"
+            elif tensor.name not in _ROPE_FACTORS:
+                with contextlib.suppress(WeightLoadError):
+                    where[hf_tensor_name(tensor.name, arch)] = repr(tensor.name)
+        described = [
+            f"tensor {where.get(name, repr(name))} has shape {shape}, expected {want}"
+            for name, shape, want in wrong[:4]
+        ]
+        more = f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else ""
+        return (
+            f"{gguf_file.path}: tensors disagree with the file's {arch} metadata: "
+            + "; ".join(described)
+            + more
+        )
 
 
 def file_identity(path: str) -> str:

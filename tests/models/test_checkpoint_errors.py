@@ -191,3 +191,24 @@ def test_a_gguf_tensor_whose_shape_disagrees_with_the_metadata_names_the_file_an
     )
     assert f"tensor 'blk.1.ffn_norm.weight' has shape ({hidden - 1},), expected ({hidden},)" in message
     assert "config.json" not in message
+
+
+def test_a_gguf_architecture_we_lack_is_refused_naming_the_file_and_the_supported_ones(tmp_path):
+    from gguf import GGUFWriter
+
+    from fastdeploy.errors import UnsupportedModelError
+
+    path = tmp_path / "state-space.gguf"
+    writer = GGUFWriter(str(path), "mamba")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError) as info:
+        LLM(model=str(path), max_model_len=32)
+    message = str(info.value)
+    assert message.startswith(f"{path}: GGUF architecture 'mamba' is not supported (supported: ")
+    for supported in ("llama", "qwen2", "qwen3", "phi3", "gemma3", "ernie4_5", "ernie4_5-moe", "qwen3moe"):
+        assert f"{supported}," in message or f"{supported})" in message

@@ -229,6 +229,8 @@ def file_identity(path: str) -> str:
 def config_from_gguf(gguf_file: GGUFFile) -> dict[str, Any]:
     """A config.json-style dict from a GGUF file's metadata and tensor table."""
     meta = gguf_file.metadata
+    if meta.get("general.architecture") not in _ARCHITECTURES:
+        raise UnsupportedModelError(f"{gguf_file.path}: {unsupported_architecture(meta)}")
     config = config_from_metadata(meta)
     names = {tensor.name for tensor in gguf_file.tensors}
     config["tie_word_embeddings"] = "output.weight" not in names
@@ -252,12 +254,17 @@ def config_from_gguf(gguf_file: GGUFFile) -> dict[str, Any]:
     return config
 
 
+def unsupported_architecture(meta: dict[str, Any]) -> str:
+    """Why a GGUF's `general.architecture` cannot load, with the ones that can."""
+    known = ", ".join(sorted(_ARCHITECTURES))
+    return f"GGUF architecture {meta.get('general.architecture')!r} is not supported (supported: {known})"
+
+
 def config_from_metadata(meta: dict[str, Any]) -> dict[str, Any]:
     """A config.json-style dict from GGUF key/values (tensor-dependent fields aside)."""
     arch = meta.get("general.architecture")
     if arch not in _ARCHITECTURES:
-        known = ", ".join(sorted(_ARCHITECTURES))
-        raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported (supported: {known})")
+        raise UnsupportedModelError(unsupported_architecture(meta))
 
     def key(name: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{name}", default)

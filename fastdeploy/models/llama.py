@@ -59,6 +59,18 @@ def required_field(config: ModelConfig, *names: str) -> Any:
     raise InvalidArgumentError(f"config.json of {config.architecture} lacks the required field {names[0]!r}")
 
 
+def partial_rotary_dim(head_dim: int, factor: float) -> int:
+    """The rotary dimension when rotary embedding covers only the first `factor` of each head
+    (`partial_rotary_factor`: Phi-4-mini, GLM-4.5), checked to be a positive even number."""
+    rotary_dim = int(head_dim * factor)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise InvalidArgumentError(
+            f"config.json: partial_rotary_factor gives a rotary dimension of {rotary_dim} for head_dim "
+            f"{head_dim}; it must be a positive even number"
+        )
+    return rotary_dim
+
+
 @dataclass(frozen=True)
 class ProjectionBiases:
     """Which linear layers of a decoder layer carry a bias."""
@@ -135,6 +147,10 @@ class LlamaForCausalLM(CausalLM):
     def attention_window(self, layer: int) -> int:
         """Layer `layer`'s `AttentionBlock.window` (0: full attention); every layer slides here."""
         return self.window
+
+    def attention_softcap(self) -> float:
+        """Every layer's `AttentionBlock.softcap` (0: scores are not soft-capped; Gemma 2 caps them)."""
+        return 0.0
 
     def kv_window(self) -> int:
         windows = {self.attention_window(i) for i in range(self.config.num_hidden_layers)}
@@ -326,6 +342,7 @@ class LlamaForCausalLM(CausalLM):
             eps=self.config.rms_norm_eps,
             scale=self.scale,
             window=self.attention_window(i),
+            softcap=self.attention_softcap(),
         )
         if self.biases.qkv:
             attention.qkv_bias = backend.linear_bias(*self._qkv_rows(attn, "bias", host))

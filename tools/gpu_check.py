@@ -13,7 +13,12 @@ Steps (each a subprocess, its output kept in --out):
   5. the engine against transformers (benchmarks/throughput.py --device cuda), with a column per
      weight quantisation (wint8, wint4, fp8);
   6. greedy agreement and perplexity of each quantisation against bf16 (benchmarks/accuracy.py
-     --device cuda, 8 prompts x 32 tokens).
+     --device cuda, 8 prompts x 32 tokens);
+  7. sliding windows, attention sinks and soft-capping (issues 28 and 29): GPT-OSS (sinks, a
+     window of 8) and Gemma 2 (capped, sliding) on `cuda` against transformers' tokens. The compiled kernels against float64, the window's
+     cost over a 32k context and a sliding Phi-3 with real CUDA graphs are in step 2
+     (tests/gpu/test_gpu_attention_windows.py), the capability checks in step 3, the windowed
+     kernels' speed in step 4 (`--kernel window`).
 `--quick` keeps the SmolLM2 shape only. Nothing is installed; a missing module is reported.
 
 On a GPU machine without a package registry (`pip install -e .` cannot fetch the build backend),
@@ -136,6 +141,21 @@ def main() -> int:
             + ["--json", os.path.join(out_dir, "accuracy.json")],
             {},
             1800,
+        ),
+        (
+            "windows_sinks",
+            [
+                python,
+                "-m",
+                "pytest",
+                "-q",
+                "tests/models/test_gpt_oss.py::test_the_cuda_backends_code_runs_the_sinks_and_the_window[cuda-triton]",
+                "tests/models/test_gemma2.py::test_the_cuda_backends_code_generates_transformers_tokens[cuda]",
+                "-p",
+                "no:cacheprovider",
+            ],
+            {},
+            900,
         ),
     ]
     results = [

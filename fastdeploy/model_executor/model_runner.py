@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.backends.base import Backend, BatchLayout
+from fastdeploy.backends.types import SamplingRows
 from fastdeploy.model_executor.batch import BatchSequence, ScheduledBatch
 from fastdeploy.model_executor.lora.manager import LoRAManager
 from fastdeploy.model_executor.pooling import pool_chunk, pooled_rows
@@ -208,27 +209,48 @@ class ModelRunner:
         adapters = self.lora.pass_layers(batch) if self.lora is not None else None
         if adapters is not None:  # a pass with LoRA adapters (never a captured graph)
             extra["lora"] = adapters
-        logits = self.run(layout, extra, input_ids)
+        rows = self._sampling_rows(batch, sampling)
+        logits = self.run(layout, extra, input_ids, rows)
+        if rows is not None:
+            logits, batch.sampling.tokens = logits
         if self.hidden_listener is not None and self._pass_hidden is not None:
             self.hidden_listener(batch, self._pass_hidden)
             self._pass_hidden = None
         return logits, sampling, time.perf_counter() - start
 
-    def run(self, layout: BatchLayout, extra: dict[str, Any] | None = None, input_ids: Any = None) -> Any:
+    @property
+    def samples_in_pass(self) -> bool:
+        """Whether a pass given `ScheduledBatch.sampling` samples itself (with captured decode
+        steps: a replay then yields the tokens, and eager passes use the same device stage)."""
+        return self.graphs is not None
+
+    def _sampling_rows(self, batch: ScheduledBatch, sampling: list[int]) -> SamplingRows | None:
+        if batch.sampling is None or not self.samples_in_pass or not sampling:
+            return None
+        return batch.sampling.rows(sampling)
+
+    def run(
+        self,
+        layout: BatchLayout,
+        extra: dict[str, Any] | None = None,
+        input_ids: Any = None,
+        sampling: SamplingRows | None = None,
+    ) -> Any:
         """Device logits of the rows `layout.logits_indices` names (None when it names none, or on
         a pipeline stage that hands its activations on instead).
 
         This is all a worker process of a multi-process model runs per step: the layout is
         host data and travels to the workers as it is. The layout's KV block copies are made
-        first. `input_ids` (device), when given, replace `layout.input_ids`.
+        first. `input_ids` (device), when given, replace `layout.input_ids`. With `sampling`
+        (only with captured graphs) the result is (logits, PendingTokens of the sampled rows).
         """
         if layout.block_copies.size:
             self.backend.copy_kv_blocks(self.kv_caches, layout.block_copies, self.block_size)
         # captured graphs take no extra inputs and keep their hidden states
         if self.graphs is not None and not extra and self.hidden_listener is None:
-            logits = self.graphs.run(layout, input_ids)
-            if logits is not None:
-                return logits
+            replayed = self.graphs.run(layout, input_ids, sampling)
+            if replayed is not None:
+                return replayed
         hidden = self.hidden_states(layout, extra, input_ids)
         if self.hidden_listener is not None:
             self._pass_hidden = hidden
@@ -236,7 +258,8 @@ class ModelRunner:
             return None
         backend = self.backend
         rows = backend.gather_rows(hidden, backend.from_numpy(layout.logits_indices))
-        return self.model.compute_logits(rows)
+        logits = self.model.compute_logits(rows)
+        return logits if sampling is None else (logits, self.graphs.sample_eager(logits, sampling))
 
     def hidden_states(
         self, layout: BatchLayout, extra: dict[str, Any] | None = None, input_ids: Any = None

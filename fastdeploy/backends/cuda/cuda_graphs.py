@@ -5,17 +5,25 @@ per-launch CPU cost that dominates small batches. A step whose sequences all dec
 (`query_len == 1`) and that fits the largest bucket is padded up to the next bucket and replayed:
 
 - every input of the graph lives in a static buffer sized for the largest bucket (token ids,
-  positions, KV slots, block tables for `max_model_len`, context lengths); a step copies its
-  values into the first rows and pads the rest (slot -1: nothing written; context 0: attention
-  over nothing, a zero row), so whatever blocks the block manager hands out (prefix-cache hits,
-  blocks of resumed preempted sequences) are read through the step's own block tables;
+  positions, KV slots, block tables for `max_model_len`, context lengths, and each row's sampling
+  settings and uniform); a step copies its values into the first rows and pads the rest (slot -1:
+  nothing written; context 0: attention over nothing, a zero row; greedy), so whatever blocks the
+  block manager hands out (prefix-cache hits, blocks of resumed preempted sequences) are read
+  through the step's own block tables. The copies come from pinned host memory, two sets used in
+  turn, without waiting for the device (`step_inputs`);
 - the split-KV decode kernel's split count is fixed per bucket at capture and each program
   derives its range from the sequence's context length, so one graph serves any context up to
   `max_model_len`;
-- outputs (the logits of every row) are overwritten by each replay; the first `n` rows are the
-  step's.
+- the forward graph ends with every row's argmax and broken flag (its maximum not finite); a
+  step with drawn rows (temperature / top-k / top-p) also replays the bucket's sampling stage,
+  captured on first use, which reads the forward graph's logits and the static settings. Either
+  way the host reads one [n, 2] int64 copy of (token id, broken): the step's only device-to-host
+  transfer (`engine/pass_sampling.py`);
+- outputs (logits, ids, pairs) are overwritten by each replay; the first `n` rows are the step's.
 
-Prefill and mixed steps run eagerly, as does everything with `enforce_eager=True`.
+Prefill and mixed steps run eagerly, as does everything with `enforce_eager=True`; when the
+engine lets a pass sample itself, an eager pass runs the same sampling stage on its logits
+(`sample_eager`), so replayed and eager steps give the same tokens.
 """
 
 from __future__ import annotations

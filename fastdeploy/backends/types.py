@@ -123,6 +123,12 @@ class SamplingRows:
     uniform: np.ndarray  # [rows] float32 in [0, 1) (0 for greedy rows)
 
     @property
+    def kernel_temperature(self) -> np.ndarray:
+        """`temperature` with greedy rows at 1 (the sampling kernel divides by it; their draw is
+        not used)."""
+        return np.where(self.greedy, 1.0, self.temperature).astype(np.float32)
+
+    @property
     def any_drawn(self) -> bool:
         """Whether any row samples (not only argmaxes)."""
         return not bool(self.greedy.all())

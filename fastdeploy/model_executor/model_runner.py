@@ -221,8 +221,9 @@ class ModelRunner:
     @property
     def samples_in_pass(self) -> bool:
         """Whether a pass given `ScheduledBatch.sampling` samples itself (with captured decode
-        steps: a replay then yields the tokens, and eager passes use the same device stage)."""
-        return self.graphs is not None
+        steps whose object can: a replay then yields the tokens, and eager passes use the same
+        device stage, `sample_eager`)."""
+        return self.graphs is not None and hasattr(self.graphs, "sample_eager")
 
     def _sampling_rows(self, batch: ScheduledBatch, sampling: list[int]) -> SamplingRows | None:
         if batch.sampling is None or not self.samples_in_pass or not sampling:
@@ -248,7 +249,8 @@ class ModelRunner:
             self.backend.copy_kv_blocks(self.kv_caches, layout.block_copies, self.block_size)
         # captured graphs take no extra inputs and keep their hidden states
         if self.graphs is not None and not extra and self.hidden_listener is None:
-            replayed = self.graphs.run(layout, input_ids, sampling)
+            args = (layout, input_ids) if sampling is None else (layout, input_ids, sampling)
+            replayed = self.graphs.run(*args)
             if replayed is not None:
                 return replayed
         hidden = self.hidden_states(layout, extra, input_ids)

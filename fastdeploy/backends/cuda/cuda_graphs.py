@@ -179,7 +179,7 @@ class DecodeGraphs:
         """Capture every bucket's forward graph, largest first (smaller ones reuse its memory
         pool)."""
         start = time.perf_counter()
-        self._fill(None, None, 0)
+        self._fill(None, None)
         for size in reversed(self.buckets):
             forward = self._step(size)
             forward()  # compiles the Triton kernels and warms the allocator outside the capture
@@ -204,10 +204,10 @@ class DecodeGraphs:
         step.draws = self.new_graph()
         step.drawn = step.draws.capture(draw)
 
-    def _fill(self, layout: BatchLayout | None, sampling: SamplingRows | None, size: int) -> None:
-        """Write a step's inputs into the next host buffers, padding rows up to the bucket's
-        `size` (slot -1: nothing written; context 0: attention over nothing; greedy), and queue
-        their copies into the static buffers."""
+    def _fill(self, layout: BatchLayout | None, sampling: SamplingRows | None) -> None:
+        """Write a step's inputs into the next host buffers, padding the other rows (slot -1:
+        nothing written; context 0: attention over nothing; greedy), and queue their copies into
+        the static buffers (of the block tables, only the step's rows: padding rows read none)."""
         host = self.inputs.host_arrays()
         ints, int32s, floats = host["int64"], host["int32"], host["float32"]
         ints[:] = 0
@@ -229,7 +229,7 @@ class DecodeGraphs:
         if sampling is not None and count:
             ints[3, :count] = sampling.greedy
             int32s[1, :count] = sampling.top_k
-            floats[0, :count] = np.where(sampling.greedy, 1.0, sampling.temperature)
+            floats[0, :count] = sampling.kernel_temperature
             floats[1, :count] = sampling.top_p
             floats[2, :count] = sampling.uniform
         self.inputs.upload({"block_tables": max(count, 1)} if layout is not None else None)
@@ -248,7 +248,7 @@ class DecodeGraphs:
         size = bucket_for(count, self.buckets)
         if size is None or size not in self.graphs:
             return None
-        self._fill(layout, sampling, size)
+        self._fill(layout, sampling)
         if input_ids is not None:
             self.backend.rt.index_copy_(self.static["input_ids"], self.rows_int64[:count], input_ids)
         step = self.graphs[size]
@@ -268,17 +268,16 @@ class DecodeGraphs:
     def sample_eager(self, logits: Any, sampling: SamplingRows) -> PendingTokens:
         """The tokens of an eager pass's logits [n, vocab], sampled by the same device stage as a
         replay (so both give the same tokens), read by the host in one copy."""
-        count = logits.shape[0]
         put = self.backend.rt.from_numpy
         rows = {
             "greedy": put(sampling.greedy.astype(np.int64)),
-            "temperature": put(np.where(sampling.greedy, 1.0, sampling.temperature).astype(np.float32)),
+            "temperature": put(sampling.kernel_temperature),
             "top_k": put(sampling.top_k.astype(np.int32)),
             "top_p": put(sampling.top_p.astype(np.float32)),
             "uniform": put(sampling.uniform.astype(np.float32)),
         }
         ids, pairs = self.backend.pass_tokens(logits, rows, draws=sampling.any_drawn)
-        return pending_pairs(self.backend.rt, ids[:count], pairs[:count])
+        return pending_pairs(self.backend.rt, ids, pairs)
 
 
 def pending_pairs(rt: Any, ids: Any, pairs: Any) -> PendingTokens:

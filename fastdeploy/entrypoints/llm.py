@@ -355,39 +355,33 @@ class LLM:
             bar.close()
 
 
-def _one_per_prompt(value: Any, kind: type, count: int, name: str) -> list[Any]:
-    """`value` (one `kind`, or a list of one per prompt) as one per prompt."""
-    if isinstance(value, kind):
+def _one_per_prompt(value: Any, kind: type, count: int, name: str, none_allowed: bool = False) -> list[Any]:
+    """`value` (one `kind`, or a list of one per prompt) as one per prompt; with `none_allowed`
+    (a `lora_request`: None is the base model) None stands for itself, alone or in the list."""
+
+    def accepted(item: Any) -> bool:
+        return isinstance(item, kind) or (none_allowed and item is None)
+
+    if accepted(value):
         return [value] * count
-    if isinstance(value, (list, tuple)) and all(isinstance(item, kind) for item in value):
+    if isinstance(value, (list, tuple)) and all(accepted(item) for item in value):
+        entries = f"{name} entries" if none_allowed else name
         if len(value) != count:
             raise InvalidArgumentError(
-                f"got {len(value)} {name} for {count} prompts; pass one, or one per prompt"
+                f"got {len(value)} {entries} for {count} prompts; pass one, or one per prompt"
             )
         return list(value)
+    also = " (None for the base model) or None" if none_allowed else ""
     raise InvalidArgumentError(
-        f"{name} must be a {kind.__name__} or a list of them, got {type(value).__name__}"
+        f"{name} must be a {kind.__name__} or a list of them{also}, got {type(value).__name__}"
     )
 
 
 def _adapters_per_prompt(
     lora_request: LoRARequest | Sequence[LoRARequest | None] | None, count: int
 ) -> list[LoRARequest | None]:
-    """One adapter (or None) per prompt from a call's `lora_request`."""
-    if lora_request is None or isinstance(lora_request, LoRARequest):
-        return [lora_request] * count
-    if isinstance(lora_request, (list, tuple)) and all(
-        item is None or isinstance(item, LoRARequest) for item in lora_request
-    ):
-        if len(lora_request) != count:
-            raise InvalidArgumentError(
-                f"got {len(lora_request)} lora_request entries for {count} prompts; pass one, or one per prompt"
-            )
-        return list(lora_request)
-    raise InvalidArgumentError(
-        f"lora_request must be a LoRARequest, a list of them (None for the base model) or None, got "
-        f"{type(lora_request).__name__}"
-    )
+    """One adapter (or None: the base model) per prompt from a call's `lora_request`."""
+    return _one_per_prompt(lora_request, LoRARequest, count, "lora_request", none_allowed=True)
 
 
 def _document_options() -> None:

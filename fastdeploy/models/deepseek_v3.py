@@ -14,18 +14,12 @@ with `mscale_all_dim` (mscale = 0.1 * mscale_all_dim * ln(factor) + 1), as DeepS
 Rotary dimensions come interleaved in the checkpoint (`rope_interleave`, default true); their
 rows are reordered to halves at load time, q and k alike, so the rotate-half rotary applies.
 
-Feed-forward. The first `first_k_dense_replace` layers are dense SwiGLU MLPs; the others route
-each token to `num_experts_per_tok` of `n_routed_experts` experts and add `n_shared_experts`
-shared ones (one MLP of n_shared x `moe_intermediate_size`). Routing: sigmoid scores of the gate;
-`e_score_correction_bias` is added for choosing only; the experts are split in `n_group` groups,
-each group scored by the sum of its two best biased scores, and only the `topk_group` best groups
-compete; the chosen experts' unbiased scores, renormalised when `norm_topk_prob`, times
-`routed_scaling_factor`, weight them. The routing runs on the host (the backend's `moe_route`
-is softmax routing); the experts are the backend's `moe_experts`.
+Feed-forward: grouped-routed experts after `first_k_dense_replace` dense layers, shared with
+GLM-4.5 (`grouped_moe.py`).
 
 Split over tensor-parallel ranks, a rank holds its query heads (q, the W_UK / W_UV rows of
 kv_b_proj, o_proj's columns), the whole latent projection (each rank caches the same latents),
-its share of the routed experts (expert parallel) and of the dense and shared MLPs' features.
+and its share of the experts and MLP features (`grouped_moe.py`).
 
 The checkpoint's multi-token-prediction layers (`num_nextn_predict_layers`, stored as
 `model.layers.{num_hidden_layers + i}`) are not part of this model; `DeepseekV3MTP` loads them
@@ -41,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from fastdeploy.models.grouped_moe import GroupedMoEMixin
 from fastdeploy.models.llama import DenseMLPWeights, LlamaForCausalLM, required_field
 from fastdeploy.plugins.api import (
     Backend,
@@ -84,16 +79,6 @@ class MLAWeights:
 
 
 @dataclass
-class RoutedMoEWeights:
-    """One MoE layer: gate (host float32), correction bias, this rank's routed experts, shared MLP."""
-
-    gate: np.ndarray
-    correction_bias: np.ndarray
-    experts: Any
-    shared: DenseMLPWeights | None
-
-
-@dataclass
 class DeepseekLayerWeights:
     input_norm: Any
     attention: MLAWeights
@@ -103,39 +88,8 @@ class DeepseekLayerWeights:
     dense_block: MLPBlock | None = None
 
 
-def grouped_topk(
-    logits: np.ndarray,
-    correction_bias: np.ndarray,
-    top_k: int,
-    num_groups: int,
-    top_groups: int,
-    normalize: bool,
-    scaling: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """DeepSeek-V3's routing of router logits [tokens, experts]: (weights float32, expert ids
-    int64), each [tokens, top_k] (see the module doc)."""
-    scores = (1.0 / (1.0 + np.exp(-logits.astype(np.float32)))).astype(np.float32)
-    choice = scores + correction_bias[None, :]
-    tokens, experts = choice.shape
-    per_group = experts // num_groups
-    grouped = np.sort(choice.reshape(tokens, num_groups, per_group), axis=-1)
-    group_scores = grouped[..., -min(2, per_group) :].sum(axis=-1)
-    best_groups = np.argsort(-group_scores, axis=-1, kind="stable")[:, :top_groups]
-    allowed = np.zeros((tokens, num_groups), dtype=bool)
-    allowed[np.arange(tokens)[:, None], best_groups] = True
-    choice = np.where(np.repeat(allowed, per_group, axis=1), choice, -np.inf)
-    ids = np.argsort(-choice, axis=-1, kind="stable")[:, :top_k]
-    weights = np.take_along_axis(scores, ids, axis=1)
-    if normalize:
-        weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
-    return (weights * np.float32(scaling)).astype(np.float32), ids.astype(np.int64)
-
-
-class DeepseekV3ForCausalLM(LlamaForCausalLM):
+class DeepseekV3ForCausalLM(GroupedMoEMixin, LlamaForCausalLM):
     """DeepSeek-V3 decoder (MLA + grouped-routed MoE); see the module doc."""
-
-    #: the host routing reads device values: no captured decode graphs
-    supports_decode_graphs = False
 
     def __init__(
         self,
@@ -150,23 +104,10 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
         self.nope_dim = int(required_field(config, "qk_nope_head_dim"))
         self.v_dim = int(required_field(config, "v_head_dim"))
         self.q_lora_rank = None if raw.get("q_lora_rank") is None else int(raw["q_lora_rank"])
-        self.num_experts = int(required_field(config, "n_routed_experts"))
-        self.top_k = int(required_field(config, "num_experts_per_tok"))
-        self.moe_intermediate = int(required_field(config, "moe_intermediate_size"))
-        self.num_groups = int(required_field(config, "n_group"))
-        self.top_groups = int(required_field(config, "topk_group"))
-        self.routed_scaling = float(required_field(config, "routed_scaling_factor"))
-        self.first_moe_layer = int(required_field(config, "first_k_dense_replace"))
-        self.num_shared = int(raw.get("n_shared_experts", 1) or 0)
-        self.norm_topk_prob = bool(raw.get("norm_topk_prob", True))
+        self.read_moe_config(config)
         self.rope_interleave = bool(raw.get("rope_interleave", True))
         if raw.get("attention_bias"):
             raise UnsupportedModelError(f"{config.architecture} with attention_bias=true is not supported")
-        if self.num_experts % self.num_groups or not 0 < self.top_groups <= self.num_groups:
-            raise UnsupportedModelError(
-                f"config.json: n_routed_experts ({self.num_experts}) must split into n_group "
-                f"({self.num_groups}) equal groups, and topk_group ({self.top_groups}) be 1..n_group"
-            )
         if not backend.supports(Capability.LATENT_ATTENTION):
             raise UnsupportedModelError(
                 f"{config.architecture} needs multi-head latent attention, which the {backend.name} backend "
@@ -175,8 +116,7 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
         super().__init__(config, backend, max_positions, parallel)
         self.head_dim = self.nope_dim + self.rope_dim
         self.scale = self.head_dim**-0.5 * self._mscale() ** 2
-        self.moe_layers = frozenset(range(self.first_moe_layer, config.num_hidden_layers))
-        self.local_experts = self.parallel.shard_of(self.num_experts)
+        self.init_moe()
         mtp_layers = int(raw.get("num_nextn_predict_layers") or 0)
         #: the multi-token-prediction layers stored after the decoder's (see `DeepseekV3MTP`)
         self.ignored_prefixes = tuple(
@@ -243,29 +183,6 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
             shapes[attn + "q_b_proj.weight"] = (q_rows, self.q_lora_rank)
         return shapes
 
-    def mlp_names(self, layer: int, prefix: str) -> set[str]:
-        return set(self._mlp_shapes(layer, prefix))
-
-    def _mlp_shapes(self, layer: int, prefix: str) -> dict[str, tuple[int, ...]]:
-        hidden, mlp = self.config.hidden_size, prefix + "mlp."
-
-        def swiglu(block: str, inner: int) -> dict[str, tuple[int, ...]]:
-            return {
-                block + "gate_proj.weight": (inner, hidden),
-                block + "up_proj.weight": (inner, hidden),
-                block + "down_proj.weight": (hidden, inner),
-            }
-
-        if layer not in self.moe_layers:
-            return swiglu(mlp, self.config.intermediate_size)
-        shapes = {mlp + "gate.weight": (self.num_experts, hidden)}
-        shapes[mlp + "gate.e_score_correction_bias"] = (self.num_experts,)
-        for expert in range(self.num_experts):
-            shapes.update(swiglu(f"{mlp}experts.{expert}.", self.moe_intermediate))
-        if self.num_shared:
-            shapes.update(swiglu(mlp + "shared_experts.", self.moe_intermediate * self.num_shared))
-        return shapes
-
     def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
         config = self.config
         hidden, vocab = config.hidden_size, config.vocab_size
@@ -277,7 +194,7 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
             shapes[prefix + "input_layernorm.weight"] = (hidden,)
             shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
             shapes.update(self._attention_shapes(prefix))
-            shapes.update(self._mlp_shapes(i, prefix))
+            shapes.update(self.mlp_shapes(i, prefix))
         return shapes
 
     # --- loading ---------------------------------------------------------------------------
@@ -317,22 +234,6 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
             weights.q_a = backend.linear_weight(host[attn + "q_a_proj.weight"])
             weights.q_a_norm = backend.from_numpy(host[attn + "q_a_layernorm.weight"])
         return weights
-
-    def load_mlp(self, layer: int, prefix: str, host: dict[str, Any]) -> Any:
-        if layer not in self.moe_layers:
-            return super().load_mlp(layer, prefix, host)
-        mlp = prefix + "mlp."
-        experts = [f"{mlp}experts.{expert}." for expert in self.local_experts]
-        return RoutedMoEWeights(
-            gate=np.asarray(host[mlp + "gate.weight"], dtype=np.float32),
-            correction_bias=np.asarray(host[mlp + "gate.e_score_correction_bias"], dtype=np.float32),
-            experts=self.backend.moe_expert_weights(
-                [host[p + "gate_proj.weight"] for p in experts],
-                [host[p + "up_proj.weight"] for p in experts],
-                [host[p + "down_proj.weight"] for p in experts],
-            ),
-            shared=self.load_dense_mlp(mlp + "shared_experts.", host) if self.num_shared else None,
-        )
 
     def _load_layer(self, i: int, host: dict[str, Any]) -> DeepseekLayerWeights:  # type: ignore[override]
         backend, p = self.backend, f"model.layers.{i}."
@@ -392,29 +293,6 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
             hidden = self.mlp_block(layer, normed)  # type: ignore[arg-type]
         return parallel.all_reduce(hidden), residual
 
-    def mlp_block(self, layer: Any, x: Any) -> Any:
-        moe = layer.mlp
-        if not isinstance(moe, RoutedMoEWeights):
-            return self.dense_mlp(moe, x)
-        ops = self.backend
-        host = np.asarray(ops.to_numpy(x), dtype=np.float32)
-        weights, ids = grouped_topk(
-            host @ moe.gate.T,
-            moe.correction_bias,
-            self.top_k,
-            self.num_groups,
-            self.top_groups,
-            self.norm_topk_prob,
-            self.routed_scaling,
-        )
-        first = self.local_experts.start
-        out = ops.moe_experts(
-            x, moe.experts, ops.from_numpy(weights), ops.from_numpy(ids), first_expert=first
-        )
-        if moe.shared is not None:
-            out = out + self.dense_mlp(moe.shared, x)
-        return out
-
     # --- multi-token prediction ------------------------------------------------------------
     def mtp_model(self) -> DeepseekV3MTP:
         """The checkpoint's first multi-token-prediction layer as a model of its own (weights
@@ -464,7 +342,7 @@ class DeepseekV3MTP(DeepseekV3ForCausalLM):
             p + "embed_tokens.weight": (vocab, hidden),
         }
         shapes.update(self._attention_shapes(p))
-        shapes.update(self._mlp_shapes(self.index, p))
+        shapes.update(self.mlp_shapes(self.index, p))
         return shapes
 
     def load_weights(self, tensors: Iterable[tuple[str, Any]]) -> None:

@@ -59,6 +59,18 @@ def required_field(config: ModelConfig, *names: str) -> Any:
     raise InvalidArgumentError(f"config.json of {config.architecture} lacks the required field {names[0]!r}")
 
 
+def partial_rotary_dim(head_dim: int, factor: float) -> int:
+    """The rotary dimension when rotary embedding covers only the first `factor` of each head
+    (`partial_rotary_factor`: Phi-4-mini, GLM-4.5), checked to be a positive even number."""
+    rotary_dim = int(head_dim * factor)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise InvalidArgumentError(
+            f"config.json: partial_rotary_factor gives a rotary dimension of {rotary_dim} for head_dim "
+            f"{head_dim}; it must be a positive even number"
+        )
+    return rotary_dim
+
+
 @dataclass(frozen=True)
 class ProjectionBiases:
     """Which linear layers of a decoder layer carry a bias."""

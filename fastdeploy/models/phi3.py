@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastdeploy.models.llama import LlamaForCausalLM
+from fastdeploy.models.llama import LlamaForCausalLM, partial_rotary_dim
 from fastdeploy.plugins.api import (
     InvalidArgumentError,
     WeightLoadError,
@@ -41,12 +41,7 @@ class Phi3ForCausalLM(LlamaForCausalLM):
 
     def rotary_tables(self, freq_factors: Any | None) -> tuple[Any, Any]:
         parameters = self.rope_parameters()
-        rotary_dim = int(self.head_dim * float(parameters.get("partial_rotary_factor", 1.0)))
-        if rotary_dim < 2 or rotary_dim % 2:
-            raise InvalidArgumentError(
-                f"config.json: partial_rotary_factor gives a rotary dimension of {rotary_dim} for head_dim "
-                f"{self.head_dim}; it must be a positive even number"
-            )
+        rotary_dim = partial_rotary_dim(self.head_dim, float(parameters.get("partial_rotary_factor", 1.0)))
         kind = parameters.get("rope_type") or parameters.get("type") or "default"
         scaling = None
         if kind != "default":

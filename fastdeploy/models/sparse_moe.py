@@ -1,6 +1,6 @@
 """Sparse mixture-of-experts decoders: Mixtral, Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B) and
-Qwen3-MoE, registered as a built-in plugin, which also registers DeepSeek-V3 (`deepseek_v3.py`)
-and GPT-OSS (`gpt_oss.py`).
+Qwen3-MoE, registered as a built-in plugin, which also registers DeepSeek-V3 (`deepseek_v3.py`),
+GLM-4.5 (`glm4_moe.py`) and GPT-OSS (`gpt_oss.py`).
 
 Each is its dense sibling (Llama, Qwen2, Qwen3) with the feed-forward block of some layers
 replaced by `top_k`-of-`num_experts` routed SwiGLU experts:
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.models.deepseek_v3 import DeepseekV3ForCausalLM
+from fastdeploy.models.glm4_moe import Glm4MoeForCausalLM
 from fastdeploy.models.gpt_oss import GptOssForCausalLM
 from fastdeploy.models.llama import (
     DenseMLPWeights,
@@ -216,4 +217,5 @@ def fastdeploy_model_architectures() -> dict[str, type]:
         "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
         "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
         "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+        "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     }

@@ -154,14 +154,19 @@ def test_fp8_is_refused_on_a_gpu_without_fp8_tensor_cores(backend, monkeypatch):
     assert backend.supported_quantizations() == ("wint8", "wint4", "fp8")
 
 
-@pytest.mark.parametrize("kind", ["wint8", "wint4"])
+QUANTISERS = {"wint8": quantize_wint8, "wint4": lambda m: quantize_wint4(m, 64), "fp8": quantize_fp8}
+
+
+@pytest.mark.parametrize("kind", ["wint8", "wint4", "fp8"])
 @pytest.mark.parametrize("tokens", [3, 40])
 def test_quantised_experts_stay_packed_in_the_fused_moe(backend, kind, tokens):
-    """ERNIE-4.5 MoE's calls with wint8 / wint4 experts, against float64 over the dequantised
-    experts (decode-sized and prefill-sized tiles)."""
-    experts, top_k, hidden, width = 6, 2, 128, 64
+    """ERNIE-4.5 MoE's calls with wint8 / wint4 / block-FP8 experts, against float64 over the
+    dequantised experts (decode-sized and prefill-sized tiles; FP8 with two 128-blocks of hidden
+    and a second block of outputs in the fused gate/up)."""
+    experts, top_k = 6, 2
+    hidden, width = (256, 128) if kind == "fp8" else (128, 64)
     rng = np.random.default_rng(tokens)
-    quantise = (lambda m: quantize_wint8(m)) if kind == "wint8" else (lambda m: quantize_wint4(m, 64))
+    quantise = QUANTISERS[kind]
     dense = {
         part: [(rng.standard_normal(shape) * 0.2).astype(np.float32) for _ in range(experts)]
         for part, shape in (("gate", (width, hidden)), ("up", (width, hidden)), ("down", (hidden, width)))
@@ -179,6 +184,8 @@ def test_quantised_experts_stay_packed_in_the_fused_moe(backend, kind, tokens):
     )
 
     def reference(p):
+        if kind == "fp8":
+            return fp8_reference(p.qweight, p.scales)
         return (
             wint8_reference(p.qweight, p.scales)
             if kind == "wint8"
@@ -193,6 +200,19 @@ def test_quantised_experts_stay_packed_in_the_fused_moe(backend, kind, tokens):
             up = reference(packed["up"][e]) @ x[t]
             expected[t] += weights[t, k] * (reference(packed["down"][e]) @ (gate / (1 + np.exp(-gate)) * up))
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_fp8_experts_without_whole_blocks_of_gate_rows_are_dequantised(backend, monkeypatch):
+    """A fused gate/up whose gate rows end mid-block cannot keep FP8's 128 x 128 blocks, and an
+    older GPU has no e4m3: the experts then run in the compute dtype (no fp8 bytes counted)."""
+    rng = np.random.default_rng(3)
+    ragged = [quantize_fp8(rng.standard_normal((64, 128)).astype(np.float32)) for _ in range(2)]
+    down = [quantize_fp8(rng.standard_normal((128, 64)).astype(np.float32)) for _ in range(2)]
+    assert backend.moe_expert_weights(ragged, ragged, down).gate_up_scales is None
+    whole = [quantize_fp8(rng.standard_normal((128, 128)).astype(np.float32)) for _ in range(2)]
+    monkeypatch.setattr(backend.rt, "compute_capability", lambda: (8, 0))
+    assert backend.moe_expert_weights(whole, whole, whole).gate_up_scales is None
+    assert backend.weight_bytes.get("fp8", 0) == 0
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])

@@ -165,8 +165,8 @@ def test_wint8_quantiser_rounds_to_the_nearest_level():
 
 def test_quant_kernels_compile_for_sm80_and_sm90_without_a_gpu():
     """Each format at a decode and a prefill launch lowers to PTX and a cubin for real GPUs
-    (bfloat16 activations), and so does the MoE GEMM over quantised experts; FP8 only for sm_90,
-    the architectures before 8.9 have no e4m3."""
+    (bfloat16 activations), and so does the MoE GEMM over quantised experts; FP8 (matmul and
+    experts) only for sm_90, the architectures before 8.9 have no e4m3."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     command = [sys.executable, "-m", "fastdeploy.backends.cuda.aot", "80", "90", "--dtypes", "bfloat16"]
     result = subprocess.run(
@@ -176,5 +176,6 @@ def test_quant_kernels_compile_for_sm80_and_sm90_without_a_gpu():
     lines = result.stdout.splitlines()
     names = [line.split()[2] for line in lines]
     assert names.count("_quant_matmul_kernel") == 2 * 6 + 2 * 7, lines
-    assert names.count("_gemm_kernel") == 2 * 2  # the MoE GEMM over wint8 and wint4 experts
-    assert sum(line.startswith("sm_90") for line in lines) == 14 + 2
+    # the MoE GEMM over wint8 and wint4 experts, and FP8 ones on sm_90
+    assert names.count("_gemm_kernel") == 2 * 2 + 1
+    assert sum(line.startswith("sm_90") for line in lines) == 14 + 3

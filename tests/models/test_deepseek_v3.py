@@ -17,7 +17,7 @@ from fastdeploy.backends.cpu.native import attention_batch
 from fastdeploy.backends.selection import create_backend
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint
-from fastdeploy.models.deepseek_v3 import grouped_topk
+from fastdeploy.models.grouped_moe import grouped_topk
 from fastdeploy.plugins.registry import get_registry
 
 

@@ -286,7 +286,7 @@ def _dtype_free_specialisations() -> list[Launch]:
 def _quant_specialisations(dtype: str, arch: int) -> list[Launch]:
     """The quantised matmul (`triton_quant`) for each weight format at a decode (skinny, split-K)
     and a prefill (tiled) launch of a 4096 x 4096 weight on a 132-SM GPU, FP8 where the
-    architecture has e4m3 (sm_89+); and the fused MoE GEMM over wint8 / wint4 experts."""
+    architecture has e4m3 (sm_89+); and the fused MoE GEMM over wint8 / wint4 (/ FP8) experts."""
     t = "*" + _TRITON_DTYPES[dtype]
     precision = "ieee" if dtype == "float32" else "tf32"
     specs: list[Launch] = []
@@ -312,10 +312,11 @@ def _quant_specialisations(dtype: str, arch: int) -> list[Launch]:
                     {key: value for key, value in launch.items() if key.startswith("num_")},
                 )
             )
-    # the fused MoE GEMM with wint8 and wint4 experts (ERNIE-4.5-21B-A3B, 4096 tokens' tiles)
+    # the fused MoE GEMM with wint8, wint4 and (sm_89+) FP8 experts (ERNIE-4.5-21B-A3B, 4096
+    # tokens' tiles)
     launch = gemm_config(24576, 64, dtype == "float32", SHARED_MEMORY_LIMIT[arch])
     config = {k: v for k, v in launch.items() if not k.startswith("num_")}
-    for w_format, weight in ((1, "*i8"), (2, "*u8")):
+    for w_format, weight in ((1, "*i8"), (2, "*u8"), (3, "*u8"))[: 3 if arch >= 89 else 2]:
         specs.append(
             (
                 "triton_moe",

@@ -61,13 +61,15 @@ QUANTIZATIONS = ("wint8", "wint4", "fp8")
 class StackedExperts:
     """A layer's routed experts for the fused MoE kernels: [experts, in, out] each, in the compute
     dtype, or quantised (`scales` set): wint8 int8 [experts, in, out] with scales [experts, out],
-    or wint4 (`group_size` set) uint8 [experts, in / 2, out] with scales [experts, in / group, out]."""
+    wint4 (`group_size` set) uint8 [experts, in / 2, out] with scales [experts, in / group, out],
+    or `fp8` e4m3 bits uint8 [experts, in, out] with scales [experts, in / 128, out / 128]."""
 
     gate_up: Any  # [experts, hidden, 2 * width]
     down: Any  # [experts, width, hidden]
     gate_up_scales: Any = None
     down_scales: Any = None
     group_size: int = 0
+    fp8: bool = False
 
 
 @dataclass
@@ -596,31 +598,45 @@ class TensorBackend(Backend):
         gate_up = self.rt.empty([len(gate), hidden, 2 * width], self.dtype)
         down_stack = self.rt.empty([len(gate), width, hidden], self.dtype)
         for expert, (g, u, d) in enumerate(zip(gate, up, down, strict=True)):
-            gate_up[expert] = self._float_weight((g, u))  # fp8 experts are dequantised
+            gate_up[expert] = self._float_weight((g, u))
             down_stack[expert] = self._float_weight((d,))
         item = 4 if self.dtype == "float32" else 2
         self._count_weight(self.dtype, len(gate) * 3 * width * hidden * item)
         return StackedExperts(gate_up, down_stack)
 
     def _quantised_experts(self, gate: list[Any], up: list[Any], down: list[Any]) -> StackedExperts | None:
-        """wint8 / wint4 experts stacked in their packed form (the MoE GEMMs dequantise in
-        registers), or None when the experts are not all of one such kind."""
+        """wint8 / wint4 / fp8 experts stacked in their packed form (the MoE GEMMs dequantise in
+        registers), or None when the experts are not all of one such kind (or fp8 ones whose
+        gate rows do not fill whole 128-row blocks, or on a GPU without e4m3: dequantised then)."""
         parts = [*gate, *up, *down]
-        if not all(isinstance(p, WeightOnlyTensor) and p.kind in ("wint8", "wint4") for p in parts):
+        if not all(isinstance(p, WeightOnlyTensor) for p in parts):
             return None
         if len({(p.kind, p.group_size) for p in parts}) != 1:
             return None
-        fused = [concat_rows([g, u]) for g, u in zip(gate, up, strict=True)]
-        arrays = {
-            "gate_up": np.stack([f.qweight for f in fused]),
-            "gate_up_scales": np.stack([f.scales for f in fused]),
-            "down": np.stack([d.qweight for d in down]),
-            "down_scales": np.stack([d.scales for d in down]),
-        }
         kind = parts[0].kind
+        if kind == "fp8" and self.quantization_refusal("fp8") is not None:
+            return None
+        fused = [concat_rows([g, u]) for g, u in zip(gate, up, strict=True)]
+        if any(f is None for f in fused):
+            return None
+        if kind == "fp8":  # stored [out, in] like a linear weight; the MoE GEMM reads [in, out]
+            arrays = {
+                "gate_up": np.stack([f.qweight.T for f in fused]),
+                "gate_up_scales": np.stack([f.scales.T for f in fused]),
+                "down": np.stack([d.qweight.T for d in down]),
+                "down_scales": np.stack([d.scales.T for d in down]),
+            }
+        else:
+            arrays = {
+                "gate_up": np.stack([f.qweight for f in fused]),
+                "gate_up_scales": np.stack([f.scales for f in fused]),
+                "down": np.stack([d.qweight for d in down]),
+                "down_scales": np.stack([d.scales for d in down]),
+            }
         self._count_weight(kind, sum(array.nbytes for array in arrays.values()))
         device = {name: self.rt.from_numpy(np.ascontiguousarray(array)) for name, array in arrays.items()}
-        return StackedExperts(**device, group_size=parts[0].group_size if kind == "wint4" else 0)
+        group_size = parts[0].group_size if kind == "wint4" else 0
+        return StackedExperts(**device, group_size=group_size, fp8=kind == "fp8")
 
     def moe_experts(
         self, x: Any, experts: Any, topk_weights: Any, topk_ids: Any, first_expert: int = 0
@@ -666,6 +682,7 @@ class TensorBackend(Backend):
             config,
             experts.gate_up_scales,
             experts.group_size,
+            experts.fp8,
         )
         activated = self.silu_and_mul(gate_up)
         down = self.rt.zeros([entries, hidden], self.dtype)  # entries of other ranks' experts add 0
@@ -684,6 +701,7 @@ class TensorBackend(Backend):
             config,
             experts.down_scales,
             experts.group_size,
+            experts.fp8,
         )
         return self.rt.sum_rows(down.reshape([tokens, top_k, hidden]), 1)
 

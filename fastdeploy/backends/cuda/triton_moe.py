@@ -12,8 +12,8 @@ ids, reading that expert's weight tile, and scattering the result back to the en
   entry ids (padding entries hold `tokens * top_k`, which every GEMM skips). Entries routed to
   an expert outside [0, experts) (another rank's, under expert parallelism) are left out.
 - `moe_gemm`: C[entry] = A[row] @ W[expert] (x rows for the gate/up GEMM, intermediate rows for
-  the down GEMM), optionally scaled by the entry's routing weight. Expert weights may be wint8
-  or wint4 (docs/quantization.md), dequantised in registers.
+  the down GEMM), optionally scaled by the entry's routing weight. Expert weights may be wint8,
+  wint4 or block-FP8 (docs/quantization.md), dequantised in registers.
 
 Weights are stored [experts, in, out] so a weight tile is contiguous along `out`.
 """
@@ -245,14 +245,19 @@ def _gemm_kernel(
             odd = tl.load(a_rows + 2 * j[None, :] + 1, mask=a_mask, other=0.0)
             acc = tl.dot(even, low, acc, input_precision=PRECISION)
             acc = tl.dot(odd, high, acc, input_precision=PRECISION)
-    else:  # float experts, or wint8 ones (int8, the same [experts, k, n] layout; scale per column)
+    else:  # float experts, or wint8 / fp8 ones in the same [experts, k, n] layout
         kk = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + a_row[:, None] * k_size + kk[None, :]
         w_ptrs = w_ptr + expert * k_size * n_size + kk[:, None] * n_size + n[None, :]
+        # fp8 scales [experts, k / 128, n / 128]: a K tile lies within one 128-deep block
+        fp8_scales = scale_ptr + expert * tl.cdiv(k_size, 128) * tl.cdiv(n_size, 128) + n // 128
         for k0 in range(0, k_size, BLOCK_K):
             k_mask = kk + k0 < k_size
             a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            if W_FORMAT == 3:  # e4m3 bits, one scale per 128 x 128 block
+                scale = tl.load(fp8_scales + (k0 // 128) * tl.cdiv(n_size, 128), mask=n_mask, other=0.0)
+                w = w.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[None, :]
             acc = tl.dot(a, w.to(a_ptr.dtype.element_ty), acc, input_precision=PRECISION)
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K * n_size
@@ -298,16 +303,19 @@ def moe_gemm(
     config: dict[str, int],
     scales: Any | None = None,
     group_size: int = 0,
+    fp8: bool = False,
 ) -> None:
     """out[entry] = a[row] @ weights[expert(entry)] (* routing[entry]) for every sorted entry.
 
     a: [tokens, k] (row = entry // top_k) or [entries, k] with `a_per_entry`; weights
     [experts, k, n] in a's dtype, or quantised: wint8 (int8 [experts, k, n], `scales` [experts,
-    n]) or wint4 (`group_size` given: uint8 [experts, k / 2, n] holding inputs 2i / 2i + 1 in the
+    n]), wint4 (`group_size` given: uint8 [experts, k / 2, n] holding inputs 2i / 2i + 1 in the
     low / high nibble, biased by 8, `scales` [experts, k / group_size, n]; config["BLOCK_K"] must
-    divide group_size); out [entries, n]. The tiles come from `moe_align` with config["BLOCK_M"].
+    divide group_size) or, with `fp8`, e4m3 bits (uint8 [experts, k, n], `scales` [experts,
+    ceil(k / 128), ceil(n / 128)], one per 128 x 128 block; config["BLOCK_K"] must divide 128);
+    out [entries, n]. The tiles come from `moe_align` with config["BLOCK_M"].
     """
-    w_format = 0 if scales is None else (2 if group_size else 1)
+    w_format = 3 if fp8 else 0 if scales is None else (2 if group_size else 1)
     k_size = weights.shape[1] * (2 if w_format == 2 else 1)
     n_size = weights.shape[2]
     entries = out.shape[0]

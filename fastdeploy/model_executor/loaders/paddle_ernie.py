@@ -10,6 +10,12 @@ model classes see transformers' names only (the `WeightLoader` contract):
 - linear weights stored [in, out] (Paddle's `nn.Linear`), lm_head included; transformers
   stores [out, in]. Transposes are returned as views, so nothing is copied here.
 
+Pre-quantised checkpoints (config.json's `quantization_config`: `"quantization": "wint8"` or
+`"wint4"`, or `"mix_quant"` with `dense_quant_type` / `moe_quant_type`) store each quantised
+linear weight as `X.quant_weight` + `X.weight_scale` in Paddle's CUTLASS layout; they are read
+into `WeightOnlyTensor`s ([out, in], `formats/paddle_weight_only.py`) and split like the float
+ones, so the model receives packed weights and nothing is dequantised.
+
 Sharded checkpoints (`model.safetensors.index.json`) read as in `SafetensorsLoader`.
 """
 
@@ -23,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.errors import WeightLoadError
+from fastdeploy.formats.paddle_weight_only import paddle_weight_only
+from fastdeploy.formats.weight_only import WeightOnlyTensor
 from fastdeploy.model_executor.loaders.safetensors_loader import (
     SafetensorsLoader,
     read_header,
@@ -31,6 +39,8 @@ from fastdeploy.model_executor.loaders.safetensors_loader import (
 
 PADDLE_PREFIX = "ernie."
 _INDEX_FILE = "model.safetensors.index.json"
+#: the pre-quantised weight kinds read (FastDeploy's names)
+PREQUANTISED_KINDS = ("wint8", "wint4")
 
 
 def checkpoint_tensor_names(model_dir: str) -> list[str]:
@@ -70,6 +80,7 @@ class PaddleErnieTranslator:
         if (
             kind == "weight"
             and array.ndim == 2
+            and not isinstance(array, WeightOnlyTensor)  # already [out, in]
             and (base.endswith("_proj") or base.endswith(("mlp.gate", "lm_head")))
         ):
             return [(hf_name, array.T)]
@@ -79,27 +90,86 @@ class PaddleErnieTranslator:
         self, prefix: str, kind: str, array: np.ndarray, name: str
     ) -> list[tuple[str, np.ndarray]]:
         total = self.q_size + 2 * self.kv_size
-        if array.shape[-1] != total:
+        if _output_width(array) != total:
             raise WeightLoadError(
                 f"{name} has shape {list(array.shape)}, but q+k+v of the config is {total} wide "
                 f"(num_attention_heads x head_dim + 2 x num_key_value_heads x head_dim)"
             )
         bounds = (0, self.q_size, self.q_size + self.kv_size, total)
-        parts = [array[..., bounds[i] : bounds[i + 1]] for i in range(3)]
-        if kind == "weight":
-            parts = [part.T for part in parts]
+        parts = _split_outputs(array, kind, bounds)
         return [(f"{prefix}{p}_proj.{kind}", part) for p, part in zip("qkv", parts, strict=True)]
 
     def _split_up_gate(
         self, prefix: str, kind: str, array: np.ndarray, name: str
     ) -> list[tuple[str, np.ndarray]]:
-        width = array.shape[-1]
+        width = _output_width(array)
         if width % 2:
             raise WeightLoadError(f"{name} has an odd output width {width}; it must hold [gate | up]")
-        gate, up = array[..., : width // 2], array[..., width // 2 :]
-        if kind == "weight":
-            gate, up = gate.T, up.T
+        gate, up = _split_outputs(array, kind, (0, width // 2, width))
         return [(f"{prefix}gate_proj.{kind}", gate), (f"{prefix}up_proj.{kind}", up)]
+
+
+def _output_width(array: Any) -> int:
+    """The output width of a fused -Paddle tensor: [in, out] arrays, [out, in] packed weights."""
+    return array.shape[0] if isinstance(array, WeightOnlyTensor) else array.shape[-1]
+
+
+def _split_outputs(array: Any, kind: str, bounds: tuple[int, ...]) -> list[Any]:
+    """A fused tensor cut along its outputs at `bounds`, weights as transformers' [out, in]."""
+    spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+    if isinstance(array, WeightOnlyTensor):
+        return [array.take_rows(np.arange(start, stop)) for start, stop in spans]
+    parts = [array[..., start:stop] for start, stop in spans]
+    return [part.T for part in parts] if kind == "weight" else parts
+
+
+def prequantised_kinds(config: dict[str, Any], source: str) -> tuple[str, str] | None:
+    """(dense kind, expert kind) of a pre-quantised -Paddle checkpoint, or None for a float one.
+    FastDeploy's `quantization_config` names one kind for every linear weight, or `mix_quant`
+    with `dense_quant_type` and `moe_quant_type`."""
+    quant = config.get("quantization_config")
+    if not isinstance(quant, dict) or quant.get("is_quantized") is False:
+        return None
+    name = quant.get("quantization")
+    kinds = (
+        (quant.get("dense_quant_type"), quant.get("moe_quant_type")) if name == "mix_quant" else (name, name)
+    )
+    bad = [kind for kind in kinds if kind not in PREQUANTISED_KINDS]
+    if bad:
+        raise WeightLoadError(
+            f"{source}: quantization_config declares {bad[0]!r} weights; pre-quantised -Paddle checkpoints "
+            f"are read in {', '.join(PREQUANTISED_KINDS)} (a float checkpoint with quantization= quantises "
+            "at load instead)"
+        )
+    return kinds[0], kinds[1]
+
+
+def pair_quant_weights(
+    tensors: Iterator[tuple[str, Any]], kinds: tuple[str, str], source: str
+) -> Iterator[tuple[str, Any]]:
+    """Each `X.quant_weight` with its `X.weight_scale` as one `WeightOnlyTensor` under `X.weight`
+    (experts in the expert kind, the rest in the dense kind); other tensors pass unchanged."""
+    pending: dict[str, tuple[str, Any]] = {}
+    for name, tensor in tensors:
+        if name.endswith(".quant_weight"):
+            base = name[: -len(".quant_weight")]
+        elif name.endswith(".weight_scale"):
+            base = name[: -len(".weight_scale")]
+        else:
+            yield name, tensor
+            continue
+        if base not in pending:
+            pending[base] = (name, tensor)
+            continue
+        other_name, other = pending.pop(base)
+        weight, scale = (tensor, other) if name.endswith(".quant_weight") else (other, tensor)
+        kind = kinds[1] if ".experts." in base else kinds[0]
+        yield base + ".weight", paddle_weight_only(np.asarray(weight), np.asarray(scale), kind, base)
+    if pending:
+        raise WeightLoadError(
+            f"{source}: {', '.join(sorted(n for n, _ in pending.values())[:4])} without its "
+            "quant_weight / weight_scale partner"
+        )
 
 
 class PaddleErnieLoader(SafetensorsLoader):
@@ -119,6 +189,11 @@ class PaddleErnieLoader(SafetensorsLoader):
         return any(name.startswith(PADDLE_PREFIX) for name in names)
 
     def load_tensors(self, model_path: str) -> Iterator[tuple[str, np.ndarray]]:
-        translator = PaddleErnieTranslator(self.load_config(model_path))
-        for name, array in super().load_tensors(model_path):
+        config = self.load_config(model_path)
+        translator = PaddleErnieTranslator(config)
+        tensors = super().load_tensors(model_path)
+        kinds = prequantised_kinds(config, model_path)
+        if kinds is not None:
+            tensors = pair_quant_weights(tensors, kinds, model_path)
+        for name, array in tensors:
             yield from translator.translate(name, array)

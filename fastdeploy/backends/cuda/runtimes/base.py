@@ -106,11 +106,12 @@ class TensorRuntime(ABC):
         return HostBuffer(array, array)
 
     def copy_from_host_buffer(self, target: Any, source: HostBuffer, rows: int | None = None) -> None:
-        """Overwrite `target` (or its first `rows` rows) with `source`'s, queued behind the work
-        already queued and without waiting for it where the runtime can; the host must not write
-        `source` again before an event recorded after this copy has passed."""
-        array = source.array if rows is None else source.array[:rows]
-        self.copy_from_host(target if rows is None else target[:rows], array)
+        """Overwrite `target` (at least its first `rows` rows) with `source`'s, queued behind the
+        work already queued and without waiting for it where the runtime can; the host must not
+        write `source` again before an event recorded after this copy has passed. This default
+        copies the whole buffer with `copy_from_host` (a slice of a tensor need not be a view in
+        every framework)."""
+        self.copy_from_host(target, source.array)
 
     def record_event(self) -> DeviceEvent:
         """An event behind the work queued so far."""

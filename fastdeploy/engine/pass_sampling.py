@@ -21,6 +21,7 @@ import numpy as np
 
 from fastdeploy.backends.base import Backend
 from fastdeploy.engine.fault_isolation import NonFiniteLogitsError
+from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sampling_rules import samples_in_pass
 from fastdeploy.model_executor.batch import PassSampling, ScheduledBatch
 
@@ -31,20 +32,31 @@ def pass_sampling(batch: ScheduledBatch, reasoning_budget_applies: bool) -> Pass
     seqs = batch.seqs
     if not seqs or batch.drafts or batch.scored:
         return None
-    distinct = {id(seq.params): seq.params for seq in seqs}.values()  # often one per batch
+    distinct = list({id(seq.params): seq.params for seq in seqs}.values())  # often one per batch
     if not all(samples_in_pass(params, reasoning_budget_applies) for params in distinct):
         return None
-    params = [seq.params for seq in seqs]
 
     def draw(indices: list[int]) -> np.ndarray:
         return np.array([seqs[index].rng.random() for index in indices], dtype=np.float32)
 
+    if len(distinct) == 1:  # one value per setting: no pass over the sequences
+        (only,) = distinct
+        settings = [_settings(only)] * len(seqs)
+    else:
+        by_id = {id(params): _settings(params) for params in distinct}
+        settings = [by_id[id(seq.params)] for seq in seqs]
+    temperature, top_k, top_p = zip(*settings, strict=True)
     return PassSampling(
-        temperature=np.array([0.0 if p.greedy else p.temperature for p in params], dtype=np.float32),
-        top_k=np.array([max(p.top_k, 0) for p in params], dtype=np.int32),
-        top_p=np.array([p.top_p for p in params], dtype=np.float32),
+        temperature=np.array(temperature, dtype=np.float32),
+        top_k=np.array(top_k, dtype=np.int32),
+        top_p=np.array(top_p, dtype=np.float32),
         draw=draw,
     )
+
+
+def _settings(params: SamplingParams) -> tuple[float, int, float]:
+    """(temperature, 0 for greedy; top-k, 0 for off; top-p) of one `SamplingParams`."""
+    return 0.0 if params.greedy else params.temperature, max(params.top_k, 0), params.top_p
 
 
 def landed_tokens(backend: Backend, logits: Any, sampling: PassSampling) -> list[int]:

@@ -121,6 +121,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def load_average() -> str:
+    """The machine's load: other processes competing for the cores widen every figure here."""
+    return ", ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def latencies(urls: dict[str, str], requests: int, payload: dict) -> dict[str, list[float]]:
     """Per target, the seconds of `requests` requests, the targets taking turns."""
     clients = {name: httpx.Client(base_url=url, timeout=120) for name, url in urls.items()}
@@ -208,6 +213,7 @@ def main() -> None:
         return
 
     print(f"cpus: {os.cpu_count()}; two replicas vs one is not measured here (see the module docstring)")
+    print(f"load average at the start (1, 5, 15 min): {load_average()}")
     port = free_port()
     standin = Process([sys.executable, os.path.abspath(__file__), "--serve-standin", str(port)], port)
     router = start_router(standin.url)
@@ -225,6 +231,7 @@ def main() -> None:
     finally:
         router.stop()
         standin.stop()
+    print(f"\nload average at the end (1, 5, 15 min): {load_average()}")
     if args.real:
         measure_real_worker(args)
 
@@ -237,9 +244,9 @@ def measure_real_worker(args: argparse.Namespace) -> None:
         model = httpx.get(worker.url + "/v1/models").json()["data"][0]["id"]
         small = {"model": model, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
         urls = {"direct": worker.url, "router": router.url}
-        report_latency(
-            "fastdeploy serve worker, max_tokens 1", latencies(urls, max(args.requests // 5, 20), small)
-        )
+        cpu = cpu_seconds(router.process.pid)
+        times = latencies(urls, max(args.requests // 5, 20), small)
+        report_latency("fastdeploy serve worker, max_tokens 1", times, cpu_seconds(router.process.pid) - cpu)
         stream = {"model": model, "prompt": "Once upon a time", "max_tokens": args.chunks, "temperature": 0}
         stream["ignore_eos"] = True
         report_gaps(

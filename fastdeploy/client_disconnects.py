@@ -1,17 +1,22 @@
 """Noticing that an HTTP client went away while its answer is being prepared.
 
 Shared by the OpenAI server (a disconnected client's engine requests are aborted) and the router
-(its worker's connection is closed, so the worker stops generating): both await their work beside
+(its worker's connection is closed, so the worker stops generating): both do their work beside
 a watcher of the ASGI receive channel and cancel the work when the client disconnects first.
+The server awaits its work as a task of its own (`unless_disconnected`); the router, whose every
+request pays for an extra task and a wait, works in the request's own task, which the watcher
+cancels (`cancelled_if_disconnected`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 from fastapi import Request
+from starlette.types import Receive
 
 T = TypeVar("T")
 
@@ -42,3 +47,31 @@ async def unless_disconnected(work: Awaitable[T], request: Request) -> T:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     raise ClientDisconnected()
+
+
+@contextlib.asynccontextmanager
+async def cancelled_if_disconnected(receive: Receive) -> AsyncIterator[None]:
+    """Run the block in the calling task; if the client goes away first, cancel the block and
+    raise ClientDisconnected (the request's body must have been read already)."""
+    task = asyncio.current_task()
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        task.cancel()
+
+    # an ASGI server also answers http.disconnect once the response is complete: by then the
+    # block has left (no await after its last send), so the watcher is cancelled before it runs
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not gone:
+            raise  # the server is cancelling the request
+        task.uncancel()
+        raise ClientDisconnected() from None
+    finally:
+        watcher.cancel()

@@ -95,7 +95,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = option(
         None,
         "token budget of one forward pass; longer prompts are prefilled in chunks "
-        "(default: max(max_model_len, 2048))",
+        "(default: max(max_model_len, 2048); 2048 where a sliding window binds)",
         flag={"type": int},
     )
     block_size: int = option(64, "tokens per KV-cache block (a power of two)", flag={"type": int})

@@ -405,6 +405,34 @@ class Backend(Platform, DeviceOps):
         """
         raise NotImplementedError(f"the {self.name} backend has no sliding-window attention")
 
+    # --- Capability.ATTENTION_SOFTCAP: attention logit soft-capping (no portable default) --------
+    def softcapped_attention(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        kv_cache: Any,
+        batch: Any,
+        scale: float,
+        softcap: float,
+        window: int = 0,
+    ) -> Any:
+        """`attention` whose scores s = scale * q.k become softcap * tanh(s / softcap) before the
+        causal mask and the softmax (Gemma 2's `attn_logit_softcapping`: no score reaches softcap).
+        `window` > 0 (Gemma 2's sliding layers past their window, passed only by a backend that also
+        declares `Capability.SLIDING_WINDOW`) limits each query to its last `window` positions, as
+        `windowed_attention` does. `AttentionBlock.softcap` > 0 routes a fused layer here. A backend
+        without it cannot run such models (they are refused when built).
+        """
+        raise NotImplementedError(f"the {self.name} backend has no attention logit soft-capping")
+
+    def softcap(self, x: Any, cap: float) -> Any:
+        """cap * tanh(x / cap), elementwise: Gemma 2's `final_logit_softcapping` of its logits. The
+        default round-trips through the host (`to_numpy`, `from_numpy`); the cpu backend's arrays
+        are host arrays already."""
+        host = self.to_numpy(x).astype(np.float32, copy=False)
+        return self.from_numpy(np.float32(cap) * np.tanh(host / np.float32(cap)))
+
     # --- Capability.LATENT_ATTENTION (no portable default) ---------------------------------------
     def latent_attention(
         self,

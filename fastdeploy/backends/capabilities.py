@@ -59,6 +59,9 @@ class Capability(str, enum.Enum):
     #: `attention_with_sinks`: paged attention with a learned per-head logit in the softmax
     #: denominator (GPT-OSS's attention sinks)
     ATTENTION_SINKS = "attention_sinks"
+    #: `softcapped_attention`: paged attention whose scores are soft-capped, cap * tanh(score / cap),
+    #: before the softmax (Gemma 2's `attn_logit_softcapping`), with or without a sliding window
+    ATTENTION_SOFTCAP = "attention_softcap"
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,11 @@ CAPABILITY_SPECS: dict[Capability, CapabilitySpec] = {
     ),
     Capability.ATTENTION_SINKS: CapabilitySpec(
         ("attention_with_sinks",), "models with attention sinks (GPT-OSS) are refused", portable=False
+    ),
+    Capability.ATTENTION_SOFTCAP: CapabilitySpec(
+        ("softcapped_attention",),
+        "models with attention logit soft-capping (Gemma 2) are refused",
+        portable=False,
     ),
 }
 

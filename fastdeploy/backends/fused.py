@@ -50,6 +50,9 @@ class AttentionBlock:
     #: sliding window: each query sees only its last `window` positions (0: all; a backend that
     #: fuses reads it only when it declares `Capability.SLIDING_WINDOW`)
     window: int = 0
+    #: attention logit soft-capping: scores become softcap * tanh(score / softcap) before the
+    #: softmax (0: none; Gemma 2; set only on a backend that declares `Capability.ATTENTION_SOFTCAP`)
+    softcap: float = 0.0
     #: the backend's own form of the block (e.g. its kernels' arguments), made at first use
     prepared: Any = field(default=None, repr=False, compare=False)
 
@@ -97,7 +100,9 @@ def attention_block(
         k = ops.rms_norm(k.reshape(-1, dim), block.k_norm, block.eps)[0].reshape(tokens, -1, dim)
     q = ops.rotary_embedding(q, positions, cos, sin)
     k = ops.rotary_embedding(k, positions, cos, sin)
-    if block.window:
+    if block.softcap:
+        out = ops.softcapped_attention(q, k, v, kv_cache, batch, block.scale, block.softcap, block.window)
+    elif block.window:
         out = ops.windowed_attention(q, k, v, kv_cache, batch, block.scale, block.window)
     else:
         out = ops.attention(q, k, v, kv_cache, batch, block.scale)

@@ -90,6 +90,29 @@ class BatchLayout:
     block_copies: np.ndarray = field(default_factory=lambda: np.empty((0, 2), dtype=np.int64))
 
 
+@dataclass(frozen=True)
+class GroupedBatch:
+    """A pass's prepared batches, one per KV-cache group, by the groups' sliding window (0: the
+    layers that attend over the whole context).
+
+    A model whose layers attend over different spans (Gemma 3, GPT-OSS: sliding and global
+    layers) keeps one KV pool and one block table per sequence for each kind: the sliding layers'
+    pool holds only each sequence's window. The model runner lays out and `prepare_batch`es the
+    pass once per group and hands the model this object as its `batch`; the model gives each
+    layer its group's with `layer_batch(batch, window)`. Backends never see it.
+    """
+
+    by_window: dict[int, Any]
+
+
+def layer_batch(batch: Any, window: int) -> Any:
+    """The prepared batch a layer with sliding `window` (0: none) attends with: its group's in a
+    `GroupedBatch`, else `batch` itself (one group: every layer shares the block tables)."""
+    if isinstance(batch, GroupedBatch):
+        return batch.by_window[window]
+    return batch
+
+
 class PendingTokens:
     """Greedy tokens of a pass on their way to the host (async scheduling, `Backend.greedy_tokens`).
 

@@ -46,6 +46,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="prefill/decode disaggregation: `fastdeploy serve --splitwise-role decode` workers",
     )
     workers.add_argument(
+        "--prefill-workers-file",
+        metavar="PATH",
+        help="prefill/decode disaggregation: a file listing prefill worker addresses, one a line; "
+        "re-read when it changes",
+    )
+    workers.add_argument(
+        "--decode-workers-file",
+        metavar="PATH",
+        help="prefill/decode disaggregation: a file listing decode worker addresses, one a line; "
+        "re-read when it changes",
+    )
+    workers.add_argument(
         "--policy",
         choices=POLICY_NAMES,
         default="least-outstanding",
@@ -113,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
         prefill_workers=_urls(args.prefill_workers),
         decode_workers=_urls(args.decode_workers),
         workers_file=args.workers_file,
+        prefill_workers_file=args.prefill_workers_file,
+        decode_workers_file=args.decode_workers_file,
         policy=args.policy,
         prefix_block_chars=args.prefix_block_chars,
         prefix_slack=args.prefix_slack,

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from fastdeploy.engine.sequence import Sequence
+from fastdeploy.model_executor.batch import KVGroupPart
 
 BlockKey = tuple  # (parent block id, parent generation, tokens[, content hashes of images in the block])
 _ROOT = (-1, 0)
@@ -56,6 +57,10 @@ class BlockManager:
         #: (source block, destination block) KV copies owed before the next forward pass
         self.pending_copies: list[tuple[int, int]] = []
 
+    def empty_copy(self, enable_prefix_caching: bool) -> BlockManager:
+        """A manager of the same pool and window, all blocks free."""
+        return BlockManager(self.num_blocks, self.block_size, enable_prefix_caching, self.window)
+
     @property
     def num_free_blocks(self) -> int:
         return len(self._free) + len(self._evictable)
@@ -66,6 +71,10 @@ class BlockManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def identity(self, block: int) -> tuple[int, int]:
+        """(block, generation): names what `block` holds now (a prefix-cache key's parent)."""
+        return block, self._generation[block]
 
     def ref_count(self, block: int) -> int:
         """How many sequences hold `block`."""
@@ -160,6 +169,11 @@ class BlockManager:
         """The copy-on-write pairs queued since the last call (the runner applies them)."""
         copies, self.pending_copies = self.pending_copies, []
         return copies
+
+    def batch_groups(self, seqs: list[Sequence]) -> list[KVGroupPart]:
+        """The sliding KV-cache groups' side of a pass of `seqs`: none, one table serves every
+        layer (`engine/kv_groups.py` has several)."""
+        return []
 
     def free(self, seq: Sequence) -> None:
         """Release all of `seq`'s blocks (finished, aborted or preempted)."""

@@ -8,6 +8,7 @@ then `build_features` and `choose_stepper`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from fastdeploy.engine.async_scheduling import AsyncStepper
 from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.fault_isolation import describe
 from fastdeploy.engine.generation_defaults import read_generation_defaults
+from fastdeploy.engine.kv_groups import GroupedBlockManager
 from fastdeploy.engine.pipeline import PipelineStepper
 from fastdeploy.engine.request_ends import RequestEnds
 from fastdeploy.engine.sampling_rules import EngineLimits
@@ -32,7 +34,7 @@ from fastdeploy.executor.startup import start_executor
 from fastdeploy.input.processor import InputProcessor
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.batch import ScheduledBatch
-from fastdeploy.model_executor.kv_cache_planner import plan_kv_cache
+from fastdeploy.model_executor.kv_cache_planner import plan_kv_cache, plan_kv_cache_groups
 from fastdeploy.model_executor.lora import LoRAManager
 from fastdeploy.model_executor.model_loader import (
     CheckpointInfo,
@@ -43,6 +45,7 @@ from fastdeploy.model_executor.model_loader import (
     inspect_checkpoint,
 )
 from fastdeploy.model_resolver import resolve_model
+from fastdeploy.models.base import CausalLM, KVCacheGroup
 from fastdeploy.plugins.registry import PluginRegistry, get_registry
 
 logger = get_logger(__name__)
@@ -86,8 +89,8 @@ def prepare(config: EngineConfig) -> EngineSetup:
     )
     model_config = checkpoint.config
     max_model_len = resolve_max_model_len(config, model_config, backend)
-    max_num_batched_tokens = config.max_num_batched_tokens or max(
-        max_model_len, backend_class.default_max_num_batched_tokens
+    max_num_batched_tokens = config.max_num_batched_tokens or default_chunk(
+        model_config, max_model_len, backend_class.default_max_num_batched_tokens
     )
     vocab = model_config.vocab_size
     remote = (
@@ -131,6 +134,18 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig, backe
     return config.max_model_len
 
 
+def default_chunk(model_config: ModelConfig, max_model_len: int, backend_default: int) -> int:
+    """`max_num_batched_tokens` when unset: a whole prompt in one pass (`max_model_len`, at least
+    the backend's default), except where a sliding window binds: a pass's keys are all cached
+    before its queries attend, so sliding layers hold a window and a chunk per sequence, and
+    chunks of the backend's default keep that small."""
+    window = int(model_config.raw.get("sliding_window") or 0)
+    # Qwen's configs name a window they switch off (`use_sliding_window: false`)
+    if 0 < window < max_model_len and model_config.raw.get("use_sliding_window", True) is not False:
+        return backend_default
+    return max(max_model_len, backend_default)
+
+
 @dataclass
 class LoadedModel:
     """The model where it runs and its KV cache's block manager."""
@@ -142,6 +157,8 @@ class LoadedModel:
     kv_cache_spec: KVCacheSpec | None = None
     #: its LoRA adapters' slots (`enable_lora`)
     lora: LoRAManager | None = None
+    #: the layer groups with a KV pool each (`CausalLM.kv_cache_groups`), where there are several
+    kv_groups: list[KVCacheGroup] | None = None
 
 
 def load_model(config: EngineConfig, setup: EngineSetup, inputs: InputProcessor) -> LoadedModel:
@@ -161,16 +178,22 @@ def load_model(config: EngineConfig, setup: EngineSetup, inputs: InputProcessor)
         quantization_group_size=config.quantization_group_size,
     )
     inputs.attach_media(setup.registry, model, setup.model_config, config)
-    window = model.kv_window()  # rank processes (above) keep every block: their managers release none
-    spec = plan_kv_cache(
-        config, backend, setup.max_model_len, model, setup.max_num_batched_tokens, window=window
-    )
-    manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching, window)
-    kv_caches = allocate_kv_cache(backend, spec)
+    # rank processes (above) keep every block in one group: their managers release none
+    groups = model.kv_cache_groups()
+    if len(groups) > 1:
+        spec, manager, kv_caches = _grouped_kv_cache(config, setup, model, groups)
+    else:
+        window = groups[0].window
+        spec = plan_kv_cache(
+            config, backend, setup.max_model_len, model, setup.max_num_batched_tokens, window=window
+        )
+        manager = BlockManager(spec.num_blocks, spec.block_size, config.enable_prefix_caching, window)
+        kv_caches = allocate_kv_cache(backend, spec)
     graphs = None
     if (
         not config.enforce_eager
         and config.runner == "generate"  # the pooling runner never decodes
+        and len(groups) == 1  # a captured step replays one block table per sequence
         and backend.supports(Capability.GRAPH_CAPTURE)
         and getattr(model, "supports_decode_graphs", True)
     ):
@@ -182,8 +205,30 @@ def load_model(config: EngineConfig, setup: EngineSetup, inputs: InputProcessor)
         if config.enable_lora
         else None
     )
-    executor = LocalExecutor(model, backend, kv_caches, spec, graphs, lora)
-    return LoadedModel(executor, manager, model, spec, lora)
+    executor = LocalExecutor(model, backend, kv_caches, spec, graphs, lora, groups)
+    return LoadedModel(executor, manager, model, spec, lora, groups if len(groups) > 1 else None)
+
+
+def _grouped_kv_cache(
+    config: EngineConfig, setup: EngineSetup, model: CausalLM, groups: list[KVCacheGroup]
+) -> tuple[KVCacheSpec, GroupedBlockManager, list[Any]]:
+    """A pool, a block manager and the layers' caches for each of the model's KV-cache groups;
+    the spec returned is the whole model's (every layer) with the whole-context group's count."""
+    specs = plan_kv_cache_groups(
+        config, setup.backend, setup.max_model_len, model, setup.max_num_batched_tokens, groups
+    )
+    manager = GroupedBlockManager(
+        [spec.num_blocks for spec in specs],
+        [group.window for group in groups],
+        config.block_size,
+        config.enable_prefix_caching,
+    )
+    kv_caches: list[Any] = [None] * sum(len(group.layers) for group in groups)
+    for spec, group in zip(specs, groups, strict=True):
+        for index, cache in zip(group.layers, allocate_kv_cache(setup.backend, spec), strict=True):
+            kv_caches[index] = cache
+    whole = dataclasses.replace(specs[0], num_layers=len(kv_caches))
+    return whole, manager, kv_caches
 
 
 def allocate_kv_cache(backend: Backend, spec: KVCacheSpec) -> list[Any]:

@@ -113,6 +113,14 @@ def build_kv_transfer(
             "(Capability.KV_BLOCK_TRANSFER)"
         )
     spec, kv_caches = loaded.kv_cache_spec, loaded.executor.kv_caches
+    if loaded.kv_groups is not None:
+        windows = ", ".join(str(group.window or "whole context") for group in loaded.kv_groups)
+        raise InvalidArgumentError(
+            f"--splitwise-role {role}: {setup.model_config.architecture} keeps its KV cache in "
+            f"{len(loaded.kv_groups)} layer groups (sliding windows: {windows}), whose blocks "
+            "disaggregation's KV transfer cannot carry yet; serve this model as a mixed instance, "
+            "or with max_model_len within its sliding window (one group)"
+        )
     if spec.kind != "kv":
         raise InvalidArgumentError(
             f"--splitwise-role {role}: a {spec.kind} KV cache (multi-head latent attention) cannot be "

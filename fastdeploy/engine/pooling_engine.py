@@ -22,7 +22,6 @@ import numpy as np
 
 from fastdeploy.config import EngineConfig
 from fastdeploy.engine import builder
-from fastdeploy.engine.block_manager import BlockManager
 from fastdeploy.engine.fault_isolation import FaultIsolation, RequestFault, SampledPass, without_requests
 from fastdeploy.engine.pooling_request import (
     EmbeddingOutput,
@@ -107,7 +106,7 @@ class PoolingEngine:
         # a mean or first-token pooling reads every prompt position, so none may come from the cache
         caching = config.enable_prefix_caching and self.pooling.pooling_type == "LAST"
         manager = loaded.block_manager
-        self.block_manager = BlockManager(manager.num_blocks, manager.block_size, caching)
+        self.block_manager = manager.empty_copy(caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
         self.fault_isolation = FaultIsolation(self.backend, self._runner.probe)
         self.requests: dict[str, _Embedding] = {}

@@ -201,6 +201,7 @@ class Scheduler:
             batch.add(seq, num_new, scored=scored)
             budget -= num_new
         batch.block_copies = self.block_manager.take_pending_copies()
+        batch.kv_groups = self.block_manager.batch_groups(batch.seqs)
         return batch
 
     def _adapter_fits(self, seq: Sequence, adapters: set[int]) -> bool:

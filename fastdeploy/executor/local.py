@@ -10,7 +10,7 @@ from fastdeploy.backends.base import Backend, KVCacheSpec
 from fastdeploy.model_executor.batch import ScheduledBatch
 from fastdeploy.model_executor.lora.manager import LoRAManager
 from fastdeploy.model_executor.model_runner import ModelRunner
-from fastdeploy.models.base import CausalLM
+from fastdeploy.models.base import CausalLM, KVCacheGroup
 
 
 @dataclass
@@ -37,8 +37,9 @@ class LocalExecutor(ModelRunner):
         spec: KVCacheSpec,
         graphs: Any = None,
         lora: LoRAManager | None = None,
+        kv_groups: list[KVCacheGroup] | None = None,
     ) -> None:
-        super().__init__(model, backend, kv_caches, spec.block_size, graphs, lora)
+        super().__init__(model, backend, kv_caches, spec.block_size, graphs, lora, kv_groups)
         self._probe_spec = dataclasses.replace(spec, num_blocks=1)
         self._probe_caches: list[Any] | None = None
 

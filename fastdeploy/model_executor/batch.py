@@ -32,6 +32,7 @@ class BatchSequence(Protocol):
 
 
 @dataclass
+<<<<<<< HEAD
 class PassSampling:
     """How a pass may sample its rows itself (a runner with captured decode steps then reads one
     copy of token ids instead of the logits' reductions), set by the engine when every sequence
@@ -62,6 +63,15 @@ class PassSampling:
             uniform[drawing] = self.draw([indices[row] for row in drawing.tolist()])
         self.drawn = SamplingRows(greedy, temperature, self.top_k[picked], self.top_p[picked], uniform)
         return self.drawn
+=======
+class KVGroupPart:
+    """A sliding KV-cache group's side of one pass (`engine/kv_groups.py`): each sequence's block
+    table there, in batch order (objects with a `block_table`), and the copy-on-write pairs of
+    the group's pool."""
+
+    tables: list[Any]
+    copies: list[tuple[int, int]] = field(default_factory=list)
+>>>>>>> main
 
 
 @dataclass
@@ -80,8 +90,13 @@ class ScheduledBatch:
     #: by index into `seqs`: the prompt positions [first, last) still to be scored (prompt
     #: logprobs); the pass returns the logits of those it computes, each scoring the next token
     scored: dict[int, tuple[int, int]] = field(default_factory=dict)
+<<<<<<< HEAD
     #: the pass samples its rows itself, when the engine allows it (a part never does)
     sampling: PassSampling | None = None
+=======
+    #: per sliding KV-cache group, its tables and copies (empty where every layer shares one table)
+    kv_groups: list[KVGroupPart] = field(default_factory=list)
+>>>>>>> main
 
     def add(
         self,
@@ -103,14 +118,15 @@ class ScheduledBatch:
         Only those copies: a part runs as a pass of its own (fault isolation), and copying again
         into another sequence's block after that one wrote its token there would undo the write.
         """
-        part = ScheduledBatch()
+        part, indices = ScheduledBatch(), list(indices)
         for index in indices:
             part.add(
                 self.seqs[index], self.num_new_tokens[index], self.drafts.get(index), self.scored.get(index)
             )
-        if self.block_copies:
-            owned = {block for seq in part.seqs for block in seq.block_table}
-            part.block_copies = [pair for pair in self.block_copies if pair[1] in owned]
+        part.block_copies = _owned_copies(self.block_copies, part.seqs)
+        for group in self.kv_groups:
+            tables = [group.tables[index] for index in indices]
+            part.kv_groups.append(KVGroupPart(tables, _owned_copies(group.copies, tables)))
         return part
 
     @property
@@ -119,3 +135,11 @@ class ScheduledBatch:
 
     def __len__(self) -> int:
         return len(self.seqs)
+
+
+def _owned_copies(copies: list[tuple[int, int]], tables: list[Any]) -> list[tuple[int, int]]:
+    """The copies into blocks of `tables`."""
+    if not copies:
+        return []
+    owned = {block for table in tables for block in table.block_table}
+    return [pair for pair in copies if pair[1] in owned]

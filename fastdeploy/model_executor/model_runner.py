@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.backends.base import Backend, BatchLayout
-from fastdeploy.backends.types import SamplingRows
+from fastdeploy.backends.types import GroupedBatch, SamplingRows
 from fastdeploy.model_executor.batch import BatchSequence, ScheduledBatch
 from fastdeploy.model_executor.lora.manager import LoRAManager
 from fastdeploy.model_executor.pooling import pool_chunk, pooled_rows
-from fastdeploy.models.base import CausalLM
+from fastdeploy.models.base import CausalLM, KVCacheGroup
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,28 @@ def _one_token_layout(batch: ScheduledBatch, block_size: int) -> tuple[BatchLayo
     return layout, sampling
 
 
+def group_layouts(batch: ScheduledBatch, layout: BatchLayout) -> list[BatchLayout]:
+    """`layout` as each sliding KV-cache group of `batch` sees it (`ScheduledBatch.kv_groups`):
+    the same tokens and positions, the group's block tables, slots and copies."""
+    if not batch.kv_groups:
+        return []
+    block_size = layout.block_size
+    rows = np.repeat(np.arange(len(batch.seqs)), layout.query_lens)
+    positions = layout.positions
+    layouts = []
+    for group in batch.kv_groups:
+        tables = _block_tables(group.tables)
+        layouts.append(
+            dataclasses.replace(
+                layout,
+                slot_mapping=tables[rows, positions // block_size] * block_size + positions % block_size,
+                block_tables=tables,
+                block_copies=np.asarray(group.copies, dtype=np.int64).reshape(-1, 2),
+            )
+        )
+    return layouts
+
+
 def _block_tables(seqs: list[BatchSequence]) -> np.ndarray:
     """[len(seqs), longest table] block ids, each row padded with 0."""
     tables = [seq.block_table for seq in seqs]
@@ -179,11 +202,16 @@ class ModelRunner:
         block_size: int,
         graphs: Any = None,
         lora: LoRAManager | None = None,
+        kv_groups: list[KVCacheGroup] | None = None,
     ) -> None:
         self.model = model
         self.backend = backend
+        #: one cache per layer of the model, in its order (each from its group's pool)
         self.kv_caches = kv_caches
         self.block_size = block_size
+        #: the layer groups with a KV pool and block tables each (`CausalLM.kv_cache_groups`), the
+        #: first on the sequences' own tables; None: one pool, one table for every layer
+        self.kv_groups = kv_groups if kv_groups is not None and len(kv_groups) > 1 else None
         #: captured decode steps (`Backend.decode_graphs`), None when running eagerly
         self.graphs = graphs
         #: the resident LoRA adapters (`enable_lora`), None without
@@ -210,7 +238,7 @@ class ModelRunner:
         if adapters is not None:  # a pass with LoRA adapters (never a captured graph)
             extra["lora"] = adapters
         rows = self._sampling_rows(batch, sampling)
-        logits = self.run(layout, extra, input_ids, rows)
+        logits = self.run(layout, extra, input_ids, group_layouts(batch, layout), rows)
         if rows is not None:
             logits, batch.sampling.tokens = logits
         if self.hidden_listener is not None and self._pass_hidden is not None:
@@ -235,6 +263,7 @@ class ModelRunner:
         layout: BatchLayout,
         extra: dict[str, Any] | None = None,
         input_ids: Any = None,
+        groups: list[BatchLayout] | None = None,
         sampling: SamplingRows | None = None,
     ) -> Any:
         """Device logits of the rows `layout.logits_indices` names (None when it names none, or on
@@ -242,18 +271,19 @@ class ModelRunner:
 
         This is all a worker process of a multi-process model runs per step: the layout is
         host data and travels to the workers as it is. The layout's KV block copies are made
-        first. `input_ids` (device), when given, replace `layout.input_ids`. With `sampling`
-        (only with captured graphs) the result is (logits, PendingTokens of the sampled rows).
+        first. `input_ids` (device), when given, replace `layout.input_ids`. `groups`: the
+        sliding KV-cache groups' layouts (`group_layouts`), where the model has several groups.
+        With `sampling` (only with captured graphs that sample) the result is (logits,
+        PendingTokens of the sampled rows).
         """
-        if layout.block_copies.size:
-            self.backend.copy_kv_blocks(self.kv_caches, layout.block_copies, self.block_size)
+        self._copy_blocks(layout, groups or [])
         # captured graphs take no extra inputs and keep their hidden states
         if self.graphs is not None and not extra and self.hidden_listener is None:
             args = (layout, input_ids) if sampling is None else (layout, input_ids, sampling)
             replayed = self.graphs.run(*args)
             if replayed is not None:
                 return replayed
-        hidden = self.hidden_states(layout, extra, input_ids)
+        hidden = self.hidden_states(layout, extra, input_ids, groups)
         if self.hidden_listener is not None:
             self._pass_hidden = hidden
         if hidden is None or not layout.logits_indices.size:
@@ -263,13 +293,33 @@ class ModelRunner:
         logits = self.model.compute_logits(rows)
         return logits if sampling is None else (logits, self.graphs.sample_eager(logits, sampling))
 
+    def _copy_blocks(self, layout: BatchLayout, groups: list[BatchLayout]) -> None:
+        """Make the pass's copy-on-write KV block copies, each group's in its own layers' pool."""
+        if self.kv_groups is None:
+            if layout.block_copies.size:
+                self.backend.copy_kv_blocks(self.kv_caches, layout.block_copies, self.block_size)
+            return
+        for group, group_layout in zip(self.kv_groups, [layout, *groups], strict=True):
+            if group_layout.block_copies.size:
+                caches = [self.kv_caches[index] for index in group.layers]
+                self.backend.copy_kv_blocks(caches, group_layout.block_copies, self.block_size)
+
     def hidden_states(
-        self, layout: BatchLayout, extra: dict[str, Any] | None = None, input_ids: Any = None
+        self,
+        layout: BatchLayout,
+        extra: dict[str, Any] | None = None,
+        input_ids: Any = None,
+        groups: list[BatchLayout] | None = None,
     ) -> Any:
         """The model's final hidden states of every token of `layout` (device; None on a pipeline
-        stage that hands its activations on)."""
+        stage that hands its activations on). With `groups` (the sliding KV-cache groups'
+        layouts) the model gets a `GroupedBatch`: each group's layout prepared."""
         backend = self.backend
         metadata = backend.prepare_batch(layout)
+        if groups and self.kv_groups is not None:
+            prepared = [metadata, *(backend.prepare_batch(group) for group in groups)]
+            windows = [group.window for group in self.kv_groups]
+            metadata = GroupedBatch(dict(zip(windows, prepared, strict=True)))
         return self.model.forward(
             backend.from_numpy(layout.input_ids) if input_ids is None else input_ids,
             backend.from_numpy(layout.positions),
@@ -285,7 +335,7 @@ class ModelRunner:
         Only the rows the pooling reads come to the host: one per sequence for LAST and CLS."""
         layout, _ = build_layout(batch, self.block_size)
         start = time.perf_counter()
-        hidden = self.hidden_states(layout, extra_model_inputs(batch))
+        hidden = self.hidden_states(layout, extra_model_inputs(batch), groups=group_layouts(batch, layout))
         backend = self.backend
         rows = pooled_rows(layout.query_lens, pooling_type)
         if rows is not None:

@@ -23,6 +23,17 @@ class LoRAProjection:
     parts: tuple[tuple[str, int], ...]
 
 
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers that share one KV pool and one block table per sequence: those attending over the
+    same span. `window` > 0: each query sees only its last `window` positions, so the block manager
+    frees the group's blocks behind it; 0: the whole context, every block kept."""
+
+    window: int
+    #: indexes into `forward`'s `kv_caches` (this process's layers), ascending
+    layers: tuple[int, ...]
+
+
 class CausalLM(ABC):
     """A decoder-only language model written against `Backend` ops.
 
@@ -73,6 +84,13 @@ class CausalLM(ABC):
         """The sliding window every layer attends over (0: some layer sees the whole context):
         the block manager then releases the blocks behind it."""
         return 0
+
+    def kv_cache_groups(self) -> list[KVCacheGroup]:
+        """This process's layers grouped by the span they attend over, the whole-context group
+        first (default: one group of every layer, with `kv_window`). A model returning several
+        gives each layer its group's prepared batch in `forward` (`layer_batch`): the engine then
+        keeps a KV pool and a block table per group, and the sliding groups hold only their window."""
+        return [KVCacheGroup(self.kv_window(), tuple(range(self.kv_cache_layers())))]
 
     def kv_cache_spec(self, num_blocks: int, block_size: int, dtype: str) -> KVCacheSpec:
         """The KV cache this process holds: a key and a value of `head_dim` per KV head of its

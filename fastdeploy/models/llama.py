@@ -29,7 +29,9 @@ from fastdeploy.plugins.api import (
     AttentionBlock,
     Backend,
     CausalLM,
+    GroupedBatch,
     InvalidArgumentError,
+    KVCacheGroup,
     LayerLoRA,
     LoRAProjection,
     MLPBlock,
@@ -39,6 +41,7 @@ from fastdeploy.plugins.api import (
     check_weight_shapes,
     get_logger,
     hookimpl,
+    layer_batch,
     lora_attention_block,
     lora_mlp_block,
     rope_tables,
@@ -148,9 +151,20 @@ class LlamaForCausalLM(CausalLM):
         """Layer `layer`'s `AttentionBlock.window` (0: full attention); every layer slides here."""
         return self.window
 
+    def attention_softcap(self) -> float:
+        """Every layer's `AttentionBlock.softcap` (0: scores are not soft-capped; Gemma 2 caps them)."""
+        return 0.0
+
     def kv_window(self) -> int:
         windows = {self.attention_window(i) for i in range(self.config.num_hidden_layers)}
         return self.window if windows == {self.window} else 0
+
+    def kv_cache_groups(self) -> list[KVCacheGroup]:
+        """This stage's layers by `attention_window`, the whole-context group first."""
+        by_window: dict[int, list[int]] = {}
+        for index, layer in enumerate(self.layer_ids):
+            by_window.setdefault(self.attention_window(layer), []).append(index)
+        return [KVCacheGroup(window, tuple(by_window[window])) for window in sorted(by_window)]
 
     def projection_biases(self) -> ProjectionBiases:
         """Biases as transformers' Llama has them: `attention_bias` on q/k/v/o, `mlp_bias` on the MLP."""
@@ -338,6 +352,7 @@ class LlamaForCausalLM(CausalLM):
             eps=self.config.rms_norm_eps,
             scale=self.scale,
             window=self.attention_window(i),
+            softcap=self.attention_softcap(),
         )
         if self.biases.qkv:
             attention.qkv_bias = backend.linear_bias(*self._qkv_rows(attn, "bias", host))
@@ -466,6 +481,7 @@ class LlamaForCausalLM(CausalLM):
             shape = (input_ids.shape[0], self.config.hidden_size)
             hidden = parallel.recv_from_previous_stage(ops, shape)
             residual = parallel.recv_from_previous_stage(ops, shape)
+        # a batch per KV-cache group (sliding and global layers): each layer takes its group's
         if lora is not None:
             for layer, kv_cache, adapters in zip(self.layers, kv_caches, lora, strict=True):
                 hidden, residual = self.layer_forward(
@@ -475,18 +491,25 @@ class LlamaForCausalLM(CausalLM):
                     positions,
                     self.rope_cos,
                     self.rope_sin,
-                    batch,
+                    layer_batch(batch, layer.attention.window),
                     kv_cache,
                     adapters,
                 )
-        elif self.dense_layers is not None:
+        elif self.dense_layers is not None and not isinstance(batch, GroupedBatch):
             hidden, residual = ops.decoder_layers(
                 hidden, residual, self.dense_layers, positions, self.rope_cos, self.rope_sin, batch, kv_caches
             )
         else:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
                 hidden, residual = self.layer_forward(
-                    layer, hidden, residual, positions, self.rope_cos, self.rope_sin, batch, kv_cache
+                    layer,
+                    hidden,
+                    residual,
+                    positions,
+                    self.rope_cos,
+                    self.rope_sin,
+                    layer_batch(batch, layer.attention.window),
+                    kv_cache,
                 )
         if not parallel.is_last_stage:
             parallel.send_to_next_stage(hidden)

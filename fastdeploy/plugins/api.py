@@ -26,7 +26,14 @@ from fastdeploy.backends.fused import mlp_block as lora_mlp_block
 from fastdeploy.backends.lora import LayerLoRA, LoRAStack
 from fastdeploy.backends.ops import DeviceOps
 from fastdeploy.backends.platform import Platform
-from fastdeploy.backends.types import BackendOptions, BatchLayout, KVCacheSpec, PendingTokens
+from fastdeploy.backends.types import (
+    BackendOptions,
+    BatchLayout,
+    GroupedBatch,
+    KVCacheSpec,
+    PendingTokens,
+    layer_batch,
+)
 from fastdeploy.config import ModelConfig
 from fastdeploy.entrypoints.backend_conformance import check_greedy_generation
 from fastdeploy.errors import (
@@ -50,7 +57,13 @@ from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
 from fastdeploy.model_executor.loaders.safetensors_loader import SafetensorsLoader
 from fastdeploy.model_executor.rope import interleaved_to_half_rows, rope_tables
-from fastdeploy.models.base import CausalLM, LoRAProjection, check_weight_names, check_weight_shapes
+from fastdeploy.models.base import (
+    CausalLM,
+    KVCacheGroup,
+    LoRAProjection,
+    check_weight_names,
+    check_weight_shapes,
+)
 from fastdeploy.parallel.communicator import Communicator, RendezvousInfo
 from fastdeploy.parallel.kv_transfer import KVOffer, KVReceiver, KVTransport, TransferError, TransferResult
 from fastdeploy.parallel.model_parallel import ModelParallel
@@ -82,11 +95,14 @@ __all__ = [
     "lora_mlp_block",
     # models
     "CausalLM",
+    "GroupedBatch",
+    "KVCacheGroup",
     "LoRAProjection",
     "ModelConfig",
     "check_weight_names",
     "check_weight_shapes",
     "interleaved_to_half_rows",
+    "layer_batch",
     "rope_tables",
     # parallelism: a model's shard, and the collectives a device plugin implements
     "ModelParallel",

@@ -10,24 +10,30 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.kv_layout import KVLayout
 from fastdeploy.logger import get_logger
 from fastdeploy.router.disaggregation import FLAGS, PairedProxy, check_pairing
 from fastdeploy.router.metrics import RouterMetrics, merge_worker_metrics
 from fastdeploy.router.policies import Policy, make_policy
-from fastdeploy.router.proxy import Proxy, forwarded_headers
-from fastdeploy.router.workers import Worker, WorkerSet, parse_worker_url
+from fastdeploy.router.proxy import Proxy, forwarded_headers, new_session
+from fastdeploy.router.workers import Worker, WorkerList, WorkerSet
 
 logger = get_logger(__name__)
+
+#: the OpenAI routes forwarded to workers
+FORWARDED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 @dataclass
@@ -43,22 +49,35 @@ class RouterSettings:
     health_timeout: float = 2.0
     connect_timeout: float = 5.0
     startup_timeout: float = 30.0
-    #: prefill/decode disaggregation: the prefill and the decode workers (instead of `workers`)
+    #: prefill/decode disaggregation: the prefill and the decode workers (instead of `workers`),
+    #: given as addresses and/or files re-read when they change
     prefill_workers: list[str] = field(default_factory=list)
     decode_workers: list[str] = field(default_factory=list)
+    prefill_workers_file: str | None = None
+    decode_workers_file: str | None = None
+
+    def worker_lists(self) -> list[WorkerList]:
+        """Where the workers come from: one list, or with disaggregation a prefill and a decode list."""
+        if not self.disaggregated:
+            return [WorkerList("mixed", self.workers, self.workers_file)]
+        return [
+            WorkerList("prefill", self.prefill_workers, self.prefill_workers_file),
+            WorkerList("decode", self.decode_workers, self.decode_workers_file),
+        ]
 
     @property
     def workers_flag(self) -> str:
         """The flag(s) the workers came from, for error messages."""
-        if self.disaggregated:
-            return FLAGS
-        if self.workers and self.workers_file:
-            return "--workers/--workers-file"
-        return "--workers-file" if self.workers_file else "--workers"
+        return FLAGS if self.disaggregated else self.worker_lists()[0].flag
 
     @property
     def disaggregated(self) -> bool:
-        return bool(self.prefill_workers or self.decode_workers)
+        return bool(
+            self.prefill_workers
+            or self.decode_workers
+            or self.prefill_workers_file
+            or self.decode_workers_file
+        )
 
     def check_roles(self) -> None:
         """Disaggregation needs both kinds of worker, and no plain ones beside them."""
@@ -69,32 +88,48 @@ class RouterSettings:
                 "--workers/--workers-file cannot be combined with --prefill-workers/--decode-workers "
                 "(run a second router for mixed workers)"
             )
-        if not self.prefill_workers:
+        if not self.prefill_workers and not self.prefill_workers_file:
             raise InvalidArgumentError(
                 "--prefill-workers: the decode workers need a prefill peer; none given"
             )
-        if not self.decode_workers:
+        if not self.decode_workers and not self.decode_workers_file:
             raise InvalidArgumentError("--decode-workers: the prefill workers need a decode peer; none given")
-        for flag, urls in (
-            ("--prefill-workers", self.prefill_workers),
-            ("--decode-workers", self.decode_workers),
-        ):
-            for url in urls:
-                parse_worker_url(url, flag)
 
 
-def build_app(settings: RouterSettings, workers: WorkerSet) -> FastAPI:
-    """The router's app over `workers`; health checks and file reloads run while it serves."""
+class RouterApp:
+    """The router's ASGI app: the forwarded paths go straight to the proxy (a plain ASGI handler:
+    FastAPI's middleware and parameter handling would be work for nothing on every request);
+    everything else, start-up and shutdown included, to `api`."""
+
+    def __init__(self, api: FastAPI) -> None:
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in FORWARDED_PATHS and scope["method"] == "POST":
+            await self.api.state.proxy.handle(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)
+
+
+def build_app(
+    settings: RouterSettings, workers: WorkerSet, layout: tuple[str, KVLayout] | None = None
+) -> RouterApp:
+    """The router's app over `workers`; health checks and file reloads run while it serves.
+    With disaggregation, workers joining later must have `layout` (the KV layout checked at
+    start-up, and the worker it was read from).
+    Requests go on over a pooled aiohttp session; the router's own few requests (health checks,
+    /v1/models, /metrics, /v1/disaggregation) over an httpx client."""
     metrics = RouterMetrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with new_client(settings) as client:
+        async with new_client(settings) as client, new_session(settings.connect_timeout) as session:
             app.state.client = client
-            app.state.proxy = make_proxy(settings, workers, client, metrics)
-            await workers.check(client, settings.health_timeout)
+            app.state.proxy = proxy = make_proxy(settings, workers, client, session, metrics, layout)
+            admit = proxy.admit if isinstance(proxy, PairedProxy) else None
+            await workers.check(client, settings.health_timeout, admit)
             watcher = asyncio.create_task(
-                workers.watch(client, settings.health_interval, settings.health_timeout)
+                workers.watch(client, settings.health_interval, settings.health_timeout, admit)
             )
             try:
                 yield
@@ -103,11 +138,6 @@ def build_app(settings: RouterSettings, workers: WorkerSet) -> FastAPI:
                 await asyncio.gather(watcher, return_exceptions=True)
 
     app = FastAPI(title="fastdeploy router", lifespan=lifespan)
-
-    # plain Starlette routes: the body goes on as bytes, so FastAPI's parameter handling would be
-    # work for nothing on every request
-    for path in ("/v1/completions", "/v1/chat/completions"):
-        app.add_route(path, forwarding(path), methods=["POST"])
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -131,11 +161,16 @@ def build_app(settings: RouterSettings, workers: WorkerSet) -> FastAPI:
             media_type="text/plain; version=0.0.4; charset=utf-8",
         )
 
-    return app
+    return RouterApp(app)
 
 
 def make_proxy(
-    settings: RouterSettings, workers: WorkerSet, client: httpx.AsyncClient, metrics: RouterMetrics
+    settings: RouterSettings,
+    workers: WorkerSet,
+    client: httpx.AsyncClient,
+    session: aiohttp.ClientSession,
+    metrics: RouterMetrics,
+    layout: tuple[str, KVLayout] | None = None,
 ) -> Proxy | PairedProxy:
     """The plain proxy, or with prefill and decode workers the proxy that pairs them."""
 
@@ -143,33 +178,21 @@ def make_proxy(
         return make_policy(settings.policy, settings.prefix_block_chars, settings.prefix_slack)
 
     if not settings.disaggregated:
-        return Proxy(workers, policy(), client, metrics)
+        return Proxy(workers, policy(), session, metrics)
     return PairedProxy(
         workers,
-        {parse_worker_url(url, "--prefill-workers") for url in settings.prefill_workers},
-        {parse_worker_url(url, "--decode-workers") for url in settings.decode_workers},
         (policy(), policy()),
-        client,
+        (client, session),
         metrics,
         settings.health_timeout,
+        layout,
     )
 
 
-def forwarding(path: str) -> Callable[[Request], Awaitable[Response]]:
-    """The endpoint that forwards a request to a worker's `path`."""
-
-    async def forward(request: Request) -> Response:
-        return await request.app.state.proxy.forward(request, path)
-
-    return forward
-
-
 def new_client(settings: RouterSettings) -> httpx.AsyncClient:
-    """The pooled client for the workers: no read timeout (a long generation is not a failure),
-    and answers uncompressed so streams can be relayed byte for byte."""
+    """The client for the router's own requests to its workers (health, models, metrics)."""
     timeout = httpx.Timeout(None, connect=settings.connect_timeout)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    return httpx.AsyncClient(timeout=timeout, limits=limits, headers={"accept-encoding": "identity"})
+    return httpx.AsyncClient(timeout=timeout, headers={"accept-encoding": "identity"})
 
 
 async def merged_models(
@@ -222,20 +245,15 @@ async def worker_metrics(client: httpx.AsyncClient, workers: list[Worker], timeo
     }
 
 
-async def wait_for_workers(settings: RouterSettings, workers: WorkerSet) -> None:
+async def wait_for_workers(settings: RouterSettings, workers: WorkerSet) -> tuple[str, KVLayout] | None:
     """Return once a worker (with disaggregation: a prefill and a decode worker) is healthy;
     raise naming the flag if none is within the start-up timeout. Paired workers must then
-    agree on their roles and KV layouts."""
-    groups = (
-        {"--prefill-workers": settings.prefill_workers, "--decode-workers": settings.decode_workers}
-        if settings.disaggregated
-        else {settings.workers_flag: [worker.url for worker in workers.all]}
-    )
-    groups = {flag: {parse_worker_url(url, flag) for url in urls} for flag, urls in groups.items()}
+    agree on their roles and KV layouts: the layout they share is returned (and the worker it
+    was read from)."""
+    lists = {listed.role: listed.flag for listed in settings.worker_lists()}
 
     def missing() -> list[str]:
-        healthy = {worker.url for worker in workers.available()}
-        return [flag for flag, urls in groups.items() if not urls & healthy]
+        return [role for role in lists if not workers.available(role)]
 
     deadline = time.monotonic() + settings.startup_timeout
     async with new_client(settings) as client:
@@ -245,13 +263,14 @@ async def wait_for_workers(settings: RouterSettings, workers: WorkerSet) -> None
                 break
             await asyncio.sleep(min(0.5, settings.health_interval))
         if missing():
-            flag = missing()[0]
-            reasons = "; ".join(f"{w.url}: {w.last_error}" for w in workers.all if w.url in groups[flag])
+            role = missing()[0]
+            reasons = "; ".join(f"{w.url}: {w.last_error}" for w in workers.all if w.role == role)
             raise InvalidArgumentError(
-                f"{flag}: no reachable worker within {settings.startup_timeout:g} s ({reasons})"
+                f"{lists[role]}: no reachable worker within {settings.startup_timeout:g} s ({reasons})"
             )
-        if settings.disaggregated:
-            await check_pairing(client, workers, groups["--prefill-workers"], settings.health_timeout)
+        return (
+            await check_pairing(client, workers, settings.health_timeout) if settings.disaggregated else None
+        )
 
 
 def run_router(
@@ -259,22 +278,22 @@ def run_router(
 ) -> int:
     """Check the workers, then serve until SIGTERM / Ctrl+C."""
     settings.check_roles()
-    workers = WorkerSet(
-        settings.workers + settings.prefill_workers + settings.decode_workers, settings.workers_file
-    )
+    workers = WorkerSet(*settings.worker_lists())
     if not workers.all:
         raise InvalidArgumentError(
             f"{settings.workers_flag}: no worker address given (expected http://host:port)"
         )
     make_policy(settings.policy)  # an unknown policy is refused before any worker is asked
-    asyncio.run(wait_for_workers(settings, workers))
+    layout = asyncio.run(wait_for_workers(settings, workers))
     logger.info("routing to %s", ", ".join(worker.url for worker in workers.available()))
     config = uvicorn.Config(
-        build_app(settings, workers),
+        build_app(settings, workers, layout),
         host=host,
         port=port,
         log_level=log_level,
         access_log=False,
+        proxy_headers=False,  # the router reads no client address
+        http="httptools",  # uvicorn's C parser: a fraction of h11's time per request
         timeout_graceful_shutdown=shutdown_timeout,
     )
     _QuietExitServer(config).run()

@@ -22,25 +22,27 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import httpx
-from fastapi import Request
-from fastapi.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from fastdeploy.client_disconnects import ClientDisconnected
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.kv_layout import KVLayout
 from fastdeploy.logger import get_logger
 from fastdeploy.router.metrics import RouterMetrics
 from fastdeploy.router.policies import Policy
 from fastdeploy.router.proxy import (
+    WORKER_ERRORS,
+    Answer,
     Proxy,
     WorkerFailed,
     answer_headers,
-    error_response,
-    forwarded_headers,
+    describe,
+    error_answer,
     json_or_none,
+    serve,
 )
-from fastdeploy.router.workers import Worker, WorkerSet
+from fastdeploy.router.workers import ROLE_FLAGS, Worker, WorkerSet
 
 logger = get_logger(__name__)
 
@@ -56,57 +58,74 @@ class PairedProxy:
     def __init__(
         self,
         workers: WorkerSet,
-        prefill_urls: set[str],
-        decode_urls: set[str],
         policies: tuple[Policy, Policy],
-        client: httpx.AsyncClient,
+        clients: tuple[httpx.AsyncClient, aiohttp.ClientSession],
         metrics: RouterMetrics,
         info_timeout: float,
+        layout: tuple[str, KVLayout] | None = None,
     ) -> None:
+        """`clients`: the router's own requests (/v1/disaggregation) go over the first, the
+        forwarded ones over the second."""
         self.workers = workers
-        self.prefill_urls, self.decode_urls = prefill_urls, decode_urls
         self.prefill_policy, self.decode_policy = policies
-        self.client = client
+        self.client, self.session = clients
         self.metrics = metrics
         self.info_timeout = info_timeout
-        self.decode = Proxy(workers, self.decode_policy, client, metrics)
+        #: the KV layout every paired worker must have, and the worker it was first seen on
+        self.layout: tuple[str, KVLayout] | None = layout
+        self.decode = Proxy(workers, self.decode_policy, self.session, metrics)
 
-    def _available(self, urls: set[str], tried: set[Worker]) -> list[Worker]:
-        return [w for w in self.workers.available() if w.url in urls and w not in tried]
+    def _available(self, role: str, tried: set[Worker]) -> list[Worker]:
+        return [w for w in self.workers.available(role) if w not in tried]
 
-    async def forward(self, request: Request, path: str) -> Response:
-        body = await request.body()
+    async def admit(self, worker: Worker) -> str | None:
+        """Why `worker`, about to become healthy (added by a workers file, or back after a
+        failure), may not be paired: it plays another role than listed, or its KV layout differs
+        from the others'. None if it may."""
+        try:
+            info = await worker_info(self.client, worker, self.info_timeout)
+        except (httpx.HTTPError, ValueError) as exc:
+            return f"/v1/disaggregation failed: {type(exc).__name__} {exc}".strip()
+        layout, problem = _role_and_layout(worker, info)
+        if problem is not None:
+            return problem
+        if self.layout is None:
+            self.layout = (worker.url, layout)
+            return None
+        return _layout_mismatch(worker, layout, *self.layout)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI handler of a forwarded path."""
+        await serve(scope, receive, send, self.forward)
+
+    async def forward(self, send: Send, path: str, body: bytes, headers: list[tuple[str, str]]) -> None:
+        """Send the client the decode worker's answer once a prefill worker sent it the prompt's
+        KV blocks; a refusal or failed transfer as the prefill worker answered it; else a 503."""
         parsed = json_or_none(body)
         if not isinstance(parsed, dict):  # the decode worker answers what is wrong with it
-            return await self.decode.forward(request, path)
-        streaming = parsed.get("stream") is True
-        headers = forwarded_headers(request)
+            return await self.decode.forward(send, path, body, headers)
         tried_prefill: set[Worker] = set()
         tried_decode: set[Worker] = set()
         reasons: list[str] = []
-        while candidates := self._available(self.decode_urls, tried_decode):
+        while candidates := self._available("decode", tried_decode):
             decode = self.decode_policy.choose(candidates, parsed)
             tried_decode.add(decode)
             address = await self._kv_address(decode, reasons)
             if address is None:
                 continue
             prefilled = await self._prefill(parsed, path, headers, address, tried_prefill, reasons)
-            if isinstance(prefilled, Response):
-                return prefilled
+            if isinstance(prefilled, Answer):
+                return await prefilled.send(send)
             if prefilled is None:
                 break  # no prefill worker could take it
             try:
-                return await self.decode.attempt(
-                    request, decode, path, body, headers, streaming, len(candidates) > 1
-                )
-            except ClientDisconnected:
-                return Response(status_code=499)
+                return await self.decode.attempt(send, decode, path, body, headers, len(candidates) > 1)
             except WorkerFailed as exc:
                 reasons.append(f"{decode.url}: {exc}")
                 self.metrics.retries.labels(decode.url).inc()
         self.metrics.unserved.inc()
         detail = "; ".join(reasons) if reasons else "no prefill and decode worker pair is healthy"
-        return error_response(503, f"no worker pair could serve the request ({detail})")
+        await error_answer(503, f"no worker pair could serve the request ({detail})").send(send)
 
     async def _kv_address(self, decode: Worker, reasons: list[str]) -> str | None:
         """`host:port` where `decode` receives KV blocks (None, and the worker left out, if it
@@ -125,25 +144,26 @@ class PairedProxy:
         self,
         parsed: dict,
         path: str,
-        headers: dict[str, str],
+        headers: list[tuple[str, str]],
         address: str,
         tried: set[Worker],
         reasons: list[str],
-    ) -> dict | Response | None:
+    ) -> dict | Answer | None:
         """The prefill worker's transfer summary once the blocks are at `address`; its answer if
         it refused the request or the transfer failed; None if no prefill worker could take it."""
         body = {key: value for key, value in parsed.items() if key not in _DROPPED}
         body.update(_PREFILL_ONLY, kv_transfer_params={"decode_address": address})
         if "max_completion_tokens" in body:
             body["max_completion_tokens"] = 1
-        while candidates := self._available(self.prefill_urls, tried):
+        while candidates := self._available("prefill", tried):
             prefill = self.prefill_policy.choose(candidates, parsed)
             tried.add(prefill)
             prefill.outstanding += 1
             try:
-                answer = await self.client.post(prefill.url + path, json=body, headers=headers)
-            except httpx.TransportError as exc:
-                reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                async with self.session.post(prefill.url + path, json=body, headers=headers) as answer:
+                    content = await answer.read()
+            except WORKER_ERRORS as exc:
+                reason = describe(exc)
                 self.workers.mark_failed(prefill, reason)
                 reasons.append(f"{prefill.url}: {reason}")
                 self.metrics.retries.labels(prefill.url).inc()
@@ -151,14 +171,15 @@ class PairedProxy:
                 continue
             finally:
                 prefill.outstanding -= 1
-            if answer.status_code == 503 and len(candidates) > 1:
+            if answer.status == 503 and len(candidates) > 1:
                 reasons.append(f"{prefill.url}: it answered 503")
                 continue
-            outcome = "ok" if answer.status_code == 200 else "http_error"
+            outcome = "ok" if answer.status == 200 else "http_error"
             self.metrics.requests.labels(prefill.url, outcome).inc()
-            if answer.status_code != 200:
-                return Response(answer.content, answer.status_code, headers=answer_headers(answer))
-            return json_or_none(answer.content).get("kv_transfer_params") or {}
+            if answer.status != 200:
+                return Answer(answer.status, content, answer_headers(answer))
+            summary = json_or_none(content)
+            return (summary.get("kv_transfer_params") if isinstance(summary, dict) else None) or {}
         return None
 
 
@@ -173,35 +194,50 @@ async def worker_info(client: httpx.AsyncClient, worker: Worker, timeout: float)
 
 
 async def check_pairing(
-    client: httpx.AsyncClient, workers: WorkerSet, prefill_urls: set[str], timeout: float
-) -> None:
+    client: httpx.AsyncClient, workers: WorkerSet, timeout: float
+) -> tuple[str, KVLayout] | None:
     """Refuse, naming the flags, workers that do not play their listed role or whose KV layouts
-    differ (model, element type, block size, shapes)."""
+    differ (model, element type, block size, shapes). Returns the layout they share, and the
+    worker it was read from."""
     healthy = workers.available()
     answers = await asyncio.gather(
         *(worker_info(client, w, timeout) for w in healthy), return_exceptions=True
     )
     reference: tuple[str, KVLayout] | None = None
     for worker, info in zip(healthy, answers, strict=True):
-        expected = "prefill" if worker.url in prefill_urls else "decode"
-        flag = f"--{expected}-workers"
+        flag = ROLE_FLAGS[worker.role][0]
         if isinstance(info, BaseException):
             raise InvalidArgumentError(f"{flag}: {worker.url} did not answer /v1/disaggregation ({info})")
-        if info.get("role") != expected:
-            raise InvalidArgumentError(
-                f"{flag}: {worker.url} is a {info.get('role')} instance; start it with "
-                f"`fastdeploy serve --splitwise-role {expected}`"
-            )
-        try:
-            layout = KVLayout.from_dict(info.get("kv_layout"))
-        except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"{flag}: {worker.url}: {exc}") from None
+        layout, problem = _role_and_layout(worker, info)
+        if problem is not None:
+            raise InvalidArgumentError(f"{flag}: {problem}")
         if reference is None:
             reference = (worker.url, layout)
             continue
-        why = reference[1].mismatch(layout)
-        if why is not None:
-            raise InvalidArgumentError(
-                f"{FLAGS}: {worker.url} cannot be paired with {reference[0]}: its KV {why} "
-                "(paired instances need the same model, --block-size and --kv-cache-dtype)"
-            )
+        problem = _layout_mismatch(worker, layout, *reference)
+        if problem is not None:
+            raise InvalidArgumentError(f"{FLAGS}: {problem}")
+    return reference
+
+
+def _role_and_layout(worker: Worker, info: dict[str, Any]) -> tuple[KVLayout | None, str | None]:
+    """The KV layout `worker` reports, or why it cannot play its listed role."""
+    if info.get("role") != worker.role:
+        return None, (
+            f"{worker.url} is a {info.get('role')} instance; start it with "
+            f"`fastdeploy serve --splitwise-role {worker.role}`"
+        )
+    try:
+        return KVLayout.from_dict(info.get("kv_layout")), None
+    except InvalidArgumentError as exc:
+        return None, f"{worker.url}: {exc}"
+
+
+def _layout_mismatch(worker: Worker, layout: KVLayout, reference_url: str, reference: KVLayout) -> str | None:
+    why = reference.mismatch(layout)
+    if why is None:
+        return None
+    return (
+        f"{worker.url} cannot be paired with {reference_url}: its KV {why} "
+        "(paired instances need the same model, --block-size and --kv-cache-dtype)"
+    )

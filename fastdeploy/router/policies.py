@@ -25,6 +25,9 @@ POLICY_NAMES = ("least-outstanding", "prefix-affinity", "round-robin")
 
 
 class Policy(Protocol):
+    #: whether `choose` reads the request (else the router does not parse bodies for it)
+    reads_request: bool
+
     def choose(self, workers: Sequence[Worker], request: Any) -> Worker:
         """One of `workers` (never empty) for `request` (the parsed JSON body, or None)."""
 
@@ -34,6 +37,8 @@ def _outstanding(worker: Worker) -> int:
 
 
 class LeastOutstanding:
+    reads_request = False
+
     def __init__(self) -> None:
         self._least = LeastLoaded()
 
@@ -42,6 +47,8 @@ class LeastOutstanding:
 
 
 class RoundRobinPolicy:
+    reads_request = False
+
     def __init__(self) -> None:
         self._turn = RoundRobin()
 
@@ -50,6 +57,8 @@ class RoundRobinPolicy:
 
 
 class PrefixAffinityPolicy:
+    reads_request = True
+
     def __init__(self, block_chars: int, slack: int) -> None:
         self._least = LeastLoaded()
         self._affinity: PrefixAffinity[Worker] = PrefixAffinity(block_chars, slack=slack)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiny_checkpoints as tiny
+from kv_group_peaks import held_now, track_peaks
 from safetensors.numpy import save_file
 
 from fastdeploy import LLM, SamplingParams
@@ -106,7 +107,10 @@ def write_checkpoint(directory: Path, tensors: dict[str, np.ndarray], **override
 
 
 def engine_tokens(directory: str, **kwargs) -> list[list[int]]:
-    llm = LLM(model=directory, max_model_len=64, **kwargs)
+    return generate(LLM(model=directory, **{"max_model_len": 64, **kwargs}))
+
+
+def generate(llm: LLM) -> list[list[int]]:
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     for output in outputs:
@@ -163,6 +167,30 @@ def test_past_the_sliding_window_the_sliding_layer_attends_over_its_window(tmp_p
     assert engine_tokens(directory) == expected  # native kernels, sinks applied after
     monkeypatch.setenv("FD_CPU_KERNELS", "numpy")  # sinks and window inside the softmax
     assert engine_tokens(directory) == expected
+
+
+def test_the_sliding_layer_keeps_only_its_window_of_blocks(tmp_path):
+    """A window of 8 over 4-position blocks: the sliding layer's KV group holds the window, a
+    prefill chunk and a margin while the full layer's keeps every position, in a cache too small
+    for both layers to hold the 37 positions of the longer prompt and its tokens (the two prompts
+    take turns: one is preempted); tokens are transformers', and every block comes back."""
+    model = reference_model(sliding_window=8)
+    tensors = {name: t.numpy() for name, t in model.state_dict().items()}
+    directory = write_checkpoint(tmp_path / "window", tensors, sliding_window=8)
+    longest = max(len(prompt) for prompt in PROMPTS) + NEW_TOKENS
+    layer_position = 2 * CONFIG["num_key_value_heads"] * CONFIG["head_dim"] * 4  # float32 key and value
+    budget = 72 * layer_position  # the full layer's 40 (max_model_len) and the sliding layer's 8 + 8 + 12
+    assert budget < 2 * longest * layer_position
+    llm = LLM(
+        model=directory, max_model_len=40, block_size=4, max_num_batched_tokens=8, kv_cache_memory=budget
+    )
+    peaks = track_peaks(llm)
+    assert generate(llm) == reference_tokens(model)
+    full, sliding = peaks
+    assert full == -(-(longest - 1) // 4)  # every position but the last token's (never fed back)
+    assert sliding <= 8 // 4 + 8 // 4 + 3
+    assert llm.llm_engine.scheduler.num_preemptions > 0
+    assert held_now(llm) == [0, 0]
 
 
 def test_the_checkpoint_exercises_sinks_and_the_clamp():

@@ -1,4 +1,4 @@
-"""Phi-3 (LongRoPE, partial rotary), Phi-4, Mixtral, Qwen2-MoE, Qwen3-MoE, Gemma 3 and ERNIE-4.5
+"""Phi-3 (LongRoPE, partial rotary), Phi-4, Mixtral, Qwen2-MoE, Qwen3-MoE, Gemma 2, Gemma 3 and ERNIE-4.5
 (dense, MoE) against transformers, each as a Hugging Face directory and as the GGUF llama.cpp's own
 converter wrote of the same weights.
 
@@ -86,7 +86,7 @@ def test_the_gguf_files_hold_the_same_weights_as_the_directories():
         assert set(loaded) == set(expected), name
         for key, value in expected.items():
             actual = loaded[key].reshape(value.shape)
-            if name == "gemma3" and key.endswith("norm.weight"):
+            if name in ("gemma2", "gemma3") and key.endswith("norm.weight"):
                 # llama.cpp stores the scale 1 + w, which is what both sides compute with
                 actual, value = actual + np.float32(1), value + np.float32(1)
             np.testing.assert_array_equal(actual, value, err_msg=f"{name} {key}")

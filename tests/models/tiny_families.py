@@ -1,5 +1,6 @@
 """Tiny random-weight checkpoints of Phi-3 (LongRoPE, partial rotary), Phi-4, Mixtral, Qwen2-MoE,
-Qwen3-MoE and Gemma 3 (text), rebuilt from a seed, plus the GGUF files llama.cpp's converter made of them.
+Qwen3-MoE, Gemma 2 and Gemma 3 (text), rebuilt from a seed, plus the GGUF files llama.cpp's
+converter made of them.
 
 Shared by tests/models/test_tiny_families.py and tools/make_family_references.py (which loads
 exactly these weights into transformers for tests/fixtures/tiny_family_references.json, and
@@ -200,6 +201,32 @@ SPECS: dict[str, dict[str, Any]] = {
             "tie_word_embeddings": True,
         },
     },
+    # every other layer slides over 20 positions (prompts and generations cross it); scores of
+    # about +-4 (Gemma's (1 + w) norms, weights ~ 1/sqrt(in)) against an attention cap of 3, so
+    # the cap binds and changes the tokens (the references record the uncapped ones too); the
+    # final cap of 5 bends the logits (only they show it: tanh keeps the argmax); the embedding
+    # drawn 4x smaller than the others', so the tied head does not just repeat the last token
+    "gemma2": {
+        "seed": 3202,
+        "weight_scales": {"model.embed_tokens.weight": 0.25},
+        "config": _COMMON
+        | {
+            "architectures": ["Gemma2ForCausalLM"],
+            "model_type": "gemma2",
+            "num_hidden_layers": 4,
+            "head_dim": 16,
+            "intermediate_size": 64,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 10000.0,
+            "sliding_window": 20,
+            "query_pre_attn_scalar": 16,
+            "attn_logit_softcapping": 3.0,
+            "final_logit_softcapping": 5.0,
+            "attention_bias": False,
+            "tie_word_embeddings": True,
+        },
+    },
 }
 
 #: the models also converted to GGUF: llama.cpp's qwen2moe/qwen3moe have no dense layers
@@ -276,7 +303,7 @@ def tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         if kind in ("qwen3_moe", "gemma3_text"):
             shapes[attn + "q_norm.weight"] = (head_dim,)
             shapes[attn + "k_norm.weight"] = (head_dim,)
-        if kind == "gemma3_text":
+        if kind in ("gemma2", "gemma3_text"):
             shapes[p + "pre_feedforward_layernorm.weight"] = (hidden,)
             shapes[p + "post_feedforward_layernorm.weight"] = (hidden,)
         if i not in moe_layers(config):
@@ -302,8 +329,12 @@ def tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 
 def tensors(name: str) -> dict[str, np.ndarray]:
-    """The seeded float32 weights of tiny model `name`."""
-    return seeded_tensors(tensor_shapes(SPECS[name]["config"]), SPECS[name]["seed"])
+    """The seeded float32 weights of tiny model `name` (times its `weight_scales`, where given)."""
+    spec = SPECS[name]
+    weights = seeded_tensors(tensor_shapes(spec["config"]), spec["seed"])
+    for tensor_name, factor in spec.get("weight_scales", {}).items():
+        weights[tensor_name] = weights[tensor_name] * np.float32(factor)
+    return weights
 
 
 def write_checkpoint(directory: str | os.PathLike[str], name: str) -> dict[str, np.ndarray]:
@@ -317,7 +348,7 @@ def write_checkpoint(directory: str | os.PathLike[str], name: str) -> dict[str, 
 
 
 #: block-quantised conversions besides the f32 one
-QUANTISED_GGUFS = {"mixtral": ("q8_0",)}
+QUANTISED_GGUFS = {"mixtral": ("q8_0",), "gemma2": ("q8_0",)}
 
 
 def gguf_path(name: str, outtype: str = "f32") -> Path:

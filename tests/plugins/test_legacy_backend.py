@@ -60,7 +60,14 @@ def test_the_adapter_reads_the_flags_and_overrides_into_capabilities(backend_cla
 
 
 #: optional capabilities added after the 0.1 contract, which a backend written against it cannot offer
-POST_0_1_CAPABILITIES = {"kv_block_transfer", "lora", "latent_attention", "attention_sinks", "sliding_window"}
+POST_0_1_CAPABILITIES = {
+    "kv_block_transfer",
+    "lora",
+    "latent_attention",
+    "attention_sinks",
+    "sliding_window",
+    "attention_softcap",
+}
 
 
 @pytest.mark.parametrize("check", sorted(ALL_CHECKS))

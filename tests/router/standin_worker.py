@@ -6,13 +6,15 @@ Prompts naming this worker (`@NAME`) make it stop at a point:
 - "hold-after-headers@NAME": send the stream's headers, then nothing
 - "hold-after-first@NAME": stream one chunk, then wait forever
 - "fail-prefill@NAME": answer 504, as a prefill instance whose KV transfer stalled
+- "step@NAME": stream each chunk after the previous one only once POST /release allows it
 Anything else is answered at once; a stream has `chunks` chunks (default 3).
 
 With --role prefill|decode it answers /v1/disaggregation as such an instance would (its KV layout
 from --model and --block-size, KV port 5999), for the router's pairing.
 
-GET /state reports what it saw: requests, streams open now, Authorization headers, held requests;
-POST /health/{ok|fail} makes /health answer 200 or 503.
+GET /state reports what it saw: requests, streams open now, Authorization headers, held requests,
+releases; POST /health/{ok|fail} makes /health answer 200 or 503; POST /release lets a "step@"
+stream send its next chunk.
 Run: python standin_worker.py --name NAME --host H --port P [--role R --model M --block-size B]
 """
 
@@ -37,8 +39,10 @@ def build_app(name: str, role: str = "mixed", model: str = "standin", block_size
         "authorization": [],
         "paths": [],
         "bodies": [],
+        "released": 0,
     }
     forever = asyncio.Event()  # never set: what a held request waits on
+    releases: asyncio.Queue[None] = asyncio.Queue()  # one item per POST /release
 
     @app.get("/health")
     async def health():
@@ -48,6 +52,12 @@ def build_app(name: str, role: str = "mixed", model: str = "standin", block_size
     async def set_health(verdict: str):
         state["healthy"] = verdict == "ok"
         return {"healthy": state["healthy"]}
+
+    @app.post("/release")
+    async def release():
+        state["released"] += 1
+        releases.put_nowait(None)
+        return {"released": state["released"]}
 
     @app.get("/state")
     async def get_state():
@@ -110,6 +120,8 @@ def build_app(name: str, role: str = "mixed", model: str = "standin", block_size
                 if f"hold-after-first@{name}" in prompt:
                     state["held"] += 1
                     await forever.wait()
+                if f"step@{name}" in prompt:
+                    await releases.get()
                 await asyncio.sleep(0)
             yield "data: [DONE]\n\n"
         finally:

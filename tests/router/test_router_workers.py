@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from fastdeploy.errors import InvalidArgumentError
-from fastdeploy.router.workers import WorkerSet, parse_worker_url, read_workers_file
+from fastdeploy.router.workers import WorkerList, WorkerSet, parse_worker_url, read_workers_file
 
 
 def test_worker_addresses_are_normalised_or_refused_naming_the_flag():
@@ -41,7 +41,7 @@ def test_an_unreadable_or_invalid_workers_file_is_refused_naming_the_flag_and_li
 def test_a_rewritten_file_adds_and_removes_workers_and_a_bad_rewrite_keeps_them(tmp_path):
     listing = tmp_path / "workers"
     listing.write_text("http://127.0.0.1:8001\n")
-    pool = WorkerSet(["http://127.0.0.1:9000"], str(listing))
+    pool = WorkerSet(WorkerList("mixed", ["http://127.0.0.1:9000"], str(listing)))
     first = pool.all[1]
     assert [w.url for w in pool.all] == ["http://127.0.0.1:9000", "http://127.0.0.1:8001"]
     listing.write_text("http://127.0.0.1:8001\nhttp://127.0.0.1:8002\n")
@@ -72,7 +72,7 @@ def test_health_checks_take_workers_out_and_put_them_back():
         assert request.url.path == "/health"
         return httpx.Response(status)
 
-    pool = WorkerSet(list(verdicts))
+    pool = WorkerSet(WorkerList("mixed", list(verdicts)))
 
     async def check() -> list[str]:
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
@@ -83,3 +83,19 @@ def test_health_checks_take_workers_out_and_put_them_back():
     assert "503" in pool.all[1].last_error and "ConnectError" in pool.all[2].last_error
     verdicts.update({"http://w1:1": None, "http://w2:2": 200, "http://w3:3": 200})
     assert asyncio.run(check()) == ["http://w2:2", "http://w3:3"]
+
+
+def test_a_worker_listed_in_two_roles_is_refused_and_a_rewrite_that_does_so_is_ignored(tmp_path):
+    url = "http://127.0.0.1:8001"
+    with pytest.raises(
+        InvalidArgumentError, match=f"--decode-workers: {url} is also listed by --prefill-workers"
+    ):
+        WorkerSet(WorkerList("prefill", [url]), WorkerList("decode", [url]))
+    listing = tmp_path / "decode"
+    listing.write_text("http://127.0.0.1:8002\n")
+    pool = WorkerSet(WorkerList("prefill", [url]), WorkerList("decode", [], str(listing)))
+    assert [(w.url, w.role) for w in pool.all] == [(url, "prefill"), ("http://127.0.0.1:8002", "decode")]
+    listing.write_text(f"{url}\n")
+    os.utime(listing, ns=(1, 1))
+    pool.reload_file()  # the prefill worker cannot also be a decode worker: the old list stays
+    assert [(w.url, w.role) for w in pool.all] == [(url, "prefill"), ("http://127.0.0.1:8002", "decode")]

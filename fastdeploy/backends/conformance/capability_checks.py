@@ -457,6 +457,52 @@ def check_sliding_window(backend: Backend) -> str | None:
     return None
 
 
+def check_attention_softcap(backend: Backend) -> str | None:
+    """`softcapped_attention` (optional): scores of about +-4 against a cap of 2 (so the cap
+    binds), grouped heads; a prefill, then a decode beside a continued prefill chunk, against
+    numpy; with a 5-position window too where the backend declares `Capability.SLIDING_WINDOW`
+    (Gemma 2's sliding layers cap and slide). Also `softcap`, which caps Gemma 2's logits."""
+    if not backend.supports(Capability.ATTENTION_SOFTCAP):
+        return "backend has no attention logit soft-capping (Capability.ATTENTION_SOFTCAP): Gemma 2 is refused on it"
+    rng = np.random.default_rng(29)
+    logits = random_normal(rng, 3, 40) * np.float32(20)
+    capped = backend.to_numpy(backend.softcap(backend.from_numpy(logits), 30.0))
+    assert_close("softcap", capped, 30.0 * np.tanh(logits.astype(np.float64) / 30.0))
+    heads, kv_heads, dim, block, cap = 4, 2, 16, 4, 2.0
+    windows = [0, 5] if backend.supports(Capability.SLIDING_WINDOW) else [0]
+    spec = KVCacheSpec(num_layers=1, num_blocks=10, block_size=block, num_kv_heads=kv_heads, head_dim=dim)
+    tables = {"a": [6, 1, 8, 4], "b": [0, 9, 3, 5]}
+    for window in windows:
+        (cache,) = backend.allocate_kv_cache(spec)
+        keys = {name: random_normal(rng, 14, kv_heads, dim) for name in tables}
+        values = {name: random_normal(rng, 14, kv_heads, dim) for name in tables}
+        for parts in ([("a", 0, 13), ("b", 0, 6)], [("a", 13, 14), ("b", 6, 14)]):
+            q = random_normal(rng, sum(end - start for _, start, end in parts), heads, dim)
+            out = backend.softcapped_attention(
+                backend.from_numpy(q),
+                backend.from_numpy(np.concatenate([keys[n][s:e] for n, s, e in parts])),
+                backend.from_numpy(np.concatenate([values[n][s:e] for n, s, e in parts])),
+                cache,
+                backend.prepare_batch(batch_layout(tables, parts, block)),
+                1.0,
+                cap,
+                window,
+            )
+            out, row = backend.to_numpy(out), 0
+            for name, start, end in parts:
+                expected = ref.causal_attention(
+                    q[row : row + end - start],
+                    keys[name][:end],
+                    values[name][:end],
+                    1.0,
+                    window=window,
+                    softcap=cap,
+                )
+                assert_close(f"softcapped_attention window={window}", out[row : row + end - start], expected)
+                row += end - start
+    return None
+
+
 def check_graph_capture(backend: Backend) -> str | None:
     """Captured decode steps need a model and a GPU: `check_greedy_generation` on the device
     runs them; here only that a declaring backend implements `decode_graphs` (see the platform
@@ -567,4 +613,5 @@ CAPABILITY_CHECKS: dict[Capability, Callable[[Backend], str | None]] = {
     Capability.SLIDING_WINDOW: check_sliding_window,
     Capability.LATENT_ATTENTION: check_latent_attention,
     Capability.ATTENTION_SINKS: check_attention_sinks,
+    Capability.ATTENTION_SOFTCAP: check_attention_softcap,
 }

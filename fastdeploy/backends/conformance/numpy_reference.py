@@ -81,10 +81,12 @@ def causal_attention(
     scale: float,
     sinks: np.ndarray | None = None,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> np.ndarray:
     """The last len(q) positions of a sequence attending to all its keys (to the last `window`
     of them where `window` > 0), one head at a time; `sinks[h]` (attention sinks) is one more
-    logit in head h's softmax that weighs no value."""
+    logit in head h's softmax that weighs no value; `softcap` > 0 caps the scores at
+    softcap * tanh(score / softcap) (Gemma 2)."""
     length, heads, _ = q.shape
     context, kv_heads, _ = keys.shape
     group = heads // kv_heads
@@ -95,6 +97,8 @@ def causal_attention(
         for h in range(heads):
             kh = h // group
             scores = keys[first : position + 1, kh].astype(np.float64) @ q[t, h] * scale
+            if softcap > 0:
+                scores = softcap * np.tanh(scores / softcap)
             top = scores.max() if sinks is None else max(scores.max(), float(sinks[h]))
             weights = np.exp(scores - top)
             denominator = weights.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - top))

@@ -91,6 +91,15 @@ def _softmax_inplace(scores: np.ndarray, sinks: np.ndarray | None = None) -> np.
     return scores
 
 
+def _capped(scores: np.ndarray, softcap: float) -> np.ndarray:
+    """Attention logit soft-capping in place, softcap * tanh(scores / softcap) (0: none)."""
+    if softcap:
+        cap = np.float32(softcap)
+        np.tanh(scores / cap, out=scores)
+        scores *= cap
+    return scores
+
+
 def paged_attention(
     q: np.ndarray,
     k: np.ndarray,
@@ -100,9 +109,11 @@ def paged_attention(
     scale: float,
     sinks: np.ndarray | None = None,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> np.ndarray:
-    """See `Backend.attention` (`Backend.attention_with_sinks` with `sinks` [heads], and
-    `Backend.windowed_attention` where `window` > 0: positions before p - window + 1 are masked).
+    """See `Backend.attention` (`Backend.attention_with_sinks` with `sinks` [heads],
+    `Backend.windowed_attention` where `window` > 0: positions before p - window + 1 are masked,
+    and `Backend.softcapped_attention` where `softcap` > 0: scores capped before the mask).
     Caches are [slots, kv_heads, head_dim] arrays (kv_cache.py)."""
     store_numpy(kv_cache, meta.slot_mapping, k, v)
     num_tokens, num_heads, head_dim = q.shape
@@ -115,7 +126,7 @@ def paged_attention(
         queries = q[meta.decode_rows].reshape(-1, num_kv_heads, group, head_dim) * np.float32(scale)
         keys, values = gather_numpy(kv_cache, meta.decode_slots)
         keys = keys.transpose(0, 2, 3, 1)  # [d, kvh, hd, ctx]
-        scores = np.matmul(queries, keys)  # [d, kvh, group, ctx]
+        scores = _capped(np.matmul(queries, keys), softcap)  # [d, kvh, group, ctx]
         scores += meta.decode_mask
         if window:
             early = np.arange(scores.shape[-1])[None, :] < (meta.decode_lens - window)[:, None]
@@ -135,7 +146,9 @@ def paged_attention(
             visible = int(positions[-1]) + 1  # keys past the tile's last position are masked anyway
             tile = q[tile_start:tile_end] * np.float32(scale)  # [L, heads, hd]
             queries = tile.reshape(length, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
-            scores = np.matmul(queries, keys[:, None, :, :visible])  # [kvh, group, L, visible]
+            scores = _capped(
+                np.matmul(queries, keys[:, None, :, :visible]), softcap
+            )  # [kvh, group, L, visible]
             columns = np.arange(visible)[None, :]
             hidden = columns > positions[:, None]
             if window:

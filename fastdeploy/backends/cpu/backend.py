@@ -183,6 +183,7 @@ class CpuBackend(Backend):
             Capability.LATENT_ATTENTION,
             Capability.QUANTIZED_WEIGHTS,
             Capability.ATTENTION_SINKS,
+            Capability.ATTENTION_SOFTCAP,
         }
     )
     # logits are host arrays here: the portable reductions are this backend's own
@@ -480,6 +481,23 @@ class CpuBackend(Backend):
         if self.native_isa:
             return native.attention(q, k, v, kv_cache, batch, scale, self.native_isa, self.threads, window)
         return paged_attention(q, k, v, kv_cache, batch, scale, window=window)
+
+    def softcapped_attention(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        kv_cache: LayerKVCache,
+        batch: CpuAttentionMetadata,
+        scale: float,
+        softcap: float,
+        window: int = 0,
+    ) -> np.ndarray:
+        if self.native_isa:
+            return native.attention(
+                q, k, v, kv_cache, batch, scale, self.native_isa, self.threads, window, softcap
+            )
+        return paged_attention(q, k, v, kv_cache, batch, scale, window=window, softcap=softcap)
 
     def latent_attention(
         self,

@@ -33,11 +33,12 @@ _ARCHITECTURES = {
     # ERNIE's q/k rows are interleaved in transformers too; the model class reorders them
     "ernie4_5": ("Ernie4_5ForCausalLM", False),
     "ernie4_5-moe": ("Ernie4_5_MoeForCausalLM", False),
+    "gemma2": ("Gemma2ForCausalLM", False),
     "gemma3": ("Gemma3ForCausalLM", False),
 }
 #: architectures whose converter stores RMSNorm weights as the scale (1 + w) where transformers
 #: stores w
-_NORMS_PLUS_ONE = {"gemma3"}
+_NORMS_PLUS_ONE = {"gemma2", "gemma3"}
 #: llama.cpp writes Mixtral as "llama" with experts
 _LLAMA_WITH_EXPERTS = "MixtralForCausalLM"
 
@@ -64,6 +65,12 @@ _LAYER_TENSORS = {
     "ffn_down": "mlp.down_proj",
     "ffn_gate_inp": "mlp.gate",
 }
+#: Gemma 2 and 3's four norms a layer
+_GEMMA_LAYER_TENSORS = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 #: where an architecture's names differ from _LAYER_TENSORS (full names for a part stored as
 #: ".bias" whose HF name is not "<stem>.bias")
 _ARCH_LAYER_TENSORS: dict[str, dict[str, str]] = {
@@ -76,11 +83,8 @@ _ARCH_LAYER_TENSORS: dict[str, dict[str, str]] = {
         "ffn_down_shexp": "mlp.shared_expert.down_proj",
         "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
     },
-    "gemma3": {
-        "post_attention_norm": "post_attention_layernorm",
-        "ffn_norm": "pre_feedforward_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm",
-    },
+    "gemma3": _GEMMA_LAYER_TENSORS,
+    "gemma2": _GEMMA_LAYER_TENSORS,
     "ernie4_5-moe": {
         "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
         "ffn_up_shexp": "mlp.shared_experts.up_proj",
@@ -269,6 +273,13 @@ def config_from_metadata(meta: dict[str, Any]) -> dict[str, Any]:
         config["sliding_window_pattern"] = 6
         config["rope_local_base_freq"] = float(key("rope.freq_base_swa", 10000.0))
         config["query_pre_attn_scalar"] = hidden // heads if config["num_hidden_layers"] == 62 else head_dim
+    elif arch == "gemma2":
+        # as llama.cpp reads a file without the keys: a 4096-position window on every other layer,
+        # queries scaled by head_dim (hidden / heads for the 46-layer 27B), no soft-capping
+        config["sliding_window"] = int(key("attention.sliding_window") or 4096)
+        config["query_pre_attn_scalar"] = hidden // heads if config["num_hidden_layers"] == 46 else head_dim
+        config["attn_logit_softcapping"] = key("attn_logit_softcapping")
+        config["final_logit_softcapping"] = key("final_logit_softcapping")
     config.update(_expert_config(arch, key))
     return config
 

@@ -326,9 +326,11 @@ def attention(
     isa: str,
     threads: int,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> np.ndarray:
     """`Backend.attention` on a cache from `kv_cache.allocate_native`: writes k/v, then attends causally
-    (over each query's last `window` positions where `window` > 0: `Backend.windowed_attention`)."""
+    (over each query's last `window` positions where `window` > 0: `Backend.windowed_attention`; with
+    scores soft-capped where `softcap` > 0: `Backend.softcapped_attention`)."""
     key_cache, value_cache = kv_cache.keys, kv_cache.values
     q = np.ascontiguousarray(q, np.float32)
     tokens, heads, head_dim = q.shape
@@ -357,6 +359,7 @@ def attention(
         isa,
         threads,
         window,
+        softcap,
     )
     return out
 
@@ -382,6 +385,7 @@ def _attention_weights(block: AttentionBlock) -> tuple:
             block.eps,
             block.scale,
             block.window,
+            block.softcap,
         )
     return block.prepared
 

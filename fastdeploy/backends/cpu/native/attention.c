@@ -156,7 +156,7 @@ struct attention_job *paged_attention_plan(const struct paged_attention *call, c
         for (int64_t t0 = c->query_starts[s]; t0 < c->query_starts[s + 1]; t0 += ATTN_TILE)
             for (Py_ssize_t h = 0; h < c->kv_heads; h++) {
                 const Py_ssize_t left = c->query_starts[s + 1] - t0;
-                items[n++] = (struct attn_item){s, h, t0, left < ATTN_TILE ? left : ATTN_TILE, c->window};
+                items[n++] = (struct attn_item){s, h, t0, left < ATTN_TILE ? left : ATTN_TILE, c->window, c->softcap};
             }
     job->call = *c;
     if (c->kv_type != KV_I8) job->call.key_scales = job->call.value_scales = NULL;
@@ -185,13 +185,14 @@ void paged_attention_free(struct attention_job *job)
 
 /* attention(q, k, v, slot_mapping, key_cache, value_cache, key_scales, value_scales, out, query_starts,
  *           context_lens, block_tables, tokens, heads, kv_heads, head_dim, block_size, table_width, scale,
- *           kv_type, isa, threads[, window])
+ *           kv_type, isa, threads[, window[, softcap]])
  * First writes each token's k/v [tokens, kv_heads, head_dim] to its cache slot, then attends.
  * q/out [tokens, heads, head_dim]; key_cache [blocks, kv_heads, head_dim, block_size]; value_cache
  * [blocks, kv_heads, block_size, head_dim] (one kv head's block is contiguous), of element type
  * kv_type (enum kv_type); for int8, key/value_scales [blocks, kv_heads, block_size] float32 (else
  * empty); sequence s owns token rows query_starts[s]..query_starts[s+1], the last of its
- * context_lens[s] positions (causal); window > 0: each query sees only its last `window` positions. */
+ * context_lens[s] positions (causal); window > 0: each query sees only its last `window` positions;
+ * softcap > 0: scores become softcap * tanh(score / softcap) before the softmax. */
 PyObject *native_attention(PyObject *self, PyObject *args)
 {
     Py_buffer q, k, v, slot_mapping, kc, vc, ks, vs, out, starts, lens, tables;
@@ -200,9 +201,10 @@ PyObject *native_attention(PyObject *self, PyObject *args)
     const char *isa_str;
     int kv_type, threads;
     Py_ssize_t window = 0;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*w*w*y*y*y*nnnnnndisi|n", &q, &k, &v, &slot_mapping, &kc, &vc, &ks, &vs,
+    double softcap = 0.0;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*w*w*y*y*y*nnnnnndisi|nd", &q, &k, &v, &slot_mapping, &kc, &vc, &ks, &vs,
                           &out, &starts, &lens, &tables, &tokens, &heads, &kv_heads, &head_dim, &block_size, &width,
-                          &scale, &kv_type, &isa_str, &threads, &window))
+                          &scale, &kv_type, &isa_str, &threads, &window, &softcap))
         return NULL;
     PyObject *result = NULL;
     struct attention_job *job = NULL;
@@ -224,6 +226,7 @@ PyObject *native_attention(PyObject *self, PyObject *args)
         .context_lens = lens.buf, .block_tables = tables.buf, .seqs = seqs, .tokens = tokens, .heads = heads,
         .kv_heads = kv_heads, .head_dim = head_dim, .block_size = block_size, .width = width,
         .scale = (float)scale, .kv_type = kv_type, .window = window > 0 ? window : 0,
+        .softcap = softcap > 0.0 ? (float)softcap : 0.0f,
     };
     job = paged_attention_plan(&call, kernels);
     if (job == NULL) goto done;

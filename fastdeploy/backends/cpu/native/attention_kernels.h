@@ -147,13 +147,14 @@ KV_FN(weighted_values)(const float *probs, int heads_now, Py_ssize_t stride, Py_
     }
 }
 
-/* One token's `heads_now` query heads starting at `offset` (same kv head): scores, softmax, values. */
+/* One token's `heads_now` query heads starting at `offset` (same kv head): scores (soft-capped where
+ * `softcap` > 0), softmax, values. */
 static inline __attribute__((always_inline)) void
 KV_FN(attend_heads)(const float *q, float *out, Py_ssize_t offset, int heads_now, Py_ssize_t visible,
                     const KV_T *key_cache, const KV_T *value_cache, const float *key_scales,
                     const float *value_scales, const int64_t *table, Py_ssize_t block_size, Py_ssize_t num_kv_heads,
                     Py_ssize_t kv_head, const Py_ssize_t head_dim, float scale, float *q_scaled, float *scores,
-                    Py_ssize_t stride, Py_ssize_t hidden)
+                    Py_ssize_t stride, Py_ssize_t hidden, float softcap)
 {
     for (Py_ssize_t i = 0; i < heads_now * head_dim; i++) q_scaled[i] = q[offset + i] * scale;
     for (Py_ssize_t first = 0; first < visible; first += block_size) {
@@ -163,6 +164,7 @@ KV_FN(attend_heads)(const float *q, float *out, Py_ssize_t offset, int heads_now
                            key_scales ? key_scales + block * block_size : NULL, block_size, count, head_dim,
                            scores + first, stride);
     }
+    if (softcap > 0.0f) softcap_rows(scores, heads_now, stride, visible, softcap);
     /* sliding window: the first `hidden` positions (< block_size, before the window start) */
     for (int h = 0; h < heads_now; h++)
         for (Py_ssize_t j = 0; j < hidden; j++) scores[h * stride + j] = -INFINITY;
@@ -193,7 +195,7 @@ KV_FN(attend_item)(const struct attn_item *item, const float *q, float *out, con
 #define ATTEND_HEADS(n)                                                                                         \
     KV_FN(attend_heads)(q, out, offset, n, first_visible + t - skipped, key_cache, value_cache, key_scales,       \
                         value_scales, table + skipped / block_size, block_size, num_kv_heads, item->kv_head,      \
-                        head_dim, scale, q_scaled, scores, stride, start - skipped)
+                        head_dim, scale, q_scaled, scores, stride, start - skipped, item->softcap)
             switch (group - g < KERNEL_HEADS ? (int)(group - g) : KERNEL_HEADS) {
             case 1: ATTEND_HEADS(1); break;
 #if KERNEL_HEADS >= 2

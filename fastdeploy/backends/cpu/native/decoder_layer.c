@@ -140,6 +140,7 @@ struct attention_half {
     double eps, scale;
     int kv_type;
     Py_ssize_t window; /* > 0: sliding-window attention (struct paged_attention) */
+    double softcap;    /* > 0: attention logit soft-capping (struct paged_attention) */
 };
 
 /* A decoder layer's SwiGLU half: gate_up [2 * inner, hidden] (gate rows first), down [hidden, inner]. */
@@ -189,9 +190,9 @@ static int parse_attention_half(PyObject *weights, PyObject *cache, struct atten
         PyErr_SetString(PyExc_TypeError, "attention_block: weights and cache must be tuples");
         return 0;
     }
-    if (!PyArg_ParseTuple(weights, "y*iy*z*z*z*iy*z*nnnndd|n", &h->norm, &h->qkv.kind, &h->qkv.packed, &h->qkv.bias,
+    if (!PyArg_ParseTuple(weights, "y*iy*z*z*z*iy*z*nnnndd|nd", &h->norm, &h->qkv.kind, &h->qkv.packed, &h->qkv.bias,
                           &h->q_norm, &h->k_norm, &h->o.kind, &h->o.packed, &h->o.bias, &h->hidden, &h->heads,
-                          &h->kv_heads, &h->head_dim, &h->eps, &h->scale, &h->window) ||
+                          &h->kv_heads, &h->head_dim, &h->eps, &h->scale, &h->window, &h->softcap) ||
         !PyArg_ParseTuple(cache, "w*w*w*w*i", &h->kc, &h->vc, &h->ks, &h->vs, &h->kv_type))
         return 0;
     const Py_ssize_t float_bytes = (Py_ssize_t)sizeof(float);
@@ -282,7 +283,7 @@ static struct attention_job *plan_attention(const struct attention_half *h, cons
         .block_tables = p->tables.buf, .seqs = p->lens.len / (Py_ssize_t)sizeof(int64_t), .tokens = tokens,
         .heads = h->heads, .kv_heads = h->kv_heads, .head_dim = h->head_dim, .block_size = p->block_size,
         .width = p->width, .scale = (float)h->scale, .kv_type = h->kv_type,
-        .window = h->window > 0 ? h->window : 0,
+        .window = h->window > 0 ? h->window : 0, .softcap = h->softcap > 0.0 ? (float)h->softcap : 0.0f,
     };
     return paged_attention_plan(&call, p->kernels);
 }
@@ -371,11 +372,11 @@ static void release_rows(struct rows *r)
 
 /* attention_block(x, residual or None, out, sum_out or None, positions, cos, sin, half,
  *     (input_norm, qkv_kind, qkv, qkv_bias or None, q_norm or None, k_norm or None, o_kind, o_proj, o_bias or None,
- *      hidden, heads, kv_heads, head_dim, eps, scale),
+ *      hidden, heads, kv_heads, head_dim, eps, scale[, window[, softcap]]),
  *     (key_cache, value_cache, key_scales, value_scales, kv_type),
  *     (slot_mapping, query_starts, context_lens, block_tables, block_size, table_width), isa, threads)
  * x/out/residual/sum_out [tokens, hidden] float32, tokens = len(positions); the cache and batch arrays as
- * `attention` takes them. out gets the o projection; sum_out x + residual. */
+ * `attention` takes them (window and softcap too). out gets the o projection; sum_out x + residual. */
 PyObject *native_attention_block(PyObject *self, PyObject *args)
 {
     PyObject *x_obj, *residual_obj, *out_obj, *sum_obj, *positions, *cos, *sin, *weights, *cache, *batch, *result = NULL;

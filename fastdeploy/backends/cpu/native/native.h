@@ -104,6 +104,7 @@ int native_isa_checked(const char *name);
 struct attn_item {
     Py_ssize_t seq, kv_head, token0, tokens;
     Py_ssize_t window; /* > 0: each query sees only its last `window` positions (sliding window) */
+    float softcap;     /* > 0: scores become softcap * tanh(score / softcap) before the softmax */
 };
 
 /* KV-cache element types (`kv_cache_dtype`): int8 comes with a float scale per position and kv head. */
@@ -134,6 +135,7 @@ struct paged_attention {
     float scale;
     int kv_type;
     Py_ssize_t window; /* > 0: sliding-window attention over each query's last `window` positions */
+    float softcap;     /* > 0: attention logit soft-capping, softcap * tanh(score / softcap) (Gemma 2) */
 };
 struct attention_job;
 struct row_kernels;

@@ -54,6 +54,23 @@ static inline __attribute__((always_inline)) void softmax_rows(float *scores, in
     }
 }
 
+/* In place: the first `visible` scores of each of the rows become cap * tanh(score / cap), attention
+ * logit soft-capping (Gemma 2). tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2|x|) <= 1, so
+ * exp_f32 never overflows and the loop vectorises. */
+static inline __attribute__((always_inline)) void softcap_rows(float *scores, int rows, Py_ssize_t stride,
+                                                               Py_ssize_t visible, float cap)
+{
+    const float inverse = 1.0f / cap;
+    for (int h = 0; h < rows; h++) {
+        float *row = scores + h * stride;
+#pragma omp simd
+        for (Py_ssize_t j = 0; j < visible; j++) {
+            const float x = row[j] * inverse, e = exp_f32(-2.0f * fabsf(x));
+            row[j] = copysignf(cap * (1.0f - e) / (1.0f + e), x);
+        }
+    }
+}
+
 /* The attention kernels, once per KV-cache element type (attention_kernels.h): the loads that
  * widen a run of LANES cached values to a vector, and one value to a float. */
 #define KV_NAME f32

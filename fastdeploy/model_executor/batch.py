@@ -32,7 +32,16 @@ class BatchSequence(Protocol):
 
 
 @dataclass
-<<<<<<< HEAD
+class KVGroupPart:
+    """A sliding KV-cache group's side of one pass (`engine/kv_groups.py`): each sequence's block
+    table there, in batch order (objects with a `block_table`), and the copy-on-write pairs of
+    the group's pool."""
+
+    tables: list[Any]
+    copies: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
 class PassSampling:
     """How a pass may sample its rows itself (a runner with captured decode steps then reads one
     copy of token ids instead of the logits' reductions), set by the engine when every sequence
@@ -63,15 +72,6 @@ class PassSampling:
             uniform[drawing] = self.draw([indices[row] for row in drawing.tolist()])
         self.drawn = SamplingRows(greedy, temperature, self.top_k[picked], self.top_p[picked], uniform)
         return self.drawn
-=======
-class KVGroupPart:
-    """A sliding KV-cache group's side of one pass (`engine/kv_groups.py`): each sequence's block
-    table there, in batch order (objects with a `block_table`), and the copy-on-write pairs of
-    the group's pool."""
-
-    tables: list[Any]
-    copies: list[tuple[int, int]] = field(default_factory=list)
->>>>>>> main
 
 
 @dataclass
@@ -90,13 +90,10 @@ class ScheduledBatch:
     #: by index into `seqs`: the prompt positions [first, last) still to be scored (prompt
     #: logprobs); the pass returns the logits of those it computes, each scoring the next token
     scored: dict[int, tuple[int, int]] = field(default_factory=dict)
-<<<<<<< HEAD
-    #: the pass samples its rows itself, when the engine allows it (a part never does)
-    sampling: PassSampling | None = None
-=======
     #: per sliding KV-cache group, its tables and copies (empty where every layer shares one table)
     kv_groups: list[KVGroupPart] = field(default_factory=list)
->>>>>>> main
+    #: the pass samples its rows itself, when the engine allows it (a part never does)
+    sampling: PassSampling | None = None
 
     def add(
         self,

@@ -13,12 +13,15 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
 
 from fastdeploy.backends.base import BackendOptions
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.cli.environment import collect_environment
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.plugins.registry import get_registry
 
 pytestmark = pytest.mark.skipif(
@@ -54,6 +57,11 @@ def test_rounding_is_to_nearest_even_and_keeps_specials():
     # a NaN whose payload is only in the dropped bits stays NaN (plain rounding would give inf)
     nan = np.array([0x7F800001, 0xFFC00000], np.uint32).view(np.float32)
     assert np.isnan(native.round_bf16(nan).view(ml_dtypes.bfloat16).astype(np.float32)).all()
+    # 16 at a time (the AVX-512 loop) as one at a time (its tail)
+    mixed = np.concatenate([np.tile(nan, 9), np.linspace(-3, 3, 15, dtype=np.float32)])
+    np.testing.assert_array_equal(
+        native.round_bf16(mixed), [native.round_bf16(mixed[i : i + 1])[0] for i in range(mixed.size)]
+    )
 
 
 @pytest.mark.parametrize("isa", KERNELS)
@@ -189,3 +197,71 @@ def test_the_setting_is_checked_at_construction_and_described(monkeypatch):
     assert "vision encoder matmuls in float32 (exact)" in backend.describe()
     weight = np.ones((4, 8), np.float32)
     assert backend.encoder_linear_weight(weight).type_name == "F32"  # the default stays exact
+
+
+AMX = pytest.mark.skipif(
+    not native.bf16_amx(), reason="no AMX-BF16 here (or the kernel refused its tile state)"
+)
+
+
+@AMX
+@pytest.mark.parametrize(
+    ("rows", "cols", "depth"), [(32, 32, 32), (45, 40, 64), (300, 100, 96), (640, 48, 1024), (33, 16, 2048)]
+)
+def test_amx_matches_a_float64_product_of_the_rounded_inputs(rows, cols, depth):
+    """Many rows (dtype="bfloat16" prompt passes) take the AMX tiles: rows past a 32-row step (padded
+    with zeros, not stored), partial panels, several row blocks of a task (640), deep products; the
+    weight reaches the kernel as KIND_BF16 through the kernels' common product (`gemm`), as the
+    decoder layers pass it."""
+    rng = np.random.default_rng(rows + cols + depth)
+    x = rng.standard_normal((rows, depth)).astype(np.float32)
+    x[:, 1] *= 40.0
+    weight = rng.standard_normal((cols, depth)).astype(np.float32)
+    bias = rng.standard_normal(cols).astype(np.float32)
+    packed = native.pack_bf16([weight])
+    assert packed.kind == native._native.KIND_BF16
+    out = np.empty((rows, cols), np.float32)
+    native._native.gemm(packed.kind, x, packed.packed, out, rows, cols, depth, "avx512", 2, bias)
+    expected = rounded(x) @ rounded(weight).T + bias
+    bound = 4 * depth * 2.0**-24 * (np.abs(rounded(x)) @ np.abs(rounded(weight)).T + np.abs(bias))
+    assert (np.abs(out - expected) <= bound).all()
+    exact = x.astype(np.float64) @ weight.astype(np.float64).T + bias
+    assert np.abs(out - exact).max() > 100 * np.abs(out - expected).max()
+    try:  # the AVX-512 kernel on the same operands: the same sums up to their order
+        native.bf16_amx(False)
+        assert not native.bf16_amx()
+        dpbf16 = native.matmul(x, packed, "avx512", 2, bias)
+    finally:
+        native.bf16_amx(True)
+    assert (np.abs(out - dpbf16) <= 2 * bound).all()
+
+
+def test_dtype_bfloat16_packs_float_linear_layers_only(monkeypatch):
+    """dtype="bfloat16" on the cpu backend: float weights become bfloat16 panels, weights kept in
+    GGUF blocks stay so, and the backend says what it multiplies in; without the native kernels it
+    is refused, as is any other dtype."""
+    if not native.has_bf16():
+        pytest.skip(NO_BF16)
+    backend = CpuBackend(BackendOptions(threads=1, dtype="bfloat16"))
+    assert "float32 with bfloat16 matmuls" in backend.describe()
+    rng = np.random.default_rng(5)
+    weight, x = (
+        rng.standard_normal((48, 64)).astype(np.float32),
+        rng.standard_normal((40, 64)).astype(np.float32),
+    )
+    packed = backend.linear_weight(weight[:16], weight[16:])
+    assert packed.type_name == "BF16"
+    out = backend.linear(x, packed)
+    np.testing.assert_allclose(out, rounded(x) @ rounded(weight).T, rtol=1e-5, atol=1e-4)
+    blocks = GGMLTensor(
+        int(GGMLQuantizationType.Q8_0), quantize(weight, GGMLQuantizationType.Q8_0), weight.shape
+    )
+    assert backend.linear_weight(blocks).type_name == "Q8_0"
+    assert "float32 with" not in CpuBackend(BackendOptions(threads=1)).describe()
+    with pytest.raises(InvalidArgumentError, match="one of: float32, bfloat16"):
+        CpuBackend(BackendOptions(dtype="float16"))
+    monkeypatch.setenv("FD_CPU_KERNELS", "numpy")
+    with pytest.raises(
+        InvalidArgumentError, match="dtype='bfloat16' on the cpu backend needs its native kernels"
+    ):
+        CpuBackend(BackendOptions(threads=1, dtype="bfloat16"))

@@ -48,6 +48,10 @@ from fastdeploy.logger import get_logger
 logger = get_logger(__name__)
 
 
+#: the `dtype`s the cpu backend takes: float32 everywhere, or bfloat16 products in the linear layers
+MATMUL_DTYPES = ("float32", "bfloat16")
+
+
 def _set_blas_threads(count: int) -> None:
     """Limit the BLAS pool numpy uses."""
     threadpool_limits(limits=count, user_api="blas")
@@ -104,6 +108,16 @@ def _vision_note(isa: str, vision_matmul: str) -> str:
         else "widened to float32: no faster than float32"
     )
     return f"vision encoder matmuls in bfloat16 ({instructions}; FD_CPU_VISION_MATMUL)"
+
+
+def _matmul_note(isa: str, matmul_dtype: str) -> str:
+    if matmul_dtype == "float32":
+        return "float32"
+    if isa == "avx512" and native.has_bf16():
+        instructions = "AMX-BF16 for many rows, AVX512_BF16" if native.bf16_amx() else "AVX512_BF16"
+    else:
+        instructions = "widened to float32: no faster than float32"
+    return f"float32 with bfloat16 matmuls ({instructions}; dtype='bfloat16')"
 
 
 def _activations_note(isa: str, activations: str) -> str:
@@ -192,9 +206,10 @@ class CpuBackend(Backend):
 
     def __init__(self, options: BackendOptions) -> None:
         super().__init__(options)
-        if options.dtype != "float32":
+        if options.dtype not in MATMUL_DTYPES:
             raise InvalidArgumentError(
-                f"the cpu backend computes in float32; dtype={options.dtype!r} is not supported"
+                f"the cpu backend computes in float32, with its matmuls optionally in bfloat16; "
+                f"dtype={options.dtype!r} is not supported (one of: {', '.join(MATMUL_DTYPES)})"
             )
         if options.threads is not None and options.threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {options.threads}")
@@ -203,6 +218,15 @@ class CpuBackend(Backend):
         self.adaptive_threads = options.threads is None and envs.cpu_adaptive_threads()
         self.dtype = np.float32
         self.native_isa = _native_isa()
+        if options.dtype == "bfloat16" and self.native_isa is None:
+            raise InvalidArgumentError(
+                "dtype='bfloat16' on the cpu backend needs its native kernels, which do not run here "
+                f"({native.unavailable_reason() or 'FD_CPU_KERNELS=numpy'}); use dtype='float32'"
+            )
+        #: what the linear layers of float checkpoints multiply in: float32 (exact) or bfloat16
+        #: (`dtype="bfloat16"`: weights and activations rounded to bfloat16, float32 sums); norms,
+        #: attention and everything else stay float32
+        self.matmul_dtype = options.dtype
         self.activations = _activations(self.native_isa)
         #: packed weights on huge pages (native kernels only: the numpy path keeps numpy's arrays)
         self.weight_arena = WeightArena()
@@ -237,7 +261,8 @@ class CpuBackend(Backend):
             if self.native_isa
             else "numpy"
         )
-        return f"cpu (numpy {np.__version__}, {self.threads} threads, float32, {kernels})"
+        precision = _matmul_note(self.native_isa, self.matmul_dtype) if self.native_isa else "float32"
+        return f"cpu (numpy {np.__version__}, {self.threads} threads, {precision}, {kernels})"
 
     def supported_quantizations(self) -> tuple[str, ...]:
         # the native kernels multiply by Q8_0 / Q4_1 blocks; the numpy path would only dequantise them
@@ -302,6 +327,8 @@ class CpuBackend(Backend):
 
     def linear_weight(self, *parts: np.ndarray | GGMLTensor) -> np.ndarray | native.PackedWeight:
         if self.native_isa:
+            if self.matmul_dtype == "bfloat16" and not native.keeps_blocks(parts):
+                return native.pack_bf16(parts, self.weight_arena)
             return native.pack(parts, self.activations, self.weight_arena)
         stacked = np.concatenate([np.asarray(part, dtype=self.dtype) for part in parts], axis=0)
         # [in, out] contiguous: x @ W runs as a plain (non-transposed) sgemm.

@@ -114,6 +114,12 @@ def _kind(type_name: str, activations: str) -> int:
     return getattr(_native, f"KIND_{type_name}{suffix}")
 
 
+def keeps_blocks(parts: Sequence[GGMLTensor | np.ndarray]) -> bool:
+    """Whether `pack` keeps any of `parts` in its GGUF blocks (else they are float weights, packed
+    as float32, or as bfloat16 by `pack_bf16` where the backend multiplies in bfloat16)."""
+    return any(isinstance(part, GGMLTensor) and part.type_name in SUPPORTED_TYPES for part in parts)
+
+
 def pack(
     parts: Sequence[GGMLTensor | np.ndarray], activations: str = "float32", arena: WeightArena | None = None
 ) -> PackedWeight:
@@ -206,6 +212,12 @@ def _pack_f32(parts: Sequence[GGMLTensor | np.ndarray], empty: Callable[[int], n
         first += len(matrix)
     panels[-1, :, out - (pairs - 1) * width :] = 0
     return panels
+
+
+def bf16_amx(enable: bool | None = None) -> bool:
+    """Whether bfloat16 products of many rows run on AMX here (gemm_bf16.c); `enable` False/True
+    switches it off/back on (process-wide, for tests and measurements)."""
+    return _native is not None and _native.bf16_amx(-1 if enable is None else int(enable))
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:

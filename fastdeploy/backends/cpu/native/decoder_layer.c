@@ -41,16 +41,22 @@ struct layer_job {
     const float *gate_up;
     float *act;
     Py_ssize_t inner;
+    /* non-NULL: the norm's (or SiLU's) rows also rounded here for the next product, a KIND_BF16 one,
+     * while they are in cache (fd_bf16_row_pairs pairs a row) */
+    uint16_t *rounded;
+    Py_ssize_t rounded_pairs;
 };
 
 static void norm_task(void *ctx, Py_ssize_t index, int slot)
 {
     const struct layer_job *j = ctx;
     const Py_ssize_t end = (index + 1) * ROWS_PER_TASK < j->tokens ? (index + 1) * ROWS_PER_TASK : j->tokens;
-    for (Py_ssize_t r = index * ROWS_PER_TASK; r < end; r++)
+    for (Py_ssize_t r = index * ROWS_PER_TASK; r < end; r++) {
         j->kernels->rms_norm_row(j->x + r * j->hidden, j->residual ? j->residual + r * j->hidden : NULL, j->norm,
                                  j->normed + r * j->hidden, j->residual ? j->sum_out + r * j->hidden : NULL,
                                  j->hidden, j->eps);
+        if (j->rounded) fd_bf16_round_row(j->normed + r * j->hidden, j->rounded + r * j->rounded_pairs * 2, j->hidden);
+    }
     (void)slot;
 }
 
@@ -83,8 +89,10 @@ static void silu_task(void *ctx, Py_ssize_t index, int slot)
 {
     const struct layer_job *j = ctx;
     const Py_ssize_t end = (index + 1) * ROWS_PER_TASK < j->tokens ? (index + 1) * ROWS_PER_TASK : j->tokens;
-    for (Py_ssize_t r = index * ROWS_PER_TASK; r < end; r++)
+    for (Py_ssize_t r = index * ROWS_PER_TASK; r < end; r++) {
         j->kernels->silu_mul_row(j->gate_up + 2 * r * j->inner, j->act + r * j->inner, j->inner);
+        if (j->rounded) fd_bf16_round_row(j->act + r * j->inner, j->rounded + r * j->rounded_pairs * 2, j->inner);
+    }
     (void)slot;
 }
 
@@ -102,7 +110,7 @@ struct linear {
 /* Whether `w` is a valid [cols, depth] weight (and [cols] bias); sets a ValueError naming it if not. */
 static int check_linear(const struct linear *w, Py_ssize_t cols, Py_ssize_t depth, const char *name)
 {
-    if (w->kind < KIND_Q4_1 || w->kind >= KINDS || (w->kind != KIND_F32 && depth % 32 != 0) ||
+    if (w->kind < KIND_Q4_1 || w->kind >= KINDS || (w->kind != KIND_F32 && w->kind != KIND_BF16 && depth % 32 != 0) ||
         !fd_packed_valid(w->kind, w->packed.buf, w->packed.len, cols, depth) ||
         (w->bias.buf != NULL && w->bias.len != cols * (Py_ssize_t)sizeof(float))) {
         PyErr_Format(PyExc_ValueError, "%s: a packed [%zd, %zd] weight (kind %d) and bias do not match their buffers",
@@ -116,6 +124,17 @@ static struct gemm_args product(const struct linear *w, const float *x, float *o
                                 Py_ssize_t depth)
 {
     return (struct gemm_args){x, w->packed.buf, out, rows, cols, depth, w->kind, w->bias.buf};
+}
+
+/* The row step before `next` (a norm or SiLU) also rounds its rows into `rounded` when `next` is a
+ * KIND_BF16 product and there is such a buffer (decoder_stack's), which `next` then reads: the same
+ * rounding the product would do itself, without a pass over its activations out of cache. */
+static void fuse_rounding(struct layer_job *job, struct gemm_args *next, uint16_t *rounded)
+{
+    const int fused = rounded != NULL && next->kind == KIND_BF16;
+    job->rounded = fused ? rounded : NULL;
+    job->rounded_pairs = fused ? fd_bf16_row_pairs(next->depth) : 0;
+    next->x_bf16 = job->rounded;
 }
 
 /* A half's intermediate rows: `floats` per token; NULL with MemoryError set when out of memory. */
@@ -291,7 +310,8 @@ static struct attention_job *plan_attention(const struct attention_half *h, cons
 /* out = the half's output projection of x + residual's attention; sum_out = x + residual (residual
  * NULL: none, and sum_out unused). Runs without the GIL; -1 when out of memory. */
 static int run_attention_half(const struct attention_half *h, const struct pass *p, struct attention_job *attention,
-                              const float *x, const float *residual, float *out, float *sum_out, float *scratch)
+                              const float *x, const float *residual, float *out, float *sum_out, float *scratch,
+                              uint16_t *rounded)
 {
     const Py_ssize_t tokens = p->tokens, qkv_cols = qkv_columns(h), q_size = h->heads * h->head_dim;
     struct layer_job job = {
@@ -304,8 +324,9 @@ static int run_attention_half(const struct attention_half *h, const struct pass 
     job.q = job.qkv + tokens * qkv_cols;
     float *attended = job.q + tokens * q_size;
     job.k = attended + tokens * q_size;
-    const struct gemm_args qkv_product = product(&h->qkv, job.normed, job.qkv, tokens, qkv_cols, h->hidden);
+    struct gemm_args qkv_product = product(&h->qkv, job.normed, job.qkv, tokens, qkv_cols, h->hidden);
     const struct gemm_args o_product = product(&h->o, attended, out, tokens, h->hidden, q_size);
+    fuse_rounding(&job, &qkv_product, rounded);
     run_rows(&job, norm_task, p->threads);
     int failed = fd_gemm(&qkv_product, p->isa, p->threads);
     if (!failed) {
@@ -317,7 +338,7 @@ static int run_attention_half(const struct attention_half *h, const struct pass 
 
 /* out = the half's down projection of silu(gate) * up of x + residual; sum_out as run_attention_half. */
 static int run_mlp_half(const struct mlp_half *m, const struct pass *p, const float *x, const float *residual,
-                        float *out, float *sum_out, float *scratch)
+                        float *out, float *sum_out, float *scratch, uint16_t *rounded)
 {
     const Py_ssize_t tokens = p->tokens;
     struct layer_job job = {
@@ -325,11 +346,13 @@ static int run_mlp_half(const struct mlp_half *m, const struct pass *p, const fl
         .residual = residual, .norm = m->norm.buf, .normed = scratch, .sum_out = sum_out,
         .gate_up = scratch + tokens * m->hidden, .act = scratch + tokens * (m->hidden + 2 * m->inner), .inner = m->inner,
     };
-    const struct gemm_args gate_up = product(&m->gate_up, job.normed, (float *)job.gate_up, tokens, 2 * m->inner, m->hidden);
-    const struct gemm_args down = product(&m->down, job.act, out, tokens, m->hidden, m->inner);
+    struct gemm_args gate_up = product(&m->gate_up, job.normed, (float *)job.gate_up, tokens, 2 * m->inner, m->hidden);
+    struct gemm_args down = product(&m->down, job.act, out, tokens, m->hidden, m->inner);
+    fuse_rounding(&job, &gate_up, rounded);
     run_rows(&job, norm_task, p->threads);
     int failed = fd_gemm(&gate_up, p->isa, p->threads);
     if (!failed) {
+        fuse_rounding(&job, &down, rounded); /* the same buffer: gate_up has read it */
         run_rows(&job, silu_task, p->threads);
         failed = fd_gemm(&down, p->isa, p->threads);
     }
@@ -402,7 +425,7 @@ PyObject *native_attention_block(PyObject *self, PyObject *args)
     if (scratch == NULL || (attention = plan_attention(&h, &p, scratch)) == NULL) goto done;
     int failed;
     Py_BEGIN_ALLOW_THREADS
-    failed = run_attention_half(&h, &p, attention, r.x.buf, r.residual.buf, r.out.buf, r.sum_out.buf, scratch);
+    failed = run_attention_half(&h, &p, attention, r.x.buf, r.residual.buf, r.out.buf, r.sum_out.buf, scratch, NULL);
     Py_END_ALLOW_THREADS
     result = failed ? PyErr_NoMemory() : Py_NewRef(Py_None);
 done:
@@ -440,7 +463,7 @@ PyObject *native_mlp_block(PyObject *self, PyObject *args)
     if (scratch == NULL) goto done;
     int failed;
     Py_BEGIN_ALLOW_THREADS
-    failed = run_mlp_half(&m, &p, r.x.buf, r.residual.buf, r.out.buf, r.sum_out.buf, scratch);
+    failed = run_mlp_half(&m, &p, r.x.buf, r.residual.buf, r.out.buf, r.sum_out.buf, scratch, NULL);
     Py_END_ALLOW_THREADS
     result = failed ? PyErr_NoMemory() : Py_NewRef(Py_None);
 done:
@@ -458,14 +481,48 @@ struct layer_halves {
 };
 
 struct stack {
+    /* the scratch of the latest pass, kept for the next: a prompt pass's (tens of MB) would otherwise
+     * be mapped afresh each time, its pages faulted in and zeroed by the kernel (~5% of a 2048-token
+     * pass); `busy` while a call uses it (a concurrent call on the same stack takes its own) */
+    float *scratch;
+    size_t scratch_bytes;
+    int busy;
     Py_ssize_t count;
     struct layer_halves layers[];
 };
 
 #define STACK_CAPSULE "fastdeploy.decoder_stack"
 
+/* `floats` of scratch: the stack's own (grown when too small) unless another call holds it;
+ * NULL with MemoryError set when out of memory. */
+static float *stack_scratch(struct stack *stack, Py_ssize_t floats)
+{
+    if (__atomic_exchange_n(&stack->busy, 1, __ATOMIC_ACQUIRE)) return token_rows(1, floats);
+    const size_t bytes = (size_t)floats * sizeof(float);
+    if (stack->scratch_bytes < bytes) {
+        PyMem_RawFree(stack->scratch);
+        stack->scratch = PyMem_RawMalloc(bytes);
+        stack->scratch_bytes = stack->scratch ? bytes : 0;
+    }
+    if (stack->scratch == NULL) {
+        __atomic_store_n(&stack->busy, 0, __ATOMIC_RELEASE);
+        PyErr_NoMemory();
+    }
+    return stack->scratch;
+}
+
+static void release_stack_scratch(struct stack *stack, float *scratch)
+{
+    if (scratch == NULL) return;
+    if (scratch == stack->scratch)
+        __atomic_store_n(&stack->busy, 0, __ATOMIC_RELEASE);
+    else
+        PyMem_RawFree(scratch);
+}
+
 static void free_stack(struct stack *stack)
 {
+    PyMem_RawFree(stack->scratch);
     for (Py_ssize_t i = 0; i < stack->count; i++) {
         release_attention_half(&stack->layers[i].attention);
         release_mlp_half(&stack->layers[i].mlp);
@@ -532,7 +589,7 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOOOnOOsi", &x_obj, &residual_obj, &out_obj, &sum_obj, &positions, &cos, &sin,
                           &half, &capsule, &batch, &isa_str, &threads))
         return NULL;
-    const struct stack *stack = PyCapsule_GetPointer(capsule, STACK_CAPSULE);
+    struct stack *stack = PyCapsule_GetPointer(capsule, STACK_CAPSULE);
     if (stack == NULL) return NULL;
     if (sum_obj == Py_None) {
         PyErr_SetString(PyExc_TypeError, "decoder_stack: sum_out is required (the residual stream it returns)");
@@ -552,8 +609,20 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
         floats = attention_scratch(&l->attention) > floats ? attention_scratch(&l->attention) : floats;
         floats = mlp_scratch(&l->mlp) > floats ? mlp_scratch(&l->mlp) : floats;
     }
-    /* the halves' scratch | attention outputs | MLP outputs | two residual sums, alternating by half */
-    scratch = token_rows(p.tokens, floats + 4 * hidden);
+    /* the halves' scratch | attention outputs | MLP outputs | two residual sums, alternating by half |
+     * the rounded activations of KIND_BF16 products (32-bit pairs, as many floats) */
+    Py_ssize_t pairs = 0;
+    for (Py_ssize_t i = 0; i < layers; i++) {
+        const struct layer_halves *l = &stack->layers[i];
+        if (l->attention.qkv.kind == KIND_BF16 && fd_bf16_row_pairs(l->attention.hidden) > pairs)
+            pairs = fd_bf16_row_pairs(l->attention.hidden);
+        if (l->mlp.gate_up.kind == KIND_BF16 && fd_bf16_row_pairs(l->mlp.hidden) > pairs)
+            pairs = fd_bf16_row_pairs(l->mlp.hidden);
+        if (l->mlp.down.kind == KIND_BF16 && fd_bf16_row_pairs(l->mlp.inner) > pairs)
+            pairs = fd_bf16_row_pairs(l->mlp.inner);
+    }
+    const Py_ssize_t token_floats = (p.tokens > 0 ? p.tokens : 1) * (floats + 4 * hidden);
+    scratch = stack_scratch(stack, token_floats + fd_bf16_padded_rows(p.tokens) * pairs);
     plans = PyMem_RawCalloc((size_t)layers, sizeof(*plans));
     if (scratch == NULL || plans == NULL) {
         PyErr_NoMemory();
@@ -563,6 +632,7 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
         if ((plans[i] = plan_attention(&stack->layers[i].attention, &p, scratch)) == NULL) goto done;
     float *attended = scratch + p.tokens * floats, *mlp_out = attended + p.tokens * hidden;
     float *sums[2] = {mlp_out + p.tokens * hidden, mlp_out + 2 * p.tokens * hidden};
+    uint16_t *rounded = pairs ? (uint16_t *)(scratch + token_floats) : NULL;
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
     const float *x = r.x.buf, *residual = r.residual.buf;
@@ -570,11 +640,12 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
         const int last = i == layers - 1;
         float *attention_sum = residual ? sums[0] : NULL;
         failed = run_attention_half(&stack->layers[i].attention, &p, plans[i], x, residual, attended, attention_sum,
-                                    scratch);
+                                    scratch, rounded);
         residual = residual ? attention_sum : x;
         float *mlp_sum = last ? (float *)r.sum_out.buf : sums[1];
         float *out = last ? (float *)r.out.buf : mlp_out;
-        if (!failed) failed = run_mlp_half(&stack->layers[i].mlp, &p, attended, residual, out, mlp_sum, scratch);
+        if (!failed)
+            failed = run_mlp_half(&stack->layers[i].mlp, &p, attended, residual, out, mlp_sum, scratch, rounded);
         x = out;
         residual = mlp_sum;
     }
@@ -583,7 +654,7 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
 done:
     for (Py_ssize_t i = 0; plans != NULL && i < layers; i++) paged_attention_free(plans[i]);
     PyMem_RawFree(plans);
-    PyMem_RawFree(scratch);
+    release_stack_scratch(stack, scratch);
     release_pass(&p);
     release_rows(&r);
     return result;

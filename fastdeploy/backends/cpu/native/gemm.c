@@ -522,6 +522,7 @@ Py_ssize_t fd_packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
 {
     if (kind == KIND_MIXED) return -1; /* not a function of the shape: fd_packed_valid reads its header */
     if (kind == KIND_F32) return (cols + 2 * PANEL - 1) / (2 * PANEL) * depth * 2 * PANEL * (Py_ssize_t)sizeof(float);
+    if (kind == KIND_BF16) return fd_bf16_packed_bytes(cols, depth);
     const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
     if (is_subblock_kind(subblock_layout(kind))) return panels * (depth / GROUP) * group_bytes(subblock_layout(kind));
     return panels * (depth / QBLOCK) * BLOCK_BYTES(kind);
@@ -626,6 +627,7 @@ int fd_gemm(const struct gemm_args *a, int isa, int threads)
     if (is_subblock_kind(a->kind)) return gemm_blocks(a, isa, threads);
     if (is_int8_subblock_kind(a->kind)) return gemm_blocks_int8(a, isa, threads);
     if (a->kind == KIND_MIXED) return gemm_mixed(a, isa, threads);
+    if (a->kind == KIND_BF16) return fd_gemm_bf16(a, isa, threads);
     const Py_ssize_t panels = (a->cols + PANEL - 1) / PANEL;
     struct gemm_job job = {*a, panels, isa, panels_per_task(a)};
     float on_stack[BLOCK_SUMS_ON_STACK], *sums = NULL;
@@ -666,7 +668,7 @@ PyObject *native_gemm(PyObject *self, PyObject *args)
         /* native_isa_checked set the error */
     } else if (kind < KIND_Q4_1 || kind >= KINDS) {
         PyErr_Format(PyExc_ValueError, "unknown weight kind %d", kind);
-    } else if (rows < 0 || cols <= 0 || depth <= 0 || (kind != KIND_F32 && depth % QBLOCK != 0)) {
+    } else if (rows < 0 || cols <= 0 || depth <= 0 || (kind != KIND_F32 && kind != KIND_BF16 && depth % QBLOCK != 0)) {
         PyErr_Format(PyExc_ValueError,
                      "bad shape rows=%zd cols=%zd depth=%zd (quantised depth must be a multiple of %d)", rows, cols,
                      depth, QBLOCK);

@@ -91,7 +91,7 @@ PyObject *native_pack_blocks(PyObject *self, PyObject *args)
     Py_ssize_t out_features, in_features;
     if (!PyArg_ParseTuple(args, "iy*w*nn", &kind, &rows, &out, &out_features, &in_features)) return NULL;
     PyObject *result = NULL;
-    if (kind >= KIND_Q4_0 && kind < KINDS) { /* the sub-block kinds: block_packing.c */
+    if (kind >= KIND_Q4_0 && kind <= KIND_MXFP4) { /* the sub-block kinds: block_packing.c */
         int failed;
         Py_BEGIN_ALLOW_THREADS
         failed = pack_subblock_rows(subblock_layout(kind), rows.buf, rows.len, out.buf, out.len, out_features, in_features);

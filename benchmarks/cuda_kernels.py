@@ -1,6 +1,6 @@
 """The cuda backend's Triton kernels against torch's own ops, on the same GPU in the same run.
 
-    python benchmarks/cuda_kernels.py [--kernel all|prefill|decode|sampling|moe|quant] [--json FILE]
+    python benchmarks/cuda_kernels.py [--kernel all|prefill|decode|sampling|moe|quant|window] [--json FILE]
 
 Each benchmark prints our time, torch's, the ratio (torch time / ours: above 1 means ours is
 faster) and the target from issue 9. Times are medians of `triton.testing.do_bench`. Needs a
@@ -20,6 +20,11 @@ CUDA GPU with torch and triton; without one it says why and exits 0 (nothing is 
   (random super-blocks), block FP8 where the GPU has FP8) on a 4096 x 4096 and a 2048 x 8192 weight, against torch's bf16 matmul
   of the dequantised weight: decode rows (1 and 16; targets 2x for 4-bit, 1.4x for 8-bit) and a
   2048-row prefill (target 0.7x). Each also reports the largest error against that product.
+- window: sliding-window attention over a 32768-position context (same heads, bf16; a window of
+  1000 positions, so it starts inside a block): 64 decodes against SDPA over only the window's
+  keys (contiguous), and a 2048-token prefill chunk at the context's end (4 sequences) against
+  SDPA over the keys its window can reach with the window's boolean mask. Targets as decode and
+  prefill: a windowed launch must cost its window, not the context.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import argparse
 import json
 import sys
 
-TARGETS = {"prefill": 0.5, "decode": 0.8, "sampling": 1.0, "moe": 0.5, "quant": 0.7}
+TARGETS = {"prefill": 0.5, "decode": 0.8, "sampling": 1.0, "moe": 0.5, "quant": 0.7, "window": 0.5}
 #: issue 32's decode-row targets against bf16: 4-bit reads 4x fewer bytes, 8-bit 2x
 QUANT_DECODE_TARGETS = {
     "wint4": 2.0,
@@ -381,6 +386,131 @@ def bench_quant(torch) -> list[dict]:
     return results
 
 
+def bench_window(torch) -> list[dict]:
+    """Windowed decode and prefill (see the module docstring)."""
+    import numpy as np
+
+    from fastdeploy.backends.base import BatchLayout
+    from fastdeploy.backends.cuda import triton_attention as attention
+    from fastdeploy.backends.cuda.attention_metadata import build_host_metadata
+    from fastdeploy.backends.cuda.launch import device_shared_memory
+
+    ctx, window, heads, kv_heads, head_dim, block = 32768, 1000, 32, 8, 128, 64
+    dev, scale = "cuda", head_dim**-0.5
+    functional = torch.nn.functional
+    results = []
+    # decode: each query sees the last `window` keys
+    seqs = 64
+    q = torch.randn(seqs, heads, head_dim, dtype=torch.bfloat16, device=dev)
+    keys = torch.randn(seqs, ctx, kv_heads, head_dim, dtype=torch.bfloat16, device=dev)
+    values = torch.randn_like(keys)
+    key_cache, value_cache, tables = _paged_cache(torch, keys, values, block)
+    rows = torch.arange(seqs, dtype=torch.int32, device=dev)
+    contexts = torch.full((seqs,), ctx, dtype=torch.int32, device=dev)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = attention.decode_splits(seqs, kv_heads, window, sms)
+    partial_out = torch.empty(seqs, heads, splits, head_dim, dtype=torch.float32, device=dev)
+    partial_lse = torch.empty(seqs, heads, splits, dtype=torch.float32, device=dev)
+    out = torch.empty_like(q)
+
+    def ours():
+        attention.decode_attention(
+            q, key_cache, value_cache, out, tables, rows, rows, contexts, partial_out, partial_lse,
+            scale, block, splits, None, window,
+        )  # fmt: skip
+
+    sdpa_q = q.unsqueeze(2)
+    sdpa_k = keys[:, ctx - window :].transpose(1, 2).contiguous()
+    sdpa_v = values[:, ctx - window :].transpose(1, 2).contiguous()
+
+    def theirs():
+        functional.scaled_dot_product_attention(sdpa_q, sdpa_k, sdpa_v, enable_gqa=True)
+
+    ours()
+    expected = functional.scaled_dot_product_attention(sdpa_q, sdpa_k, sdpa_v, enable_gqa=True).squeeze(2)
+    error = (out.float() - expected.float()).abs().max().item()
+    ours_ms, torch_ms = _bench(ours), _bench(theirs)
+    kv_bytes = 2 * seqs * window * kv_heads * head_dim * 2
+    results.append(
+        {
+            "kernel": f"windowed decode {seqs}x{ctx}, window {window}, 32/8 heads, d128, bf16, {splits} split(s)",
+            "ours_ms": ours_ms,
+            "torch_ms": torch_ms,
+            "ours": f"{kv_bytes / ours_ms / 1e9:.2f} TB/s of the window's KV",
+            "torch": f"{kv_bytes / torch_ms / 1e9:.2f} TB/s (SDPA on the window's keys only)",
+            "max_abs_error": error,
+            "target": TARGETS["decode"],
+        }
+    )
+    del keys, values, key_cache, value_cache
+    # prefill: a 2048-token chunk at the end of each context
+    seqs, chunk = 4, 2048
+    q = torch.randn(seqs * chunk, heads, head_dim, dtype=torch.bfloat16, device=dev)
+    keys = torch.randn(seqs, ctx, kv_heads, head_dim, dtype=torch.bfloat16, device=dev)
+    values = torch.randn_like(keys)
+    key_cache, value_cache, tables = _paged_cache(torch, keys, values, block)
+    layout = BatchLayout(
+        input_ids=np.zeros(seqs * chunk, np.int64),
+        positions=np.tile(np.arange(ctx - chunk, ctx), seqs),
+        slot_mapping=np.zeros(seqs * chunk, np.int64),
+        query_lens=np.full(seqs, chunk, np.int64),
+        context_lens=np.full(seqs, ctx, np.int64),
+        block_tables=tables.cpu().numpy(),
+        logits_indices=np.zeros(0, np.int64),
+        block_size=block,
+    )
+    meta = build_host_metadata(layout, attention.prefill_block_m(is_float32=False))
+    put = lambda a: torch.from_numpy(a).to(dev)  # noqa: E731
+    args = [
+        put(x)
+        for x in (meta.block_tables, meta.seq_query_start, meta.seq_query_len, meta.seq_context_len)
+        + (meta.tile_seq, meta.tile_offset)
+    ]
+    out = torch.empty_like(q)
+    shared_memory = device_shared_memory()
+
+    def ours_prefill():
+        attention.prefill_attention(
+            q, key_cache, value_cache, out, *args, scale, block, shared_memory, None, window
+        )
+
+    first = ctx - chunk - window + 1  # the first key any query of the chunk sees
+    sdpa_q = q.reshape(seqs, chunk, heads, head_dim).transpose(1, 2).contiguous()
+    sdpa_k = keys[:, first:].transpose(1, 2).contiguous()
+    sdpa_v = values[:, first:].transpose(1, 2).contiguous()
+    query_pos = torch.arange(ctx - chunk, ctx, device=dev)[:, None]
+    key_pos = torch.arange(first, ctx, device=dev)[None, :]
+    mask = (key_pos <= query_pos) & (key_pos > query_pos - window)
+
+    def theirs_prefill():
+        functional.scaled_dot_product_attention(sdpa_q, sdpa_k, sdpa_v, attn_mask=mask, enable_gqa=True)
+
+    ours_prefill()
+    expected = functional.scaled_dot_product_attention(
+        sdpa_q, sdpa_k, sdpa_v, attn_mask=mask, enable_gqa=True
+    )
+    error = (
+        (out.reshape(seqs, chunk, heads, head_dim).transpose(1, 2).float() - expected.float())
+        .abs()
+        .max()
+        .item()
+    )
+    ours_ms, torch_ms = _bench(ours_prefill), _bench(theirs_prefill)
+    flops = 4 * seqs * heads * chunk * window * head_dim
+    results.append(
+        {
+            "kernel": f"windowed prefill {seqs}x{chunk} at {ctx}, window {window}, 32/8 heads, d128, bf16",
+            "ours_ms": ours_ms,
+            "torch_ms": torch_ms,
+            "ours": f"{flops / ours_ms / 1e9:.0f} TFLOP/s of the window's products",
+            "torch": f"{flops / torch_ms / 1e9:.0f} TFLOP/s (SDPA, the window's boolean mask)",
+            "max_abs_error": error,
+            "target": TARGETS["prefill"],
+        }
+    )
+    return results
+
+
 def run(kernels: list[str]) -> list[dict]:
     import torch
 
@@ -390,6 +520,8 @@ def run(kernels: list[str]) -> list[dict]:
             found = [bench_moe(torch, 256), bench_moe(torch, 4096)]
         elif name == "quant":
             found = bench_quant(torch)
+        elif name == "window":
+            found = bench_window(torch)
         else:
             found = [
                 {"prefill": bench_prefill, "decode": bench_decode, "sampling": bench_sampling}[name](torch)

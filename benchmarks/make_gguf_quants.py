@@ -9,6 +9,12 @@ dequantised (with `gguf`) into a float32 GGUF; then llama.cpp's own quantiser (l
 Without llama-cpp-python, `--synthetic` writes SmolLM2-shaped files of one block type each (every
 matrix random valid blocks of that type, with llama.cpp's fallback type for matrices whose width is
 no multiple of 256, as its quantiser does): the speed of the kernels, not a usable model.
+
+`--ernie-shaped` starts instead from a random-weight float16 GGUF shaped like ERNIE-4.5-0.3B
+(architecture `ernie4_5`: hidden 1024, 18 layers, 16 query / 2 key-value heads of 128, FFN 3072,
+vocabulary 103424, tied embeddings) with the source's tokenizer padded to that vocabulary. Every
+width is a multiple of 256, so each K-quant file runs every product in a K-quant type (SmolLM2's
+576 makes llama.cpp fall back to legacy types); files are named ernie-0.3b-shaped-TYPE.gguf.
 """
 
 from __future__ import annotations
@@ -55,6 +61,79 @@ def write(source: str, path: Path, matrix) -> None:
             writer.add_tensor(tensor.name, made[0], raw_dtype=made[1])
         else:
             writer.add_tensor(tensor.name, made)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+#: ERNIE-4.5-0.3B's shape (its config.json)
+ERNIE_SHAPE = {
+    "embedding_length": 1024,
+    "block_count": 18,
+    "head_count": 16,
+    "head_count_kv": 2,
+    "head_dim": 128,
+    "feed_forward_length": 3072,
+    "vocab_size": 103424,
+}
+
+
+def write_ernie_shaped(source: str, path: Path, rng: np.random.Generator) -> None:
+    """A float16 `ernie4_5` GGUF of ERNIE-4.5-0.3B's shape, random weights (normal, std 0.02; norms
+    one), and the tokenizer of `source` padded with unused ordinary tokens to the vocabulary."""
+    shape = ERNIE_SHAPE
+    hidden, heads, kv_heads, head_dim = (
+        shape[k] for k in ("embedding_length", "head_count", "head_count_kv", "head_dim")
+    )
+    arch = "ernie4_5"
+    writer = GGUFWriter(str(path), arch)
+    writer.add_name("ERNIE-4.5-0.3B-shaped random weights")
+    writer.add_block_count(shape["block_count"])
+    writer.add_context_length(131072)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(shape["feed_forward_length"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(500000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(1)  # mostly float16
+    reader = GGUFReader(source)
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        if name in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            extra = range(len(value), shape["vocab_size"])
+            fill = {"tokenizer.ggml.tokens": [f"<unused_{i}>" for i in extra]}
+            value = list(value) + fill.get(name, [1 if name.endswith("type") else 0.0] * len(extra))
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, value_type, sub_type)
+
+    def random(*dims: int) -> np.ndarray:
+        return (rng.standard_normal(dims, np.float32) * 0.02).astype(np.float16)
+
+    ones = np.ones(hidden, np.float32)
+    writer.add_tensor("token_embd.weight", random(shape["vocab_size"], hidden))
+    writer.add_tensor("output_norm.weight", ones)
+    ffn = shape["feed_forward_length"]
+    for layer in range(shape["block_count"]):
+        parts = {
+            "attn_norm": ones,
+            "attn_q": random(heads * head_dim, hidden),
+            "attn_k": random(kv_heads * head_dim, hidden),
+            "attn_v": random(kv_heads * head_dim, hidden),
+            "attn_output": random(hidden, heads * head_dim),
+            "ffn_norm": ones,
+            "ffn_gate": random(ffn, hidden),
+            "ffn_up": random(ffn, hidden),
+            "ffn_down": random(hidden, ffn),
+        }
+        for part, array in parts.items():
+            writer.add_tensor(f"blk.{layer}.{part}.weight", array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -111,6 +190,9 @@ def main() -> None:
     parser.add_argument("--types", default="Q4_0,Q4_K_M,Q5_K_M,Q6_K,Q8_0")
     parser.add_argument("--synthetic", action="store_true", help="random blocks of each block type instead")
     parser.add_argument(
+        "--ernie-shaped", action="store_true", help="quantise a random ERNIE-4.5-0.3B-shaped model instead"
+    )
+    parser.add_argument(
         "--source", help="the GGUF to start from (default: the embedded SmolLM2, found through fastdeploy)"
     )
     args = parser.parse_args()
@@ -132,14 +214,20 @@ def main() -> None:
         import llama_cpp
     except ImportError:
         sys.exit("llama-cpp-python is not installed here (pip install llama-cpp-python); or use --synthetic")
-    float32 = args.out / "smollm2-f32.gguf"
-    write(source, float32, float32_matrix)
+    if args.ernie_shaped:
+        stem = "ernie-0.3b-shaped"
+        float_file = args.out / f"{stem}-f16.gguf"
+        write_ernie_shaped(source, float_file, np.random.default_rng(0))
+    else:
+        stem = "smollm2"
+        float_file = args.out / f"{stem}-f32.gguf"
+        write(source, float_file, float32_matrix)
     for type_name in types:
-        path = args.out / f"smollm2-{type_name}.gguf"
+        path = args.out / f"{stem}-{type_name}.gguf"
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = FTYPES[type_name]
-        if llama_cpp.llama_model_quantize(str(float32).encode(), str(path).encode(), params) != 0:
-            sys.exit(f"llama.cpp could not quantise {float32} to {type_name}")
+        if llama_cpp.llama_model_quantize(str(float_file).encode(), str(path).encode(), params) != 0:
+            sys.exit(f"llama.cpp could not quantise {float_file} to {type_name}")
         print(path)
 
 

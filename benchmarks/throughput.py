@@ -63,8 +63,8 @@ STARTUP_GOAL_SECONDS = 1.5
 
 STARTUP_SNIPPETS = {
     "fastdeploy": (
-        "from fastdeploy import LLM, SamplingParams\n"
-        "LLM().generate('hi', SamplingParams(max_tokens=1), use_tqdm=False)\n"
+        "import os\nfrom fastdeploy import LLM, SamplingParams\n"
+        "LLM(model=os.environ['BENCH_MODEL']).generate('hi', SamplingParams(max_tokens=1), use_tqdm=False)\n"
     ),
     "llama.cpp": (
         "import os\nfrom llama_cpp import Llama\n"
@@ -454,7 +454,7 @@ def startup(args, peers, gguf) -> dict:
         for kind, python in kinds.items():
             times[kind].append(startup_seconds(python, kind, gguf))
     print(
-        f"\nStart-up: process start to the first token of the embedded model, seconds, median (min-max) of {args.repeats}"
+        f"\nStart-up: process start to the first token of {os.path.basename(gguf)}, seconds, median (min-max) of {args.repeats}"
     )
     for kind, values in times.items():
         print(f"    {kind:<28} {statistics.median(values):9.2f} ({min(values):5.2f}-{max(values):5.2f})")

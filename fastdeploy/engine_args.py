@@ -259,7 +259,7 @@ class EngineArgs:
         "auto",
         "weights / activations dtype: 'auto' (default: float32 on the cpu backend, bfloat16 on a GPU "
         "that has it), 'float32', 'bfloat16' or 'float16'; on the cpu backend 'bfloat16' multiplies "
-        "the linear layers in bfloat16 (faster, not exact) and keeps the rest float32",
+        "the linear layers in bfloat16 (half the weight memory, not exact) and keeps the rest float32",
     )
     #: the server sets these from its --allowed-local-media-path and --disable-media-url-fetch,
     #: whose defaults are the safe opposite of these (requests come from the network)

@@ -194,3 +194,16 @@ def hf_hub_cache() -> str:
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
     )
     return os.path.join(os.path.expanduser(home), "hub")
+
+
+def weight_cache_dir() -> str | None:
+    """Where the cpu backend keeps GGUF weights repacked for its kernels between starts
+    (`FD_WEIGHT_CACHE`): a directory, default `$XDG_CACHE_HOME/fastdeploy/packed-weights`
+    (`~/.cache/...`); `0` (or `off`) repacks at every start and writes nothing."""
+    value = os.environ.get("FD_WEIGHT_CACHE", "").strip()
+    if value.lower() in ("0", "off", "false", "no"):
+        return None
+    if value:
+        return os.path.expanduser(value)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "fastdeploy", "packed-weights")

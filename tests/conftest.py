@@ -13,6 +13,8 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 # Keep the suite's logs out of the working tree; set before any fastdeploy logger exists.
 os.environ["FD_LOG_DIR"] = tempfile.mkdtemp(prefix="fastdeploy-test-log-")
+# Repacked GGUF weights go to a temporary directory that later runs reuse, not the user's cache.
+os.environ.setdefault("FD_WEIGHT_CACHE", os.path.join(tempfile.gettempdir(), "fastdeploy-test-weight-cache"))
 
 
 @pytest.fixture(scope="session")

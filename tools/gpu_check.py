@@ -14,7 +14,12 @@ Steps (each a subprocess, its output kept in --out):
      weight quantisation (wint8, wint4, fp8);
   6. greedy agreement and perplexity of each quantisation against bf16 (benchmarks/accuracy.py
      --device cuda, 8 prompts x 32 tokens);
-  7. single-stream decode tok/s and its fraction of the HBM roofline (weight bytes x tok/s /
+  7. sliding windows, attention sinks and soft-capping (issues 28 and 29): GPT-OSS (sinks, a
+     window of 8) and Gemma 2 (capped, sliding) on `cuda` against transformers' tokens. The compiled kernels against float64, the window's
+     cost over a 32k context and a sliding Phi-3 with real CUDA graphs are in step 2
+     (tests/gpu/test_gpu_attention_windows.py), the capability checks in step 3, the windowed
+     kernels' speed in step 4 (`--kernel window`);
+  8. single-stream decode tok/s and its fraction of the HBM roofline (weight bytes x tok/s /
      bandwidth), greedy and sampled, with CUDA graphs on and off (benchmarks/decode_roofline.py;
      issue 32's goal: >= 50% for the 1B shape in bf16).
 `--quick` keeps the SmolLM2 shape only. Nothing is installed; a missing module is reported.
@@ -139,6 +144,21 @@ def main() -> int:
             + ["--json", os.path.join(out_dir, "accuracy.json")],
             {},
             1800,
+        ),
+        (
+            "windows_sinks",
+            [
+                python,
+                "-m",
+                "pytest",
+                "-q",
+                "tests/models/test_gpt_oss.py::test_the_cuda_backends_code_runs_the_sinks_and_the_window[cuda-triton]",
+                "tests/models/test_gemma2.py::test_the_cuda_backends_code_generates_transformers_tokens[cuda]",
+                "-p",
+                "no:cacheprovider",
+            ],
+            {},
+            900,
         ),
         (
             "decode_roofline",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fastdeploy.backends.base import Backend
 from fastdeploy.config import EngineConfig, ModelConfig
-from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
+from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError, WeightLoadError
 from fastdeploy.logger import get_logger
 from fastdeploy.model_executor.loaders.base import WeightLoader
 from fastdeploy.model_executor.quantization import (
@@ -16,7 +16,7 @@ from fastdeploy.model_executor.quantization import (
     pair_fp8_scales,
     quantize_tensors,
 )
-from fastdeploy.models.base import CausalLM
+from fastdeploy.models.base import CausalLM, WeightShapeError
 from fastdeploy.parallel.model_parallel import ModelParallel
 from fastdeploy.plugins.registry import PluginRegistry, first_that_can_load
 
@@ -112,7 +112,13 @@ def build_model(
             backend.weight_packing,
             quantization_group_size,
         )
-    model.load_weights(tensors)
+    try:
+        model.load_weights(tensors)
+    except WeightShapeError as error:
+        message = checkpoint.loader.shape_error(checkpoint.path, error.wrong)
+        if message is None:
+            raise
+        raise WeightLoadError(message) from None
     logger.info(
         "loaded %s from %s with the %s loader in %.1f s",
         name,

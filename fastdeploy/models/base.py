@@ -116,17 +116,29 @@ class CausalLM(ABC):
         return b
 
 
+class WeightShapeError(WeightLoadError):
+    """Tensors whose shapes are not the ones the configuration implies; `wrong` holds (name, shape,
+    expected shape) of each, so the weight loader can say where they lie in its format."""
+
+    def __init__(self, message: str, wrong: list[tuple[str, tuple[int, ...], tuple[int, ...]]]) -> None:
+        super().__init__(message)
+        self.wrong = wrong
+
+
 def check_weight_shapes(expected: Mapping[str, tuple[int, ...]], host: Mapping[str, Any]) -> None:
-    """Raise WeightLoadError naming the tensors whose shape is not the one config.json implies
+    """Raise WeightShapeError naming the tensors whose shape is not the one config.json implies
     (caught here, a wrong size would fail only in the first forward pass, deep in an op)."""
     wrong = [
-        f"{name} is {tuple(host[name].shape)}, config.json implies {shape}"
+        (name, tuple(host[name].shape), tuple(shape))
         for name, shape in expected.items()
-        if name in host and tuple(host[name].shape) != shape
+        if name in host and tuple(host[name].shape) != tuple(shape)
     ]
     if wrong:
         more = f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else ""
-        raise WeightLoadError("checkpoint does not match its config.json: " + "; ".join(wrong[:4]) + more)
+        described = "; ".join(
+            f"{name} is {shape}, config.json implies {want}" for name, shape, want in wrong[:4]
+        )
+        raise WeightShapeError("checkpoint does not match its config.json: " + described + more, wrong)
 
 
 def check_weight_names(expected: set[str], provided: set[str], ignorable: tuple[str, ...] = ()) -> None:

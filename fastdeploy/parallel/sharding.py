@@ -20,7 +20,12 @@ from fastdeploy.formats.weight_only import WeightOnlyTensor
 def take_rows(tensor: Any, rows: range) -> Any:
     """tensor[rows] (output features of an [out, in] matrix, or entries of a vector)."""
     if isinstance(tensor, GGMLTensor):
-        return GGMLTensor(tensor.ggml_type, tensor.rows[rows.start : rows.stop], (len(rows), tensor.shape[1]))
+        return GGMLTensor(
+            tensor.ggml_type,
+            tensor.rows[rows.start : rows.stop],
+            (len(rows), tensor.shape[1]),
+            tensor.derived(f"rows {rows.start}:{rows.stop}"),
+        )
     if isinstance(tensor, WeightOnlyTensor):
         return tensor if len(rows) == tensor.shape[0] else tensor.take_rows(np.arange(rows.start, rows.stop))
     return tensor[rows.start : rows.stop]
@@ -35,7 +40,12 @@ def take_columns(tensor: Any, columns: range) -> Any:
         if columns.start % block == 0 and len(columns) % block == 0:
             first = columns.start // block * block_bytes
             last = columns.stop // block * block_bytes
-            return GGMLTensor(tensor.ggml_type, tensor.rows[:, first:last], (tensor.shape[0], len(columns)))
+            return GGMLTensor(
+                tensor.ggml_type,
+                tensor.rows[:, first:last],
+                (tensor.shape[0], len(columns)),
+                tensor.derived(f"columns {columns.start}:{columns.stop}"),
+            )
         tensor = np.asarray(tensor)
     if isinstance(tensor, WeightOnlyTensor):
         return tensor if len(columns) == tensor.shape[1] else tensor.take_columns(columns.start, columns.stop)
@@ -56,7 +66,12 @@ def pad_rows(tensor: Any, rows: int) -> Any:
         return tensor
     if isinstance(tensor, GGMLTensor):
         padding = np.zeros((rows - tensor.shape[0], tensor.rows.shape[1]), np.uint8)
-        return GGMLTensor(tensor.ggml_type, np.concatenate([tensor.rows, padding]), (rows, tensor.shape[1]))
+        return GGMLTensor(
+            tensor.ggml_type,
+            np.concatenate([tensor.rows, padding]),
+            (rows, tensor.shape[1]),
+            tensor.derived(f"padded to {rows}"),
+        )
     array = np.asarray(tensor, dtype=np.float32)
     padding = np.zeros((rows - array.shape[0], *array.shape[1:]), dtype=np.float32)
     return np.concatenate([array, padding])

@@ -117,3 +117,47 @@ def test_a_one_token_prompt_chunk_is_not_a_graph_decode():
     batch.add(sequence(1, [1, 2, 3, 4], 1), 1)  # token 2 of 4: samples nothing
     layout, sampling = build_layout(batch, 4)
     assert sampling == [0] and not is_decode_only(layout)
+
+
+def test_a_sliding_window_model_replays_its_window_past_it(monkeypatch):
+    """Phi-3 with a 20-position window on every layer (llama.cpp's GGUF of the tiny family
+    checkpoint) on the Triton kernels: 16-token prefill chunks, then graph decodes far past the
+    window, in 8 blocks of 8 slots for 94 positions (the blocks the window left behind are
+    released and reused, so their table entries alias live ones). The window is a kernel
+    argument of the captured launches; the tokens are still transformers' (the committed
+    references of tests/models)."""
+    import json
+    from pathlib import Path
+
+    from fastdeploy import LLM, SamplingParams
+    from fastdeploy.backends.cuda.cuda_graphs import DecodeGraphs
+
+    monkeypatch.setenv("FD_CUDA_KERNELS", "triton")
+    fixtures = Path(__file__).parents[1] / "fixtures"
+    references = json.loads((fixtures / "tiny_family_references.json").read_text(encoding="utf-8"))
+    prompt_set = references["models"]["phi3_window"]["prompt_sets"]["long"]
+    (case,) = prompt_set["cases"]
+    prompt, expected = case["prompt_token_ids"], case["output_token_ids"]
+    assert len(prompt) + len(expected) > 8 * 8
+    max_model_len = prompt_set["max_model_len"]
+    llm = LLM(
+        model=str(fixtures / "gguf" / "tiny-phi3-window-f32.gguf"),
+        device="torch-cpu",
+        dtype="float32",
+        max_model_len=max_model_len,
+        block_size=8,
+        max_num_batched_tokens=16,
+        num_gpu_blocks_override=8,
+    )
+    engine = llm.llm_engine
+    runner = engine.runner
+    assert [layer.attention.window for layer in runner.model.layers] == [20] * len(runner.model.layers)
+    graphs = DecodeGraphs(
+        engine.backend, runner.model, runner.kv_caches, 8, 2, max_model_len, new_graph=FakeGraph
+    )
+    graphs.capture()
+    runner.graphs = graphs
+    params = SamplingParams(temperature=0, max_tokens=len(expected), ignore_eos=True)
+    (output,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    assert graphs.replays == len(expected) - 1  # every token after the prefill's first
+    assert list(output.outputs.token_ids) == expected

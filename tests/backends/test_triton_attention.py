@@ -27,7 +27,9 @@ def tensor(array):
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
-def _step(heads, kv_heads, head_dim, block=8, seed=0):
+def _step(heads, kv_heads, head_dim, block=8, seed=0, sinks=None, window=0, softcap=0.0):
+    """One mixed step and its float64 attention. With a window, the cache slots of positions
+    no query of the step sees are NaN: a kernel that read them would give NaN."""
     rng = np.random.default_rng(seed)
     contexts = [cached + new for cached, new in SEQUENCES]
     max_blocks = -(-max(contexts) // block)
@@ -44,6 +46,9 @@ def _step(heads, kv_heads, head_dim, block=8, seed=0):
         pos = np.arange(context)
         seq_slots = tables[seq, pos // block] * block + pos % block
         key_cache[seq_slots], value_cache[seq_slots] = keys, values  # this step's keys already stored
+        if window:
+            unseen = seq_slots[: max(cached + 1 - window, 0)]
+            key_cache[unseen] = value_cache[unseen] = np.nan
         history.append((keys, values))
         slots.append(seq_slots[cached:])
         positions.append(pos[cached:])
@@ -60,7 +65,9 @@ def _step(heads, kv_heads, head_dim, block=8, seed=0):
     q = rng.standard_normal((layout.input_ids.size, heads, head_dim)).astype(np.float32)
     expected, start = [], 0
     for (_, new), (keys, values) in zip(SEQUENCES, history, strict=True):
-        expected.append(ref.causal_attention(q[start : start + new], keys, values, head_dim**-0.5))
+        expected.append(
+            ref.causal_attention(q[start : start + new], keys, values, head_dim**-0.5, sinks, window, softcap)
+        )
         start += new
     return layout, q, key_cache, value_cache, np.concatenate(expected)
 
@@ -82,9 +89,16 @@ def test_prefill_and_decode_kernels_match_float64_attention(
         options = attention.prefill_launch_options(False, head_dim, LARGE_SHARED_MEMORY)
         assert options["BLOCK_N"] == 128
         monkeypatch.setattr(attention, "prefill_launch_options", lambda *_: options)
-    layout, q, key_cache, value_cache, expected = _step(heads, kv_heads, head_dim)
+    _check_step(heads, kv_heads, head_dim, num_splits)
+
+
+def _check_step(heads, kv_heads, head_dim, num_splits, sinks=None, window=0, softcap=0.0):
+    layout, q, key_cache, value_cache, expected = _step(
+        heads, kv_heads, head_dim, sinks=sinks, window=window, softcap=softcap
+    )
     meta = build_host_metadata(layout, attention.prefill_block_m(is_float32=True))
     assert meta.tile_seq.tolist() == [2, 2, 3, 3] and meta.decode_seq.tolist() == [0, 1, 4]
+    extra = {"sinks": tensor(sinks) if sinks is not None else None, "window": window, "softcap": softcap}
     out = np.full_like(q, np.nan)
     common = (tensor(q), tensor(key_cache), tensor(value_cache), tensor(out), tensor(meta.block_tables))
     attention.prefill_attention(
@@ -96,6 +110,7 @@ def test_prefill_and_decode_kernels_match_float64_attention(
         tensor(meta.tile_offset),
         head_dim**-0.5,
         layout.block_size,
+        **extra,
     )
     decoded = meta.decode_token
     assert np.isnan(out[decoded]).all()  # the prefill kernel leaves decode rows alone
@@ -112,8 +127,41 @@ def test_prefill_and_decode_kernels_match_float64_attention(
         head_dim**-0.5,
         layout.block_size,
         num_splits,
+        **extra,
     )
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+#: per query head: large (the head attends to almost nothing), small, and in between
+SINKS = np.array([9.0, -3.0, 0.5, 2.0, -0.5, 4.0, 1.0, -8.0, 3.0], np.float32)
+
+
+@pytest.mark.parametrize(
+    ("window", "sinks", "num_splits", "hopper_tiles", "softcap"),
+    [
+        (1, False, 1, False, 0.0),  # each query sees itself only
+        (5, False, 4, False, 0.0),  # inside one 8-slot block
+        (20, False, 1, False, 0.0),  # across blocks, narrower than a query tile: late rows skip whole tiles
+        (20, True, 4, False, 0.0),
+        (70, True, 1, True, 0.0),  # wider than a query tile: tiles every row sees run unmasked
+        (100, False, 4, False, 0.0),
+        (1000, False, 1, False, 0.0),  # wider than every context: plain causal attention
+        (0, True, 1, False, 0.0),  # sinks alone
+        (0, True, 4, True, 0.0),
+        (0, False, 1, False, 1.5),  # soft-capped scores (Gemma 2): the cap binds (scores reach ~+-4)
+        (20, False, 4, False, 1.5),  # Gemma 2's sliding layers cap and slide
+        (0, False, 4, True, 1.5),
+    ],
+)
+def test_windows_sinks_and_softcap_match_float64_attention(
+    window, sinks, num_splits, hopper_tiles, softcap, monkeypatch
+):
+    """GQA (9 query heads over 3 KV heads); the NaN outside every window proves the skipped
+    positions are never read."""
+    if hopper_tiles:
+        options = attention.prefill_launch_options(False, 64, LARGE_SHARED_MEMORY)
+        monkeypatch.setattr(attention, "prefill_launch_options", lambda *_: options)
+    _check_step(9, 3, 64, num_splits, SINKS if sinks else None, window, softcap)
 
 
 def test_decode_split_count_fills_the_gpu_and_stays_a_power_of_two():

@@ -129,7 +129,9 @@ def test_kernels_compile_for_sm80_and_sm90_without_a_gpu():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    per_dtype = 4 + 2 + 3 + 1 + 1 + 4  # element-wise, prefill x 2, decode x 3, reduce, route, MoE GEMMs
+    # element-wise, prefill x 4 (one windowed with sinks, one windowed and soft-capped), decode x 6
+    # (two with sinks, one soft-capped), reduce x 2 (with and without sinks), route, MoE GEMMs
+    per_dtype = 4 + 4 + 6 + 2 + 1 + 4
     assert len(lines) == 2 * (2 * per_dtype + 6)  # + sampling (4) and MoE sort (2) kernels, float32 only
     names = {line.split()[2] for line in lines}
     assert {"_prefill_kernel", "_decode_kernel", "_pick_kernel", "_gemm_kernel", "_route_kernel"} <= names

@@ -97,9 +97,8 @@ def test_last_token_matches_sentence_transformers(last_token, last_llm):
 
 @pytest.mark.skipif(not native.has_bf16(), reason="dtype='bfloat16' is only fast with AVX512_BF16")
 def test_bfloat16_matmuls_stay_near_sentence_transformers(last_token):
-    """The opt-in speed (dtype="bfloat16": linear layers multiply bfloat16-rounded weights and
-    activations, AMX where the CPU has it): near the float32 reference, and not equal to it (the
-    rounding happened). The batch is one pass of more than 32 rows, the AMX kernel's minimum."""
+    """The opt-in dtype="bfloat16" (linear layers multiply bfloat16-rounded weights and
+    activations): near the float32 reference, and not equal to it (the rounding happened)."""
     reference = last_token[1].encode(SENTENCES, convert_to_numpy=True)
     llm = LLM(last_token[0], runner="pooling", dtype="bfloat16", max_model_len=128)
     ours = embeddings(llm.embed(SENTENCES, use_tqdm=False))

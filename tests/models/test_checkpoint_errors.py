@@ -145,3 +145,70 @@ def test_a_malformed_config_names_its_field(config, fragment):
         ModelConfig.from_hf_dict(config)
     assert fragment in str(info.value)
     assert ModelConfig.from_hf_dict({**GOOD_CONFIG, "head_dim": None}).head_dim == 4  # null means derived
+
+
+def _gguf_copy(source: str, target, edit) -> str:
+    """`source` rewritten with `edit(name, array)` applied to each tensor's array."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(source)
+    writer = GGUFWriter(str(target), reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), field.types[0], sub_type)
+    for tensor in reader.tensors:
+        shape = tuple(int(n) for n in reversed(tensor.shape))
+        writer.add_tensor(tensor.name, edit(tensor.name, np.array(tensor.data).reshape(shape)))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(target)
+
+
+def test_a_gguf_tensor_whose_shape_disagrees_with_the_metadata_names_the_file_and_tensor(tmp_path):
+    """The message names the GGUF file, the tensor as the file names it, and the shape its
+    metadata implies (not a config.json the user never had)."""
+    source = str(tiny.FIXTURES / "gguf" / "tiny-ernie4-5-f32.gguf")
+    hidden = tiny.SPECS["ernie4_5"]["config"]["hidden_size"]
+    kv_rows = tiny.SPECS["ernie4_5"]["config"]["num_key_value_heads"] * 16
+
+    def shrink(name, array):
+        if name == "blk.1.ffn_norm.weight":
+            return array[:-1]
+        return array[:-16] if name == "blk.0.attn_k.weight" else array
+
+    path = _gguf_copy(source, tmp_path / "bad-shapes.gguf", shrink)
+    with pytest.raises(WeightLoadError) as info:
+        LLM(model=path, max_model_len=32)
+    message = str(info.value)
+    assert message.startswith(f"{path}: tensors disagree with the file's ernie4_5 metadata")
+    assert (
+        f"tensor 'blk.0.attn_k.weight' has shape ({kv_rows - 16}, {hidden}), expected ({kv_rows}, {hidden})"
+        in message
+    )
+    assert f"tensor 'blk.1.ffn_norm.weight' has shape ({hidden - 1},), expected ({hidden},)" in message
+    assert "config.json" not in message
+
+
+def test_a_gguf_architecture_we_lack_is_refused_naming_the_file_and_the_supported_ones(tmp_path):
+    from gguf import GGUFWriter
+
+    from fastdeploy.errors import UnsupportedModelError
+
+    path = tmp_path / "state-space.gguf"
+    writer = GGUFWriter(str(path), "mamba")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError) as info:
+        LLM(model=str(path), max_model_len=32)
+    message = str(info.value)
+    assert message.startswith(f"{path}: GGUF architecture 'mamba' is not supported (supported: ")
+    for supported in ("llama", "qwen2", "qwen3", "phi3", "gemma3", "ernie4_5", "ernie4_5-moe", "qwen3moe"):
+        assert f"{supported}," in message or f"{supported})" in message

@@ -1,12 +1,14 @@
 """Gemma 2 beyond what every tiny family is checked for in test_tiny_families.py (there: first-step
 logits and 24 greedy tokens against transformers' float32 eager attention, as a Hugging Face
 directory and as llama.cpp's f32 GGUF, prompts and generations past the 20-position window):
-that its soft-capping binds, its Q8_0 GGUF, what its GGUF config recovers, and its refusals.
+that its soft-capping binds, its Q8_0 GGUF, what its GGUF config recovers, its refusals, and
+the cuda backend's code running it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ import tiny_families as families
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.backends.base import BackendOptions
 from fastdeploy.backends.capabilities import Capability
+from fastdeploy.backends.cuda.backend import CudaBackend
 from fastdeploy.backends.selection import create_backend
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 from fastdeploy.formats.gguf_file import read_gguf
@@ -25,6 +28,9 @@ from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoi
 from fastdeploy.plugins.registry import get_registry
 
 SPEC = families.SPECS["gemma2"]["config"]
+# the cuda backend's Triton kernels run interpreted on the host (read when a kernel module is first
+# imported)
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="module")
@@ -123,15 +129,34 @@ def test_a_backend_without_soft_capping_refuses_it_by_name(hf_dir, monkeypatch):
         build_model(checkpoint, backend, 16, registry)
 
 
-def test_the_cuda_backend_refuses_it_for_now(hf_dir):
-    """The cuda backend (here its torch runtime on the host) has no soft-capped attention kernel."""
-    pytest.importorskip("torch", reason="the torch-cpu backend needs torch")
-    registry = get_registry()
-    backend = create_backend("torch-cpu", BackendOptions(threads=1), registry)
-    with pytest.raises(
-        UnsupportedModelError, match=r"torch-cpu backend lacks \(Capability.ATTENTION_SOFTCAP\)"
-    ):
-        build_model(inspect_checkpoint(hf_dir, registry), backend, 16, registry)
+@pytest.mark.parametrize("kernels", ["reference", "triton", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_cuda_backends_code_generates_transformers_tokens(reference, kernels, monkeypatch):
+    """The cuda backend's code on the host (`torch-cpu`): soft-capped attention in its reference
+    kernels and in its Triton kernels (interpreted), sliding past the window, and the logits
+    capped on the device; every case's tokens are transformers'. "cuda": compiled on a GPU, with
+    its CUDA graphs, where there is one."""
+    device = "torch-cpu"
+    if kernels == "cuda":
+        reason = CudaBackend.unavailable_reason()
+        if reason is not None:
+            pytest.skip(f"no usable NVIDIA GPU: {reason}")
+        device, kernels = "cuda", "triton"
+    pytest.importorskip("torch", reason="the cuda backend's code needs torch here")
+    if kernels == "triton":
+        pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
+    monkeypatch.setenv("FD_CUDA_KERNELS", kernels)
+    params = SamplingParams(temperature=0, max_tokens=families.NEW_TOKENS, ignore_eos=True)
+    for prompt_set in reference["prompt_sets"].values():
+        llm = LLM(
+            model=str(families.gguf_path("gemma2")),
+            device=device,
+            dtype="float32",
+            max_model_len=prompt_set["max_model_len"],
+        )
+        prompts = [{"prompt_token_ids": case["prompt_token_ids"]} for case in prompt_set["cases"]]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        expected = [case["output_token_ids"] for case in prompt_set["cases"]]
+        assert [list(output.outputs.token_ids) for output in outputs] == expected
 
 
 def test_past_the_window_it_needs_sliding_windows(hf_dir, monkeypatch):

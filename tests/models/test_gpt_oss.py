@@ -10,6 +10,7 @@ within the 64-token sliding window, except in the test that narrows it to 8.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,10 @@ from kv_group_peaks import held_now, track_peaks
 from safetensors.numpy import save_file
 
 from fastdeploy import LLM, SamplingParams
+from fastdeploy.backends.cuda.backend import CudaBackend
 
+# the Triton kernels run interpreted on the host (read when a kernel module is first imported)
+os.environ.setdefault("TRITON_INTERPRET", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -155,18 +159,49 @@ def test_mxfp4_checkpoint_matches_transformers_on_the_dequantised_weights(tmp_pa
     assert engine_tokens(directory) == reference_tokens(model)
 
 
-def test_past_the_sliding_window_the_sliding_layer_attends_over_its_window(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def narrow_window(tmp_path_factory) -> tuple[str, list[list[int]]]:
+    """The checkpoint with a window of 8 and transformers' tokens for it."""
+    model = reference_model(sliding_window=8)
+    tensors = {name: t.numpy() for name, t in model.state_dict().items()}
+    directory = write_checkpoint(tmp_path_factory.mktemp("window"), tensors, sliding_window=8)
+    return directory, reference_tokens(model)
+
+
+def test_past_the_sliding_window_the_sliding_layer_attends_over_its_window(narrow_window, monkeypatch):
     """A window of 8: every prompt and its 24 tokens cross it (the sliding layer forgets, the full
     layer does not), and the tokens still equal transformers'; narrowing the window changes
     transformers' tokens, so the window is exercised."""
-    model = reference_model(sliding_window=8)
-    tensors = {name: t.numpy() for name, t in model.state_dict().items()}
-    directory = write_checkpoint(tmp_path / "window", tensors, sliding_window=8)
-    expected = reference_tokens(model)
+    directory, expected = narrow_window
     assert expected != reference_tokens(reference_model())
     assert engine_tokens(directory) == expected  # native kernels, sinks applied after
     monkeypatch.setenv("FD_CPU_KERNELS", "numpy")  # sinks and window inside the softmax
     assert engine_tokens(directory) == expected
+
+
+@pytest.mark.parametrize(
+    ("device", "kernels"),
+    [
+        ("torch-cpu", "triton"),
+        ("paddle-cpu", "reference"),
+        pytest.param("cuda", "triton", marks=pytest.mark.gpu),
+    ],
+)
+def test_the_cuda_backends_code_runs_the_sinks_and_the_window(narrow_window, device, kernels, monkeypatch):
+    """The cuda backend's kernels give transformers' tokens past the window: on the host its
+    Triton kernels (interpreted: sinks and the window inside the prefill and split-KV decode
+    kernels) and its reference kernels; compiled on a GPU where there is one."""
+    if device == "cuda":
+        reason = CudaBackend.unavailable_reason()
+        if reason is not None:
+            pytest.skip(f"no usable NVIDIA GPU: {reason}")
+    else:
+        pytest.importorskip(device.split("-")[0], reason=f"the {device} backend needs {device.split('-')[0]}")
+    if kernels == "triton":
+        pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
+    monkeypatch.setenv("FD_CUDA_KERNELS", kernels)
+    directory, expected = narrow_window
+    assert engine_tokens(directory, device=device, dtype="float32") == expected
 
 
 def test_the_sliding_layer_keeps_only_its_window_of_blocks(tmp_path):

@@ -195,7 +195,7 @@ def test_phi3_longrope_factors_of_the_wrong_length_are_refused(tmp_path):
 
 
 def _without_sliding_window(monkeypatch) -> Any:
-    """A cpu backend that does not declare Capability.SLIDING_WINDOW (as the cuda backend)."""
+    """A cpu backend that does not declare Capability.SLIDING_WINDOW (as a third-party backend may not)."""
     backend = create_backend("cpu", BackendOptions(threads=1), get_registry())
     reduced = type(backend).capabilities - {Capability.SLIDING_WINDOW}
     monkeypatch.setattr(type(backend), "capabilities", reduced)
@@ -232,6 +232,26 @@ def test_gemma3_beyond_its_sliding_window_needs_the_capability(hf_dirs, monkeypa
     backend = _without_sliding_window(monkeypatch)
     with pytest.raises(UnsupportedModelError, match="sliding_window=64.*max_model_len <= 64"):
         build_model(inspect_checkpoint(hf_dirs["gemma3"], registry), backend, 128, registry)
+
+
+def test_gemma3_past_its_window_on_the_cuda_backends_code(references):
+    """Gemma 3's five sliding layers (window 64) and its global one on the cuda backend's code
+    (`torch-cpu`, reference kernels; the Triton kernels' windows are checked in tests/backends): a
+    70-token prompt and its generation cross the window, and the tokens are transformers'."""
+    pytest.importorskip("torch", reason="the torch-cpu backend needs torch (the test extra installs it)")
+    prompt_set = references["gemma3"]["prompt_sets"]["long"]
+    (case,) = prompt_set["cases"]
+    llm = LLM(
+        model=str(families.gguf_path("gemma3")),
+        device="torch-cpu",
+        dtype="float32",
+        max_model_len=prompt_set["max_model_len"],
+    )
+    assert [layer.attention.window for layer in llm.llm_engine.runner.model.layers] == [64] * 5 + [0]
+    params = SamplingParams(temperature=0, max_tokens=len(case["output_token_ids"]), ignore_eos=True)
+    (output,) = llm.generate([{"prompt_token_ids": case["prompt_token_ids"]}], params, use_tqdm=False)
+    assert len(case["prompt_token_ids"]) + len(case["output_token_ids"]) > 64
+    assert output.outputs.token_ids == case["output_token_ids"]
 
 
 def test_only_the_sliding_layers_carry_the_window(hf_dirs):

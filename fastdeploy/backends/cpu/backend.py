@@ -37,6 +37,7 @@ from fastdeploy.backends.cpu.kv_cache import (
 )
 from fastdeploy.backends.cpu.latent_attention import latent_attention
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
+from fastdeploy.backends.cpu.native.weight_cache import WeightCache
 from fastdeploy.backends.fused import AttentionBlock, MLPBlock
 from fastdeploy.backends.lora import LoRASegments, LoRAStack, segments_by_slot
 from fastdeploy.backends.portable import apply_token_bitmask_numpy
@@ -114,7 +115,7 @@ def _matmul_note(isa: str, matmul_dtype: str) -> str:
     if matmul_dtype == "float32":
         return "float32"
     if isa == "avx512" and native.has_bf16():
-        instructions = "AMX-BF16 for many rows, AVX512_BF16" if native.bf16_amx() else "AVX512_BF16"
+        instructions = "AVX512_BF16"
     else:
         instructions = "widened to float32: no faster than float32"
     return f"float32 with bfloat16 matmuls ({instructions}; dtype='bfloat16')"
@@ -230,6 +231,9 @@ class CpuBackend(Backend):
         self.activations = _activations(self.native_isa)
         #: packed weights on huge pages (native kernels only: the numpy path keeps numpy's arrays)
         self.weight_arena = WeightArena()
+        #: GGUF weights repacked (and embeddings dequantised) at an earlier start
+        cache_dir = envs.weight_cache_dir() if self.native_isa else None
+        self.weight_cache = WeightCache(cache_dir, native.build_stamp()) if cache_dir else None
         self.vision_matmul = _vision_matmul(self.native_isa)
         #: (layers, kv_caches, native handle) of the latest `decoder_layers` run
         self._decoder_stack: tuple[Any, Any, object] | None = None
@@ -318,6 +322,8 @@ class CpuBackend(Backend):
             )
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
+        if isinstance(array, GGMLTensor) and self.weight_cache is not None:
+            return self.weight_cache.dequantized(array)  # a GGUF embedding table
         if np.issubdtype(array.dtype, np.floating):
             return np.ascontiguousarray(array, dtype=self.dtype)
         return np.ascontiguousarray(array)
@@ -329,7 +335,7 @@ class CpuBackend(Backend):
         if self.native_isa:
             if self.matmul_dtype == "bfloat16" and not native.keeps_blocks(parts):
                 return native.pack_bf16(parts, self.weight_arena)
-            return native.pack(parts, self.activations, self.weight_arena)
+            return native.pack(parts, self.activations, self.weight_arena, self.weight_cache)
         stacked = np.concatenate([np.asarray(part, dtype=self.dtype) for part in parts], axis=0)
         # [in, out] contiguous: x @ W runs as a plain (non-transposed) sgemm.
         return np.ascontiguousarray(stacked.T)

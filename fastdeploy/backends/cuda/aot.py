@@ -7,7 +7,8 @@ check what the kernels compute; this checks that the GPU compiler accepts them.
 
 Run `python -m fastdeploy.backends.cuda.aot [ARCH ...] [--dtypes float32,bfloat16]` (TRITON_INTERPRET
 must be unset). It compiles float32, bfloat16 and float16 variants (or those `--dtypes` names) of every kernel at the shapes the models here
-use (head_dim 128 and 64, ERNIE-4.5-21B-A3B's MoE, a 152064-token vocabulary), in parallel,
+use (head_dim 128 and 64, GPT-OSS's windowed attention with sinks, soft-capped windowed
+attention, ERNIE-4.5-21B-A3B's MoE, a 152064-token vocabulary), in parallel,
 with the num_warps / num_stages the launchers use, and fails where a kernel needs more shared
 memory than the architecture gives one program (which on a GPU is a launch-time OutOfResources).
 """
@@ -97,9 +98,19 @@ def _specialisations(dtype: str, shared_memory: int) -> list[Launch]:
             {},
         ),
     ]
-    # prefill: head_dim 128 (Llama-1B) and 64 (SmolLM2), GQA 4 and 3
-    for head_dim, group in ((128, 4), (64, 3)):
+    # prefill: head_dim 128 (Llama-1B) and 64 (SmolLM2), GQA 4 and 3; GPT-OSS's sliding layers
+    # (head_dim 64, GQA 8, a window and sinks) and soft-capped sliding layers (head_dim 128, GQA 2)
+    attention_common |= {"sinks_ptr": t, "window": "i32", "softcap_scale": "fp32", "softcap_log2": "fp32"}
+    attention_flags = dict.fromkeys(("WINDOWED", "HAS_SINKS", "SOFTCAP"), "constexpr")
+    # (head_dim, GQA group, decode split counts, WINDOWED / HAS_SINKS / SOFTCAP)
+    for head_dim, group, split_counts, (windowed, sinks, softcap) in (
+        (128, 4, (1, 8), (False, False, False)),
+        (64, 3, (1,), (False, False, False)),
+        (64, 8, (1, 8), (True, True, False)),
+        (128, 2, (1,), (True, False, True)),
+    ):
         prefill = prefill_launch_options(fp32, head_dim, shared_memory)
+        flags = {"WINDOWED": windowed, "HAS_SINKS": sinks, "SOFTCAP": softcap}
         specs.append(
             (
                 "triton_attention",
@@ -108,13 +119,15 @@ def _specialisations(dtype: str, shared_memory: int) -> list[Launch]:
                 | {"block_tables_ptr": "*i32", "seq_query_start_ptr": "*i32", "seq_query_len_ptr": "*i32"}
                 | {"seq_context_len_ptr": "*i32", "tile_seq_ptr": "*i32", "tile_offset_ptr": "*i32"}
                 | attention_common
-                | dict.fromkeys(("GROUP", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "PRECISION"), "constexpr"),
+                | dict.fromkeys(("GROUP", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "PRECISION"), "constexpr")
+                | attention_flags,
                 {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": 64 if fp32 else 128}
-                | {"BLOCK_N": prefill["BLOCK_N"], "PRECISION": precision},
+                | {"BLOCK_N": prefill["BLOCK_N"], "PRECISION": precision}
+                | flags,
                 {k: v for k, v in prefill.items() if k.startswith("num_")},
             )
         )
-        for splits in (1, 8) if head_dim == 128 else (1,):
+        for splits in split_counts:
             specs.append(
                 (
                     "triton_attention",
@@ -124,22 +137,31 @@ def _specialisations(dtype: str, shared_memory: int) -> list[Launch]:
                     | {"decode_token_ptr": "*i32", "decode_seq_ptr": "*i32", "seq_context_len_ptr": "*i32"}
                     | attention_common
                     | dict.fromkeys(("GROUP", "GROUP_BLOCK", "HEAD_DIM", "BLOCK_N"), "constexpr")
-                    | {"NUM_SPLITS": "constexpr", "PRECISION": "constexpr"},
+                    | {"NUM_SPLITS": "constexpr", "PRECISION": "constexpr"}
+                    | attention_flags,
                     {"GROUP": group, "GROUP_BLOCK": 16, "HEAD_DIM": head_dim, "BLOCK_N": 64}
-                    | {"NUM_SPLITS": splits, "PRECISION": precision},
+                    | {"NUM_SPLITS": splits, "PRECISION": precision}
+                    | flags,
                     decode_launch_options(fp32),
                 )
             )
-    specs.append(
-        (
-            "triton_attention",
-            "_decode_reduce_kernel",
-            {"out_ptr": t, "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32", "decode_token_ptr": "*i32"}
-            | {"num_heads": "i32", "head_dim": "i32", "HEAD_DIM": "constexpr", "NUM_SPLITS": "constexpr"},
-            {"HEAD_DIM": 128, "NUM_SPLITS": 8},
-            {},
+    for sinks in (False, True):
+        specs.append(
+            (
+                "triton_attention",
+                "_decode_reduce_kernel",
+                {
+                    "out_ptr": t,
+                    "partial_out_ptr": "*fp32",
+                    "partial_lse_ptr": "*fp32",
+                    "decode_token_ptr": "*i32",
+                }
+                | {"sinks_ptr": t, "num_heads": "i32", "head_dim": "i32"}
+                | dict.fromkeys(("HEAD_DIM", "NUM_SPLITS", "HAS_SINKS"), "constexpr"),
+                {"HEAD_DIM": 128 if not sinks else 64, "NUM_SPLITS": 8, "HAS_SINKS": sinks},
+                {},
+            )
         )
-    )
     # fused MoE at ERNIE-4.5-21B-A3B's shapes: routing over 64 experts, top-6, each GEMM tile config
     specs.append(
         (

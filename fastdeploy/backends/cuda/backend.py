@@ -107,6 +107,9 @@ class TensorBackend(Backend):
             Capability.VISION_OPS,
             Capability.LORA,
             Capability.QUANTIZED_WEIGHTS,
+            Capability.SLIDING_WINDOW,
+            Capability.ATTENTION_SINKS,
+            Capability.ATTENTION_SOFTCAP,
         }
     )
 
@@ -426,10 +429,68 @@ class TensorBackend(Backend):
     def attention(
         self, q: Any, k: Any, v: Any, kv_cache: tuple[Any, Any], batch: CudaBatch, scale: float
     ) -> Any:
+        return self._paged_attention(q, k, v, kv_cache, batch, scale)
+
+    def windowed_attention(
+        self, q: Any, k: Any, v: Any, kv_cache: tuple[Any, Any], batch: CudaBatch, scale: float, window: int
+    ) -> Any:
+        """The same kernels with the window a kernel argument: prefill skips the key tiles
+        before it, decode splits only the window (a captured graph replays it unchanged)."""
+        return self._paged_attention(q, k, v, kv_cache, batch, scale, window=window)
+
+    def attention_with_sinks(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        kv_cache: tuple[Any, Any],
+        batch: CudaBatch,
+        scale: float,
+        sinks: Any,
+        window: int = 0,
+    ) -> Any:
+        """The sinks (a device tensor) join each softmax at its end, in the kernels."""
+        return self._paged_attention(q, k, v, kv_cache, batch, scale, sinks, window)
+
+    def softcapped_attention(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        kv_cache: tuple[Any, Any],
+        batch: CudaBatch,
+        scale: float,
+        softcap: float,
+        window: int = 0,
+    ) -> Any:
+        """The kernels cap each score as it leaves the q.k product (the cap a kernel argument)."""
+        return self._paged_attention(q, k, v, kv_cache, batch, scale, window=window, softcap=softcap)
+
+    def softcap(self, x: Any, cap: float) -> Any:
+        """On the device, in float32 (graph-safe: Gemma 2's logits are capped inside a captured
+        decode step): cap * tanh(x / cap) = cap * (2 sigmoid(2x / cap) - 1)."""
+        wide = self.rt.cast(x, "float32")
+        capped = (self.rt.sigmoid(wide * (2.0 / cap)) * 2.0 - 1.0) * cap
+        return self.rt.cast(capped, self.rt.dtype_name(x))
+
+    def _paged_attention(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        kv_cache: tuple[Any, Any],
+        batch: CudaBatch,
+        scale: float,
+        sinks: Any = None,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> Any:
         key_cache, value_cache = kv_cache
         if self.launch is None:
             reference.store_kv(self.rt, k, v, key_cache, value_cache, batch.slot_mapping)
-            return reference.paged_attention(self.rt, q, kv_cache, batch.reference, scale)
+            return reference.paged_attention(
+                self.rt, q, kv_cache, batch.reference, scale, sinks, window, softcap
+            )
         q, k = q.contiguous(), k.contiguous()
         v, value_stride = self.rt.token_rows(v)  # read in place from the qkv projection
         launch = self.launch
@@ -452,6 +513,9 @@ class TensorBackend(Backend):
                 scale,
                 batch.block_size,
                 launch.shared_memory,
+                sinks,
+                window,
+                softcap,
             )
         if batch.num_decodes:
             scratch = self._decode_scratch(batch, q.shape[1], q.shape[2])
@@ -470,6 +534,9 @@ class TensorBackend(Backend):
                 scale,
                 batch.block_size,
                 batch.num_splits,
+                sinks,
+                window,
+                softcap,
             )
         return out
 

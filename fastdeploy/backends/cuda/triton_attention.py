@@ -21,6 +21,19 @@ split's share of the context streams through, and the partial (max, log-sum, acc
 to a scratch buffer that `_decode_reduce_kernel` merges. The number of splits is fixed per
 launch (a CUDA graph replays it) and each program derives its range from the sequence's context
 length, so short sequences leave trailing splits empty.
+
+Sliding windows and attention sinks (`Backend.windowed_attention`, `attention_with_sinks`):
+with `window` > 0 a query at position p sees p - window + 1 .. p only. Prefill visits key
+tiles from the one holding its first query's first visible key, so tiles wholly before the
+window are never read (a long context costs the window, and released blocks whose table
+entries alias others are never loaded); a tile every query of the program sees whole still
+runs unmasked. Decode spreads its splits over the window instead of the context. Sinks (a
+learned logit per query head) join the softmax only at the end: the final maximum and
+denominator take `exp(sink - max)`, and the split-KV reduce adds it once, after merging the
+splits. Soft-capping (`softcapped_attention`, Gemma 2) caps each score at
+cap * tanh(score / cap) as it leaves `tl.dot`, before the mask. All are kernel arguments (the
+window and the cap scalars, the sinks a device tensor), so a captured CUDA graph replays them
+with no host data per step.
 """
 
 from __future__ import annotations
@@ -33,6 +46,8 @@ import triton.language as tl
 from fastdeploy.backends.cuda.shared_memory import LARGE_SHARED_MEMORY
 
 LOG2E = 1.4426950408889634
+#: the same inside the kernels (sinks are natural-log logits; the softmax runs in base 2)
+_LOG2E_IN_KERNEL: tl.constexpr = tl.constexpr(LOG2E)
 
 #: key/value tile of both kernels
 PREFILL_BLOCK_N = 64
@@ -73,6 +88,16 @@ def decode_launch_options(is_float32: bool) -> dict[str, int]:
     return {"num_warps": 4, "num_stages": 2 if is_float32 else 3}
 
 
+def _score_scale(scale: float, softcap: float) -> float:
+    """The kernels' `scale_log2`: q.k to base-2 units, or 1 where soft-capping does that."""
+    return 1.0 if softcap > 0 else scale * LOG2E
+
+
+def _softcap_scales(scale: float, softcap: float) -> tuple[float, float]:
+    """The kernels' `softcap_scale`, `softcap_log2` (unused, 1.0, without soft-capping)."""
+    return (scale / softcap, softcap * LOG2E) if softcap > 0 else (1.0, 1.0)
+
+
 def _dot_precision(dtype_is_fp32: bool) -> str:
     """float32 models compute float32 dot products (tf32 would change greedy tokens)."""
     return "ieee" if dtype_is_fp32 else "tf32"
@@ -87,6 +112,103 @@ def _kv_tile_offsets(block_tables_ptr, table_row, n, n_mask, block_size, kv_head
 
 
 @triton.jit
+def _capped(s, softcap_scale, softcap_log2):
+    """Scores s = q.k soft-capped, in the kernels' base-2 units: cap * tanh(scale * s / cap) *
+    log2(e), with `softcap_scale` = scale / cap and `softcap_log2` = cap * log2(e); tanh from
+    exp2, saturating to +-1 where exp2 overflows or vanishes."""
+    return (1.0 - 2.0 / (tl.exp2(s * (softcap_scale * 2.0 * _LOG2E_IN_KERNEL)) + 1.0)) * softcap_log2
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    m_i,
+    l_i,
+    acc,
+    start,
+    positions,
+    lo,
+    hi,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    table_row,
+    block_size,
+    kv_head,
+    num_kv_heads,
+    d,
+    d_mask,
+    head_dim,
+    scale_log2,
+    window,
+    softcap_scale,
+    softcap_log2,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """One key/value tile `start` .. + BLOCK_N into a prefill program's online softmax (rows at
+    `positions`; keys outside [lo, hi) are neither loaded nor counted). Unmasked: every row sees
+    the whole tile. Masked: causal, and the window where WINDOWED; a row that sees nothing yet
+    keeps a zero state (its maximum stays -inf without producing NaN)."""
+    n = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        n_mask = (n >= lo) & (n < hi)
+        kv = _kv_tile_offsets(
+            block_tables_ptr, table_row, n, n_mask, block_size, kv_head, num_kv_heads, head_dim
+        )
+        k = tl.load(
+            key_cache_ptr + kv[None, :] + d[:, None], mask=d_mask[:, None] & n_mask[None, :], other=0.0
+        )
+        s = tl.dot(q, k, input_precision=PRECISION)
+        if SOFTCAP:  # then scale_log2 is 1: the scores are in base-2 units already
+            s = _capped(s, softcap_scale, softcap_log2)
+        visible = (n[None, :] <= positions[:, None]) & n_mask[None, :]
+        if WINDOWED:
+            visible = visible & (n[None, :] > positions[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale_log2)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s * scale_log2 - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        v = tl.load(
+            value_cache_ptr + kv[:, None] + d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
+        )
+    else:
+        kv = _kv_tile_offsets(
+            block_tables_ptr, table_row, n, n < hi, block_size, kv_head, num_kv_heads, head_dim
+        )
+        k = tl.load(key_cache_ptr + kv[None, :] + d[:, None], mask=d_mask[:, None], other=0.0)
+        s = tl.dot(q, k, input_precision=PRECISION)
+        if SOFTCAP:
+            s = _capped(s, softcap_scale, softcap_log2)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale_log2)
+        p = tl.exp2(s * scale_log2 - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        v = tl.load(value_cache_ptr + kv[:, None] + d[None, :], mask=d_mask[None, :], other=0.0)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _normalise(m_i, l_i, acc, sinks_ptr, heads, heads_mask, HAS_SINKS: tl.constexpr):
+    """acc / the softmax denominator, which with sinks also holds exp(sink - max) of each row's
+    head (its maximum taken with the sink); rows that saw nothing give zeros."""
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=heads_mask, other=float("-inf")).to(tl.float32)
+        sink = sink * _LOG2E_IN_KERNEL
+        top = tl.maximum(m_i, sink)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        alpha = tl.exp2(m_i - top)
+        l_i = l_i * alpha + tl.exp2(sink - top)
+        acc = acc * alpha[:, None]
+    return acc / tl.maximum(l_i, 1e-30)[:, None]
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr,
     key_cache_ptr,
@@ -98,7 +220,11 @@ def _prefill_kernel(
     seq_context_len_ptr,
     tile_seq_ptr,
     tile_offset_ptr,
+    sinks_ptr,
     scale_log2,
+    window,
+    softcap_scale,
+    softcap_log2,
     num_heads,
     num_kv_heads,
     head_dim,
@@ -109,6 +235,9 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     head = tl.program_id(0)
     tile = tl.program_id(1)
@@ -136,42 +265,34 @@ def _prefill_kernel(
     # keys every query of the tile sees: whole tiles before the first query need no mask
     unmasked_end = ((first_position + 1) // BLOCK_N) * BLOCK_N
     last_key = tl.minimum(first_position + BLOCK_M, context)  # causal: nothing past the last query
-    for start in range(0, unmasked_end, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        kv = _kv_tile_offsets(
-            block_tables_ptr, table_row, n, n < context, block_size, kv_head, num_kv_heads, head_dim
-        )
-        k = tl.load(key_cache_ptr + kv[None, :] + d[:, None], mask=d_mask[:, None], other=0.0)
-        s = tl.dot(q, k, input_precision=PRECISION)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale_log2)
-        p = tl.exp2(s * scale_log2 - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(value_cache_ptr + kv[:, None] + d[None, :], mask=d_mask[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    lo = 0
+    unmasked_start = 0
+    if WINDOWED:
+        # the first query's first key: earlier tiles are skipped; unmasked only from the last
+        # query's first key on
+        lo = tl.maximum(first_position - window + 1, 0)
+        last_position = tl.minimum(first_position + BLOCK_M, context) - 1
+        seen_by_all = tl.maximum(last_position - window + 1, 0)
+        unmasked_start = tl.minimum(tl.cdiv(seen_by_all, BLOCK_N) * BLOCK_N, unmasked_end)
+    for start in range((lo // BLOCK_N) * BLOCK_N, unmasked_start, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, start, positions, lo, context, key_cache_ptr, value_cache_ptr,
+            block_tables_ptr, table_row, block_size, kv_head, num_kv_heads, d, d_mask, head_dim,
+            scale_log2, window, softcap_scale, softcap_log2, BLOCK_N, True, WINDOWED, SOFTCAP, PRECISION,
+        )  # fmt: skip
+    for start in range(unmasked_start, unmasked_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, start, positions, lo, context, key_cache_ptr, value_cache_ptr,
+            block_tables_ptr, table_row, block_size, kv_head, num_kv_heads, d, d_mask, head_dim,
+            scale_log2, window, softcap_scale, softcap_log2, BLOCK_N, False, WINDOWED, SOFTCAP, PRECISION,
+        )  # fmt: skip
     for start in range(unmasked_end, last_key, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        n_mask = n < context
-        kv = _kv_tile_offsets(
-            block_tables_ptr, table_row, n, n_mask, block_size, kv_head, num_kv_heads, head_dim
-        )
-        k = tl.load(
-            key_cache_ptr + kv[None, :] + d[:, None], mask=d_mask[:, None] & n_mask[None, :], other=0.0
-        )
-        s = tl.dot(q, k, input_precision=PRECISION)
-        visible = (n[None, :] <= positions[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale_log2)
-        p = tl.exp2(s * scale_log2 - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            value_cache_ptr + kv[:, None] + d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
-        )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-    out = acc / l_i[:, None]
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, start, positions, lo, context, key_cache_ptr, value_cache_ptr,
+            block_tables_ptr, table_row, block_size, kv_head, num_kv_heads, d, d_mask, head_dim,
+            scale_log2, window, softcap_scale, softcap_log2, BLOCK_N, True, WINDOWED, SOFTCAP, PRECISION,
+        )  # fmt: skip
+    out = _normalise(m_i, l_i, acc, sinks_ptr, head + m * 0, row_mask, HAS_SINKS)
     tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
 
@@ -189,6 +310,9 @@ def prefill_attention(
     scale: float,
     block_size: int,
     shared_memory: int | None = None,
+    sinks: Any = None,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
     """Causal attention of the prefill tokens of q [tokens, heads, head_dim] into out.
 
@@ -196,7 +320,9 @@ def prefill_attention(
     seq_context_len[s] - 1; its keys/values (this step's included) are already in the caches
     [slots, kv_heads, head_dim]. The tiles (from `prefill_tiles`) list (sequence, first query)
     pairs of `prefill_block_m` queries; rows of other sequences are not touched. `shared_memory`
-    (bytes one program may use on this GPU) picks the tile sizes.
+    (bytes one program may use on this GPU) picks the tile sizes. `sinks` [heads] (any float
+    dtype) join each row's softmax denominator; `window` > 0 limits each query to its last
+    `window` positions; `softcap` > 0 caps each scaled score at softcap * tanh(score / softcap).
     """
     fp32 = _is_float32(q)
     heads, head_dim = q.shape[1], q.shape[2]
@@ -215,7 +341,10 @@ def prefill_attention(
         seq_context_len,
         tile_seq,
         tile_offset,
-        scale * LOG2E,
+        sinks if sinks is not None else q,
+        _score_scale(scale, softcap),
+        window,
+        *_softcap_scales(scale, softcap),
         heads,
         kv_heads,
         head_dim,
@@ -225,6 +354,9 @@ def prefill_attention(
         HEAD_DIM=max(triton.next_power_of_2(head_dim), 16),
         BLOCK_M=prefill_block_m(fp32),
         PRECISION=_dot_precision(fp32),
+        WINDOWED=window > 0,
+        HAS_SINKS=sinks is not None,
+        SOFTCAP=softcap > 0,
         **prefill_launch_options(fp32, head_dim, shared_memory),
     )
 
@@ -241,7 +373,11 @@ def _decode_kernel(
     decode_token_ptr,
     decode_seq_ptr,
     seq_context_len_ptr,
+    sinks_ptr,
     scale_log2,
+    window,
+    softcap_scale,
+    softcap_log2,
     num_heads,
     num_kv_heads,
     head_dim,
@@ -253,6 +389,9 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     index = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -270,9 +409,13 @@ def _decode_kernel(
     q_offsets = (token * num_heads + heads)[:, None] * head_dim + d[None, :]
     q = tl.load(q_ptr + q_offsets, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
 
-    # this split's positions, whole tiles except at the end of the context
-    per_split = tl.cdiv(tl.cdiv(context, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per_split
+    # the positions the token sees (the last `window` with a window), shared out among the
+    # splits in whole tiles except at the end
+    first = 0
+    if WINDOWED:
+        first = tl.maximum(context - window, 0)
+    per_split = tl.cdiv(tl.cdiv(context - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split * per_split
     end = tl.minimum(start + per_split, context)
     m_i = tl.full([GROUP_BLOCK], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_BLOCK], tl.float32)
@@ -286,8 +429,10 @@ def _decode_kernel(
         k = tl.load(
             key_cache_ptr + kv[None, :] + d[:, None], mask=d_mask[:, None] & n_mask[None, :], other=0.0
         )
-        s = tl.dot(q, k, input_precision=PRECISION) * scale_log2
-        s = tl.where(n_mask[None, :], s, float("-inf"))
+        s = tl.dot(q, k, input_precision=PRECISION)
+        if SOFTCAP:  # scale_log2 is 1 then
+            s = _capped(s, softcap_scale, softcap_log2)
+        s = tl.where(n_mask[None, :], s * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
@@ -299,7 +444,8 @@ def _decode_kernel(
         m_i = m_new
     out_mask = g_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
-        out = acc / tl.maximum(l_i, 1e-30)[:, None]  # empty contexts (padded rows) give zeros
+        # empty contexts (padded rows) give zeros
+        out = _normalise(m_i, l_i, acc, sinks_ptr, heads, g_mask, HAS_SINKS)
         tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         # partial results: [decodes, heads, splits, head_dim] and log2-sum-exp [decodes, heads, splits]
@@ -319,10 +465,12 @@ def _decode_reduce_kernel(
     partial_out_ptr,
     partial_lse_ptr,
     decode_token_ptr,
+    sinks_ptr,
     num_heads,
     head_dim,
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     index = tl.program_id(0)
     head = tl.program_id(1)
@@ -333,13 +481,18 @@ def _decode_reduce_kernel(
     row = (index * num_heads + head) * NUM_SPLITS
     lse = tl.load(partial_lse_ptr + row + s)
     top = tl.max(lse, axis=0)
+    if HAS_SINKS:  # the sink joins the merged denominator once (and its maximum)
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * _LOG2E_IN_KERNEL
+        top = tl.maximum(top, sink)
     top = tl.where(top == float("-inf"), 0.0, top)
     weights = tl.exp2(lse - top)
     parts = tl.load(
         partial_out_ptr + (row + s)[:, None] * head_dim + d[None, :], mask=d_mask[None, :], other=0.0
     )
-    total = tl.maximum(tl.sum(weights, axis=0), 1e-30)
-    out = tl.sum(parts * weights[:, None], axis=0) / total
+    total = tl.sum(weights, axis=0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - top)
+    out = tl.sum(parts * weights[:, None], axis=0) / tl.maximum(total, 1e-30)
     tl.store(
         out_ptr + (token * num_heads + head) * head_dim + d, out.to(out_ptr.dtype.element_ty), mask=d_mask
     )
@@ -368,13 +521,18 @@ def decode_attention(
     scale: float,
     block_size: int,
     num_splits: int,
+    sinks: Any = None,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
-    """Attention of single decode tokens over their whole context, split-KV.
+    """Attention of single decode tokens over their whole context (or its last `window`
+    positions), split-KV.
 
     decode_token[i] is the row of q/out [tokens, heads, head_dim] of decode i and decode_seq[i]
     its sequence (row of block_tables / seq_context_len). With num_splits > 1 the scratch
     partial_out [decodes, heads, num_splits, head_dim] float32 and partial_lse
     [decodes, heads, num_splits] float32 hold the split results before the reduce kernel.
+    `sinks` [heads] and `softcap` as in `prefill_attention`.
     """
     decodes = decode_token.shape[0]
     if decodes == 0:
@@ -394,7 +552,10 @@ def decode_attention(
         decode_token,
         decode_seq,
         seq_context_len,
-        scale * LOG2E,
+        sinks if sinks is not None else q,
+        _score_scale(scale, softcap),
+        window,
+        *_softcap_scales(scale, softcap),
         heads,
         kv_heads,
         head_dim,
@@ -406,6 +567,9 @@ def decode_attention(
         BLOCK_N=DECODE_BLOCK_N,
         NUM_SPLITS=num_splits,
         PRECISION=_dot_precision(_is_float32(q)),
+        WINDOWED=window > 0,
+        HAS_SINKS=sinks is not None,
+        SOFTCAP=softcap > 0,
         **decode_launch_options(_is_float32(q)),
     )
     if num_splits > 1:
@@ -414,8 +578,10 @@ def decode_attention(
             partial_out,
             partial_lse,
             decode_token,
+            sinks if sinks is not None else out,
             heads,
             head_dim,
             HEAD_DIM=head_block,
             NUM_SPLITS=num_splits,
+            HAS_SINKS=sinks is not None,
         )

@@ -38,6 +38,13 @@ class WeightLoader(ABC):
         """(name, host tensor) pairs: arrays (memory-mapped, any float dtype) or, for quantised
         matrices a backend may use as they are, `GGMLTensor`s (which convert with `np.asarray`)."""
 
+    def shape_error(
+        self, model_path: str, wrong: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+    ) -> str | None:
+        """The message for tensors (HF name, shape, expected shape) that disagree with the config,
+        in the terms of this format (its file and tensor names); None keeps the config.json one."""
+        return None
+
     def preload(self) -> None:
         """Import what `load_tensors` reads with, ahead of it (a fork server does, once for all
         its ranks, which would otherwise each import it while loading); nothing by default."""

@@ -10,6 +10,8 @@ code path (the rotate-half layout), as transformers does.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -159,27 +161,32 @@ class GGUFLoader(WeightLoader):
         config = config_from_gguf(gguf_file)
         arch = gguf_file.metadata["general.architecture"]
         permuted = _ARCHITECTURES[arch][1]
+        identities = {}
         for tensor in gguf_file.tensors:
             if tensor.name in _ROPE_FACTORS:
                 continue  # in config["rope_scaling"]
             data = gguf_file.tensor_data(tensor)
             is_float = tensor.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
+            source = tensor.path or gguf_file.path
+            if source not in identities:
+                identities[source] = file_identity(source)
+            origin = f"{identities[source]}|{tensor.name}"
             if len(tensor.shape) == 3:
                 # one [out, in] matrix per expert, quantised ones still in their blocks
                 experts = expert_tensor_names(tensor.name, arch, tensor.shape[0])
-                for name, rows in zip(experts, data, strict=True):
+                for index, (name, rows) in enumerate(zip(experts, data, strict=True)):
                     yield (
                         name,
                         np.asarray(rows)
                         if is_float
-                        else GGMLTensor(tensor.ggml_type, rows, tensor.shape[1:]),
+                        else GGMLTensor(tensor.ggml_type, rows, tensor.shape[1:], f"{origin}|expert {index}"),
                     )
                 continue
             name = hf_tensor_name(tensor.name, arch)
             if is_float:
                 array = np.asarray(data)
             elif len(tensor.shape) == 2:
-                array = GGMLTensor(tensor.ggml_type, data, tuple(tensor.shape))
+                array = GGMLTensor(tensor.ggml_type, data, tuple(tensor.shape), origin)
             else:
                 array = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
             if arch in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
@@ -190,10 +197,44 @@ class GGUFLoader(WeightLoader):
                 array = interleaved_to_half_rows(array, config["num_key_value_heads"])
             yield name, array
 
+    def shape_error(
+        self, model_path: str, wrong: list[tuple[str, tuple[int, ...], tuple[int, ...]]]
+    ) -> str | None:
+        """Each tensor named as the GGUF file has it, with the shape its metadata implies."""
+        gguf_file = read_gguf(model_path)
+        arch = gguf_file.metadata["general.architecture"]
+        where: dict[str, str] = {}
+        for tensor in gguf_file.tensors:
+            if len(tensor.shape) == 3 and _LAYER_NAME.match(tensor.name):
+                for index, name in enumerate(expert_tensor_names(tensor.name, arch, tensor.shape[0])):
+                    where[name] = f"{tensor.name!r} (expert {index})"
+            elif tensor.name not in _ROPE_FACTORS:
+                with contextlib.suppress(WeightLoadError):
+                    where[hf_tensor_name(tensor.name, arch)] = repr(tensor.name)
+        described = [
+            f"tensor {where.get(name, repr(name))} has shape {shape}, expected {want}"
+            for name, shape, want in wrong[:4]
+        ]
+        more = f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else ""
+        return (
+            f"{gguf_file.path}: tensors disagree with the file's {arch} metadata: "
+            + "; ".join(described)
+            + more
+        )
+
+
+def file_identity(path: str) -> str:
+    """The file's absolute path, size and modification time: what a `GGMLTensor.origin` names, so
+    a cache of what is derived from its blocks misses once the file is replaced."""
+    status = os.stat(path)
+    return f"{os.path.abspath(path)}|{status.st_size}|{status.st_mtime_ns}"
+
 
 def config_from_gguf(gguf_file: GGUFFile) -> dict[str, Any]:
     """A config.json-style dict from a GGUF file's metadata and tensor table."""
     meta = gguf_file.metadata
+    if meta.get("general.architecture") not in _ARCHITECTURES:
+        raise UnsupportedModelError(f"{gguf_file.path}: {unsupported_architecture(meta)}")
     config = config_from_metadata(meta)
     names = {tensor.name for tensor in gguf_file.tensors}
     config["tie_word_embeddings"] = "output.weight" not in names
@@ -217,12 +258,17 @@ def config_from_gguf(gguf_file: GGUFFile) -> dict[str, Any]:
     return config
 
 
+def unsupported_architecture(meta: dict[str, Any]) -> str:
+    """Why a GGUF's `general.architecture` cannot load, with the ones that can."""
+    known = ", ".join(sorted(_ARCHITECTURES))
+    return f"GGUF architecture {meta.get('general.architecture')!r} is not supported (supported: {known})"
+
+
 def config_from_metadata(meta: dict[str, Any]) -> dict[str, Any]:
     """A config.json-style dict from GGUF key/values (tensor-dependent fields aside)."""
     arch = meta.get("general.architecture")
     if arch not in _ARCHITECTURES:
-        known = ", ".join(sorted(_ARCHITECTURES))
-        raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported (supported: {known})")
+        raise UnsupportedModelError(unsupported_architecture(meta))
 
     def key(name: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{name}", default)

@@ -12,6 +12,7 @@ says why and the backend keeps its numpy path.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import numpy as np
 from fastdeploy.backends.base import AttentionBlock, BatchLayout, MLPBlock
 from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
+from fastdeploy.backends.cpu.native.weight_cache import WeightCache
 from fastdeploy.formats.ggml_tensor import GGMLTensor
 
 
@@ -70,6 +72,13 @@ def unavailable_reason() -> str | None:
     if _native.best_isa() == "none":
         return "this CPU has neither AVX-512 nor AVX2+FMA"
     return None
+
+
+def build_stamp() -> str:
+    """The extension's file size and modification time: a rebuild (which may change a packed
+    layout) changes it, so `WeightCache` entries of an older build are not read."""
+    status = os.stat(_native.__file__)
+    return f"{status.st_size}|{status.st_mtime_ns}"
 
 
 def has_vnni() -> bool:
@@ -121,13 +130,17 @@ def keeps_blocks(parts: Sequence[GGMLTensor | np.ndarray]) -> bool:
 
 
 def pack(
-    parts: Sequence[GGMLTensor | np.ndarray], activations: str = "float32", arena: WeightArena | None = None
+    parts: Sequence[GGMLTensor | np.ndarray],
+    activations: str = "float32",
+    arena: WeightArena | None = None,
+    cache: WeightCache | None = None,
 ) -> PackedWeight:
     """One packed weight from [out, in] parts stacked along `out` (a fused qkv or gate/up projection).
 
     Parts that share a block type with a kernel stay in their blocks, in the layout of the
     `activations` kernels; anything else (float checkpoints, other GGUF types, mixed types) is
-    packed as float32. The packed bytes come from `arena` when given (huge pages), else numpy.
+    packed as float32. The packed bytes come from `arena` when given (huge pages), else numpy;
+    blocks of a known origin are repacked once and read back from `cache` after that.
     """
     empty = arena.empty if arena is not None else lambda nbytes: np.empty(nbytes, np.uint8)
     in_features = {part.shape[1] for part in parts}
@@ -137,21 +150,28 @@ def pack(
         )
     type_names = [part.type_name if isinstance(part, GGMLTensor) else None for part in parts]
     if len(set(type_names)) > 1 and any(name in SUPPORTED_TYPES for name in type_names):
-        return _pack_mixed(parts, activations, empty)
+        return _pack_mixed(parts, activations, empty, cache)
     type_name = type_names[0] if len(set(type_names)) == 1 else None
     if type_name in SUPPORTED_TYPES:
-        rows = np.ascontiguousarray(np.concatenate([part.rows for part in parts], axis=0), np.uint8)
-        out_features, depth = rows.shape[0], in_features.pop()
+        out_features, depth = sum(part.shape[0] for part in parts), in_features.pop()
         kind = _kind(type_name, activations)
         packed = empty(_native.packed_bytes(kind, out_features, depth))
-        _native.pack_blocks(kind, rows, packed, out_features, depth)
+        key = cache.key(parts, kind, out_features, depth) if cache is not None else None
+        if key is None or not cache.read_into(key, packed):
+            rows = np.ascontiguousarray(np.concatenate([part.rows for part in parts], axis=0), np.uint8)
+            _native.pack_blocks(kind, rows, packed, out_features, depth)
+            if key is not None:
+                cache.write(key, packed)
         return PackedWeight(type_name, packed, out_features, depth, activations)
     out_features = sum(part.shape[0] for part in parts)
     return PackedWeight("F32", _pack_f32(parts, empty), out_features, in_features.pop())
 
 
 def _pack_mixed(
-    parts: Sequence[GGMLTensor | np.ndarray], activations: str, empty: Callable[[int], np.ndarray]
+    parts: Sequence[GGMLTensor | np.ndarray],
+    activations: str,
+    empty: Callable[[int], np.ndarray],
+    cache: WeightCache | None,
 ) -> PackedWeight:
     """Parts of different types (a Q4_K_M file's q/k in Q4_K and v in Q6_K) as one KIND_MIXED
     weight (gemm_mixed.c): each run of parts of one type packed in its own kind, behind a header of
@@ -165,7 +185,7 @@ def _pack_mixed(
             runs.append([part])
     if len(runs) > _native.MIXED_MAX_SEGMENTS:
         raise ValueError(f"a fused weight has at most {_native.MIXED_MAX_SEGMENTS} parts of different types")
-    packed_runs = [pack(run, activations) for run in runs]
+    packed_runs = [pack(run, activations, cache=cache) for run in runs]
     offsets, end = [], _native.MIXED_HEADER_BYTES
     for weight in packed_runs:
         offsets.append(end)
@@ -212,12 +232,6 @@ def _pack_f32(parts: Sequence[GGMLTensor | np.ndarray], empty: Callable[[int], n
         first += len(matrix)
     panels[-1, :, out - (pairs - 1) * width :] = 0
     return panels
-
-
-def bf16_amx(enable: bool | None = None) -> bool:
-    """Whether bfloat16 products of many rows run on AMX here (gemm_bf16.c); `enable` False/True
-    switches it off/back on (process-wide, for tests and measurements)."""
-    return _native is not None and _native.bf16_amx(-1 if enable is None else int(enable))
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:

@@ -622,7 +622,7 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
             pairs = fd_bf16_row_pairs(l->mlp.inner);
     }
     const Py_ssize_t token_floats = (p.tokens > 0 ? p.tokens : 1) * (floats + 4 * hidden);
-    scratch = stack_scratch(stack, token_floats + fd_bf16_padded_rows(p.tokens) * pairs);
+    scratch = stack_scratch(stack, token_floats + p.tokens * pairs);
     plans = PyMem_RawCalloc((size_t)layers, sizeof(*plans));
     if (scratch == NULL || plans == NULL) {
         PyErr_NoMemory();

@@ -21,25 +21,19 @@
  * [rows][k2][2] (the same k pairs; rows padded apart, `row_stride`), so one 32-bit broadcast of a row's pair (x[2j], x[2j+1]) times
  * one 64-byte weight load gives 16 columns' two products each.
  *
- * Kernels: AMX (AMX-BF16 with the kernel's permission, a depth that is a multiple of 32, and at least
- * AMX_MIN_ROWS rows): 32 x 32 outputs a step from four 16 x 16 float32 tile registers, each tile
- * product 16 x 16 x 32 multiply-adds in one instruction (a prompt pass of 2048 rows: ~5x the AVX-512
- * products below on a Xeon core with AMX). AVX-512 with AVX512_BF16, tiles of 12 rows x 32 columns
- * (24 accumulators of 32 zmm registers); elsewhere (AVX2, or AVX-512 without BF16) the same packed values widened to float32
+ * Kernels: AVX-512 with AVX512_BF16, tiles of 12 rows x 32 columns (24 accumulators of 32 zmm
+ * registers); elsewhere (AVX2, or AVX-512 without BF16) the same packed values widened to float32
  * in registers (a 16-bit shift or a mask) and float32 FMAs, tiles of 4 rows x 16 columns: correct,
  * no faster than float32 (a CPU without BF16 should keep the float32 default). Work is split over
  * pairs of panels, and for a narrow weight (few pairs) over blocks of rows too (threadpool.c), the
- * GIL released. The kernels' sums differ only in rounding order (vdpbf16ps and AMX may also flush
- * denormal products to zero), so a row's result may differ in its last bits between a call of few
- * rows and one of many (AMX_MIN_ROWS): bfloat16 products are not batch invariant.
+ * GIL released. The two kernels' sums differ only in rounding order (vdpbf16ps may also flush
+ * denormal products to zero). AMX tiles are not used: some of the VMs this runs in list AMX but
+ * fault on its instructions.
  */
 #include "native.h"
 
 #include <immintrin.h>
-#include <pthread.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #define PAIR_COLS (2 * PANEL)
 #define CONVERT_ROWS_PER_TASK 16
@@ -96,7 +90,7 @@ struct bf16_job {
     float *out;
     const float *bias;
     Py_ssize_t rows, cols, depth, k2, x_stride, pairs, block_rows;
-    int dpbf16, amx;
+    int dpbf16;
 };
 
 /* ---------------------------------------------------- AVX-512 with BF16 */
@@ -144,98 +138,6 @@ static DPBF16_TARGET void dpbf16_pair(const struct bf16_job *job, Py_ssize_t pai
             DPBF16_CASE(7) DPBF16_CASE(8) DPBF16_CASE(9) DPBF16_CASE(10) DPBF16_CASE(11) DPBF16_CASE(12)
         }
     }
-}
-
-/* ---------------------------------------------------------------- AMX */
-#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
-#define AMX_ROWS 32       /* rows a step: two 16-row tiles of activations */
-#define AMX_MIN_ROWS 32   /* fewer rows take the AVX-512 kernel (a tile step would be mostly padding) */
-#define AMX_BLOCK_ROWS 256 /* rows a task: a block's activations (<= 256 x depth bf16) stay in L2 across pairs */
-#define AMX_K 32          /* k per tile product: 16 rows of k pairs in a weight tile */
-
-/* Linux hands a process the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM). */
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-static int amx_state = 0; /* 1: usable; 0: not */
-static int amx_cap = 1;   /* 0: the tests' switch to the AVX-512 kernel */
-static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
-
-static void amx_probe(void)
-{
-    unsigned int eax, ebx, ecx, edx;
-    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
-    const int tile = (edx >> 24) & 1, bf16 = (edx >> 22) & 1;
-    amx_state = tile && bf16 && native_cpu_has_bf16() &&
-                syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
-int native_bf16_amx(int enable)
-{
-    pthread_once(&amx_once, amx_probe);
-    if (enable >= 0) amx_cap = enable != 0;
-    return amx_state && amx_cap;
-}
-
-/* The tile registers' shapes: 0-3 float32 sums [16][16], 4-5 activations [16 rows][32 bf16], 6-7
- * weights [16 k pairs][16 columns x 2] (the packed layout's k pairs, read in place). */
-struct amx_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-static AMX_TARGET void amx_configure(void)
-{
-    struct amx_config config;
-    memset(&config, 0, sizeof(config));
-    config.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        config.rows[t] = 16;
-        config.colsb[t] = 64;
-    }
-    _tile_loadconfig(&config);
-}
-
-/* Rows first..end-1 (padded rows of zeros past `rows`) times pair `pair`'s 32 columns. */
-static AMX_TARGET void amx_pair(const struct bf16_job *job, Py_ssize_t pair, Py_ssize_t first, Py_ssize_t end)
-{
-    const uint16_t *weights = job->packed + pair * job->k2 * 2 * PAIR_COLS;
-    const Py_ssize_t col0 = pair * PAIR_COLS, x_bytes = job->x_stride * 4, w_bytes = 2 * PAIR_COLS * 2;
-    float sums[4][PANEL * PANEL] __attribute__((aligned(64)));
-    amx_configure();
-    for (Py_ssize_t row0 = first; row0 < end; row0 += AMX_ROWS) {
-        const uint32_t *x = job->x_pairs + row0 * job->x_stride;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (Py_ssize_t j = 0; j < job->k2; j += AMX_K / 2) {
-            _tile_loadd(4, x + j, x_bytes);
-            _tile_loadd(5, x + 16 * job->x_stride + j, x_bytes);
-            _tile_loadd(6, weights + j * 2 * PAIR_COLS, w_bytes);
-            _tile_loadd(7, weights + j * 2 * PAIR_COLS + 2 * PANEL, w_bytes);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, sums[0], PANEL * 4);
-        _tile_stored(1, sums[1], PANEL * 4);
-        _tile_stored(2, sums[2], PANEL * 4);
-        _tile_stored(3, sums[3], PANEL * 4);
-        for (int i = 0; i < 2; i++) {
-            const Py_ssize_t start = col0 + i * PANEL;
-            if (start >= job->cols) break;
-            const Py_ssize_t valid = job->cols - start < PANEL ? job->cols - start : PANEL;
-            const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
-            const __m512 bias = job->bias ? _mm512_maskz_loadu_ps(mask, job->bias + start) : _mm512_setzero_ps();
-            for (int r = 0; r < AMX_ROWS && row0 + r < job->rows; r++)
-                _mm512_mask_storeu_ps(job->out + (row0 + r) * job->cols + start, mask,
-                                      _mm512_add_ps(_mm512_load_ps(sums[2 * (r / 16) + i] + (r % 16) * PANEL), bias));
-        }
-    }
-    _tile_release();
 }
 
 /* ------------------------------------------------- widened to float32 (AVX2) */
@@ -326,9 +228,7 @@ static void tile_task(void *ctx, Py_ssize_t index, int slot)
     const struct bf16_job *job = ctx;
     const Py_ssize_t pair = index % job->pairs, first = index / job->pairs * job->block_rows;
     const Py_ssize_t end = first + job->block_rows < job->rows ? first + job->block_rows : job->rows;
-    if (job->amx)
-        amx_pair(job, pair, first, end);
-    else if (job->dpbf16)
+    if (job->dpbf16)
         dpbf16_pair(job, pair, first, end);
     else
         widen_pair(job, pair, first, end);
@@ -382,28 +282,21 @@ Py_ssize_t fd_bf16_packed_bytes(Py_ssize_t cols, Py_ssize_t depth)
 
 Py_ssize_t fd_bf16_row_pairs(Py_ssize_t depth) { return row_stride((depth + 1) / 2); }
 
-/* AMX reads whole 32-row steps; the rows past `rows` only give sums that are not stored */
-Py_ssize_t fd_bf16_padded_rows(Py_ssize_t rows) { return (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS; }
-
 int fd_gemm_bf16(const struct gemm_args *a, int isa, int threads)
 {
     const Py_ssize_t rows = a->rows, k2 = (a->depth + 1) / 2, pairs = (a->cols + PAIR_COLS - 1) / PAIR_COLS;
     const Py_ssize_t x_stride = row_stride(k2);
-    const int amx = isa == ISA_AVX512 && rows >= AMX_MIN_ROWS && a->depth % AMX_K == 0 && native_bf16_amx(-1);
     uint16_t *rounded = (uint16_t *)a->x_bf16;
     if (rounded == NULL) {
-        const Py_ssize_t padded = fd_bf16_padded_rows(rows);
-        rounded = PyMem_RawMalloc((size_t)(padded > 0 ? padded : 1) * (size_t)x_stride * 2 * sizeof(uint16_t));
+        rounded = PyMem_RawMalloc((size_t)(rows > 0 ? rows : 1) * (size_t)x_stride * 2 * sizeof(uint16_t));
         if (rounded == NULL) return -1;
-        /* zeros, though unread into `out`: no uninitialised memory reaches the tiles */
-        memset(rounded + rows * x_stride * 2, 0, (size_t)(padded - rows) * x_stride * 2 * sizeof(uint16_t));
     }
     struct bf16_job job = {
         .x = a->x, .x_pairs = (const uint32_t *)rounded, .rounded = rounded, .packed = (const uint16_t *)a->packed,
         .out = a->out, .bias = a->bias, .rows = rows, .cols = a->cols, .depth = a->depth, .k2 = k2,
         .x_stride = x_stride, .pairs = pairs,
-        .block_rows = amx ? AMX_BLOCK_ROWS : block_rows(rows, pairs, threads),
-        .dpbf16 = isa == ISA_AVX512 && native_cpu_has_bf16(), .amx = amx,
+        .block_rows = block_rows(rows, pairs, threads),
+        .dpbf16 = isa == ISA_AVX512 && native_cpu_has_bf16(),
     };
     if (a->x_bf16 == NULL)
         fd_parallel_for((rows + CONVERT_ROWS_PER_TASK - 1) / CONVERT_ROWS_PER_TASK, threads, round_task, &job);
@@ -448,13 +341,4 @@ PyObject *native_gemm_bf16(PyObject *self, PyObject *args)
     PyBuffer_Release(&out);
     if (bias.obj) PyBuffer_Release(&bias);
     return result;
-}
-
-/* bf16_amx(enable): whether the bfloat16 products of many rows run on AMX (enable 0 or 1 switches it
- * off or back on where it runs, for tests; -1 only asks) */
-PyObject *native_bf16_amx_py(PyObject *self, PyObject *args)
-{
-    int enable = -1;
-    if (!PyArg_ParseTuple(args, "|i", &enable)) return NULL;
-    return PyBool_FromLong(native_bf16_amx(enable));
 }

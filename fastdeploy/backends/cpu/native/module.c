@@ -146,8 +146,6 @@ static PyMethodDef methods[] = {
     {"round_bf16", native_round_bf16, METH_VARARGS, "round_bf16(x, out): float32 -> bfloat16 bits, to nearest even."},
     {"gemm_bf16", native_gemm_bf16, METH_VARARGS,
      "gemm_bf16(x, packed, out, rows, cols, depth, isa, threads, bias): bfloat16 product (see gemm_bf16.c)."},
-    {"bf16_amx", native_bf16_amx_py, METH_VARARGS,
-     "bf16_amx([enable]): whether bfloat16 products of many rows run on AMX here (0/1 switches it off/on)."},
     {"encoder_attention_bf16", native_encoder_attention_bf16, METH_VARARGS,
      "encoder_attention with bfloat16 products on AVX512_BF16 (see encoder_attention_bf16.c)."},
     {NULL, NULL, 0, NULL},

@@ -239,7 +239,7 @@ struct gemm_args {
     const float *bias; /* NULL: none; else added to each row as the tile is stored */
     const float *block_sums; /* fd_gemm's own: Q4_1's per-row sums of each 32 activations */
     /* KIND_BF16 only, or NULL: x already rounded (fd_bf16_round_row), fd_bf16_row_pairs(depth) pairs a
-     * row, with rows allocated up to fd_bf16_padded_rows(rows) (their values unread into `out`) */
+     * row */
     const uint16_t *x_bf16;
 };
 /* gemm.c: the product for any weight kind on the caller's threads (the GIL released); -1 when out of
@@ -295,17 +295,14 @@ int native_cpu_has_bf16(void);
 PyObject *native_has_bf16(PyObject *self, PyObject *noargs);
 PyObject *native_round_bf16(PyObject *self, PyObject *args);
 PyObject *native_gemm_bf16(PyObject *self, PyObject *args);
-PyObject *native_bf16_amx_py(PyObject *self, PyObject *args);
-/* gemm_bf16.c: the product of a KIND_BF16 weight (fd_gemm's; -1 when out of memory), its packed bytes,
- * and whether many-row products run on AMX (enable 0/1 sets the tests' switch, -1 only asks) */
+/* gemm_bf16.c: the product of a KIND_BF16 weight (fd_gemm's; -1 when out of memory) and its packed
+ * bytes */
 int fd_gemm_bf16(const struct gemm_args *a, int isa, int threads);
 Py_ssize_t fd_bf16_packed_bytes(Py_ssize_t cols, Py_ssize_t depth);
-int native_bf16_amx(int enable);
 /* The rounded activations a KIND_BF16 product reads: a row of `depth` values rounded (its odd
- * depth's pad zeroed), the 32-bit pairs from one row to the next, and the rows to allocate. */
+ * depth's pad zeroed), and the 32-bit pairs from one row to the next. */
 void fd_bf16_round_row(const float *x, uint16_t *out, Py_ssize_t depth);
 Py_ssize_t fd_bf16_row_pairs(Py_ssize_t depth);
-Py_ssize_t fd_bf16_padded_rows(Py_ssize_t rows);
 PyObject *native_encoder_attention_bf16(PyObject *self, PyObject *args);
 
 #endif

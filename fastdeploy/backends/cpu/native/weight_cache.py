@@ -1,0 +1,110 @@
+"""GGUF weights in the kernels' layout kept on disk, so a file's blocks are repacked once, not at
+every start.
+
+Why: the kernels read most GGUF block types in panels of their own (block_packing.c), and
+repacking decodes every block: seconds of one core for a 0.3B model's K-quants, most of a start
+that llama.cpp (which maps the file and uses the blocks where they lie) does in a fraction of a
+second. The first start writes each packed weight here; later ones read it back into the weight
+arena (huge pages) at memory speed, skipping even the read of the blocks. A GGUF token embedding,
+which the backend looks up as a float32 table, is kept dequantised the same way and mapped from
+here instead of being dequantised again.
+
+An entry is named by a hash of the blocks' origin (`GGMLTensor.origin`: file path, size,
+modification time, tensor, any row selection), the weight kind and shape, and the native
+extension's build, so a replaced file or a rebuilt extension misses and repacks. Entries are
+written whole under a temporary name and renamed, so a crashed or concurrent start never reads a
+partial one. Nothing is evicted: delete the directory to reclaim its space (`FD_WEIGHT_CACHE`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+
+import numpy as np
+
+from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.logger import get_logger
+
+logger = get_logger(__name__)
+
+
+class WeightCache:
+    """Arrays derived from GGUF blocks at load, stored by `key` in `directory`."""
+
+    def __init__(self, directory: str, build: str) -> None:
+        self.directory = directory
+        #: what changes the layout besides the entry's own fields (the native extension's build)
+        self.build = build
+        self._writable = True
+
+    def key(self, parts: object, *fields: object) -> str | None:
+        """The entry name of what is made from `parts` (GGMLTensors or arrays) and `fields`, or None
+        when a part's origin is unknown (arrays, blocks made in memory): those are not cached."""
+        origins = [part.origin if isinstance(part, GGMLTensor) else "" for part in parts]
+        if not all(origins):
+            return None
+        text = "\n".join([self.build, *map(str, fields), *origins])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.directory, key[:2], key + ".bin")
+
+    def read_into(self, key: str, out: np.ndarray) -> bool:
+        """Fill contiguous `out` from entry `key`; False (out untouched or partly written) when
+        there is no entry of exactly out's size."""
+        try:
+            with open(self._path(key), "rb", buffering=0) as handle:
+                if os.fstat(handle.fileno()).st_size != out.nbytes:
+                    return False
+                view = memoryview(out.reshape(-1).view(np.uint8))
+                done = 0
+                while done < len(view):  # one read() returns at most ~2 GiB
+                    count = handle.readinto(view[done:])
+                    if not count:
+                        return False
+                    done += count
+                return True
+        except OSError:
+            return False
+
+    def mapped(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        """Entry `key` mapped copy-on-write as an array (pages read on first use), or None."""
+        path = self._path(key)
+        try:
+            if os.path.getsize(path) != int(np.prod(shape)) * np.dtype(dtype).itemsize:
+                return None
+            return np.memmap(path, dtype=dtype, mode="c", shape=shape)
+        except OSError:
+            return None
+
+    def write(self, key: str, data: np.ndarray) -> None:
+        """Store `data` as entry `key`; a directory that cannot be written is reported once, then
+        left alone (the engine runs as it would without a cache)."""
+        if not self._writable:
+            return
+        path = self._path(key)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(temporary, "wb") as handle:
+                handle.write(memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8)))
+            os.replace(temporary, path)
+        except OSError as error:
+            self._writable = False
+            logger.warning("not caching repacked weights in %s: %s (FD_WEIGHT_CACHE)", self.directory, error)
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+    def dequantized(self, tensor: GGMLTensor) -> np.ndarray:
+        """`tensor` as float32, mapped from the cache when it holds it, else dequantised and stored."""
+        key = self.key([tensor], "float32", tensor.shape)
+        if key is not None:
+            cached = self.mapped(key, tuple(tensor.shape), np.float32)
+            if cached is not None:
+                return cached
+        array = np.ascontiguousarray(tensor.dequantize(), np.float32)
+        if key is not None:
+            self.write(key, array)
+        return array

@@ -18,7 +18,10 @@ Steps (each a subprocess, its output kept in --out):
      window of 8) and Gemma 2 (capped, sliding) on `cuda` against transformers' tokens. The compiled kernels against float64, the window's
      cost over a 32k context and a sliding Phi-3 with real CUDA graphs are in step 2
      (tests/gpu/test_gpu_attention_windows.py), the capability checks in step 3, the windowed
-     kernels' speed in step 4 (`--kernel window`).
+     kernels' speed in step 4 (`--kernel window`);
+  8. single-stream decode tok/s and its fraction of the HBM roofline (weight bytes x tok/s /
+     bandwidth), greedy and sampled, with CUDA graphs on and off (benchmarks/decode_roofline.py;
+     issue 32's goal: >= 50% for the 1B shape in bf16).
 `--quick` keeps the SmolLM2 shape only. Nothing is installed; a missing module is reported.
 
 On a GPU machine without a package registry (`pip install -e .` cannot fetch the build backend),
@@ -157,6 +160,13 @@ def main() -> int:
             {},
             900,
         ),
+        (
+            "decode_roofline",
+            [python, "benchmarks/decode_roofline.py", "--shapes", shapes]
+            + ["--json", os.path.join(out_dir, "decode_roofline.json")],
+            {},
+            1800,
+        ),
     ]
     results = [
         run_step(name, command, out_dir, env | extra, timeout) for name, command, extra, timeout in steps
@@ -184,6 +194,18 @@ def main() -> int:
                     for key in ours
                 )
                 print(f"  {shape}: {line}")
+    roofline = os.path.join(out_dir, "decode_roofline.json")
+    if os.path.exists(roofline):
+        with open(roofline, encoding="utf-8") as handle:
+            report = json.load(handle)
+        print(f"  decode roofline (bandwidth {report['bandwidth_gbs']:.0f} GB/s):")
+        for shape, figures in report["shapes"].items():
+            for graphs in ("graphs_on", "graphs_off"):
+                line = ", ".join(
+                    f"{name} {entry['tok_s']:.0f} tok/s = {entry['roofline']:.1%}"
+                    for name, entry in figures[graphs].items()
+                )
+                print(f"    {shape} {graphs}: {line}")
     with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as handle:
         json.dump(results, handle, indent=2)
     return 0 if all(result["returncode"] == 0 for result in results) else 1

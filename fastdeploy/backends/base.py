@@ -326,8 +326,13 @@ class Backend(Platform, DeviceOps):
         self, model: Any, kv_caches: list[Any], block_size: int, max_num_seqs: int, max_model_len: int
     ) -> Any | None:
         """Captured decode steps (CUDA graphs) for the model runner, or None (the default): an
-        object whose `run(layout)` returns the logits of a decode-only step, or None to run it
-        eagerly. Called once after the KV cache is allocated, unless `enforce_eager`."""
+        object whose `run(layout, input_ids)` returns the logits of a decode-only step, or None to
+        run it eagerly. Called once after the KV cache is allocated, unless `enforce_eager`.
+
+        An object that also samples (the cuda backend's `DecodeGraphs`) has
+        `run(layout, input_ids, sampling)` return (logits, `PendingTokens`) for `SamplingRows`,
+        and `sample_eager(logits, sampling)` for eager passes; the runner then lets passes sample
+        themselves (`engine/pass_sampling.py`: one device-to-host copy per step)."""
         return None
 
     # --- Capability.KV_BLOCK_COPY (no portable default) ----------------------------------------

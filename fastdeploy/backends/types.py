@@ -127,3 +127,31 @@ class PendingTokens:
 
     def wait(self) -> tuple[np.ndarray, np.ndarray]:
         return self._wait()
+
+
+@dataclass
+class SamplingRows:
+    """How a pass samples its sampling rows itself (captured decode steps: one graph replay gives
+    the token ids), one entry per row of `BatchLayout.logits_indices`, host arrays.
+
+    A greedy row takes the argmax; the others the top-k / top-p draw of
+    `Backend.sample_top_k_top_p` with their own uniform (drawn by the engine from the sequence's
+    generator, so a seeded request samples the same tokens in a replayed, an eager or a host step).
+    """
+
+    greedy: np.ndarray  # [rows] bool
+    temperature: np.ndarray  # [rows] float32 (> 0 where not greedy)
+    top_k: np.ndarray  # [rows] int32, 0 = off
+    top_p: np.ndarray  # [rows] float32
+    uniform: np.ndarray  # [rows] float32 in [0, 1) (0 for greedy rows)
+
+    @property
+    def kernel_temperature(self) -> np.ndarray:
+        """`temperature` with greedy rows at 1 (the sampling kernel divides by it; their draw is
+        not used)."""
+        return np.where(self.greedy, 1.0, self.temperature).astype(np.float32)
+
+    @property
+    def any_drawn(self) -> bool:
+        """Whether any row samples (not only argmaxes)."""
+        return not bool(self.greedy.all())

@@ -165,7 +165,10 @@ class AsyncStepper:
         backend = self.core.backend
         feed = placeholder_feed(backend, batch, flight)
         logits, sampling, seconds = self.executor.execute(batch, feed)
-        tokens = backend.greedy_tokens(logits) if sampling else None
+        if batch.sampling is not None and batch.sampling.tokens is not None:  # sampled in the pass
+            tokens = batch.sampling.tokens
+        else:
+            tokens = backend.greedy_tokens(logits) if sampling else None
         for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += count
         return InFlightPass(batch, [batch.seqs[index] for index in sampling], tokens, seconds)

@@ -31,6 +31,7 @@ from fastdeploy.engine.fault_isolation import (
 from fastdeploy.engine.features import FeatureNeeds, build_features
 from fastdeploy.engine.output_processor import OutputProcessor, error_output
 from fastdeploy.engine.pass_logits import PassLogits
+from fastdeploy.engine.pass_sampling import landed_tokens, pass_sampling
 from fastdeploy.engine.request import OK, RequestOutput
 from fastdeploy.engine.request_ends import RequestEnds
 from fastdeploy.engine.sampler import BannedTokens, sample_tokens
@@ -253,7 +254,10 @@ class LLMEngine:
         and those requests' failed outputs (every stepper schedules through here)."""
         batch = self.scheduler.schedule()
         failed = self.ends.fail(self.fault_isolation.allocation_faults(batch))
-        return without_requests(batch, {output.request_id for output in failed}), failed
+        batch = without_requests(batch, {output.request_id for output in failed})
+        if getattr(self.runner, "samples_in_pass", False) and self.spec_decoder is None:
+            batch.sampling = pass_sampling(batch, self.reasoning_parser is not None)
+        return batch, failed
 
     def complete_batch(
         self,
@@ -291,6 +295,9 @@ class LLMEngine:
         (`SpeculativeDecoder.commit`); the sampler, which records logprobs, runs last.
         """
         logits, sampling, forward_seconds = forward_result
+        if batch.sampling is not None and batch.sampling.tokens is not None:  # sampled in the pass
+            tokens = landed_tokens(self.backend, logits, batch.sampling)
+            return [batch.seqs[index] for index in sampling], list(zip(tokens)), forward_seconds, {}
         rows = PassLogits(logits, self.backend, batch, sampling)
         if not sampling and not rows.extras:
             return [], [], forward_seconds, {}

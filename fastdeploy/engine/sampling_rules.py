@@ -42,12 +42,13 @@ def device_samplable(params: SamplingParams) -> bool:
     )
 
 
-def overlappable(params: SamplingParams, reasoning_budget_applies: bool) -> bool:
-    """Whether a sequence's next token is known once its argmax is: nothing the host does
-    between passes (bans, grammar masks, beam choices, a forced end of thinking, prompt
-    scoring) can change it (async scheduling)."""
+def samples_in_pass(params: SamplingParams, reasoning_budget_applies: bool) -> bool:
+    """Whether a sequence's next token is known from its logits row alone, greedy or drawn with
+    temperature / top-k / top-p: nothing the host does between passes (bans, grammar masks, beam
+    choices, a forced end of thinking, prompt scoring, logprobs) can change it, so the pass may
+    sample it on the device (captured decode steps)."""
     return (
-        greedy_without_extras(params)
+        (greedy_without_extras(params) or device_samplable(params))
         and not params.min_tokens
         and not params.bad_words
         and params.guided_decoding is None
@@ -55,6 +56,12 @@ def overlappable(params: SamplingParams, reasoning_budget_applies: bool) -> bool
         and params.prompt_logprobs is None
         and not (reasoning_budget_applies and params.reasoning_max_tokens is not None)
     )
+
+
+def overlappable(params: SamplingParams, reasoning_budget_applies: bool) -> bool:
+    """Whether a sequence's next token is known once its argmax is (async scheduling): greedy, and
+    sampled in the pass (`samples_in_pass`)."""
+    return greedy_without_extras(params) and samples_in_pass(params, reasoning_budget_applies)
 
 
 def speculation_allowed(params: SamplingParams) -> bool:

@@ -9,9 +9,13 @@ travels in the batch, keyed by the sequence's index, so the sequence carries no 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import numpy as np
+
+from fastdeploy.backends.types import SamplingRows
 
 
 class BatchSequence(Protocol):
@@ -38,6 +42,39 @@ class KVGroupPart:
 
 
 @dataclass
+class PassSampling:
+    """How a pass may sample its rows itself (a runner with captured decode steps then reads one
+    copy of token ids instead of the logits' reductions), set by the engine when every sequence
+    needs only the argmax or temperature / top-k / top-p.
+
+    Per batch sequence: `temperature` (0: greedy), `top_k` (0: off), `top_p`; `draw(indices)`
+    draws one uniform for each given batch sequence from its own generator, as the engine's
+    sampler would. The runner calls `rows` (which draws) only if it samples, and sets `tokens`
+    (`PendingTokens`) when it did; otherwise the engine samples as usual.
+    """
+
+    temperature: np.ndarray
+    top_k: np.ndarray
+    top_p: np.ndarray
+    draw: Callable[[list[int]], np.ndarray]
+    tokens: Any = None
+    #: what `rows` gave (the host needs the uniforms again for a row the device could not sample)
+    drawn: SamplingRows | None = None
+
+    def rows(self, indices: list[int]) -> SamplingRows:
+        """The sampling rows of the batch sequences `indices` (in row order), uniforms drawn."""
+        picked = np.asarray(indices, dtype=np.int64)
+        temperature = self.temperature[picked]
+        greedy = temperature == 0
+        uniform = np.zeros(picked.size, np.float32)
+        drawing = np.flatnonzero(~greedy)
+        if drawing.size:
+            uniform[drawing] = self.draw([indices[row] for row in drawing.tolist()])
+        self.drawn = SamplingRows(greedy, temperature, self.top_k[picked], self.top_p[picked], uniform)
+        return self.drawn
+
+
+@dataclass
 class ScheduledBatch:
     """The sequences of one forward pass and how many new tokens each computes."""
 
@@ -55,6 +92,8 @@ class ScheduledBatch:
     scored: dict[int, tuple[int, int]] = field(default_factory=dict)
     #: per sliding KV-cache group, its tables and copies (empty where every layer shares one table)
     kv_groups: list[KVGroupPart] = field(default_factory=list)
+    #: the pass samples its rows itself, when the engine allows it (a part never does)
+    sampling: PassSampling | None = None
 
     def add(
         self,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.backends.base import Backend, BatchLayout
-from fastdeploy.backends.types import GroupedBatch
+from fastdeploy.backends.types import GroupedBatch, SamplingRows
 from fastdeploy.model_executor.batch import BatchSequence, ScheduledBatch
 from fastdeploy.model_executor.lora.manager import LoRAManager
 from fastdeploy.model_executor.pooling import pool_chunk, pooled_rows
@@ -237,11 +237,26 @@ class ModelRunner:
         adapters = self.lora.pass_layers(batch) if self.lora is not None else None
         if adapters is not None:  # a pass with LoRA adapters (never a captured graph)
             extra["lora"] = adapters
-        logits = self.run(layout, extra, input_ids, group_layouts(batch, layout))
+        rows = self._sampling_rows(batch, sampling)
+        logits = self.run(layout, extra, input_ids, group_layouts(batch, layout), rows)
+        if rows is not None:
+            logits, batch.sampling.tokens = logits
         if self.hidden_listener is not None and self._pass_hidden is not None:
             self.hidden_listener(batch, self._pass_hidden)
             self._pass_hidden = None
         return logits, sampling, time.perf_counter() - start
+
+    @property
+    def samples_in_pass(self) -> bool:
+        """Whether a pass given `ScheduledBatch.sampling` samples itself (with captured decode
+        steps whose object can: a replay then yields the tokens, and eager passes use the same
+        device stage, `sample_eager`)."""
+        return self.graphs is not None and hasattr(self.graphs, "sample_eager")
+
+    def _sampling_rows(self, batch: ScheduledBatch, sampling: list[int]) -> SamplingRows | None:
+        if batch.sampling is None or not self.samples_in_pass or not sampling:
+            return None
+        return batch.sampling.rows(sampling)
 
     def run(
         self,
@@ -249,6 +264,7 @@ class ModelRunner:
         extra: dict[str, Any] | None = None,
         input_ids: Any = None,
         groups: list[BatchLayout] | None = None,
+        sampling: SamplingRows | None = None,
     ) -> Any:
         """Device logits of the rows `layout.logits_indices` names (None when it names none, or on
         a pipeline stage that hands its activations on instead).
@@ -257,13 +273,16 @@ class ModelRunner:
         host data and travels to the workers as it is. The layout's KV block copies are made
         first. `input_ids` (device), when given, replace `layout.input_ids`. `groups`: the
         sliding KV-cache groups' layouts (`group_layouts`), where the model has several groups.
+        With `sampling` (only with captured graphs that sample) the result is (logits,
+        PendingTokens of the sampled rows).
         """
         self._copy_blocks(layout, groups or [])
         # captured graphs take no extra inputs and keep their hidden states
         if self.graphs is not None and not extra and self.hidden_listener is None:
-            logits = self.graphs.run(layout, input_ids)
-            if logits is not None:
-                return logits
+            args = (layout, input_ids) if sampling is None else (layout, input_ids, sampling)
+            replayed = self.graphs.run(*args)
+            if replayed is not None:
+                return replayed
         hidden = self.hidden_states(layout, extra, input_ids, groups)
         if self.hidden_listener is not None:
             self._pass_hidden = hidden
@@ -271,7 +290,8 @@ class ModelRunner:
             return None
         backend = self.backend
         rows = backend.gather_rows(hidden, backend.from_numpy(layout.logits_indices))
-        return self.model.compute_logits(rows)
+        logits = self.model.compute_logits(rows)
+        return logits if sampling is None else (logits, self.graphs.sample_eager(logits, sampling))
 
     def _copy_blocks(self, layout: BatchLayout, groups: list[BatchLayout]) -> None:
         """Make the pass's copy-on-write KV block copies, each group's in its own layers' pool."""

@@ -18,20 +18,7 @@ from fastdeploy.backends.cuda.cuda_graphs import batch_buckets, bucket_for
 torch = pytest.importorskip("torch", reason="the torch-cpu backend needs torch (the test extra installs it)")
 pytest.importorskip("triton", reason="the kernels are Triton kernels (the test extra installs triton)")
 
-
-class FakeGraph:
-    """Capture = run and keep the outputs; replay = run again into the kept outputs."""
-
-    captured = 0
-
-    def capture(self, fn):
-        self.fn = fn
-        self.out = fn()
-        FakeGraph.captured += 1
-        return self.out
-
-    def replay(self):
-        self.out.copy_(self.fn())
+from device_doubles import FakeGraph  # noqa: E402
 
 
 def test_buckets_cover_every_batch_size_up_to_max_num_seqs():

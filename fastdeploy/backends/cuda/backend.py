@@ -859,25 +859,9 @@ class TensorBackend(Backend):
                 ],
                 dtype=np.int64,
             )
-        sampling = self.launch.sampling
-        logits = self.rt.cast(logits, "float32").contiguous()
-        rows, vocab = logits.shape[0], logits.shape[1]
-        scratch = {
-            name: (self.rt.zeros if name == "count" else self.rt.empty)(shape, dtype)
-            for name, (shape, dtype) in sampling.scratch_shapes(rows, vocab).items()
-        }
-        out = self.rt.empty([rows], "int64")
         put = self.rt.from_numpy
-        self.launch(
-            sampling.sample_top_k_top_p,
-            logits,
-            put(temperatures),
-            put(top_k),
-            put(top_p),
-            put(uniforms),
-            out,
-            scratch,
-        )
+        logits = self.rt.cast(logits, "float32").contiguous()
+        out = self._draw(logits, put(temperatures), put(top_k), put(top_p), put(uniforms))
         tokens = self.rt.to_numpy(out)
         for row in np.flatnonzero(tokens < 0):  # rows whose kept set the candidates did not hold
             host_row = self.rt.to_numpy(logits[int(row)])
@@ -885,6 +869,45 @@ class TensorBackend(Backend):
                 host_row, temperatures[row], top_k[row], top_p[row], uniforms[row]
             )
         return tokens
+
+    def _draw(self, logits: Any, temperatures: Any, top_k: Any, top_p: Any, uniforms: Any) -> Any:
+        """Device token ids [rows] int64 of the Triton top-k / top-p kernel over float32 logits
+        (device parameters); -1 where the row must be sampled on the host."""
+        sampling = self.launch.sampling
+        rows, vocab = logits.shape[0], logits.shape[1]
+        scratch = {
+            name: (self.rt.zeros if name == "count" else self.rt.empty)(shape, dtype)
+            for name, (shape, dtype) in sampling.scratch_shapes(rows, vocab).items()
+        }
+        out = self.rt.empty([rows], "int64")
+        self.launch(sampling.sample_top_k_top_p, logits, temperatures, top_k, top_p, uniforms, out, scratch)
+        return out
+
+    def pass_tokens(self, logits: Any, rows: dict[str, Any], draws: bool) -> tuple[Any, Any]:
+        """The tokens of a pass that samples itself, on the device without a host round trip:
+        (ids [n] int64, pairs [n, 2] int64 of id and broken flag, the one thing the host reads).
+
+        `rows` holds device [n] vectors: `greedy` (int64 1/0), `temperature` (1 on greedy rows),
+        `top_k`, `top_p`, `uniform`. A greedy row takes the argmax; with `draws`, the others take
+        the kernel's draw (-1: sample on the host). A row is broken where its maximum is not finite
+        (`nonfinite_rows`: NaN, +inf, or only -inf), computed as max - max != 0.
+        """
+        rt = self.rt
+        ids = rt.cast(rt.argmax_rows(logits), "int64")
+        maxima = self._row_maxima(logits)
+        broken = rt.cast((maxima - maxima) != 0, "int64")
+        if draws:
+            drawn = self._draw(
+                rt.cast(logits, "float32").contiguous(),
+                rows["temperature"],
+                rows["top_k"],
+                rows["top_p"],
+                rows["uniform"],
+            )
+            greedy = rows["greedy"]
+            ids = ids * greedy + drawn * (1 - greedy)
+        count = logits.shape[0]
+        return ids, rt.concat([ids.reshape([count, 1]), broken.reshape([count, 1])], 1)
 
 
 class CudaBackend(TensorBackend):

@@ -5,30 +5,41 @@ per-launch CPU cost that dominates small batches. A step whose sequences all dec
 (`query_len == 1`) and that fits the largest bucket is padded up to the next bucket and replayed:
 
 - every input of the graph lives in a static buffer sized for the largest bucket (token ids,
-  positions, KV slots, block tables for `max_model_len`, context lengths); a step copies its
-  values into the first rows and pads the rest (slot -1: nothing written; context 0: attention
-  over nothing, a zero row), so whatever blocks the block manager hands out (prefix-cache hits,
-  blocks of resumed preempted sequences) are read through the step's own block tables;
+  positions, KV slots, block tables for `max_model_len`, context lengths, and each row's sampling
+  settings and uniform); a step copies its values into the first rows and pads the rest (slot -1:
+  nothing written; context 0: attention over nothing, a zero row; greedy), so whatever blocks the
+  block manager hands out (prefix-cache hits, blocks of resumed preempted sequences) are read
+  through the step's own block tables. The copies come from pinned host memory, two sets used in
+  turn, without waiting for the device (`step_inputs`);
 - the split-KV decode kernel's split count is fixed per bucket at capture and each program
   derives its range from the sequence's context length, so one graph serves any context up to
   `max_model_len`;
-- outputs (the logits of every row) are overwritten by each replay; the first `n` rows are the
-  step's.
+- the forward graph ends with every row's argmax and broken flag (its maximum not finite); a
+  step with drawn rows (temperature / top-k / top-p) also replays the bucket's sampling stage,
+  captured on first use, which reads the forward graph's logits and the static settings. Either
+  way the host reads one [n, 2] int64 copy of (token id, broken): the step's only device-to-host
+  transfer (`engine/pass_sampling.py`);
+- outputs (logits, ids, pairs) are overwritten by each replay; the first `n` rows are the step's.
 
-Prefill and mixed steps run eagerly, as does everything with `enforce_eager=True`.
+Prefill and mixed steps run eagerly, as does everything with `enforce_eager=True`; when the
+engine lets a pass sample itself, an eager pass runs the same sampling stage on its logits
+(`sample_eager`), so replayed and eager steps give the same tokens.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from fastdeploy.backends.base import BatchLayout
+from fastdeploy.backends.base import BatchLayout, PendingTokens
 from fastdeploy.backends.cuda.attention_metadata import CudaBatch
 from fastdeploy.backends.cuda.runtimes.base import DeviceGraph
+from fastdeploy.backends.cuda.step_inputs import StagedBuffers
+from fastdeploy.backends.types import SamplingRows
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -58,6 +69,26 @@ def is_decode_only(layout: BatchLayout) -> bool:
     return bool(count) and bool((layout.query_lens == 1).all()) and layout.logits_indices.size == count
 
 
+#: the step's int64 inputs, rows of one [len, largest] buffer
+_INT64_ROWS = ("input_ids", "positions", "slot_mapping", "greedy")
+#: int32 and float32 ones
+_INT32_ROWS = ("context_lens", "top_k")
+_FLOAT_ROWS = ("temperature", "top_p", "uniform")
+
+
+@dataclass
+class CapturedStep:
+    """One bucket's graphs and the static tensors their replays overwrite."""
+
+    forward: DeviceGraph
+    logits: Any
+    #: greedy ids [size] and (id, broken) pairs [size, 2] of the forward graph
+    greedy: tuple[Any, Any]
+    #: the sampling stage over `logits` (each row's draw or argmax), captured on first use
+    draws: DeviceGraph | None = None
+    drawn: tuple[Any, Any] | None = None
+
+
 class DecodeGraphs:
     """Captured decode steps of one model on one backend (a `TensorBackend` with Triton kernels)."""
 
@@ -81,29 +112,40 @@ class DecodeGraphs:
         self.new_graph = new_graph or backend.rt.new_graph
         largest = self.buckets[-1]
         rt = backend.rt
-        self.input_ids = rt.zeros([largest], "int64")
-        self.positions = rt.zeros([largest], "int64")
-        self.slot_mapping = rt.zeros([largest], "int64")
-        self.block_tables = rt.zeros([largest, self.max_blocks], "int32")
-        self.context_lens = rt.zeros([largest], "int32")
+        self.inputs = StagedBuffers(
+            rt,
+            {
+                "int64": ([len(_INT64_ROWS), largest], "int64"),
+                "int32": ([len(_INT32_ROWS), largest], "int32"),
+                "float32": ([len(_FLOAT_ROWS), largest], "float32"),
+                "block_tables": ([largest, self.max_blocks], "int32"),
+            },
+        )
+        device = self.inputs.device
+        self.static = {
+            **{name: device["int64"][i] for i, name in enumerate(_INT64_ROWS)},
+            **{name: device["int32"][i] for i, name in enumerate(_INT32_ROWS)},
+            **{name: device["float32"][i] for i, name in enumerate(_FLOAT_ROWS)},
+            "block_tables": device["block_tables"],
+        }
         rows = np.arange(largest, dtype=np.int32)
         self.rows = rt.from_numpy(rows)  # decode i is token row i of sequence i
         self.rows_int64 = rt.from_numpy(rows.astype(np.int64))  # index_copy_ indices
         self.ones = rt.from_numpy(np.ones(largest, np.int32))
         self.no_tiles = rt.from_numpy(np.zeros(0, np.int32))
-        self.graphs: dict[int, tuple[DeviceGraph, Any]] = {}
+        self.graphs: dict[int, CapturedStep] = {}
         self.replays = 0
 
     def _batch(self, size: int) -> CudaBatch:
         """Metadata views of the static buffers for a bucket."""
         attention = self.backend.launch.attention
         return CudaBatch(
-            slot_mapping=self.slot_mapping[:size],
+            slot_mapping=self.static["slot_mapping"][:size],
             block_size=self.block_size,
-            block_tables=self.block_tables[:size],
+            block_tables=self.static["block_tables"][:size],
             seq_query_start=self.rows[:size],
             seq_query_len=self.ones[:size],
-            seq_context_len=self.context_lens[:size],
+            seq_context_len=self.static["context_lens"][:size],
             tile_seq=self.no_tiles,
             tile_offset=self.no_tiles,
             decode_token=self.rows[:size],
@@ -115,70 +157,136 @@ class DecodeGraphs:
             ),
         )
 
+    def _sampling_rows(self, size: int) -> dict[str, Any]:
+        names = ("greedy", "temperature", "top_k", "top_p", "uniform")
+        return {name: self.static[name][:size] for name in names}
+
     def _step(self, size: int) -> Callable[[], Any]:
+        """The forward graph's work: the logits, then every row's argmax and broken flag."""
         batch = self._batch(size)
+        static = self.static
 
         def forward() -> Any:
-            hidden = self.model.forward(self.input_ids[:size], self.positions[:size], batch, self.kv_caches)
-            return self.model.compute_logits(hidden)
+            hidden = self.model.forward(
+                static["input_ids"][:size], static["positions"][:size], batch, self.kv_caches
+            )
+            logits = self.model.compute_logits(hidden)
+            return (logits, *self.backend.pass_tokens(logits, {}, draws=False))
 
         return forward
 
     def capture(self) -> None:
-        """Capture every bucket, largest first (smaller ones reuse its memory pool)."""
+        """Capture every bucket's forward graph, largest first (smaller ones reuse its memory
+        pool)."""
         start = time.perf_counter()
-        self._fill(padding_only=True)
+        self._fill(None, None)
         for size in reversed(self.buckets):
             forward = self._step(size)
             forward()  # compiles the Triton kernels and warms the allocator outside the capture
             graph = self.new_graph()
-            self.graphs[size] = (graph, graph.capture(forward))
+            logits, ids, pairs = graph.capture(forward)
+            self.graphs[size] = CapturedStep(graph, logits, (ids, pairs))
         logger.info(
             "captured CUDA graphs for decode batches of %s sequences in %.1f s",
             ", ".join(map(str, self.buckets)),
             time.perf_counter() - start,
         )
 
-    def _fill(self, layout: BatchLayout | None = None, padding_only: bool = False) -> None:
-        """Copy a step's inputs into the static buffers, padding every other row."""
-        largest = self.buckets[-1]
-        count = 0 if padding_only or layout is None else layout.query_lens.size
-        ids = np.zeros(largest, np.int64)
-        positions = np.zeros(largest, np.int64)
-        slots = np.full(largest, -1, np.int64)
-        tables = np.zeros((largest, self.max_blocks), np.int32)
-        contexts = np.zeros(largest, np.int32)
-        if count:
-            ids[:count] = layout.input_ids
-            positions[:count] = layout.positions
-            slots[:count] = layout.slot_mapping
-            width = layout.block_tables.shape[1]
-            tables[:count, :width] = layout.block_tables
-            contexts[:count] = layout.context_lens
-        rt = self.backend.rt
-        for target, source in (
-            (self.input_ids, ids),
-            (self.positions, positions),
-            (self.slot_mapping, slots),
-            (self.block_tables, tables),
-            (self.context_lens, contexts),
-        ):
-            rt.copy_from_host(target, source)
+    def _capture_draws(self, step: CapturedStep, size: int) -> None:
+        """The bucket's sampling stage, captured the first time a step of that size draws (greedy
+        servers never pay for it); it follows the forward graph's replay on the device's queue."""
+        rows = self._sampling_rows(size)
 
-    def run(self, layout: BatchLayout, input_ids: Any = None) -> Any | None:
+        def draw() -> Any:
+            return self.backend.pass_tokens(step.logits, rows, draws=True)
+
+        draw()  # compiles the sampling kernels outside the capture
+        step.draws = self.new_graph()
+        step.drawn = step.draws.capture(draw)
+
+    def _fill(self, layout: BatchLayout | None, sampling: SamplingRows | None) -> None:
+        """Write a step's inputs into the next host buffers, padding the other rows (slot -1:
+        nothing written; context 0: attention over nothing; greedy), and queue their copies into
+        the static buffers (of the block tables, only the step's rows: padding rows read none)."""
+        host = self.inputs.host_arrays()
+        ints, int32s, floats = host["int64"], host["int32"], host["float32"]
+        ints[:] = 0
+        ints[2] = -1  # slot_mapping
+        ints[3] = 1  # greedy
+        int32s[:] = 0
+        floats[:] = 1.0  # temperature, top_p
+        floats[2] = 0.0  # uniform
+        count = 0 if layout is None else layout.query_lens.size
+        if count:
+            ints[0, :count] = layout.input_ids
+            ints[1, :count] = layout.positions
+            ints[2, :count] = layout.slot_mapping
+            int32s[0, :count] = layout.context_lens
+            width = layout.block_tables.shape[1]
+            tables = host["block_tables"]
+            tables[:count, :width] = layout.block_tables
+            tables[:count, width:] = 0
+        if sampling is not None and count:
+            ints[3, :count] = sampling.greedy
+            int32s[1, :count] = sampling.top_k
+            floats[0, :count] = sampling.kernel_temperature
+            floats[1, :count] = sampling.top_p
+            floats[2, :count] = sampling.uniform
+        self.inputs.upload({"block_tables": max(count, 1)} if layout is not None else None)
+
+    def run(
+        self, layout: BatchLayout, input_ids: Any = None, sampling: SamplingRows | None = None
+    ) -> Any | None:
         """Logits [n, vocab] of a decode-only step replayed from its bucket's graph, or None
         when this step must run eagerly (prefill or mixed, or more sequences than any bucket).
-        `input_ids` (device [n]), when given, replace `layout.input_ids`."""
+        `input_ids` (device [n]), when given, replace `layout.input_ids`. With `sampling`, the
+        result is (logits, PendingTokens): the graphs sampled the rows too, and the host reads
+        the ids and broken flags in one copy."""
         if not is_decode_only(layout) or layout.block_tables.shape[1] > self.max_blocks:
             return None
         count = layout.query_lens.size
         size = bucket_for(count, self.buckets)
         if size is None or size not in self.graphs:
             return None
-        self._fill(layout)
+        self._fill(layout, sampling)
         if input_ids is not None:
-            self.backend.rt.index_copy_(self.input_ids, self.rows_int64[:count], input_ids)
-        graph, logits = self.graphs[size]
-        graph.replay()
+            self.backend.rt.index_copy_(self.static["input_ids"], self.rows_int64[:count], input_ids)
+        step = self.graphs[size]
+        step.forward.replay()
         self.replays += 1
-        return logits[:count]
+        logits = step.logits[:count]
+        if sampling is None:
+            return logits
+        ids, pairs = step.greedy
+        if sampling.any_drawn:
+            if step.draws is None:
+                self._capture_draws(step, size)
+            step.draws.replay()
+            ids, pairs = step.drawn
+        return logits, pending_pairs(self.backend.rt, ids[:count], pairs[:count])
+
+    def sample_eager(self, logits: Any, sampling: SamplingRows) -> PendingTokens:
+        """The tokens of an eager pass's logits [n, vocab], sampled by the same device stage as a
+        replay (so both give the same tokens), read by the host in one copy."""
+        put = self.backend.rt.from_numpy
+        rows = {
+            "greedy": put(sampling.greedy.astype(np.int64)),
+            "temperature": put(sampling.kernel_temperature),
+            "top_k": put(sampling.top_k.astype(np.int32)),
+            "top_p": put(sampling.top_p.astype(np.float32)),
+            "uniform": put(sampling.uniform.astype(np.float32)),
+        }
+        ids, pairs = self.backend.pass_tokens(logits, rows, draws=sampling.any_drawn)
+        return pending_pairs(self.backend.rt, ids, pairs)
+
+
+def pending_pairs(rt: Any, ids: Any, pairs: Any) -> PendingTokens:
+    """`PendingTokens` of device ids and their (id, broken) pairs, whose copy to the host starts
+    now on the device's queue: the step's one device-to-host transfer."""
+    copied = rt.copy_to_host_later([pairs])
+
+    def wait() -> tuple[np.ndarray, np.ndarray]:
+        (host,) = copied()
+        return host[:, 0].astype(np.int64), host[:, 1] != 0
+
+    return PendingTokens(ids, wait)

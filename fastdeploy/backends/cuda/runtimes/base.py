@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,23 @@ class DeviceGraph(ABC):
     @abstractmethod
     def replay(self) -> None:
         """Launch the captured kernels again."""
+
+
+class DeviceEvent:
+    """A point in the device's queue; `wait` blocks the host until the work queued before it is
+    done. This one is always complete (a runtime whose copies wait for the device anyway)."""
+
+    def wait(self) -> None:
+        """Return once the device has passed this point."""
+
+
+@dataclass
+class HostBuffer:
+    """Host memory the device can copy from without waiting (pinned on a GPU): `array` is written
+    by the host, `handle` is what the runtime copies from (the same memory)."""
+
+    array: np.ndarray
+    handle: Any
 
 
 class TensorRuntime(ABC):
@@ -63,8 +81,9 @@ class TensorRuntime(ABC):
     def copy_to_host_later(self, tensors: Sequence[Any]) -> Callable[[], list[np.ndarray]]:
         """Start copying `tensors` to the host without waiting for the work queued before them;
         the returned function waits for the copies and returns the arrays. This default copies
-        now (a runtime whose transfers wait for the device anyway)."""
-        arrays = [self.to_numpy(tensor) for tensor in tensors]
+        now (a runtime whose transfers wait for the device anyway), into arrays of their own: on
+        the host `to_numpy` may share the tensor's memory, which a graph replay overwrites."""
+        arrays = [np.array(self.to_numpy(tensor), copy=True) for tensor in tensors]
         return lambda: arrays
 
     @abstractmethod
@@ -79,6 +98,24 @@ class TensorRuntime(ABC):
     @abstractmethod
     def copy_from_host(self, target: Any, array: np.ndarray) -> None:
         """Overwrite `target` (same shape and dtype) with a host array, in place."""
+
+    def host_buffer(self, shape: Sequence[int], dtype: str) -> HostBuffer:
+        """Host memory for inputs copied every step (`copy_from_host_buffer`). This default is a
+        plain array (the copy then waits for the device)."""
+        array = np.zeros(tuple(shape), dtype)
+        return HostBuffer(array, array)
+
+    def copy_from_host_buffer(self, target: Any, source: HostBuffer, rows: int | None = None) -> None:
+        """Overwrite `target` (at least its first `rows` rows) with `source`'s, queued behind the
+        work already queued and without waiting for it where the runtime can; the host must not
+        write `source` again before an event recorded after this copy has passed. This default
+        copies the whole buffer with `copy_from_host` (a slice of a tensor need not be a view in
+        every framework)."""
+        self.copy_from_host(target, source.array)
+
+    def record_event(self) -> DeviceEvent:
+        """An event behind the work queued so far."""
+        return DeviceEvent()
 
     def token_rows(self, x: Any) -> tuple[Any, int]:
         """x [tokens, ...] with dense inner dimensions, and the elements between its tokens: a

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.backends.cuda.gpu_probe import local_gpu_index, visible_gpu_reason
-from fastdeploy.backends.cuda.runtimes.base import DeviceGraph, TensorRuntime
+from fastdeploy.backends.cuda.runtimes.base import DeviceEvent, DeviceGraph, HostBuffer, TensorRuntime
 
 
 def _torch_build() -> tuple[str, str | None] | None:
@@ -123,6 +123,17 @@ class TorchGraph(DeviceGraph):
         self.graph.replay()
 
 
+class TorchEvent(DeviceEvent):
+    """`torch.cuda.Event` recorded on the current stream."""
+
+    def __init__(self, torch: Any) -> None:
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def wait(self) -> None:
+        self.event.synchronize()
+
+
 #: host arrays up to this size (a step's token ids, positions, slots, block tables) go to the GPU
 #: through pinned memory without waiting for the GPU: a blocking copy would wait for the pass in
 #: flight and undo async scheduling; larger ones (weights) are copied as they are, blocking
@@ -200,6 +211,22 @@ class TorchRuntime(TensorRuntime):
     def copy_from_host(self, target: Any, array: np.ndarray) -> None:
         source, non_blocking = self._staged(self.torch.from_numpy(np.ascontiguousarray(array)))
         target.copy_(source, non_blocking=non_blocking)
+
+    def host_buffer(self, shape: Sequence[int], dtype: str) -> HostBuffer:
+        """Pinned on a GPU (its copies then need not wait for the device); the array is a view."""
+        if not self.on_gpu:
+            return super().host_buffer(shape, dtype)
+        tensor = self.torch.zeros(tuple(shape), dtype=self._dtypes[dtype], pin_memory=True)
+        return HostBuffer(tensor.numpy(), tensor)
+
+    def copy_from_host_buffer(self, target: Any, source: HostBuffer, rows: int | None = None) -> None:
+        if not self.on_gpu:
+            return super().copy_from_host_buffer(target, source, rows)
+        handle = source.handle if rows is None else source.handle[:rows]
+        (target if rows is None else target[:rows]).copy_(handle, non_blocking=True)
+
+    def record_event(self) -> DeviceEvent:
+        return TorchEvent(self.torch) if self.on_gpu else super().record_event()
 
     def _staged(self, host: Any) -> tuple[Any, bool]:
         """(the host tensor to copy to the GPU from, whether the copy may skip waiting for the

@@ -76,6 +76,8 @@ class MLAWeights:
     absorb_k: Any
     absorb_v: Any
     o_proj: Any
+    #: no sliding window (the field `layer_batch` reads to pick a layer's KV group: the only one)
+    window: int = 0
 
 
 @dataclass

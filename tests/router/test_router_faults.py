@@ -216,9 +216,15 @@ def test_the_workers_file_is_followed_while_the_router_runs(pair, router_factory
 
 
 def open_sockets(pid: int) -> int:
-    """How many sockets the process holds open (Linux /proc)."""
-    fds = os.listdir(f"/proc/{pid}/fd")
-    return sum(1 for fd in fds if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"))
+    """How many sockets the process holds open (Linux /proc; a descriptor closed between the
+    listing and its reading is not open)."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except FileNotFoundError:
+            continue
+    return count
 
 
 def test_clients_leaving_and_workers_failing_leave_no_connections_or_processes(pair, router_factory):

@@ -123,13 +123,17 @@ def _block_shapes(config: dict[str, Any], layer: int, prefix: str) -> dict[str, 
         shapes[attn + "q_a_proj.weight"] = (q_lora, hidden)
         shapes[attn + "q_a_layernorm.weight"] = (q_lora,)
         shapes[attn + "q_b_proj.weight"] = (heads * (nope + rope), q_lora)
-    mlp = prefix + "mlp."
+    return shapes | grouped_moe_mlp_shapes(config, layer, prefix + "mlp.")
+
+
+def grouped_moe_mlp_shapes(config: dict[str, Any], layer: int, mlp: str) -> dict[str, tuple[int, ...]]:
+    """One layer's feed-forward tensors as DeepSeek-V3 and GLM-4.5 store them: a dense MLP for the
+    first `first_k_dense_replace` layers, then routed experts, their gate and bias, shared experts."""
+    hidden = config["hidden_size"]
     if layer < config["first_k_dense_replace"]:
-        shapes.update(_mlp_shapes(mlp, hidden, config["intermediate_size"]))
-        return shapes
+        return _mlp_shapes(mlp, hidden, config["intermediate_size"])
     experts, inner = config["n_routed_experts"], config["moe_intermediate_size"]
-    shapes[mlp + "gate.weight"] = (experts, hidden)
-    shapes[mlp + "gate.e_score_correction_bias"] = (experts,)
+    shapes = {mlp + "gate.weight": (experts, hidden), mlp + "gate.e_score_correction_bias": (experts,)}
     for e in range(experts):
         shapes.update(_mlp_shapes(f"{mlp}experts.{e}.", hidden, inner))
     shapes.update(_mlp_shapes(mlp + "shared_experts.", hidden, inner * config["n_shared_experts"]))

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tiny_checkpoints import _mlp_shapes, seeded_tensors, write_ernie_tokenizer, write_safetensors
+from tiny_checkpoints import seeded_tensors, write_ernie_tokenizer, write_safetensors
+from tiny_deepseek import grouped_moe_mlp_shapes
 
 CONFIG: dict[str, Any] = {
     "architectures": ["Glm4MoeForCausalLM"],
@@ -72,16 +73,7 @@ def _layer_shapes(layer: int, prefix: str) -> dict[str, tuple[int, ...]]:
         attn + "q_norm.weight": (head_dim,),
         attn + "k_norm.weight": (head_dim,),
     }
-    if layer < c["first_k_dense_replace"]:
-        shapes.update(_mlp_shapes(mlp, hidden, c["intermediate_size"]))
-        return shapes
-    experts, inner = c["n_routed_experts"], c["moe_intermediate_size"]
-    shapes[mlp + "gate.weight"] = (experts, hidden)
-    shapes[mlp + "gate.e_score_correction_bias"] = (experts,)
-    for e in range(experts):
-        shapes.update(_mlp_shapes(f"{mlp}experts.{e}.", hidden, inner))
-    shapes.update(_mlp_shapes(mlp + "shared_experts.", hidden, inner * c["n_shared_experts"]))
-    return shapes
+    return shapes | grouped_moe_mlp_shapes(c, layer, mlp)
 
 
 def _tensors(with_mtp: bool) -> dict[str, np.ndarray]:

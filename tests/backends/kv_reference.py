@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fastdeploy.backends.base import BatchLayout
+
 KV_DTYPES = ["float32", "float16", "bfloat16", "int8"]
 
 
@@ -22,3 +24,18 @@ def cached_values(x: np.ndarray, kv_dtype: str) -> np.ndarray:
 
         return x.astype(ml_dtypes.bfloat16).astype(np.float64)
     return x.astype(kv_dtype).astype(np.float64)
+
+
+def one_sequence_layout(table: np.ndarray, start: int, end: int, block_size: int) -> BatchLayout:
+    """The pass of one sequence computing positions start..end-1 over block table `table`."""
+    positions = np.arange(start, end)
+    return BatchLayout(
+        input_ids=np.zeros(end - start, np.int64),
+        positions=positions,
+        slot_mapping=table[positions // block_size] * block_size + positions % block_size,
+        query_lens=np.array([end - start]),
+        context_lens=np.array([end]),
+        block_tables=table[None, :],
+        logits_indices=np.array([end - start - 1]),
+        block_size=block_size,
+    )

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kv_reference import KV_DTYPES, cached_values
+from kv_reference import KV_DTYPES, cached_values, one_sequence_layout
 
-from fastdeploy.backends.base import BackendOptions, BatchLayout, KVCacheSpec
+from fastdeploy.backends.base import BackendOptions, KVCacheSpec
 from fastdeploy.backends.capabilities import Capability
 from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
@@ -55,20 +55,6 @@ def backend(request, monkeypatch):
     return backend
 
 
-def _layout(table: np.ndarray, start: int, end: int, block_size: int) -> BatchLayout:
-    positions = np.arange(start, end)
-    return BatchLayout(
-        input_ids=np.zeros(end - start, np.int64),
-        positions=positions,
-        slot_mapping=table[positions // block_size] * block_size + positions % block_size,
-        query_lens=np.array([end - start]),
-        context_lens=np.array([end]),
-        block_tables=table[None, :],
-        logits_indices=np.array([end - start - 1]),
-        block_size=block_size,
-    )
-
-
 def _cache(backend: CpuBackend, blocks: int, block_size: int, kv_heads: int, head_dim: int, kv_dtype: str):
     (cache,) = backend.allocate_kv_cache(KVCacheSpec(1, blocks, block_size, kv_heads, head_dim, kv_dtype))
     return cache
@@ -98,7 +84,7 @@ def test_softcapped_attention_matches_float64(backend, window, block_size, head_
             keys[start:end],
             values[start:end],
             cache,
-            backend.prepare_batch(_layout(table, start, end, block_size)),
+            backend.prepare_batch(one_sequence_layout(table, start, end, block_size)),
             scale,
             CAP,
             window,
@@ -127,7 +113,7 @@ def test_softcap_over_each_kv_cache_type(backend, kv_dtype):
         keys,
         values,
         cache,
-        backend.prepare_batch(_layout(table, 0, context, block_size)),
+        backend.prepare_batch(one_sequence_layout(table, 0, context, block_size)),
         0.5,
         CAP,
         0,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
-from kv_reference import KV_DTYPES, cached_values
+from kv_reference import KV_DTYPES, cached_values, one_sequence_layout
 
 from fastdeploy.backends.base import BackendOptions, BatchLayout
 from fastdeploy.backends.conformance import numpy_reference as ref
@@ -295,17 +295,7 @@ def test_attention_over_scattered_blocks(backend_for_isa, block_size, head_dim, 
     queries = rng.standard_normal((context + 2, heads, head_dim)).astype(np.float32)
     scale = head_dim**-0.5
     for start, end in [(0, 70), (70, context), (context, context + 1), (context + 1, context + 2)]:
-        positions = np.arange(start, end)
-        layout = BatchLayout(
-            input_ids=np.zeros(end - start, np.int64),
-            positions=positions,
-            slot_mapping=table[positions // block_size] * block_size + positions % block_size,
-            query_lens=np.array([end - start]),
-            context_lens=np.array([end]),
-            block_tables=table[None, :],
-            logits_indices=np.array([end - start - 1]),
-            block_size=block_size,
-        )
+        layout = one_sequence_layout(table, start, end, block_size)
         out = backend.attention(
             queries[start:end],
             keys[start:end],
@@ -345,17 +335,7 @@ def test_attention_with_sinks_over_scattered_blocks(
     sinks = np.linspace(-6.0, 6.0, heads).astype(np.float32)
     scale = head_dim**-0.5
     for start, end in [(0, 45), (45, context), (context, context + 1), (context + 1, context + 2)]:
-        positions = np.arange(start, end)
-        layout = BatchLayout(
-            input_ids=np.zeros(end - start, np.int64),
-            positions=positions,
-            slot_mapping=table[positions // block_size] * block_size + positions % block_size,
-            query_lens=np.array([end - start]),
-            context_lens=np.array([end]),
-            block_tables=table[None, :],
-            logits_indices=np.array([end - start - 1]),
-            block_size=block_size,
-        )
+        layout = one_sequence_layout(table, start, end, block_size)
         out = backend.attention_with_sinks(
             queries[start:end],
             keys[start:end],

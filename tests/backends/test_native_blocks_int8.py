@@ -59,7 +59,7 @@ def test_int8_kernels_match_float64_products_of_quantised_activations(type_name,
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "IQ4_NL"])
 def test_each_row_count_equals_the_many_rows_path_bit_for_bit(isa, type_name):
-    """Past FEW_ROWS, every row count (tiles of 8 or 2 rows and their remainders) gives each row
+    """Past FEW_ROWS, every row count (tiles of 4 or 2 rows and their remainders) gives each row
     the bits of the many-rows path; up to FEW_ROWS the float32 kernels' exact bits."""
     cols = 256
     tensor = random_blocks(type_name, 90, cols, seed=3)

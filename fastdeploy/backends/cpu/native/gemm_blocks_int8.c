@@ -6,7 +6,7 @@
  * Why: the float32 kernels widen every weight to float32 and spend one FMA per weight and row.
  * With the activations in int8 too, one AVX-512 VNNI `vpdpbusd` multiplies and sums 64
  * weight-activation pairs, its AVX-VNNI form 32 (the AVX2 kernels, on CPUs with AVX-VNNI), and
- * plain AVX2 32 in four instructions (`vpsignb`, `vpmaddubsw`, `vpmaddwd`, `vpaddd`).
+ * plain AVX2 64 in five instructions (two `vpmaddubsw`, `vpaddw`, `vpmaddwd`, `vpaddd`).
  *
  * Activations (quantize_rows here, the bits of gemm_int8.c's fd_quantize_rows eight values per
  * instruction): per row and 32-value block (one panel group), sx = max|x| / 127, qx = round(x / sx)
@@ -20,9 +20,9 @@
  *
  * The panels hold the integers one k per 16 bytes (16 columns); the dot instructions take 4
  * consecutive k of a column per 32-bit lane. Each task (two adjacent panels) therefore regroups its
- * integers once into [depth / 4][16 columns][4 k] bytes (for vpdpbusd + 128, unsigned, its dots
- * starting from -128 sum qx; for maddubs signed, multiplied by |qx| with qx's sign, whose pairs stay
- * below 2^15), with the groups' scales beside them, which every row tile then reads: 4 rows times
+ * integers once into [depth / 4][16 columns][4 k] bytes, plus an offset that makes them unsigned
+ * (128 for vpdpbusd, the type's own for maddubs: avx2_dots) and the dots start from -offset sum qx,
+ * with the groups' scales beside them, which every row tile then reads: 4 rows times
  * 32 columns for AVX-512 (24 zmm accumulators), 2 rows times 16 columns for AVX2. The tiles are
  * compiled once per sub-block size and minimum, their dot loops unrolled; rows are padded to whole
  * tiles. Regrouping once at load instead would double a 4-bit weight's memory for a cost that is
@@ -44,7 +44,7 @@
 struct int8_acts {
     const int8_t *q;      /* [rows, depth] */
     const float *scale;   /* [rows, depth / 32]: sx */
-    const int32_t *init;  /* [rows, depth / sub]: each sub-block's dot starts here (-128 sum qx for vpdpbusd, else 0) */
+    const int32_t *init;  /* [rows, depth / sub]: each sub-block's dot starts at -(weight offset) sum qx */
     const float *sum;     /* [rows, depth / sub]: each sub-block's sum qx */
 };
 
@@ -63,11 +63,11 @@ INLINE int32_t four_bytes(const int8_t *p)
     return v;
 }
 
-/* One panel's integers regrouped (4 consecutive k of each column side by side); `flip` adds 128. */
-static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int flip, uint8_t *w)
+/* One panel's integers regrouped (4 consecutive k of each column side by side), `offset` added. */
+static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int offset, uint8_t *w)
 {
     const Py_ssize_t gbytes = group_bytes(kind);
-    const __m128i bias = _mm_set1_epi8(flip ? (char)0x80 : 0);
+    const __m128i bias = _mm_set1_epi8((char)offset);
     for (Py_ssize_t g = 0; g < groups; g++) {
         const uint8_t *grp = panel + g * gbytes;
         for (int k = 0; k < GROUP; k += 4) {
@@ -76,10 +76,10 @@ static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int 
             const __m128i lo01 = _mm_unpacklo_epi8(k0, k1), hi01 = _mm_unpackhi_epi8(k0, k1);
             const __m128i lo23 = _mm_unpacklo_epi8(k2, k3), hi23 = _mm_unpackhi_epi8(k2, k3);
             __m128i *dst = (__m128i *)(w + (g * GROUP + k) * PANEL);
-            _mm_storeu_si128(dst, _mm_xor_si128(_mm_unpacklo_epi16(lo01, lo23), bias));     /* columns 0-3 */
-            _mm_storeu_si128(dst + 1, _mm_xor_si128(_mm_unpackhi_epi16(lo01, lo23), bias)); /* 4-7 */
-            _mm_storeu_si128(dst + 2, _mm_xor_si128(_mm_unpacklo_epi16(hi01, hi23), bias)); /* 8-11 */
-            _mm_storeu_si128(dst + 3, _mm_xor_si128(_mm_unpackhi_epi16(hi01, hi23), bias)); /* 12-15 */
+            _mm_storeu_si128(dst, _mm_add_epi8(_mm_unpacklo_epi16(lo01, lo23), bias));     /* columns 0-3 */
+            _mm_storeu_si128(dst + 1, _mm_add_epi8(_mm_unpackhi_epi16(lo01, lo23), bias)); /* 4-7 */
+            _mm_storeu_si128(dst + 2, _mm_add_epi8(_mm_unpacklo_epi16(hi01, hi23), bias)); /* 8-11 */
+            _mm_storeu_si128(dst + 3, _mm_add_epi8(_mm_unpackhi_epi16(hi01, hi23), bias)); /* 12-15 */
         }
     }
 }
@@ -87,7 +87,7 @@ static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int 
 /* Rows [first, end) of x quantised as fd_quantize_rows does (the same bits: one IEEE division,
  * product and round-to-nearest-even per value), eight values per instruction, with the per-sub-block
  * sums this file's kernels start from. */
-static void quantize_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_ssize_t depth, int sub, int vnni,
+static void quantize_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_ssize_t depth, int sub, int offset,
                           int8_t *q, float *scale, int32_t *init, float *sum)
 {
     const Py_ssize_t blocks = depth / GROUP, subs = depth / sub;
@@ -122,7 +122,7 @@ static void quantize_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_s
             }
             for (int h = 0; h < GROUP / sub; h++) {
                 const int32_t total = sub == 16 ? halves[h] : halves[0] + halves[1];
-                init[r * subs + b * (GROUP / sub) + h] = vnni ? -128 * total : 0;
+                init[r * subs + b * (GROUP / sub) + h] = -offset * total;
                 sum[r * subs + b * (GROUP / sub) + h] = (float)total;
             }
         }
@@ -200,22 +200,33 @@ VNNI_ROWS_FN(vnni_rows_16_min, 16, 1)
 #undef VNNI_ROWS_FN
 
 /* ------------------------------------------------------------------- AVX2 */
-/* dot + the 8 columns' sums of 4 products w x: with AVX-VNNI's `vpdpbusd` (w unsigned: the weights + 128),
- * else |x| times w with x's sign through `vpmaddubsw` (pairs below 2^15) and `vpmaddwd`. The VNNI
- * instruction is written out (VEX encoded) because its intrinsic cannot be inlined into code that
- * also runs without it; it runs only where the CPU reports AVX-VNNI. */
-INLINE __m256i avx2_dot(__m256i dot, __m256i w, __m256i xv, __m256i ax, int vnni)
+/* How the AVX2 tiles multiply (and the weight offset the regrouping adds): AVX-VNNI's `vpdpbusd`
+ * (weights + 128, unsigned); else `vpmaddubsw` on weights made non-negative by their type's offset
+ * (at most 63, so two instructions' pairs sum below 2^15 in int16 before one `vpmaddwd`); else, for
+ * the codebook types (IQ4_*, -127..113), |x| times the weights with x's sign (`vpsignb`). */
+enum { DOTS_SIGNED = 0, DOTS_AVX_VNNI = 1, DOTS_AVX512_VNNI = 2, DOTS_UNSIGNED = 3 };
+
+/* dot + the 8 columns' sums of the 8 products of two k-steps (w0 x0, w1 x1). The VNNI instruction
+ * is written out (VEX encoded) because its intrinsic cannot be inlined into code that also runs
+ * without it; it runs only where the CPU reports AVX-VNNI. */
+INLINE __m256i avx2_dots(__m256i dot, __m256i w0, __m256i x0, __m256i w1, __m256i x1, int dots)
 {
-    if (vnni) {
-        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot) : "x"(w), "x"(xv));
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (dots == DOTS_AVX_VNNI) {
+        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot) : "x"(w0), "x"(x0));
+        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot) : "x"(w1), "x"(x1));
         return dot;
     }
-    return _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, xv)), _mm256_set1_epi16(1)));
+    if (dots == DOTS_UNSIGNED)
+        return _mm256_add_epi32(
+            dot, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w0, x0), _mm256_maddubs_epi16(w1, x1)), ones));
+    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x0), _mm256_sign_epi8(w0, x0)), ones));
+    return _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x1), _mm256_sign_epi8(w1, x1)), ones));
 }
 
 /* Two rows from row0 times panel p of a pair (two halves of 8 columns): 12 accumulators of 16 ymm. */
 INLINE void avx2_tile(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp, int p,
-                      int sub, int with_min, int vnni, Py_ssize_t row0, Py_ssize_t col0)
+                      int sub, int with_min, int dots, Py_ssize_t row0, Py_ssize_t col0)
 {
     const Py_ssize_t depth = a->depth, groups = depth / GROUP, subs_row = depth / sub;
     const int subs = GROUP / sub, factors = subs * PANEL * (1 + with_min);
@@ -230,15 +241,17 @@ INLINE void avx2_tile(const struct gemm_args *a, const struct int8_acts *x, cons
             const Py_ssize_t k0 = g * GROUP + s * sub, at = g * subs + s;
             __m256i dot[2][2];
             for (int r = 0; r < 2; r++) dot[r][0] = dot[r][1] = _mm256_set1_epi32(x->init[(row0 + r) * subs_row + at]);
-#pragma GCC unroll 8
-            for (int k = 0; k < sub; k += 4) {
-                const __m256i wa = _mm256_loadu_si256((const __m256i *)(w + (k0 + k) * PANEL));
-                const __m256i wb = _mm256_loadu_si256((const __m256i *)(w + (k0 + k) * PANEL + 32));
+#pragma GCC unroll 4
+            for (int k = 0; k < sub; k += 8) {
+                const uint8_t *wk = w + (k0 + k) * PANEL;
+                const __m256i wa0 = _mm256_loadu_si256((const __m256i *)wk), wb0 = _mm256_loadu_si256((const __m256i *)(wk + 32));
+                const __m256i wa1 = _mm256_loadu_si256((const __m256i *)(wk + 4 * PANEL));
+                const __m256i wb1 = _mm256_loadu_si256((const __m256i *)(wk + 4 * PANEL + 32));
                 for (int r = 0; r < 2; r++) {
-                    const __m256i xv = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k));
-                    const __m256i ax = vnni ? xv : _mm256_abs_epi8(xv);
-                    dot[r][0] = avx2_dot(dot[r][0], wa, xv, ax, vnni);
-                    dot[r][1] = avx2_dot(dot[r][1], wb, xv, ax, vnni);
+                    const __m256i x0 = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k));
+                    const __m256i x1 = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k + 4));
+                    dot[r][0] = avx2_dots(dot[r][0], wa0, x0, wa1, x1, dots);
+                    dot[r][1] = avx2_dots(dot[r][1], wb0, x0, wb1, x1, dots);
                 }
             }
             for (int h = 0; h < 2; h++) {
@@ -272,22 +285,23 @@ INLINE void avx2_tile(const struct gemm_args *a, const struct int8_acts *x, cons
     }
 }
 
-#define AVX2_ROWS_FN(name, sub, with_min, vnni)                                                                       \
+#define AVX2_ROWS_FN(name, sub, with_min, dots)                                                                       \
     static void name(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp,              \
                      Py_ssize_t col0)                                                                                 \
     {                                                                                                                 \
         const int width = a->cols - col0 > PANEL ? 2 : 1;                                                            \
         for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += 2)                                                         \
-            for (int p = 0; p < width; p++) avx2_tile(a, x, pp, p, sub, with_min, vnni, row0, col0);              \
+            for (int p = 0; p < width; p++) avx2_tile(a, x, pp, p, sub, with_min, dots, row0, col0);              \
     }
-AVX2_ROWS_FN(avx2_rows_32, 32, 0, 0)
-AVX2_ROWS_FN(avx2_rows_32_min, 32, 1, 0)
-AVX2_ROWS_FN(avx2_rows_16, 16, 0, 0)
-AVX2_ROWS_FN(avx2_rows_16_min, 16, 1, 0)
-AVX2_ROWS_FN(avxvnni_rows_32, 32, 0, 1)
-AVX2_ROWS_FN(avxvnni_rows_32_min, 32, 1, 1)
-AVX2_ROWS_FN(avxvnni_rows_16, 16, 0, 1)
-AVX2_ROWS_FN(avxvnni_rows_16_min, 16, 1, 1)
+AVX2_ROWS_FN(signed_rows_32, 32, 0, DOTS_SIGNED) /* the codebook types: sub-blocks of 32, no minimum */
+AVX2_ROWS_FN(unsigned_rows_32, 32, 0, DOTS_UNSIGNED)
+AVX2_ROWS_FN(unsigned_rows_32_min, 32, 1, DOTS_UNSIGNED)
+AVX2_ROWS_FN(unsigned_rows_16, 16, 0, DOTS_UNSIGNED)
+AVX2_ROWS_FN(unsigned_rows_16_min, 16, 1, DOTS_UNSIGNED)
+AVX2_ROWS_FN(avxvnni_rows_32, 32, 0, DOTS_AVX_VNNI)
+AVX2_ROWS_FN(avxvnni_rows_32_min, 32, 1, DOTS_AVX_VNNI)
+AVX2_ROWS_FN(avxvnni_rows_16, 16, 0, DOTS_AVX_VNNI)
+AVX2_ROWS_FN(avxvnni_rows_16_min, 16, 1, DOTS_AVX_VNNI)
 #undef AVX2_ROWS_FN
 
 /* ----------------------------------------------------------- dispatching */
@@ -295,12 +309,25 @@ enum { MODE_AVX2 = 0, MODE_AVX_VNNI = 1, MODE_AVX512_VNNI = 2 }; /* fd_int8_dots
 
 typedef void (*rows_fn)(const struct gemm_args *, const struct int8_acts *, const struct panel_pair *, Py_ssize_t);
 
-/* [mode][sub 32 or 16][with a minimum] */
-static const rows_fn ROWS_FNS[3][2][2] = {
-    {{avx2_rows_32, avx2_rows_32_min}, {avx2_rows_16, avx2_rows_16_min}},
+/* [dots][sub 32 or 16][with a minimum]; the codebook types (DOTS_SIGNED) have sub-blocks of 32 and no minimum */
+static const rows_fn ROWS_FNS[4][2][2] = {
+    {{signed_rows_32, NULL}, {NULL, NULL}},
     {{avxvnni_rows_32, avxvnni_rows_32_min}, {avxvnni_rows_16, avxvnni_rows_16_min}},
     {{vnni_rows_32, vnni_rows_32_min}, {vnni_rows_16, vnni_rows_16_min}},
+    {{unsigned_rows_32, unsigned_rows_32_min}, {unsigned_rows_16, unsigned_rows_16_min}},
 };
+
+/* The dots a product of `kind` runs in `mode`, and the offset its regrouped weights carry. */
+static int kind_dots(int kind, int mode)
+{
+    return mode != MODE_AVX2 ? mode : block_codebook(kind) ? DOTS_SIGNED : DOTS_UNSIGNED;
+}
+
+static int weight_offset(int kind, int mode)
+{
+    const int dots = kind_dots(kind, mode);
+    return dots == DOTS_SIGNED ? 0 : dots == DOTS_UNSIGNED ? block_offset(kind) : 128;
+}
 
 static int widest_dots = MODE_AVX512_VNNI; /* fd_int8_dots' cap */
 
@@ -330,7 +357,7 @@ static void quantize_task(void *ctx, Py_ssize_t index, int slot)
     struct blocks_int8_job *job = ctx;
     const Py_ssize_t first = index * QUANTIZE_ROWS_PER_TASK, rows = job->a->rows, depth = job->a->depth;
     const Py_ssize_t end = first + QUANTIZE_ROWS_PER_TASK < rows ? first + QUANTIZE_ROWS_PER_TASK : rows;
-    quantize_rows(job->a->x, first, end, depth, block_sub(job->kind), job->mode != MODE_AVX2, job->q, job->scale,
+    quantize_rows(job->a->x, first, end, depth, block_sub(job->kind), weight_offset(job->kind, job->mode), job->q, job->scale,
                   job->init, job->sum);
     (void)slot;
 }
@@ -359,11 +386,11 @@ static void panel_task(void *ctx, Py_ssize_t t, int slot)
             continue;
         }
         const uint8_t *panel = a->packed + (2 * t + p) * panel_bytes;
-        int8_weights(kind, panel, groups, job->mode != MODE_AVX2, w);
+        int8_weights(kind, panel, groups, weight_offset(kind, job->mode), w);
         for (Py_ssize_t g = 0; g < groups; g++) memcpy(f + (g * 2 + p) * factors, panel + g * gbytes, (size_t)factors * sizeof(float));
     }
     const struct panel_pair pp = {scratch, f};
-    ROWS_FNS[job->mode][block_sub(kind) == 16][block_has_min(kind)](a, &job->x, &pp, 2 * t * PANEL);
+    ROWS_FNS[kind_dots(kind, job->mode)][block_sub(kind) == 16][block_has_min(kind)](a, &job->x, &pp, 2 * t * PANEL);
 }
 
 int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)

@@ -22,8 +22,9 @@
  * consecutive k of a column per 32-bit lane. Each task (two adjacent panels) therefore regroups its
  * integers once into [depth / 4][16 columns][4 k] bytes, plus an offset that makes them unsigned
  * (128 for vpdpbusd, the type's own for maddubs: avx2_dots) and the dots start from -offset sum qx,
- * with the groups' scales beside them, which every row tile then reads: 4 rows times
- * 32 columns for AVX-512 (24 zmm accumulators), 2 rows times 16 columns for AVX2. The tiles are
+ * with the groups' scales beside them, which every row tile then reads: 6 rows times 32 columns
+ * for AVX-512 (24 zmm accumulators: a dot and a total per row and panel; 4 rows for sub-blocks of
+ * 16, whose part sums also stay live), 2 rows times 16 columns for AVX2. The tiles are
  * compiled once per sub-block size and minimum, their dot loops unrolled; rows are padded to whole
  * tiles. Regrouping once at load instead would double a 4-bit weight's memory for a cost that is
  * paid per product, not per row (measured: about 6% of a 512-row Q4_K product); up to FEW_ROWS rows run
@@ -35,12 +36,13 @@
 #include <string.h>
 
 #define FEW_ROWS 4
-#define TILE_ROWS 4 /* rows per VNNI tile (two AVX2 tiles); the activations are padded to a multiple */
+#define PAD_ROWS 12     /* the activations are padded to a multiple of every tile's rows */
+#define MAX_VNNI_ROWS 6 /* rows of a VNNI tile: 6 for sub-blocks of 32, 4 for 16 (their part sums stay live) */
 #define QUANTIZE_ROWS_PER_TASK 16
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* The activations of one product, quantised, [rows padded to TILE_ROWS]. */
+/* The activations of one product, quantised, [rows padded to PAD_ROWS]. */
 struct int8_acts {
     const int8_t *q;      /* [rows, depth] */
     const float *scale;   /* [rows, depth / 32]: sx */
@@ -129,27 +131,27 @@ static void quantize_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_s
 }
 
 /* ------------------------------------------------------------- AVX-512 VNNI */
-/* TILE_ROWS rows from row0 times both panels of a pair: each activation broadcast and sub-block
+/* R rows from row0 times both panels of a pair: each activation broadcast and sub-block
  * sum serves both panels, and every sub-block's dot loop is unrolled (sub and with_min constant). */
 INLINE VNNI_TARGET void vnni_tile(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp,
-                                  int sub, int with_min, Py_ssize_t row0, Py_ssize_t col0)
+                                  int sub, int with_min, int R, Py_ssize_t row0, Py_ssize_t col0)
 {
     const Py_ssize_t depth = a->depth, groups = depth / GROUP, subs_row = depth / sub;
     const int subs = GROUP / sub, factors = subs * PANEL * (1 + with_min);
     const int8_t *q = x->q + row0 * depth;
     const uint8_t *w1 = pp->w + depth * PANEL;
-    __m512 total[TILE_ROWS * 2];
-    for (int i = 0; i < TILE_ROWS * 2; i++) total[i] = _mm512_setzero_ps();
+    __m512 total[MAX_VNNI_ROWS * 2];
+    for (int i = 0; i < MAX_VNNI_ROWS * 2; i++) total[i] = _mm512_setzero_ps();
     for (Py_ssize_t g = 0; g < groups; g++) {
-        __m512 part[TILE_ROWS * 2];
+        __m512 part[MAX_VNNI_ROWS * 2];
         for (int s = 0; s < subs; s++) {
             const Py_ssize_t k0 = g * GROUP + s * sub, at = g * subs + s;
-            __m512i dot[TILE_ROWS * 2];
-            for (int r = 0; r < TILE_ROWS; r++) dot[2 * r] = dot[2 * r + 1] = _mm512_set1_epi32(x->init[(row0 + r) * subs_row + at]);
+            __m512i dot[MAX_VNNI_ROWS * 2];
+            for (int r = 0; r < R; r++) dot[2 * r] = dot[2 * r + 1] = _mm512_set1_epi32(x->init[(row0 + r) * subs_row + at]);
 #pragma GCC unroll 8
             for (int k = 0; k < sub; k += 4) {
                 const __m512i wa = _mm512_loadu_si512(pp->w + (k0 + k) * PANEL), wb = _mm512_loadu_si512(w1 + (k0 + k) * PANEL);
-                for (int r = 0; r < TILE_ROWS; r++) {
+                for (int r = 0; r < R; r++) {
                     const __m512i xv = _mm512_set1_epi32(four_bytes(q + r * depth + k0 + k));
                     dot[2 * r] = _mm512_dpbusd_epi32(dot[2 * r], wa, xv);
                     dot[2 * r + 1] = _mm512_dpbusd_epi32(dot[2 * r + 1], wb, xv);
@@ -158,7 +160,7 @@ INLINE VNNI_TARGET void vnni_tile(const struct gemm_args *a, const struct int8_a
             for (int p = 0; p < 2; p++) {
                 const float *f = pp->factors + (g * 2 + p) * factors;
                 const __m512 scale = _mm512_loadu_ps(f + s * PANEL);
-                for (int r = 0; r < TILE_ROWS; r++) {
+                for (int r = 0; r < R; r++) {
                     const __m512 before = s == 0 ? _mm512_setzero_ps() : part[2 * r + p];
                     __m512 t = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot[2 * r + p]), before);
                     if (with_min)
@@ -168,13 +170,13 @@ INLINE VNNI_TARGET void vnni_tile(const struct gemm_args *a, const struct int8_a
                 }
             }
         }
-        for (int r = 0; r < TILE_ROWS; r++) {
+        for (int r = 0; r < R; r++) {
             const __m512 sx = _mm512_set1_ps(x->scale[(row0 + r) * groups + g]);
             total[2 * r] = _mm512_fmadd_ps(part[2 * r], sx, total[2 * r]);
             total[2 * r + 1] = _mm512_fmadd_ps(part[2 * r + 1], sx, total[2 * r + 1]);
         }
     }
-    const Py_ssize_t rows = a->rows - row0 < TILE_ROWS ? a->rows - row0 : TILE_ROWS;
+    const Py_ssize_t rows = a->rows - row0 < R ? a->rows - row0 : R;
     for (int p = 0; p < 2; p++) {
         const Py_ssize_t start = col0 + p * PANEL, valid = a->cols - start < PANEL ? a->cols - start : PANEL;
         if (valid <= 0) break;
@@ -187,16 +189,16 @@ INLINE VNNI_TARGET void vnni_tile(const struct gemm_args *a, const struct int8_a
     }
 }
 
-#define VNNI_ROWS_FN(name, sub, with_min)                                                                              \
-    static VNNI_TARGET void name(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp,   \
-                                 Py_ssize_t col0)                                                                     \
-    {                                                                                                                 \
-        for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += TILE_ROWS) vnni_tile(a, x, pp, sub, with_min, row0, col0); \
+#define VNNI_ROWS_FN(name, sub, with_min, tile_rows)                                                                  \
+    static VNNI_TARGET void name(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp, \
+                                 Py_ssize_t col0)                                                                   \
+    {                                                                                                               \
+        for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += tile_rows) vnni_tile(a, x, pp, sub, with_min, tile_rows, row0, col0); \
     }
-VNNI_ROWS_FN(vnni_rows_32, 32, 0)
-VNNI_ROWS_FN(vnni_rows_32_min, 32, 1)
-VNNI_ROWS_FN(vnni_rows_16, 16, 0)
-VNNI_ROWS_FN(vnni_rows_16_min, 16, 1)
+VNNI_ROWS_FN(vnni_rows_32, 32, 0, 6)
+VNNI_ROWS_FN(vnni_rows_32_min, 32, 1, 6)
+VNNI_ROWS_FN(vnni_rows_16, 16, 0, 4)
+VNNI_ROWS_FN(vnni_rows_16_min, 16, 1, 4)
 #undef VNNI_ROWS_FN
 
 /* ------------------------------------------------------------------- AVX2 */
@@ -401,7 +403,7 @@ int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)
         twin.kind = kind;
         return gemm_blocks(&twin, isa, threads);
     }
-    const Py_ssize_t padded = (a->rows + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+    const Py_ssize_t padded = (a->rows + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS;
     const Py_ssize_t blocks = a->depth / GROUP, subs = a->depth / block_sub(kind);
     const size_t bytes = (size_t)padded * ((size_t)blocks * 4 + (size_t)subs * 8 + (size_t)a->depth);
     char *memory = PyMem_RawMalloc(bytes);

@@ -27,7 +27,7 @@
  * 16, whose part sums also stay live), 2 rows times 16 columns for AVX2. The tiles are
  * compiled once per sub-block size and minimum, their dot loops unrolled; rows are padded to whole
  * tiles. Regrouping once at load instead would double a 4-bit weight's memory for a cost that is
- * paid per product, not per row (measured: about 6% of a 512-row Q4_K product); up to FEW_ROWS rows run
+ * paid per product, not per row (measured: about 4% of a 512-row Q4_K product); up to FEW_ROWS rows run
  * the float32 kernels instead, which read each weight once anyway.
  */
 #pragma GCC target("avx2,fma,f16c") /* what isa.c checks for ISA_AVX2; the VNNI code adds its own */
@@ -65,8 +65,9 @@ INLINE int32_t four_bytes(const int8_t *p)
     return v;
 }
 
-/* One panel's integers regrouped (4 consecutive k of each column side by side), `offset` added. */
-static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int offset, uint8_t *w)
+/* One panel's integers regrouped (4 consecutive k of each column side by side), `offset` added;
+ * compiled per kind (int8_weights), so block_quants does not branch on it per k. */
+INLINE void regroup(int kind, const uint8_t *panel, Py_ssize_t groups, int offset, uint8_t *w)
 {
     const Py_ssize_t gbytes = group_bytes(kind);
     const __m128i bias = _mm_set1_epi8((char)offset);
@@ -83,6 +84,18 @@ static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int 
             _mm_storeu_si128(dst + 2, _mm_add_epi8(_mm_unpacklo_epi16(hi01, hi23), bias)); /* 8-11 */
             _mm_storeu_si128(dst + 3, _mm_add_epi8(_mm_unpackhi_epi16(hi01, hi23), bias)); /* 12-15 */
         }
+    }
+}
+
+static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int offset, uint8_t *w)
+{
+    switch (kind) {
+#define REGROUP_CASE(k)                                                                                               \
+    case k: regroup(k, panel, groups, offset, w); break;
+        REGROUP_CASE(KIND_Q4_0) REGROUP_CASE(KIND_Q5_0) REGROUP_CASE(KIND_Q5_1) REGROUP_CASE(KIND_Q2_K)
+        REGROUP_CASE(KIND_Q3_K) REGROUP_CASE(KIND_Q4_K) REGROUP_CASE(KIND_Q5_K) REGROUP_CASE(KIND_Q6_K)
+        REGROUP_CASE(KIND_IQ4_NL) REGROUP_CASE(KIND_IQ4_XS)
+#undef REGROUP_CASE
     }
 }
 

@@ -103,11 +103,18 @@ def long_prompt(index: int, words: int) -> str:
     return f"Request {index}. {body}. Summarise the list above."
 
 
-def cpu_seconds(pid: int) -> float:
-    """The user and system CPU seconds process `pid` has used, all its threads (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """The CPU seconds process `pid` has used, and the seconds its threads were ready to run but
+    waited for a core (other processes had it), all its threads summed (Linux /proc)."""
+    used = waited = 0.0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as handle:
+                on_cpu, on_queue, _ = handle.read().split()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        used, waited = used + int(on_cpu) / 1e9, waited + int(on_queue) / 1e9
+    return used, waited
 
 
 class Probe:
@@ -122,11 +129,12 @@ class Probe:
             "ignore_eos": True,
             "stream": True,
         }
-        start: list[float] = []
+        start: list[tuple[float, float]] = []
         _, self.stamps = stream_stamps(url, payload, on_first=lambda: start.append(cpu_seconds(pid)))
         if len(self.stamps) < 2:
             raise SystemExit(f"the probe streamed {len(self.stamps)} chunks")
-        self.cpu = cpu_seconds(pid) - start[0]
+        used, waited = cpu_seconds(pid)
+        self.cpu, self.waited = used - start[0][0], waited - start[0][1]
 
     @property
     def tpot(self) -> float:
@@ -135,9 +143,14 @@ class Probe:
 
     @property
     def cpu_per_token(self) -> float:
-        """The instance's CPU seconds per output token: its TPOT had its core been its own (no
-        other process's time slices in it; memory and cache contention still count)."""
+        """The instance's CPU seconds per output token (its threads' time on a core, summed): its
+        TPOT had its core been its own (memory and cache contention still count in it)."""
         return self.cpu / (len(self.stamps) - 1)
+
+    @property
+    def wait_per_token(self) -> float:
+        """The seconds a token the instance's threads waited for a core held by other processes."""
+        return self.waited / (len(self.stamps) - 1)
 
 
 def stream_stamps(
@@ -251,6 +264,7 @@ def measure(name: str, server: Process, url: str, args: argparse.Namespace) -> d
             "tpot": statistics.median(probe.tpot for probe in runs),
             "cpu": statistics.median(probe.cpu_per_token for probe in runs),
             "batch": statistics.mean(batches[phase]),
+            "wait": statistics.median(probe.wait_per_token for probe in runs),
         }
         for phase, runs in probes.items()
     }
@@ -258,7 +272,8 @@ def measure(name: str, server: Process, url: str, args: argparse.Namespace) -> d
         runs = " ".join(f"{probe.tpot * 1e3:.1f}/{probe.cpu_per_token * 1e3:.1f}" for probe in probes[phase])
         print(
             f"{name:>13} {phase:>15}: TPOT {values['tpot'] * 1e3:7.1f} ms, CPU {values['cpu'] * 1e3:6.1f} ms a "
-            f"token, decode batch {values['batch']:.2f} (each run, TPOT/CPU ms: {runs})",
+            f"token, waiting for a core {values['wait'] * 1e3:6.1f} ms a token, decode batch "
+            f"{values['batch']:.2f} (each run, TPOT/CPU ms: {runs})",
             flush=True,
         )
     mix, reference = figures["mix"], figures["no prefill load"]

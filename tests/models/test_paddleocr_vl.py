@@ -406,3 +406,16 @@ def test_the_cuda_backends_code_generates_the_same_tokens(device, checkpoint, re
     llm = LLM(model=checkpoint[0], device=device, max_model_len=256)
     outputs = llm.generate([generate_prompt("two_images"), generate_prompt("text")], GREEDY, use_tqdm=False)
     assert [output.outputs.token_ids for output in outputs] == [expected["two_images"], expected["text"]]
+
+
+def test_a_text_prompt_with_fastdeploys_placeholder_equals_transformers(llm, checkpoint):
+    """`generate` with a text prompt: `<|image@placeholder|>` becomes the image placeholder token."""
+    text = "<|begin_of_sentence|>User: <|IMAGE_START|><|image@placeholder|><|IMAGE_END|>OCR:\nAssistant: "
+    ids = llm.get_tokenizer().encode(
+        text.replace("<|image@placeholder|>", "<|IMAGE_PLACEHOLDER|>"), add_special_tokens=False
+    )
+    assert ids.count(IMAGE_PAD) == 1
+    images = open_images(["coffee_250x97.png"])
+    output = llm.generate({"prompt": text, "multimodal_data": {"image": images}}, GREEDY, use_tqdm=False)[0]
+    assert output.error_code == 200, output.error_msg
+    assert output.outputs.token_ids == transformers_greedy(checkpoint[1], ids, images)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastdeploy.models.ernie4_5 import use_bias_projections
 from fastdeploy.models.llama import LlamaForCausalLM, ProjectionBiases
 from fastdeploy.models.mrope_vl import MRopeVisionLanguage
 from fastdeploy.models.paddleocr_vl.vision import VisionEncoder
@@ -22,8 +23,7 @@ class PaddleOCRVLForConditionalGeneration(MRopeVisionLanguage, LlamaForCausalLM)
     default_rope_theta = 500000.0
 
     def projection_biases(self) -> ProjectionBiases:
-        bias = bool(self.config.raw.get("use_bias", False))
-        return ProjectionBiases(qkv=bias, o_proj=bias, mlp=bias)
+        return use_bias_projections(self.config)
 
     def build_vision(self, vision: dict[str, Any]) -> VisionEncoder:
         return VisionEncoder(vision, self.backend)

@@ -16,8 +16,7 @@ the family's published turn format, written here from its description:
 - PaddleOCR-VL: `<|begin_of_sentence|>`, then `User: ` + the message's images (each
   `<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>`, parts `image` or `image_url`) + its texts
   + a newline; `Assistant: ` + text + `</s>`; a system message's text + a newline; the generation
-  prompt is `Assistant: `. (Its hub template renders only `image` parts; this one takes the
-  OpenAI `image_url` parts too.)
+  prompt is `Assistant: `.
 """
 
 from __future__ import annotations

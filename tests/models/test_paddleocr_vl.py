@@ -419,3 +419,16 @@ def test_a_text_prompt_with_fastdeploys_placeholder_equals_transformers(llm, che
     output = llm.generate({"prompt": text, "multimodal_data": {"image": images}}, GREEDY, use_tqdm=False)[0]
     assert output.error_code == 200, output.error_msg
     assert output.outputs.token_ids == transformers_greedy(checkpoint[1], ids, images)
+
+
+def test_image_url_parts_through_a_template_that_takes_only_image_parts(llm, checkpoint):
+    """The hub's template tests for `{"type": "image"}` parts only (transformers' style); OpenAI
+    `image_url` parts still get their placeholders and the same tokens."""
+    image_only = PADDLEOCR_VL_CHAT_TEMPLATE.replace('("image", "image_url")', '("image",)')
+    assert "image_url" not in image_only
+    names = ["chelsea_180x120.png"]
+    prompt, expected = chat_reference(llm, checkpoint[1], names)
+    output = llm.chat(chat(data_url(names[0])), GREEDY, use_tqdm=False, chat_template=image_only)[0]
+    assert output.error_code == 200, output.error_msg
+    assert output.prompt == prompt
+    assert output.outputs.token_ids == expected

@@ -399,9 +399,9 @@ def test_a_section_that_does_not_fit_the_head_is_named(checkpoint, registered, t
         LLM(model=str(tmp_path), max_model_len=256)
 
 
-@pytest.mark.parametrize("device", ["torch-cpu"])
+@pytest.mark.parametrize("device", ["torch-cpu", "paddle-cpu"])
 def test_the_cuda_backends_code_generates_the_same_tokens(device, checkpoint, registered, expected):
-    """The cuda backend's own code (its CPU twin) runs the vision encoder and M-RoPE language model."""
+    """The cuda backend's own code (its CPU twins) runs the vision encoder and M-RoPE language model."""
     pytest.importorskip(device.split("-")[0], reason=f"the {device} backend needs {device.split('-')[0]}")
     llm = LLM(model=checkpoint[0], device=device, max_model_len=256)
     outputs = llm.generate([generate_prompt("two_images"), generate_prompt("text")], GREEDY, use_tqdm=False)

@@ -59,11 +59,10 @@ def bilinear_matrix(out_size: int, in_size: int) -> np.ndarray:
 def resampled_positions(table: np.ndarray, side: int, height: int, width: int) -> np.ndarray:
     """[height * width, hidden] float32: the square position table [side * side, hidden]
     resampled to a height x width grid, in raster order."""
-    grid = table.reshape(side, side, -1).astype(np.float64)
-    rows = bilinear_matrix(height, side)
-    cols = bilinear_matrix(width, side)
-    out = np.einsum("ha,wb,abd->hwd", rows, cols, grid)
-    return out.reshape(height * width, -1).astype(np.float32)
+    hidden = table.shape[-1]
+    by_rows = bilinear_matrix(height, side) @ table.reshape(side, side * hidden).astype(np.float64)
+    out = np.matmul(bilinear_matrix(width, side), by_rows.reshape(height, side, hidden))
+    return out.reshape(height * width, hidden).astype(np.float32)
 
 
 def merge_order(grid_thw: tuple[int, int, int], merge: int) -> np.ndarray:

@@ -432,3 +432,12 @@ def test_image_url_parts_through_a_template_that_takes_only_image_parts(llm, che
     assert output.error_code == 200, output.error_msg
     assert output.prompt == prompt
     assert output.outputs.token_ids == expected
+
+
+def test_chunked_prefill_splits_images_and_keeps_the_tokens(checkpoint, registered, expected):
+    """A 16-token budget splits both images of the two-image prompt across several passes."""
+    llm = LLM(model=checkpoint[0], max_model_len=256, max_num_batched_tokens=16)
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, n=2)
+    output = llm.generate(generate_prompt("two_images"), params, use_tqdm=False)[0]
+    assert len(output.prompt_token_ids) > 3 * 16
+    assert [sample.token_ids for sample in output.outputs] == [expected["two_images"]] * 2

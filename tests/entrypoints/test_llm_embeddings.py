@@ -42,8 +42,8 @@ COSINE = 1e-5
 #: dtype="bfloat16" (opt-in): each product's inputs keep 8 significant bits
 BF16_COSINE = 5e-3
 #: quantization="wint8" with FD_CPU_ACTIVATIONS=int8 (opt-in): int8 weights per output channel and
-#: int8 activations per 128 inputs
-W8A8_COSINE = 5e-2
+#: int8 activations per 128 inputs (measured: 2.0e-3 on this checkpoint)
+W8A8_COSINE = 1e-2
 
 
 def cosine_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -113,11 +113,15 @@ def test_bfloat16_matmuls_stay_near_sentence_transformers(last_token):
 @pytest.mark.skipif(
     native.unavailable_reason() is not None, reason="int8 activations need the native kernels"
 )
-def test_int8_products_stay_near_sentence_transformers(last_token, monkeypatch):
-    """wint8 weights with int8 activations (gemm_w8a8.c): near the float32 reference, and not
-    equal to it (the rounding happened)."""
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_int8_products_stay_near_sentence_transformers(last_token, monkeypatch, isa):
+    """wint8 weights with int8 activations (gemm_w8a8.c, AVX-512 VNNI and AVX2): near the float32
+    reference, and not equal to it (the rounding happened)."""
+    if isa == "avx512" and native.best_isa() != "avx512":
+        pytest.skip("no AVX-512 here")
     reference = last_token[1].encode(SENTENCES, convert_to_numpy=True)
     monkeypatch.setenv("FD_CPU_ACTIVATIONS", "int8")
+    monkeypatch.setenv("FD_CPU_KERNELS", isa)
     llm = LLM(last_token[0], runner="pooling", quantization="wint8", max_model_len=128)
     ours = embeddings(llm.embed(SENTENCES, use_tqdm=False))
     distance = cosine_distance(ours, reference)

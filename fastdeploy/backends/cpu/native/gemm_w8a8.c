@@ -3,10 +3,10 @@
  * activations with one scale per row and 128 inputs (KIND_W8A8; opt-in: quantization="wint8" with
  * FD_CPU_ACTIVATIONS=int8).
  *
- * Why: a prompt pass of many rows is bound by arithmetic. On the Sapphire/Emerald Rapids cores this
- * was measured on, register-only loops retire ~2.1 G `vpdpbusd` a second (64 multiply-adds each)
- * against ~2.7 G float32 FMAs (16 each): ~3x the float32 rate, while `vdpbf16ps` retires only
- * ~0.5 G (below float32). The Q8_0 blocks of gemm_int8.c carry a scale per 32 inputs of each
+ * Why: a prompt pass of many rows is bound by arithmetic. On the Sapphire/Emerald Rapids class cores
+ * this was measured on, register-only loops retire ~2.8 G `vpdpbusd` a second (64 multiply-adds
+ * each) against ~3.8 G 512-bit float32 FMAs (16 each): ~3x the float32 rate, while `vdpbf16ps`
+ * retires only ~0.9 G (32 each: below float32). The Q8_0 blocks of gemm_int8.c carry a scale per 32 inputs of each
  * column, so every 8 dot instructions need ~4 float ones to scale and add the block's sum; here
  * the weight's scale applies once, when a tile is stored, and an activation group's once per 32 dot
  * instructions: the dots are ~90% of the instructions.

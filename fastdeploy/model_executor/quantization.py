@@ -16,7 +16,7 @@ levels chosen, twice, and keeps whichever of the two fits has the smaller error,
 the reference quantiser, +23% fitted; see benchmarks/accuracy.py).
 
 Which tensors: the 2-D weights of linear layers, recognised by transformers' naming (`*_proj.weight`:
-attention and MLP projections, experts included, and `lm_head.weight`, or the embedding when the
+attention and MLP projections, experts included; Mixtral's experts' `w1`/`w2`/`w3`; and `lm_head.weight`, or the embedding when the
 head is tied to it); their input size must be a multiple of 32 (the block), else they stay float.
 Norms, biases, routers (`mlp.gate.weight`) and an untied embedding stay float.
 
@@ -33,6 +33,7 @@ as fast as on Q8_0 blocks, which need float work every 32 inputs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -75,8 +76,12 @@ def _is_head(name: str, tied: bool) -> bool:
     return name == "lm_head.weight" or (tied and name == "model.embed_tokens.weight")
 
 
+#: Mixtral's experts: `block_sparse_moe.experts.N.w1 / w2 / w3` (gate, down, up)
+_MIXTRAL_EXPERT = re.compile(r"\.experts\.\d+\.w[123]\.weight$")
+
+
 def _is_linear(name: str) -> bool:
-    return name.endswith("_proj.weight")
+    return name.endswith("_proj.weight") or _MIXTRAL_EXPERT.search(name) is not None
 
 
 def _levels(blocks: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:

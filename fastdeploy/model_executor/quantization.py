@@ -28,7 +28,8 @@ matrix) and stays float under fp8 (as DeepSeek-V3's FP8 checkpoints keep it).
 
 Under "ggml" packing with `FD_CPU_ACTIVATIONS=int8`, `wint8` gives those per-channel `WeightOnlyTensor`s
 too: the cpu backend multiplies them by int8 activations (native/gemm_w8a8.c), a product about twice
-as fast as on Q8_0 blocks, which need float work every 32 inputs.
+as fast as on Q8_0 blocks, which need float work every 32 inputs. MoE experts included: the cpu
+backend packs each expert's matrices like any linear weight.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """gemm_w8a8.c: int8 weights with a scale per output channel (FastDeploy's wint8) times int8
 activations with a scale per row and 128 inputs, against a numpy reference of those numerics.
 
-The reference quantises each activation group as the kernel promises (scale = max|x| / 127,
-q = round(x * 127 / max|x|) to nearest even, clipped to +-127), takes exact integer dots with the
-weight's levels (FastDeploy's wint8 [in, out] layout, not our packing) and combines them in
-float64. Both instruction sets must give the same bits: AVX-512 VNNI and AVX2's maddubs.
+The reference (numpy_reference.int8_activation_product) quantises each activation group as the
+kernel promises (scale = max|x| / 127, q = round(x * 127 / max|x|) to nearest even, clipped to
++-127), takes exact integer dots with the weight's levels (FastDeploy's wint8 [in, out] layout,
+not our packing) and combines them in float64. Both instruction sets must give the same bits:
+AVX-512 VNNI and AVX2's maddubs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fastdeploy.backends.conformance import numpy_reference as ref
 from fastdeploy.backends.cpu import native
 from fastdeploy.formats.weight_only import WeightOnlyTensor, quantize_weight_only
 from fastdeploy.model_executor.quantization import quantize_tensors
@@ -26,27 +28,9 @@ def runs_here(isa: str) -> bool:
     return native.ISAS.index(isa) >= native.ISAS.index(native.best_isa())
 
 
-def quantize_activations(x: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per group of GROUP inputs (the last one shorter): q [tokens, width] int64 and the scale
-    [tokens] (float64 of the kernel's float32)."""
-    levels, scales = [], []
-    for start in range(0, x.shape[1], GROUP):
-        group = x[:, start : start + GROUP]
-        peak = np.abs(group).max(axis=1, keepdims=True)
-        inverse = np.divide(np.float32(127), peak, out=np.zeros_like(peak), where=peak > 0)
-        levels.append(np.clip(np.rint(group * inverse), -127, 127).astype(np.int64))
-        scales.append((peak[:, 0] / np.float32(127)).astype(np.float64))
-    return levels, scales
-
-
 def w8a8_reference(x: np.ndarray, weight: WeightOnlyTensor, bias: np.ndarray | None) -> np.ndarray:
     """x [tokens, in] times a wint8 weight with int8-quantised activations, in float64."""
-    w = weight.qweight.astype(np.int64)  # [in, out]
-    levels, scales = quantize_activations(x)
-    out = np.zeros((x.shape[0], weight.shape[0]))
-    for g, (q, s) in enumerate(zip(levels, scales, strict=True)):
-        out += s[:, None] * (q @ w[g * GROUP : g * GROUP + q.shape[1]])
-    out *= weight.scales.astype(np.float64)[None, :]
+    out = ref.int8_activation_product(x, weight.qweight.T, weight.scales, GROUP)
     return out if bias is None else out + bias
 
 

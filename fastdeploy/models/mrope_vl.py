@@ -19,10 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.models.ernie4_5_vl.rotary import inverse_frequencies, text_tables
 from fastdeploy.models.multimodal_steps import SequenceSpan, embed_with_encoder_rows, step_rows
-from fastdeploy.plugins.api import MultiModalItem
+from fastdeploy.plugins.api import InvalidArgumentError, MultiModalItem
 
 
 class MRopeVisionLanguage:

@@ -85,6 +85,56 @@ def runs_here(isa: str) -> bool:
     return native.ISAS.index(isa) >= native.ISAS.index(native.best_isa())
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+def test_each_row_count_gives_each_row_the_many_rows_bits(isa, type_name):
+    """Up to 4 rows (decoding) gemm_int8.c's kernels run, from 5 the regrouped tiles of
+    gemm_blocks_int8.c (6 or 2 rows, padded): a row's bits depend on neither, nor on the rows beside it."""
+    if not runs_here(isa):
+        pytest.skip(f"no {isa} here")
+    rng = np.random.default_rng(5)
+    qtype = GGMLQuantizationType[type_name]
+    rows = quantize(rng.standard_normal((90, 256)).astype(np.float32), qtype)
+    packed = native.pack([GGMLTensor(int(qtype), rows, (90, 256))], activations="int8")
+    x = rng.standard_normal((70, 256)).astype(np.float32)
+    many_rows = native.matmul(x, packed, isa, threads=2)
+    np.testing.assert_allclose(
+        many_rows, int8_reference(x, rows, type_name, 90), rtol=2e-6, atol=2e-6 * np.abs(many_rows).max()
+    )
+    for count in [*range(1, 15), 33]:
+        for start in (0, 70 - count):
+            np.testing.assert_array_equal(
+                native.matmul(x[start : start + count], packed, isa, threads=2),
+                many_rows[start : start + count],
+                err_msg=f"{count} rows from row {start}",
+            )
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+def test_every_dot_instruction_gives_the_same_bits_at_the_extremes(type_name):
+    """Weights at their largest integers (Q8_0 +-127, Q4_1 15 and 0) times activations at +-127: the AVX2
+    sign trick and maddubs sums (16-bit) and the VNNI dots, capped to each this CPU has, agree."""
+    qtype = GGMLQuantizationType[type_name]
+    signs = np.where(np.arange(40) % 3 == 0, -1.0, 1.0).astype(np.float32)
+    weights = np.repeat(signs[:, None], 512, axis=1)
+    weights[:, ::32] = 0.0  # Q4_1: a block's minimum 0 (or maximum), so the others quantise to 15 (or 0)
+    rows = quantize(weights, qtype)
+    packed = native.pack([GGMLTensor(int(qtype), rows, (40, 512))], activations="int8")
+    x = np.repeat(np.where(np.arange(11) % 2 == 0, 1.0, -1.0).astype(np.float32)[:, None], 512, axis=1)
+    expected = int8_reference(x, rows, type_name, 40)
+    try:
+        for isa in (isa for isa in native.ISAS if runs_here(isa)):
+            outputs = []
+            for cap in range(native._native.int8_dots(isa, -1) + 1):
+                assert native._native.int8_dots(isa, cap) == cap
+                outputs.append(native.matmul(x, packed, isa, threads=2))
+            for out in outputs:
+                np.testing.assert_array_equal(out, outputs[0])
+                np.testing.assert_allclose(out, expected, rtol=2e-6, atol=2e-6 * np.abs(expected).max())
+    finally:
+        native._native.int8_dots("avx2", 2)  # no cap
+
+
 def test_float_weights_stay_float32_under_int8_activations():
     weight = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)
     packed = native.pack([weight], activations="int8")

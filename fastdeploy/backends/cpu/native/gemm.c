@@ -624,7 +624,7 @@ static void block_sums_task(void *ctx, Py_ssize_t index, int slot)
 int fd_gemm(const struct gemm_args *a, int isa, int threads)
 {
     if (a->rows <= 0) return 0;
-    if (a->kind == KIND_Q4_1_I8 || a->kind == KIND_Q8_0_I8) return gemm_int8(a, isa, threads);
+    if (a->kind == KIND_Q4_1_I8 || a->kind == KIND_Q8_0_I8) return gemm_blocks_int8(a, isa, threads);
     if (is_subblock_kind(a->kind)) return gemm_blocks(a, isa, threads);
     if (is_int8_subblock_kind(a->kind)) return gemm_blocks_int8(a, isa, threads);
     if (a->kind == KIND_MIXED) return gemm_mixed(a, isa, threads);

@@ -1,7 +1,10 @@
 /*
  * Products of the sub-block kinds (blocks.h: Q4_0 .. IQ4_XS) with int8 activations, as llama.cpp
  * computes its quantised matmuls: the KIND_*_I8 twins of those kinds (opt-in,
- * FD_CPU_ACTIVATIONS=int8), on the very panels the float32 kernels read (block_packing.c).
+ * FD_CPU_ACTIVATIONS=int8), on the very panels the float32 kernels read (block_packing.c); and,
+ * from FEW_ROWS + 1 rows, the products of KIND_Q8_0_I8 and KIND_Q4_1_I8 (packing.c's int8 layouts:
+ * blocks of 32 without sub-blocks, Q8_0 signed without minimum, Q4_1 unsigned 0..15 with one) on
+ * the same tiles (their fewer rows stay in gemm_int8.c, whose float operations are these).
  *
  * Why: the float32 kernels widen every weight to float32 and spend one FMA per weight and row.
  * With the activations in int8 too, one AVX-512 VNNI `vpdpbusd` multiplies and sums 64
@@ -141,6 +144,43 @@ static void quantize_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_s
                 sum[r * subs + b * (GROUP / sub) + h] = (float)total;
             }
         }
+}
+
+/* packing.c's int8 layouts, whose blocks already hold 4 consecutive k of a column side by side */
+static inline int legacy_kind(int kind) { return kind == KIND_Q8_0_I8 || kind == KIND_Q4_1_I8; }
+static inline int kind_has_min(int kind) { return block_has_min(kind) || kind == KIND_Q4_1_I8; }
+/* whether the AVX2 maddubs dots must take signed weights (|x| times w with x's sign) */
+static inline int kind_signed(int kind) { return block_codebook(kind) || kind == KIND_Q8_0_I8; }
+static inline Py_ssize_t legacy_block_bytes(int kind) { return kind == KIND_Q8_0_I8 ? PANEL * 2 + PANEL * GROUP : PANEL * 4 + PANEL * GROUP / 2; }
+
+/* One panel of a legacy kind as int8_weights leaves the others (its Q8_0 bytes carry +128, packing.c),
+ * and its float16 scales (and minimums) as float32 factors of panel p of the pair. */
+static void legacy_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int offset, uint8_t *w, float *f,
+                           Py_ssize_t factors, int p)
+{
+    const __m256i low = _mm256_set1_epi8(0x0F), bias = _mm256_set1_epi8((char)offset);
+    const __m256i shift = _mm256_set1_epi8((char)(offset - 128));
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        const uint8_t *blk = panel + g * legacy_block_bytes(kind);
+        uint8_t *wg = w + g * GROUP * PANEL;
+        float *fg = f + (g * 2 + p) * factors;
+        for (int i = 0; i < factors; i += 8) _mm256_storeu_ps(fg + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 2 * i))));
+        if (kind == KIND_Q8_0_I8) {
+            for (int i = 0; i < GROUP * PANEL; i += 32) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 2 * PANEL + i));
+                _mm256_storeu_si256((__m256i *)(wg + i), _mm256_add_epi8(v, shift));
+            }
+            continue;
+        }
+        /* chunk c: low nibbles k = 8c .. 8c + 3, high ones the next 4 */
+        for (int c = 0; c < 4; c++)
+            for (int h = 0; h < 2; h++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 4 * PANEL + 64 * c + 32 * h));
+                _mm256_storeu_si256((__m256i *)(wg + 128 * c + 32 * h), _mm256_add_epi8(_mm256_and_si256(v, low), bias));
+                _mm256_storeu_si256((__m256i *)(wg + 128 * c + 64 + 32 * h),
+                                    _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), bias));
+            }
+    }
 }
 
 /* ------------------------------------------------------------- AVX-512 VNNI */
@@ -335,7 +375,7 @@ static const rows_fn ROWS_FNS[4][2][2] = {
 /* The dots a product of `kind` runs in `mode`, and the offset its regrouped weights carry. */
 static int kind_dots(int kind, int mode)
 {
-    return mode != MODE_AVX2 ? mode : block_codebook(kind) ? DOTS_SIGNED : DOTS_UNSIGNED;
+    return mode != MODE_AVX2 ? mode : kind_signed(kind) ? DOTS_SIGNED : DOTS_UNSIGNED;
 }
 
 static int weight_offset(int kind, int mode)
@@ -382,9 +422,10 @@ static void panel_task(void *ctx, Py_ssize_t t, int slot)
 {
     struct blocks_int8_job *job = ctx;
     const struct gemm_args *a = job->a;
-    const int kind = job->kind, subs = GROUP / block_sub(kind);
-    const Py_ssize_t groups = a->depth / GROUP, gbytes = group_bytes(kind), panel_bytes = groups * gbytes;
-    const Py_ssize_t factors = subs * PANEL * (1 + block_has_min(kind)), panels = (a->cols + PANEL - 1) / PANEL;
+    const int kind = job->kind, subs = GROUP / block_sub(kind), legacy = legacy_kind(kind);
+    const Py_ssize_t groups = a->depth / GROUP, gbytes = legacy ? legacy_block_bytes(kind) : group_bytes(kind);
+    const Py_ssize_t factors = subs * PANEL * (1 + kind_has_min(kind)), panels = (a->cols + PANEL - 1) / PANEL;
+    const Py_ssize_t panel_bytes = groups * gbytes;
     const Py_ssize_t w_bytes = a->depth * PANEL * 2, factor_bytes = groups * 2 * factors * (Py_ssize_t)sizeof(float);
     uint8_t *scratch = fd_thread_scratch((size_t)(w_bytes + factor_bytes));
     (void)slot;
@@ -401,16 +442,21 @@ static void panel_task(void *ctx, Py_ssize_t t, int slot)
             continue;
         }
         const uint8_t *panel = a->packed + (2 * t + p) * panel_bytes;
+        if (legacy) {
+            legacy_weights(kind, panel, groups, weight_offset(kind, job->mode), w, f, factors, p);
+            continue;
+        }
         int8_weights(kind, panel, groups, weight_offset(kind, job->mode), w);
         for (Py_ssize_t g = 0; g < groups; g++) memcpy(f + (g * 2 + p) * factors, panel + g * gbytes, (size_t)factors * sizeof(float));
     }
     const struct panel_pair pp = {scratch, f};
-    ROWS_FNS[kind_dots(kind, job->mode)][block_sub(kind) == 16][block_has_min(kind)](a, &job->x, &pp, 2 * t * PANEL);
+    ROWS_FNS[kind_dots(kind, job->mode)][block_sub(kind) == 16][kind_has_min(kind)](a, &job->x, &pp, 2 * t * PANEL);
 }
 
 int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)
 {
-    const int kind = subblock_layout(a->kind);
+    const int kind = legacy_kind(a->kind) ? a->kind : subblock_layout(a->kind);
+    if (a->rows <= FEW_ROWS && legacy_kind(kind)) return gemm_int8(a, isa, threads);
     if (a->rows <= FEW_ROWS) {
         struct gemm_args twin = *a;
         twin.kind = kind;

@@ -1,6 +1,7 @@
 /*
  * Matrix products with int8 activations (opt-in: FD_CPU_ACTIVATIONS=int8), as llama.cpp computes
- * its quantised matmuls.
+ * its quantised matmuls: here those of up to 4 rows (decoding); more rows take gemm_blocks_int8.c's
+ * tiles, which regroup each panel once per product and compute the same float operations.
  *
  * Why: the float path dequantises every weight to float32 in registers and multiplies in float32:
  * ~10 instructions per 32 weights and row. Quantising the activations too lets the weights stay
@@ -12,7 +13,7 @@
  * block's sum of q. Weights: the I8 layouts of packing.c (4 consecutive k's of a column side by side).
  * Per block, with the integer dot D = sum_k q_w q_x:
  *   Q8_0: out += s * (d_w * D)               (weights stored + 128; D corrected by 128 * sum q_x)
- *   Q4_1: out += s * (d_w * D + m_w * sum q_x)
+ *   Q4_1: out += s * (m_w * sum q_x + d_w * D)  (d_w * D rounded first, as gemm_blocks_int8.c)
  * Both instruction sets compute the same integer dots exactly (AVX2's 16-bit partial sums are
  * bounded below 2^15) and the same float operations in the same order, so they agree bit for bit.
  */
@@ -104,7 +105,7 @@ vnni_tile(const struct gemm_args *a, const struct int8_rows *x, const uint8_t *p
             }
             for (int r = 0; r < rows; r++) {
                 const float total = (float)x->sum[(row0 + r) * blocks + b];
-                const __m512 t = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(m, _mm512_set1_ps(total)));
+                const __m512 t = _mm512_fmadd_ps(m, _mm512_set1_ps(total), _mm512_mul_ps(d, _mm512_cvtepi32_ps(dot[r])));
                 acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(x->scale[(row0 + r) * blocks + b]), acc[r]);
             }
         }
@@ -193,8 +194,8 @@ avx2_int8_tile(const struct gemm_args *a, const struct int8_rows *x, const uint8
             for (int r = 0; r < rows; r++) {
                 const __m256 total = _mm256_set1_ps((float)x->sum[(row0 + r) * blocks + b]);
                 const __m256 s = _mm256_set1_ps(x->scale[(row0 + r) * blocks + b]);
-                const __m256 t_lo = _mm256_fmadd_ps(d_lo, _mm256_cvtepi32_ps(avx2_widen(dot_lo[r])), _mm256_mul_ps(m_lo, total));
-                const __m256 t_hi = _mm256_fmadd_ps(d_hi, _mm256_cvtepi32_ps(avx2_widen(dot_hi[r])), _mm256_mul_ps(m_hi, total));
+                const __m256 t_lo = _mm256_fmadd_ps(m_lo, total, _mm256_mul_ps(d_lo, _mm256_cvtepi32_ps(avx2_widen(dot_lo[r]))));
+                const __m256 t_hi = _mm256_fmadd_ps(m_hi, total, _mm256_mul_ps(d_hi, _mm256_cvtepi32_ps(avx2_widen(dot_hi[r]))));
                 acc_lo[r] = _mm256_fmadd_ps(t_lo, s, acc_lo[r]);
                 acc_hi[r] = _mm256_fmadd_ps(t_hi, s, acc_hi[r]);
             }

@@ -248,8 +248,9 @@ struct gemm_args {
  * memory. The bytes of a packed [cols, depth] weight of `kind`. */
 int fd_gemm(const struct gemm_args *a, int isa, int threads);
 Py_ssize_t fd_packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth);
-/* gemm_int8.c: the product for the KIND_*_I8 layouts, activations quantised to int8 (with the
- * caller's threads; the GIL released); -1 when out of memory. */
+/* gemm_int8.c: the product for the KIND_Q8_0_I8 / KIND_Q4_1_I8 layouts, activations quantised to
+ * int8 (with the caller's threads; the GIL released); -1 when out of memory. fd_gemm sends them to
+ * gemm_blocks_int8, which hands products of up to 4 rows to this one. */
 int gemm_int8(const struct gemm_args *a, int isa, int threads);
 /* gemm_w8a8.c: the product for KIND_W8A8 (same threads, GIL, errors); the bytes of its packed weight. */
 int fd_gemm_w8a8(const struct gemm_args *a, int isa, int threads);
@@ -257,7 +258,8 @@ Py_ssize_t fd_w8a8_packed_bytes(Py_ssize_t cols, Py_ssize_t depth);
 /* gemm_blocks.c: the product for the sub-block kinds (KIND_Q4_0 .. KIND_IQ4_XS and KIND_MXFP4, blocks.h), on the
  * caller's threads (the GIL released); -1 when out of memory. */
 int gemm_blocks(const struct gemm_args *a, int isa, int threads);
-/* gemm_blocks_int8.c: the product for KIND_Q4_0_I8 .. KIND_IQ4_XS_I8 (same threads, GIL, errors). */
+/* gemm_blocks_int8.c: the product for KIND_Q4_0_I8 .. KIND_IQ4_XS_I8, KIND_Q8_0_I8 and KIND_Q4_1_I8
+ * (same threads, GIL, errors). */
 int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads);
 /* The dot instructions gemm_blocks_int8 uses for `isa` here: 0 AVX2's maddubs, 1 AVX-VNNI, 2 AVX-512
  * VNNI; `widest` in 0..2 caps them from then on (tests reach the narrower ones), else ignored. */

@@ -65,7 +65,7 @@ static inline int32_t four_bytes(const int8_t *p)
 
 /* ------------------------------------------------------------- AVX-512 VNNI */
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-#define VNNI_ROWS 8
+#define VNNI_ROWS 4 /* gemm_blocks_int8.c sends at most FEW_ROWS = 4 rows here */
 
 static inline __attribute__((always_inline)) VNNI_TARGET void
 vnni_tile(const struct gemm_args *a, const struct int8_rows *x, const uint8_t *panel, Py_ssize_t row0, int rows,
@@ -126,7 +126,7 @@ static VNNI_TARGET void vnni_panel(const struct gemm_args *a, const struct int8_
     for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += VNNI_ROWS) {
         const Py_ssize_t left = a->rows - row0;
         switch (left < VNNI_ROWS ? (int)left : VNNI_ROWS) {
-            VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4) VNNI_CASE(5) VNNI_CASE(6) VNNI_CASE(7) VNNI_CASE(8)
+            VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4)
         }
     }
 }

@@ -14,7 +14,12 @@ import numpy as np
 from fastdeploy.backends.base import Backend
 from fastdeploy.backends.capabilities import Capability
 from fastdeploy.backends.conformance import numpy_reference as ref
-from fastdeploy.backends.conformance.op_checks import assert_close, batch_layout, random_normal
+from fastdeploy.backends.conformance.op_checks import (
+    assert_close,
+    batch_layout,
+    check_attention_passes,
+    random_normal,
+)
 from fastdeploy.backends.fused import AttentionBlock, MLPBlock
 from fastdeploy.backends.types import KVCacheSpec
 
@@ -57,32 +62,20 @@ def check_attention_sinks(backend: Backend) -> str | None:
     heads, sinks large (a head attending to almost nothing) and small."""
     if not backend.supports(Capability.ATTENTION_SINKS):
         return "backend has no attention sinks (Capability.ATTENTION_SINKS): GPT-OSS is refused on it"
-    rng = np.random.default_rng(23)
-    heads, kv_heads, dim, block = 4, 2, 8, 4
-    spec = KVCacheSpec(num_layers=1, num_blocks=8, block_size=block, num_kv_heads=kv_heads, head_dim=dim)
-    (cache,) = backend.allocate_kv_cache(spec)
     sinks = np.array([3.0, -2.0, 0.5, 8.0], np.float32)
     tables = {"a": [6, 1, 4], "b": [0, 7, 3]}
-    keys = {name: random_normal(rng, 11, kv_heads, dim) for name in tables}
-    values = {name: random_normal(rng, 11, kv_heads, dim) for name in tables}
-    for parts in ([("a", 0, 10), ("b", 0, 5)], [("a", 10, 11), ("b", 5, 11)]):
-        q = random_normal(rng, sum(end - start for _, start, end in parts), heads, dim)
-        out = backend.attention_with_sinks(
-            backend.from_numpy(q),
-            backend.from_numpy(np.concatenate([keys[n][s:e] for n, s, e in parts])),
-            backend.from_numpy(np.concatenate([values[n][s:e] for n, s, e in parts])),
-            cache,
-            backend.prepare_batch(batch_layout(tables, parts, block)),
-            0.3,
-            backend.from_numpy(sinks),
-        )
-        out, row = backend.to_numpy(out), 0
-        for name, start, end in parts:
-            expected = ref.causal_attention(
-                q[row : row + end - start], keys[name][:end], values[name][:end], 0.3, sinks
-            )
-            assert_close("attention_with_sinks", out[row : row + end - start], expected)
-            row += end - start
+    check_attention_passes(
+        backend,
+        "attention_with_sinks",
+        lambda q, k, v, cache, batch: backend.attention_with_sinks(
+            q, k, v, cache, batch, 0.3, backend.from_numpy(sinks)
+        ),
+        lambda q, k, v: ref.causal_attention(q, k, v, 0.3, sinks),
+        np.random.default_rng(23),
+        (4, 2, 8, 4, 8),
+        {"a": 11, "b": 11},
+        [([("a", 0, 10), ("b", 0, 5)], tables), ([("a", 10, 11), ("b", 5, 11)], tables)],
+    )
     return None
 
 
@@ -421,48 +414,27 @@ def check_decoder_layers(backend: Backend) -> None:
 def check_sliding_window(backend: Backend) -> str | None:
     """`windowed_attention` (optional): a 7-position window over 4-slot blocks, so the window
     starts inside a block and whole blocks fall before it (then released: their table entries
-    alias other blocks); prefill, then a decode beside a continued prefill chunk, against numpy (the fused layers' `AttentionBlock.window` path is
-    checked by the models with sliding windows in tests/models)."""
+    alias the other sequence's blocks, whose contents must not matter); prefill, then a decode
+    beside a continued prefill chunk, against numpy (the fused layers' `AttentionBlock.window`
+    path is checked by the models with sliding windows in tests/models)."""
     if not backend.supports(Capability.SLIDING_WINDOW):
         return (
             "backend has no sliding-window attention (Capability.SLIDING_WINDOW): models are refused past it"
         )
-    rng = np.random.default_rng(23)
-    heads, kv_heads, dim, block, window = 4, 2, 16, 4, 7
-    spec = KVCacheSpec(num_layers=1, num_blocks=12, block_size=block, num_kv_heads=kv_heads, head_dim=dim)
-    (cache,) = backend.allocate_kv_cache(spec)
-    tables = {"a": [7, 2, 11, 0, 5], "b": [4, 9, 3, 1]}
-    history = {
-        name: (random_normal(rng, n, kv_heads, dim), random_normal(rng, n, kv_heads, dim))
-        for name, n in (("a", 19), ("b", 14))
-    }
-
-    def run(parts: list[tuple[str, int, int]], tables: dict[str, list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        keys = np.concatenate([history[name][0][s:e] for name, s, e in parts])
-        values = np.concatenate([history[name][1][s:e] for name, s, e in parts])
-        q = random_normal(rng, len(keys), heads, dim)
-        out = backend.windowed_attention(
-            *(backend.from_numpy(t) for t in (q, keys, values)),
-            cache,
-            backend.prepare_batch(batch_layout(tables, parts, block)),
-            0.25,
-            window,
-        )
-        return q, backend.to_numpy(out)
-
-    q, out = run([("a", 0, 11), ("b", 0, 13)], tables)
-    expected = ref.causal_attention(q[:11], *(h[:11] for h in history["a"]), 0.25, window=window)
-    assert_close("windowed_attention prefill", out[:11], expected)
-    expected = ref.causal_attention(q[11:], *(h[:13] for h in history["b"]), 0.25, window=window)
-    assert_close("windowed_attention prefill", out[11:], expected)
-    # the first blocks now lie wholly before every query's window: released, their entries alias
-    # the other sequence's blocks, whose contents must not matter
-    q, out = run([("b", 13, 14), ("a", 11, 19)], {"a": [4, 2, 11, 0, 5], "b": [7, 9, 3, 1]})
-    assert_close(
-        "windowed_attention decode", out[:1], ref.causal_attention(q[:1], *history["b"], 0.25, window=window)
+    window = 7
+    check_attention_passes(
+        backend,
+        "windowed_attention",
+        lambda q, k, v, cache, batch: backend.windowed_attention(q, k, v, cache, batch, 0.25, window),
+        lambda q, k, v: ref.causal_attention(q, k, v, 0.25, window=window),
+        np.random.default_rng(23),
+        (4, 2, 16, 4, 12),
+        {"a": 19, "b": 14},
+        [
+            ([("a", 0, 11), ("b", 0, 13)], {"a": [7, 2, 11, 0, 5], "b": [4, 9, 3, 1]}),
+            ([("b", 13, 14), ("a", 11, 19)], {"a": [4, 2, 11, 0, 5], "b": [7, 9, 3, 1]}),
+        ],
     )
-    expected = ref.causal_attention(q[1:], *history["a"], 0.25, window=window)
-    assert_close("windowed_attention chunked prefill", out[1:], expected)
     return None
 
 
@@ -477,38 +449,21 @@ def check_attention_softcap(backend: Backend) -> str | None:
     logits = random_normal(rng, 3, 40) * np.float32(20)
     capped = backend.to_numpy(backend.softcap(backend.from_numpy(logits), 30.0))
     assert_close("softcap", capped, 30.0 * np.tanh(logits.astype(np.float64) / 30.0))
-    heads, kv_heads, dim, block, cap = 4, 2, 16, 4, 2.0
-    windows = [0, 5] if backend.supports(Capability.SLIDING_WINDOW) else [0]
-    spec = KVCacheSpec(num_layers=1, num_blocks=10, block_size=block, num_kv_heads=kv_heads, head_dim=dim)
+    cap = 2.0
     tables = {"a": [6, 1, 8, 4], "b": [0, 9, 3, 5]}
-    for window in windows:
-        (cache,) = backend.allocate_kv_cache(spec)
-        keys = {name: random_normal(rng, 14, kv_heads, dim) for name in tables}
-        values = {name: random_normal(rng, 14, kv_heads, dim) for name in tables}
-        for parts in ([("a", 0, 13), ("b", 0, 6)], [("a", 13, 14), ("b", 6, 14)]):
-            q = random_normal(rng, sum(end - start for _, start, end in parts), heads, dim)
-            out = backend.softcapped_attention(
-                backend.from_numpy(q),
-                backend.from_numpy(np.concatenate([keys[n][s:e] for n, s, e in parts])),
-                backend.from_numpy(np.concatenate([values[n][s:e] for n, s, e in parts])),
-                cache,
-                backend.prepare_batch(batch_layout(tables, parts, block)),
-                1.0,
-                cap,
-                window,
-            )
-            out, row = backend.to_numpy(out), 0
-            for name, start, end in parts:
-                expected = ref.causal_attention(
-                    q[row : row + end - start],
-                    keys[name][:end],
-                    values[name][:end],
-                    1.0,
-                    window=window,
-                    softcap=cap,
-                )
-                assert_close(f"softcapped_attention window={window}", out[row : row + end - start], expected)
-                row += end - start
+    for window in [0, 5] if backend.supports(Capability.SLIDING_WINDOW) else [0]:
+        check_attention_passes(
+            backend,
+            f"softcapped_attention window={window}",
+            lambda q, k, v, cache, batch, window=window: backend.softcapped_attention(
+                q, k, v, cache, batch, 1.0, cap, window
+            ),
+            lambda q, k, v, window=window: ref.causal_attention(q, k, v, 1.0, window=window, softcap=cap),
+            rng,
+            (4, 2, 16, 4, 10),
+            {"a": 14, "b": 14},
+            [([("a", 0, 13), ("b", 0, 6)], tables), ([("a", 13, 14), ("b", 6, 14)], tables)],
+        )
     return None
 
 

@@ -6,6 +6,7 @@ returns a string saying why it does not apply.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -132,45 +133,61 @@ def batch_layout(tables: dict[str, list[int]], parts: list[tuple[str, int, int]]
     )
 
 
-def check_paged_attention(backend: Backend) -> None:
-    """Two passes over scattered, non-contiguous blocks: prefills, then a decode next to a
-    continued prefill chunk; grouped-query heads; the cache's last block is used."""
-    rng = np.random.default_rng(15)
-    heads, kv_heads, dim, block, num_blocks = 6, 2, 16, 4, 16
+#: one pass of a paged-attention check: (sequence, first position, end) parts, and the block tables
+Pass = tuple[list[tuple[str, int, int]], dict[str, list[int]]]
+
+
+def check_attention_passes(
+    backend: Backend,
+    label: str,
+    attend: Callable[[Any, Any, Any, Any, Any], Any],
+    reference: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+    rng: np.random.Generator,
+    shape: tuple[int, int, int, int, int],
+    lengths: dict[str, int],
+    passes: list[Pass],
+) -> None:
+    """The driver of the paged-attention checks: random keys and values per sequence (`lengths`),
+    then each pass's parts computed together by `attend(q, keys, values, cache, batch)` over one
+    cache of `shape` = (heads, kv_heads, head_dim, block_size, num_blocks), each part's rows
+    against `reference(q, keys, values)` over its sequence's history up to the part's end."""
+    heads, kv_heads, dim, block, num_blocks = shape
     spec = KVCacheSpec(
         num_layers=1, num_blocks=num_blocks, block_size=block, num_kv_heads=kv_heads, head_dim=dim
     )
     (cache,) = backend.allocate_kv_cache(spec)
-    tables = {"a": [7, 2, 15, 0], "b": [5, 9, 3]}
     history = {
         name: (random_normal(rng, n, kv_heads, dim), random_normal(rng, n, kv_heads, dim))
-        for name, n in (("a", 13), ("b", 10))
+        for name, n in lengths.items()
     }
-
-    def run(parts: list[tuple[str, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    for parts, tables in passes:
         keys = np.concatenate([history[name][0][s:e] for name, s, e in parts])
         values = np.concatenate([history[name][1][s:e] for name, s, e in parts])
         q = random_normal(rng, len(keys), heads, dim)
-        out = backend.attention(
-            backend.from_numpy(q),
-            backend.from_numpy(keys),
-            backend.from_numpy(values),
-            cache,
-            backend.prepare_batch(batch_layout(tables, parts, block)),
-            0.25,
-        )
-        return q, backend.to_numpy(out)
+        batch = backend.prepare_batch(batch_layout(tables, parts, block))
+        out = backend.to_numpy(attend(*(backend.from_numpy(t) for t in (q, keys, values)), cache, batch))
+        row = 0
+        for name, start, end in parts:
+            rows = slice(row, row + end - start)
+            expected = reference(q[rows], history[name][0][:end], history[name][1][:end])
+            assert_close(f"{label}, sequence {name} positions {start}..{end - 1}", out[rows], expected)
+            row += end - start
 
-    q, out = run([("a", 0, 6), ("b", 0, 9)])
-    assert_close(
-        "attention prefill", out[:6], ref.causal_attention(q[:6], *(h[:6] for h in history["a"]), 0.25)
+
+def check_paged_attention(backend: Backend) -> None:
+    """Two passes over scattered, non-contiguous blocks: prefills, then a decode next to a
+    continued prefill chunk; grouped-query heads; the cache's last block is used."""
+    tables = {"a": [7, 2, 15, 0], "b": [5, 9, 3]}
+    check_attention_passes(
+        backend,
+        "attention",
+        lambda q, k, v, cache, batch: backend.attention(q, k, v, cache, batch, 0.25),
+        lambda q, k, v: ref.causal_attention(q, k, v, 0.25),
+        np.random.default_rng(15),
+        (6, 2, 16, 4, 16),
+        {"a": 13, "b": 10},
+        [([("a", 0, 6), ("b", 0, 9)], tables), ([("b", 9, 10), ("a", 6, 13)], tables)],
     )
-    assert_close(
-        "attention prefill", out[6:], ref.causal_attention(q[6:], *(h[:9] for h in history["b"]), 0.25)
-    )
-    q, out = run([("b", 9, 10), ("a", 6, 13)])
-    assert_close("attention decode", out[:1], ref.causal_attention(q[:1], *history["b"], 0.25))
-    assert_close("attention chunked prefill", out[1:], ref.causal_attention(q[1:], *history["a"], 0.25))
 
 
 def check_kv_cache_layers_are_independent(backend: Backend) -> None:

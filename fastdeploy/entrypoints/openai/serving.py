@@ -41,6 +41,7 @@ from fastdeploy.entrypoints.openai.metrics import ServerMetrics
 from fastdeploy.entrypoints.openai.responses_store import DEFAULT_RESPONSES_STORE_SIZE, ResponseStore
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.processor import InputProcessor
+from fastdeploy.input.prompts import PromptItem, normalize_prompts
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -293,6 +294,24 @@ class ServingContext:
         if any(output.error_code != OK for output in outputs):
             return outputs, None
         return outputs, await self.disagg.outcome(transfers)
+
+
+def request_prompt_items(value: Any, param: str) -> list[PromptItem]:
+    """A request's prompts (texts or token ids) through the normaliser `LLM.generate` uses, each
+    fault a 400 naming `param` (no tokenizing yet: their number is checked against the queue
+    first)."""
+    if value is None:
+        raise invalid_request(f"{param} is required", param=param)
+    try:
+        items = normalize_prompts(value)
+    except InvalidArgumentError as exc:
+        raise invalid_request(str(exc), param=param) from exc
+    if not items:
+        raise invalid_request(f"{param} must not be an empty list", param=param)
+    for item in items:
+        if item.error is not None:
+            raise invalid_request(item.error, param=param)
+    return items
 
 
 def prompt_request_ids(request_id: str, count: int) -> list[str]:

@@ -29,6 +29,7 @@ from fastdeploy.entrypoints.openai.serving import (
     output_usage,
     parse_body,
     refuse_aborted,
+    request_prompt_items,
     sse,
     sse_stream,
     unless_disconnected,
@@ -37,24 +38,7 @@ from fastdeploy.entrypoints.openai.serving import (
 from fastdeploy.entrypoints.openai.structured_outputs import check_request_guided_decoding
 from fastdeploy.entrypoints.streaming import DeltaTracker
 from fastdeploy.errors import InvalidArgumentError, PromptTooLongError
-from fastdeploy.input.prompts import PromptItem, normalize_prompts
-
-
-def request_prompts(prompt: Any) -> list[PromptItem]:
-    """The request's prompts, through the same normaliser `LLM.generate` uses (no tokenizing yet:
-    their number is checked against the queue first)."""
-    if prompt is None:
-        raise invalid_request("prompt is required", param="prompt")
-    try:
-        items = normalize_prompts(prompt)
-    except InvalidArgumentError as exc:
-        raise invalid_request(str(exc), param="prompt") from exc
-    if not items:
-        raise invalid_request("prompt must not be an empty list", param="prompt")
-    for item in items:
-        if item.error is not None:
-            raise invalid_request(item.error, param="prompt")
-    return items
+from fastdeploy.input.prompts import PromptItem
 
 
 def prepare_prompts(ctx: ServingContext, items: list[PromptItem]) -> list[PreparedPrompt]:
@@ -86,7 +70,7 @@ async def create_completion(ctx: ServingContext, raw: Request) -> Response:
     check_request_limits(request)
     params = completion_sampling_params(request, ctx.generation_defaults)
     ctx.check_params(params)
-    items = request_prompts(request.prompt)
+    items = request_prompt_items(request.prompt, "prompt")
     # a full queue refuses every prompt of the request before any CPU is spent on them
     ctx.admit(len(items))
     await check_request_guided_decoding(ctx.engine.engine.guided, request, params)

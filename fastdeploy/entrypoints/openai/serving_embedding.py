@@ -29,10 +29,11 @@ from fastdeploy.entrypoints.openai.serving import (
     new_id,
     parse_body,
     refuse_aborted,
+    request_prompt_items,
     unless_disconnected,
 )
 from fastdeploy.errors import InvalidArgumentError
-from fastdeploy.input.prompts import PromptItem, normalize_prompts
+from fastdeploy.input.prompts import PromptItem
 
 
 class EmbeddingRequest(OpenAIBaseModel):
@@ -49,20 +50,6 @@ class EmbeddingRequest(OpenAIBaseModel):
         if isinstance(value, bool):
             raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
         return value
-
-
-def _items(value: Any) -> list[PromptItem]:
-    """The request's inputs as prompt items (texts or token ids), 400 naming `input` otherwise."""
-    try:
-        items = normalize_prompts(value)
-    except InvalidArgumentError as exc:
-        raise invalid_request(str(exc), param="input") from exc
-    if not items:
-        raise invalid_request("input must not be an empty list", param="input")
-    for item in items:
-        if item.error is not None:
-            raise invalid_request(item.error, param="input")
-    return items
 
 
 def _prepare(ctx: ServingContext, items: list[PromptItem], prefix: str) -> list[PreparedPrompt]:
@@ -100,7 +87,7 @@ async def create_embedding(ctx: ServingContext, raw: Request) -> Response:
         prefix = engine.pooling.prompt(request.prompt_name)
     except InvalidArgumentError as exc:
         raise invalid_request(str(exc), param="prompt_name") from exc
-    items = _items(request.input)
+    items = request_prompt_items(request.input, "input")
     ctx.admit(len(items))
     prompts = await ctx.offload(_prepare, ctx, items, prefix)
     ctx.admit(len(prompts))  # again: the queue may have filled while they were tokenized

@@ -20,6 +20,7 @@ native_kernels = Extension(
             "gemm",
             "gemm_int8",
             "gemm_bf16",
+            "gemm_w8a8",
             "packing",
             "block_packing",
             "gemm_blocks",

@@ -16,8 +16,9 @@ sentence-transformers', and the largest cosine distance between the two sides' e
 
 `--variant LABEL:KEY=VALUE,...` adds a fastdeploy row (FD_* keys are environment variables set
 while its `LLM` is built and runs, others `LLM` arguments), e.g. `--variant bf16:dtype=bfloat16`
-or `--variant int8:quantization=wint8,FD_CPU_ACTIVATIONS=int8`; its cosine distance to
-sentence-transformers' float32 embeddings says what the speed costs.
+or `--variant int8:quantization=wint8,FD_CPU_ACTIVATIONS=int8` (int8 weights per output channel
+times int8 activations: native/gemm_w8a8.c); its cosine distance to sentence-transformers' float32
+embeddings says what the speed costs.
 
     python benchmarks/embeddings.py [--shape small|tiny] [--sentences 64] [--words 31] [--repeats 5]
         [--threads N] [--variant LABEL:KEY=VALUE,...]

@@ -94,7 +94,8 @@ def cpu_activations() -> str:
 
     float32 (default): exact, the weights are dequantised in registers. int8: opt-in faster
     numerics, activations quantised per 32-value block to int8 and multiplied with integer dot
-    products (AVX-512 VNNI or AVX2), as llama.cpp does.
+    products (AVX-512 VNNI or AVX2), as llama.cpp does; with quantization="wint8", int8 weights
+    with a scale per output channel times activations quantised per 128 inputs (gemm_w8a8.c).
     """
     return os.environ.get("FD_CPU_ACTIVATIONS", "float32").strip().lower() or "float32"
 

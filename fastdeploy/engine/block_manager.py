@@ -56,6 +56,10 @@ class BlockManager:
         self._cached: dict[BlockKey, int] = {}
         #: (source block, destination block) KV copies owed before the next forward pass
         self.pending_copies: list[tuple[int, int]] = []
+        #: imported partial last blocks of prompts (`import_prefix`), by key, each held here until
+        #: the one sequence continuing that prompt takes it (`reuse_cached_prefix`) or `drop_partial`
+        self._partials: dict[BlockKey, list[int]] = {}
+        self._partial_key: dict[int, BlockKey] = {}
 
     def empty_copy(self, enable_prefix_caching: bool) -> BlockManager:
         """A manager of the same pool and window, all blocks free."""
@@ -225,7 +229,29 @@ class BlockManager:
             seq.block_table.append(block)
         seq.num_registered_blocks = len(seq.block_table)
         seq.num_computed_tokens = len(seq.block_table) * self.block_size
+        if self._partials and seq.num_registered_blocks == reusable_blocks and self._take_partial(seq):
+            seq.num_computed_tokens = seq.num_tokens - 1
         return seq.num_computed_tokens
+
+    def _take_partial(self, seq: Sequence) -> bool:
+        """Give `seq` the imported partial block continuing its cached prefix up to its last token,
+        if one waits: the block becomes `seq`'s own (it writes its next tokens there)."""
+        if seq.extra_inputs is not None or seq.lora is not None:  # imported blocks carry neither
+            return False
+        start = seq.num_registered_blocks * self.block_size
+        key = (
+            *self._parent(seq, seq.num_registered_blocks),
+            tuple(seq.token_ids[start : seq.num_tokens - 1]),
+        )
+        waiting = self._partials.get(key)
+        if not waiting:
+            return False
+        block = waiting.pop()
+        if not waiting:
+            del self._partials[key]
+        del self._partial_key[block]
+        seq.block_table.append(block)
+        return True
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Make the blocks `seq` has completely computed reusable by later sequences."""
@@ -260,18 +286,25 @@ class BlockManager:
         return chain
 
     def import_prefix(self, token_ids: list[int]) -> tuple[list[int], list[int]] | None:
-        """Hold the blocks of `token_ids` (whole blocks of a text prompt) in the prefix cache: the
-        cached prefix is reused, a fresh block is taken for each block after it and registered as
-        if computed (the caller writes its keys and values before any pass reads it). Returns
-        (every block held, the fresh ones), each held once until `release_blocks`; None if free
-        blocks are too few."""
+        """Hold the blocks of `token_ids` (a text prompt's tokens before its last) computed elsewhere.
+
+        The whole blocks enter the prefix cache: the cached prefix is reused, a fresh block is
+        taken for each block after it and registered as if computed. A last partial block (the
+        tokens past the whole blocks) gets a fresh block kept apart, for the one sequence whose
+        prompt continues exactly so (`reuse_cached_prefix` hands it over whole, so that sequence
+        computes only its last prompt token). The caller writes the fresh blocks' keys and values
+        before any pass reads them. Returns (the whole blocks held, once each until
+        `release_blocks`; the fresh blocks to write, the partial one last, held until taken or
+        `drop_partial`); None if free blocks are too few."""
         chain = self.cached_prefix(token_ids)
         count = len(token_ids) // self.block_size
+        tail = token_ids[count * self.block_size :]
         for block in chain:
             if self._ref_counts[block] == 0:
                 del self._evictable[block]
             self._ref_counts[block] += 1
-        if count - len(chain) > self.num_free_blocks:  # counted with the chain held: it is no longer free
+        # counted with the chain held: it is no longer free
+        if count - len(chain) + (1 if tail else 0) > self.num_free_blocks:
             self.release_blocks(chain)
             return None
         fresh = []
@@ -284,9 +317,27 @@ class BlockManager:
             self._key_of[block] = key
             fresh.append(block)
             parent = (block, self._generation[block])
-        return chain + fresh, fresh
+        held = chain + fresh
+        if tail:
+            block = self._take_free_block()
+            key = (*parent, tuple(tail))
+            self._partials.setdefault(key, []).append(block)
+            self._partial_key[block] = key
+            fresh.append(block)
+        return held, fresh
 
     def release_blocks(self, blocks: list[int]) -> None:
         """Give back blocks held by `import_prefix` (cached ones stay reusable)."""
         for block in blocks:
             self._release(block)
+
+    def drop_partial(self, block: int) -> None:
+        """Give back a partial block of `import_prefix` no sequence took (none once one took it)."""
+        key = self._partial_key.pop(block, None)
+        if key is None:
+            return
+        waiting = self._partials[key]
+        waiting.remove(block)
+        if not waiting:
+            del self._partials[key]
+        self._release(block)

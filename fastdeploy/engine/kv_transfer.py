@@ -1,10 +1,12 @@
 """Prefill/decode disaggregation in the engine: a prefill instance sends the KV blocks of each
 prompt it computed (`KVExport`), a decode instance takes them into its prefix cache (`KVImport`).
 
-The prompt's whole blocks before its last token travel (its last token, and the partial block
-it may sit in, are computed again by the decode instance, as any prefix-cache hit leaves the last
-token to compute); so the decode instance serves the request as an ordinary one whose prefix
-is cached, and its greedy output is what one mixed instance gives. Both are step features:
+The keys and values of the prompt's tokens before its last travel: its whole blocks, and the
+partial block after them if any. The decode instance computes only the last prompt token (as
+any prefix-cache hit leaves the last token to compute, for the logits to sample from), so it
+serves the request as an ordinary one whose prefix is cached, no prefill chunk slows the
+sequences it decodes, and its greedy output is what one mixed instance gives. Both are step
+features:
 
 - `KVExport.after_pass`: once a pass has computed a prompt that a transfer was expected for
   (`expect`, by the server), its blocks are read out (`Backend.read_kv_blocks`) on the engine
@@ -13,7 +15,8 @@ is cached, and its greedy output is what one mixed instance gives. Both are step
 - `KVImport` is the transport's `KVReceiver`: it answers which prefix blocks the instance holds
   already (those are not sent) and queues what arrives; `before_schedule` writes it into fresh
   blocks registered in the prefix cache (`BlockManager.import_prefix`), held until a pass of a
-  sequence holding them too (`after_pass`) or `hold_seconds` later, then left to the cache.
+  sequence holding them too (`after_pass`) or `hold_seconds` later, then left to the cache; the
+  partial block is the taking sequence's own, or freed if none came within `hold_seconds`.
 """
 
 from __future__ import annotations
@@ -93,13 +96,14 @@ class KVExport(StepFeature):
     def _start(self, seq: Sequence, export: _Export) -> None:
         size = self.layout.block_size
         # images key their blocks by pixels too: such prompts are computed by the decode side
-        count = 0 if seq.extra_inputs is not None else (seq.num_prompt_tokens - 1) // size
+        computed = 0 if seq.extra_inputs is not None else seq.num_prompt_tokens - 1
+        count = -(-computed // size)
         arrays = (
             self.backend.read_kv_blocks(self.kv_caches, np.asarray(seq.block_table[:count], np.int64), size)
             if count
             else []
         )
-        offer = KVOffer(seq.request_id, self.layout, seq.prompt_token_ids[: count * size], count)
+        offer = KVOffer(seq.request_id, self.layout, seq.prompt_token_ids[:computed], count)
         self._sender.submit(self._send, export, offer, arrays)
 
     def _send(self, export: _Export, offer: KVOffer, arrays: list[np.ndarray]) -> None:
@@ -142,6 +146,13 @@ class _Received:
 class _Held:
     blocks: list[int]
     until: float
+    #: the imported partial block, the block manager's until a sequence takes it
+    partial: int | None = None
+
+    @property
+    def mark(self) -> int | None:
+        """The block whose presence in a sequence's table shows that sequence took these."""
+        return self.blocks[-1] if self.blocks else self.partial
 
 
 class KVImport(StepFeature):
@@ -185,7 +196,7 @@ class KVImport(StepFeature):
     @property
     def held(self) -> int:
         """Blocks held for requests that have not taken them yet."""
-        return sum(len(held.blocks) for held in self._held)
+        return sum(len(held.blocks) + (held.partial is not None) for held in self._held)
 
     def before_schedule(self, running: list[Sequence]) -> None:
         now = time.monotonic()
@@ -203,9 +214,9 @@ class KVImport(StepFeature):
         """Held blocks a sequence of this pass holds too are its own now: let go of them."""
         if not self._held:
             return
-        last = {held.blocks[-1]: held for held in self._held if held.blocks}
+        last = {held.mark: held for held in self._held if held.mark is not None}
         taken = [last[block] for seq in batch.seqs for block in seq.block_table if block in last]
-        self._let_go(taken + [held for held in self._held if not held.blocks])
+        self._let_go(taken + [held for held in self._held if held.mark is None])
 
     def _import(self, received: _Received, now: float) -> None:
         offer = received.offer
@@ -216,9 +227,13 @@ class KVImport(StepFeature):
             )
             return
         blocks, fresh = held
-        skip = len(blocks) - len(fresh) - received.first  # blocks cached since the offer was answered
+        partial = fresh[-1] if len(offer.token_ids) % self.layout.block_size else None
+        # whole blocks cached since the offer was answered
+        skip = len(blocks) - (len(fresh) - (partial is not None)) - received.first
         if skip < 0:  # blocks the sender left out were evicted meanwhile: the chain has a gap
             self.block_manager.release_blocks(blocks)
+            if partial is not None:
+                self.block_manager.drop_partial(partial)
             logger.warning(
                 "cached prefix of transfer %s was evicted: its prompt is computed here", offer.transfer_id
             )
@@ -228,10 +243,12 @@ class KVImport(StepFeature):
             self.backend.write_kv_blocks(
                 self.kv_caches, np.asarray(fresh, np.int64), data, self.layout.block_size
             )
-        self._held.append(_Held(blocks, now + self.hold_seconds))
+        self._held.append(_Held(blocks, now + self.hold_seconds, partial))
 
     def _let_go(self, done: list[_Held]) -> None:
         for held in done:
             if held in self._held:
                 self._held.remove(held)
                 self.block_manager.release_blocks(held.blocks)
+                if held.partial is not None:  # freed unless a sequence took it
+                    self.block_manager.drop_partial(held.partial)

@@ -9,7 +9,10 @@ HTML-escape, and the globals `raise_exception` and `strftime_now`. Special token
 
 OpenAI-style messages may carry their content as a list of parts (`{"type": "text", ...}`).
 Templates that loop over `message['content']` receive the parts; templates that treat content
-as a string receive the text parts joined by newlines (vLLM's "string" content format).
+as a string receive the text parts joined by newlines (vLLM's "string" content format). A
+template that tests for `image` (`video`) parts but never names `image_url` (`video_url`), as
+transformers-style templates do (PaddleOCR-VL's), receives OpenAI's URL parts as `image`
+(`video`) parts, so they get their placeholders.
 """
 
 from __future__ import annotations
@@ -59,10 +62,12 @@ def render_chat_template(
         raise InvalidArgumentError(
             "'messages' is reserved for the conversation and cannot be a template kwarg"
         )
-    compiled, loops_over_content = _compile(template)
+    compiled, loops_over_content, renamed_parts = _compile(template)
     checked = _plain_data(validate_messages(messages))
     if not loops_over_content:
         checked = [_flatten_text_parts(index, message) for index, message in enumerate(checked)]
+    elif renamed_parts:
+        checked = [_renamed_parts(message, renamed_parts) for message in checked]
     variables: dict[str, Any] = {
         "tools": None,
         "documents": None,
@@ -210,6 +215,15 @@ def _flatten_text_parts(index: int, message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "content": "\n".join(texts)}
 
 
+def _renamed_parts(message: dict[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:
+    """The message with its content parts' types renamed (`image_url` -> `image`, ...)."""
+    content = message.get("content")
+    if not isinstance(content, (list, tuple)):
+        return message
+    parts = [{**part, "type": renames.get(part["type"], part["type"])} for part in content]
+    return {**message, "content": parts}
+
+
 class _TemplateNamespace(jinja2.utils.Namespace):
     """`namespace()` that refuses underscore names, so templates cannot reach Python internals."""
 
@@ -262,9 +276,15 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+#: OpenAI's URL part types and the in-memory part types of transformers-style templates
+_URL_PARTS = {"image_url": "image", "video_url": "video"}
+
+
 @lru_cache(maxsize=32)
-def _compile(template: str) -> tuple[jinja2.Template, bool]:
-    """The compiled template and whether it loops over message content (cached per template text)."""
+def _compile(template: str) -> tuple[jinja2.Template, bool, dict[str, str]]:
+    """The compiled template, whether it loops over message content, and the URL part types it
+    takes under their in-memory names (`_URL_PARTS` entries whose URL name the template never
+    writes but whose in-memory name it does), cached per template text."""
     env = _environment()
     try:
         tree = env.parse(template)
@@ -273,7 +293,9 @@ def _compile(template: str) -> tuple[jinja2.Template, bool]:
         raise InvalidArgumentError(
             f"chat template is not valid Jinja (line {exc.lineno}): {exc.message}"
         ) from exc
-    return compiled, _loops_over_content(tree)
+    named = {node.value for node in tree.find_all(jinja2.nodes.Const) if isinstance(node.value, str)}
+    renames = {url: plain for url, plain in _URL_PARTS.items() if url not in named and plain in named}
+    return compiled, _loops_over_content(tree), renames
 
 
 def _is_content(node: jinja2.nodes.Node) -> bool:

@@ -13,6 +13,10 @@ the family's published turn format, written here from its description:
 - Qwen2.5-VL: ChatML whose content may be a list of parts; an image part (`image`,
   `image_url`) is written `<|vision_start|><|image_pad|><|vision_end|>`, a video part the same
   with `<|video_pad|>`, a text part as its text, in the parts' order.
+- PaddleOCR-VL: `<|begin_of_sentence|>`, then `User: ` + the message's images (each
+  `<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>`, parts `image` or `image_url`) + its texts
+  + a newline; `Assistant: ` + text + `</s>`; a system message's text + a newline; the generation
+  prompt is `Assistant: `.
 """
 
 from __future__ import annotations
@@ -66,6 +70,37 @@ QWEN_VL_CHAT_TEMPLATE = """\
 {%- endif -%}
 """
 
+PADDLEOCR_VL_CHAT_TEMPLATE = """\
+{%- macro texts(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- elif content is not none -%}
+        {%- for part in content if part["type"] == "text" -%}
+            {{- part["text"] -}}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{{- "<|begin_of_sentence|>" -}}
+{%- for message in messages -%}
+    {%- if message["role"] == "user" -%}
+        {{- "User: " -}}
+        {%- if message["content"] is not string and message["content"] is not none -%}
+            {%- for part in message["content"] if part["type"] in ("image", "image_url") -%}
+                {{- "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>" -}}
+            {%- endfor -%}
+        {%- endif -%}
+        {{- texts(message["content"]) + "\\n" -}}
+    {%- elif message["role"] == "assistant" -%}
+        {{- "Assistant: " + texts(message["content"]) + "</s>" -}}
+    {%- elif message["role"] == "system" -%}
+        {{- texts(message["content"]) + "\\n" -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- "Assistant: " -}}
+{%- endif -%}
+"""
+
 #: architecture name -> template (the names config.json and the GGUF loader give)
 FAMILY_CHAT_TEMPLATES: dict[str, str] = {
     "Gemma2ForCausalLM": GEMMA_CHAT_TEMPLATE,
@@ -75,4 +110,5 @@ FAMILY_CHAT_TEMPLATES: dict[str, str] = {
     "Qwen2MoeForCausalLM": CHATML_TEMPLATE,
     "Qwen3MoeForCausalLM": CHATML_TEMPLATE,
     "Qwen2_5_VLForConditionalGeneration": QWEN_VL_CHAT_TEMPLATE,
+    "PaddleOCRVLForConditionalGeneration": PADDLEOCR_VL_CHAT_TEMPLATE,
 }

@@ -16,7 +16,7 @@ levels chosen, twice, and keeps whichever of the two fits has the smaller error,
 the reference quantiser, +23% fitted; see benchmarks/accuracy.py).
 
 Which tensors: the 2-D weights of linear layers, recognised by transformers' naming (`*_proj.weight`:
-attention and MLP projections, experts included, and `lm_head.weight`, or the embedding when the
+attention and MLP projections, experts included; Mixtral's experts' `w1`/`w2`/`w3`; and `lm_head.weight`, or the embedding when the
 head is tied to it); their input size must be a multiple of 32 (the block), else they stay float.
 Norms, biases, routers (`mlp.gate.weight`) and an untied embedding stay float.
 
@@ -25,10 +25,16 @@ instead, in the layouts its Triton kernels read (fastdeploy/formats/weight_only.
 per output channel, `wint4` with one scale per `quantization_group_size` inputs, `fp8` block-wise
 e4m3 with 128 x 128 scales. The head is wint8 under wint8 and wint4 (as above, the sensitive
 matrix) and stays float under fp8 (as DeepSeek-V3's FP8 checkpoints keep it).
+
+Under "ggml" packing with `FD_CPU_ACTIVATIONS=int8`, `wint8` gives those per-channel `WeightOnlyTensor`s
+too: the cpu backend multiplies them by int8 activations (native/gemm_w8a8.c), a product about twice
+as fast as on Q8_0 blocks, which need float work every 32 inputs. MoE experts included: the cpu
+backend packs each expert's matrices like any linear weight.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +42,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from fastdeploy import envs
 from fastdeploy.config import ModelConfig
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
@@ -70,8 +77,12 @@ def _is_head(name: str, tied: bool) -> bool:
     return name == "lm_head.weight" or (tied and name == "model.embed_tokens.weight")
 
 
+#: Mixtral's experts: `block_sparse_moe.experts.N.w1 / w2 / w3` (gate, down, up)
+_MIXTRAL_EXPERT = re.compile(r"\.experts\.\d+\.w[123]\.weight$")
+
+
 def _is_linear(name: str) -> bool:
-    return name.endswith("_proj.weight")
+    return name.endswith("_proj.weight") or _MIXTRAL_EXPERT.search(name) is not None
 
 
 def _levels(blocks: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:
@@ -188,6 +199,11 @@ def quantize_tensors(
         if tensor.shape[1] % BLOCK:
             kept_float.append(name)
             yield name, tensor
+            continue
+        if quantization == "wint8" and envs.cpu_activations() == "int8":
+            # FastDeploy's wint8 (a scale per output channel), which the cpu backend multiplies by
+            # int8 activations in gemm_w8a8.c: ~2x the rate of Q8_0 blocks' int8 products
+            yield name, quantize_weight_only(np.asarray(tensor), "wint8")
             continue
         yield name, quantize_matrix(np.asarray(tensor), method.head_type if head else method.layer_type)
     if kept_float:

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastdeploy.models.llama import DenseMLPWeights, LlamaForCausalLM, LlamaLayerWeights, ProjectionBiases
-from fastdeploy.plugins.api import hookimpl, interleaved_to_half_rows
+from fastdeploy.plugins.api import ModelConfig, hookimpl, interleaved_to_half_rows
+
+
+def use_bias_projections(config: ModelConfig) -> ProjectionBiases:
+    """ERNIE-4.5's `use_bias`: a bias on every projection of a decoder layer, or on none (also
+    PaddleOCR-VL's ERNIE-4.5-0.3B-shaped language model)."""
+    bias = bool(config.raw.get("use_bias", False))
+    return ProjectionBiases(qkv=bias, o_proj=bias, mlp=bias)
 
 
 class Ernie4_5ForCausalLM(LlamaForCausalLM):
@@ -40,8 +47,7 @@ class Ernie4_5ForCausalLM(LlamaForCausalLM):
     ignored_prefixes = ("model.mtp_", "mtp_", "mtp.")
 
     def projection_biases(self) -> ProjectionBiases:
-        bias = bool(self.config.raw.get("use_bias", False))
-        return ProjectionBiases(qkv=bias, o_proj=bias, mlp=bias)
+        return use_bias_projections(self.config)
 
     def qk_head_rows(self, tensor: Any, heads: range) -> Any:
         # the reordering is within each head, so it applies to a rank's heads alone

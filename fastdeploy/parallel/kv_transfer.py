@@ -2,8 +2,9 @@
 implements, and what crosses it.
 
 A transfer is two exchanges. The prefill side offers the blocks (`KVOffer`: the layout
-descriptor, the prompt tokens the blocks hold, how many blocks); the decode side answers how many
-leading blocks of that prompt it already holds in its prefix cache (`KVReceiver.held_blocks`).
+descriptor, the prompt tokens the blocks hold, how many blocks, the last one possibly partial);
+the decode side answers how many leading whole blocks of that prompt it already holds in its
+prefix cache (`KVReceiver.held_blocks`).
 The prefill side then sends only the blocks after those, and the decode side takes them
 (`KVReceiver.accept`) or refuses them (a layout that differs from its own). Blocks travel as one
 array per layer and kind in the layout's order (`wire_arrays`); a transport moves the bytes.
@@ -35,7 +36,8 @@ class KVOffer:
 
     transfer_id: str
     layout: KVLayout
-    #: the prompt tokens whose keys and values the blocks hold (`num_blocks * block_size` of them)
+    #: the prompt tokens whose keys and values the blocks hold, in `num_blocks` blocks: the last
+    #: block holds fewer than `block_size` of them when their number is not a multiple of it
     token_ids: list[int]
     num_blocks: int
 
@@ -58,10 +60,11 @@ class KVOffer:
             raise InvalidArgumentError("a KV offer's token_ids must be a list of ints")
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise InvalidArgumentError("a KV offer's num_blocks must be an int >= 0")
-        if len(tokens) != count * layout.block_size:
+        size = layout.block_size
+        if -(-len(tokens) // size) != count:
             raise InvalidArgumentError(
-                f"a KV offer of {count} blocks of {layout.block_size} must name {count * layout.block_size} "
-                f"tokens, got {len(tokens)}"
+                f"a KV offer of {count} blocks of {size} must name {max(0, count - 1) * size + min(count, 1)}"
+                f" to {count * size} tokens, got {len(tokens)}"
             )
         return cls(str(data.get("transfer_id", "")), layout, tokens, count)
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_native_blocks import random_blocks, reference
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from test_native_blocks import HALF_FIELDS, random_blocks, reference
 from test_native_int8 import quantize_activations
 from test_native_kernels import ISAS, requires_native, runs_here
 
 from fastdeploy.backends.cpu import native
+from fastdeploy.formats.ggml_tensor import GGMLTensor
 
 SUBBLOCK_TYPES = ("Q4_0", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 FEW_ROWS = 4  # up to this many rows (decode) the float32 kernels run (gemm_blocks_int8.c)
@@ -59,7 +61,7 @@ def test_int8_kernels_match_float64_products_of_quantised_activations(type_name,
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "IQ4_NL"])
 def test_each_row_count_equals_the_many_rows_path_bit_for_bit(isa, type_name):
-    """Past FEW_ROWS, every row count (tiles of 8 or 2 rows and their remainders) gives each row
+    """Past FEW_ROWS, every row count (tiles of 4 or 2 rows and their remainders) gives each row
     the bits of the many-rows path; up to FEW_ROWS the float32 kernels' exact bits."""
     cols = 256
     tensor = random_blocks(type_name, 90, cols, seed=3)
@@ -93,14 +95,30 @@ def test_fused_parts_of_different_types_take_int8_activations_each(isa):
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
 
 
-@requires_native
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q3_K", "Q5_K", "Q6_K", "IQ4_XS"])
-def test_every_dot_instruction_gives_the_same_bits(type_name):
-    """AVX2's maddubs (signed weights, sign trick) and the VNNI dots (weights + 128, corrected)
-    compute the same exact integer dots: capped to each dot this CPU has, the same bits."""
+def largest_integers(type_name: str) -> GGMLTensor:
+    """Every weight at its type's largest integer (all bits set but the float16 factors')."""
     tensor = random_blocks(type_name, 40, 512, seed=7)
+    blocks = tensor.rows.reshape(-1, GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][1]).copy()
+    keep = np.zeros(blocks.shape[1], bool)
+    for offset in HALF_FIELDS[type_name]:
+        keep[offset : offset + 2] = True
+    blocks[:, ~keep] = 0xFF
+    return GGMLTensor(tensor.ggml_type, blocks.reshape(tensor.rows.shape), tensor.shape)
+
+
+@requires_native
+@pytest.mark.parametrize("type_name", SUBBLOCK_TYPES)
+@pytest.mark.parametrize("extreme", [False, True])
+def test_every_dot_instruction_gives_the_same_bits(type_name, extreme):
+    """AVX2's maddubs (weights made non-negative by their type's offset, two steps summed in int16;
+    the codebook types signed, with the sign trick) and the VNNI dots (weights + 128) compute the same
+    exact integer dots: capped to each dot this CPU has, the same bits. `extreme`: every weight at
+    its largest integer and every activation at +-127, the int16 sums' worst case."""
+    tensor = largest_integers(type_name) if extreme else random_blocks(type_name, 40, 512, seed=7)
     packed = native.pack([tensor], activations="int8")
     x = activations(11, 512, seed=8)
+    if extreme:
+        x = np.repeat(np.where(np.arange(11) % 2 == 0, 1.0, -1.0).astype(np.float32)[:, None], 512, axis=1)
     expected = int8_expected(x, tensor)
     try:
         for isa in (isa for isa in native.ISAS if runs_here(isa)):

@@ -53,3 +53,42 @@ def test_too_few_free_blocks_import_nothing():
     owner = computed(manager, range(5))  # block [0..3] cached, 2 blocks in use
     assert manager.import_prefix([*range(4), *range(10, 22)]) is None  # 3 fresh blocks, 1 free
     assert manager.ref_count(owner.block_table[0]) == 1 and manager.num_free_blocks == 1
+
+
+def test_an_imported_partial_block_goes_whole_to_the_sequence_continuing_its_prompt():
+    manager = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    tokens = [*range(10, 14), 20, 21]  # one whole block and a partial one of 2 tokens
+    held, fresh = manager.import_prefix(tokens)
+    assert len(held) == 1 and fresh[0] == held[0] and len(fresh) == 2
+    partial = fresh[1]
+    assert manager.num_free_blocks == 8 - 2 and manager.ref_count(partial) == 1
+    assert manager.cached_prefix(tokens) == held  # the partial block is in no cache
+    other = make_seq([*range(10, 14), 20, 99, 7])  # the same whole block, another partial one
+    assert manager.reuse_cached_prefix(other) == 4 and other.block_table == held
+    later = make_seq([*tokens, 7])
+    assert manager.reuse_cached_prefix(later) == 6  # only the last token is left to compute
+    assert later.block_table == [held[0], partial] and manager.ref_count(partial) == 1
+    assert manager.extra_blocks_needed(later, 1) == 0  # its own block: no copy before writing
+    manager.drop_partial(partial)  # taken: nothing to drop
+    manager.release_blocks(held)
+    manager.free(later)
+    manager.free(other)
+    assert manager.num_free_blocks == 8
+
+
+def test_an_untaken_partial_block_is_freed_by_drop_partial_and_two_wait_apart():
+    manager = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    _, (first,) = manager.import_prefix([1, 2, 3])
+    _, (second,) = manager.import_prefix([1, 2, 3])  # the same prompt again: its own block
+    assert first != second and manager.num_free_blocks == 6
+    one, two = make_seq([1, 2, 3, 4]), make_seq([1, 2, 3, 5])
+    assert manager.reuse_cached_prefix(one) == 3 and manager.reuse_cached_prefix(two) == 3
+    assert {one.block_table[0], two.block_table[0]} == {first, second}
+    assert manager.reuse_cached_prefix(make_seq([1, 2, 3, 6])) == 0  # none left
+    _, (third,) = manager.import_prefix([1, 2, 3])
+    assert manager.num_free_blocks == 5
+    manager.drop_partial(third)
+    assert manager.num_free_blocks == 6  # the two taken ones are in use
+    manager.free(one)
+    manager.free(two)
+    assert manager.num_free_blocks == 8

@@ -85,11 +85,11 @@ def test_decode_continues_from_the_sent_blocks_with_the_mixed_engines_tokens(eng
     tokens = mixed.llm_engine.tokenizer.encode(LONG)
     expected = run(mixed.llm_engine, "ref", tokens, 24).outputs[0].token_ids
     result, output = disaggregated(prefill, decode, address, "one", tokens, 24)
-    whole = (len(tokens) - 1) // BLOCK  # the blocks before the last token's
-    assert whole >= 2
-    assert (result.blocks_held, result.blocks_sent) == (0, whole)
+    whole, tail = divmod(len(tokens) - 1, BLOCK)  # the tokens before the last one
+    assert whole >= 2 and tail > 0
+    assert (result.blocks_held, result.blocks_sent) == (0, whole + 1)  # the partial block travelled too
     assert output.outputs[0].token_ids == expected
-    assert output.num_cached_tokens == whole * BLOCK  # the decode engine computed only the rest
+    assert output.num_cached_tokens == len(tokens) - 1  # the decode engine computed only the last token
     assert_no_block_kept(prefill, decode)
 
 
@@ -103,8 +103,8 @@ def test_blocks_the_decode_engine_holds_are_not_sent_again(engines):
     disaggregated(prefill, decode, address, "first", first, 4)
     expected = run(mixed.llm_engine, "ref2", second, 12).outputs[0].token_ids
     result, output = disaggregated(prefill, decode, address, "second", second, 12)
-    whole = (len(second) - 1) // BLOCK
-    assert result.blocks_held == 2 and result.blocks_sent == whole - 2
+    offered = -(-(len(second) - 1) // BLOCK)  # every block before the last token, a partial one too
+    assert result.blocks_held == 2 and result.blocks_sent == offered - 2
     layout = decode.llm_engine.kv_transfer.layout
     per_block = 2 * layout.num_layers * BLOCK * layout.num_kv_heads * layout.head_dim * 4  # float32 K and V
     assert result.bytes_sent == result.blocks_sent * per_block
@@ -144,9 +144,8 @@ def test_a_stalled_transfer_fails_its_request_alone(engines):
         run(prefill.llm_engine, "healthy", tokens[:-3], 1)
         with pytest.raises(TransferError, match="stalled"):
             stalled.result(timeout=30)
-        assert (
-            healthy.result(timeout=30).blocks_sent + healthy.result().blocks_held
-            == (len(tokens) - 4) // BLOCK
+        assert healthy.result(timeout=30).blocks_sent + healthy.result().blocks_held == -(
+            -(len(tokens) - 4) // BLOCK
         )
     finally:
         export.timeout = timeout
@@ -189,3 +188,43 @@ def test_received_blocks_nobody_takes_are_let_go_after_the_hold_time(engines, mo
     assert_no_block_kept(decode)
     # let go, the blocks stay in the prefix cache: the same prompt now finds them there
     assert decode.llm_engine.block_manager.cached_prefix(tokens[: 3 * BLOCK]) != []
+
+
+def test_an_unclaimed_partial_block_is_freed_after_the_hold_time(engines, monkeypatch):
+    _, prefill, decode, address = engines
+    tokens = [int(t) for t in np.arange(300, 300 + 2 * BLOCK + 6)]  # 2 whole blocks and 5 tokens
+    transfer = prefill.llm_engine.kv_transfer.expect("unclaimed-tail", address)
+    run(prefill.llm_engine, "unclaimed-tail", tokens, 1)
+    assert transfer.result(timeout=60).blocks_sent == 3
+    importer = decode.llm_engine.kv_transfer
+    decode.llm_engine.step()
+    assert importer.held >= 3
+    later = kv_transfer.time.monotonic() + importer.hold_seconds + 1
+    monkeypatch.setattr(kv_transfer.time, "monotonic", lambda: later)
+    assert_no_block_kept(decode)  # the partial block too: it is in no cache, so it is free
+
+
+def test_the_same_prompt_twice_at_once_gives_each_request_its_partial_block(engines):
+    mixed, prefill, decode, address = engines
+    tokens = mixed.llm_engine.tokenizer.encode(LONG + " twice")
+    assert (len(tokens) - 1) % BLOCK
+    expected = run(mixed.llm_engine, "ref-twice", tokens, 8).outputs[0].token_ids
+    transfers = [prefill.llm_engine.kv_transfer.expect(name, address) for name in ("a", "b")]
+    for name in ("a", "b"):
+        prefill.llm_engine.add_request(name, tokens, SamplingParams(max_tokens=1, temperature=0))
+    while prefill.llm_engine.has_unfinished_requests():
+        prefill.llm_engine.step()
+    for transfer in transfers:
+        transfer.result(timeout=60)
+    params = SamplingParams(max_tokens=8, temperature=0)
+    decode.llm_engine.step()  # both imports land before the requests arrive
+    for name in ("a", "b"):
+        decode.llm_engine.add_request(name, tokens, params)
+    outputs = {}
+    while decode.llm_engine.has_unfinished_requests():
+        for output in decode.llm_engine.step():
+            if output.finished:
+                outputs[output.request_id] = output
+    assert [outputs[name].outputs[0].token_ids for name in ("a", "b")] == [expected, expected]
+    assert [outputs[name].num_cached_tokens for name in ("a", "b")] == [len(tokens) - 1] * 2
+    assert_no_block_kept(prefill, decode)

@@ -59,6 +59,39 @@ def test_template_that_loops_over_parts_gets_them() -> None:
     assert render_chat_template(template, [{"role": "user", "content": content}]) == "<text:hi><image_url:>"
 
 
+#: a transformers-style template: it tests for in-memory `image` / `video` parts only
+IMAGE_PART_TEMPLATE = (
+    "{% for m in messages %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<img>{% elif p['type'] == 'video' %}<vid>"
+    "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endfor %}"
+)
+
+
+def test_url_parts_reach_a_template_that_tests_only_for_image_parts() -> None:
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                {"type": "video_url", "video_url": {"url": "file:///clip.mp4"}},
+                {"type": "text", "text": "What?"},
+            ],
+        }
+    ]
+    assert render_chat_template(IMAGE_PART_TEMPLATE, messages) == "<img><vid>What?"
+    assert messages[0]["content"][0]["type"] == "image_url"  # the caller's messages are untouched
+
+
+def test_url_parts_stay_for_a_template_that_names_them() -> None:
+    template = (
+        "{% for m in messages %}{% for p in m['content'] %}"
+        "{% if p['type'] == 'image_url' %}[url]{% elif p['type'] == 'image' %}[image]{% endif %}"
+        "{% endfor %}{% endfor %}"
+    )
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}, {"type": "image"}]}]
+    assert render_chat_template(template, messages) == "[url][image]"
+
+
 def test_non_text_part_for_string_template() -> None:
     content = [{"type": "image_url", "image_url": {"url": "x"}}]
     with pytest.raises(InvalidArgumentError, match=r"messages\[0\] has a 'image_url' content part"):

@@ -105,6 +105,11 @@ def test_which_tensors_are_quantised_and_to_what():
         "model.layers.0.self_attn.q_proj.bias": rng.standard_normal(64).astype(np.float32),
         "model.layers.0.mlp.experts.3.down_proj.weight": rng.standard_normal((64, 96)).astype(np.float32),
         "model.layers.0.mlp.gate.weight": rng.standard_normal((8, 64)).astype(np.float32),  # MoE router
+        # Mixtral's experts (w1 gate, w2 down, w3 up) and router
+        "model.layers.0.block_sparse_moe.experts.1.w2.weight": rng.standard_normal((64, 32)).astype(
+            np.float32
+        ),
+        "model.layers.0.block_sparse_moe.gate.weight": rng.standard_normal((4, 64)).astype(np.float32),
         "model.layers.0.mlp.down_proj.weight": rng.standard_normal((64, 48)).astype(np.float32),  # 48 % 32
         "model.norm.weight": np.ones(64, np.float32),
     }
@@ -119,6 +124,8 @@ def test_which_tensors_are_quantised_and_to_what():
         "model.layers.0.self_attn.q_proj.bias": "float",
         "model.layers.0.mlp.experts.3.down_proj.weight": "Q4_1",
         "model.layers.0.mlp.gate.weight": "float",
+        "model.layers.0.block_sparse_moe.experts.1.w2.weight": "Q4_1",
+        "model.layers.0.block_sparse_moe.gate.weight": "float",
         "model.layers.0.mlp.down_proj.weight": "float",
         "model.norm.weight": "float",
     }

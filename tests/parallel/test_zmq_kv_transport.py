@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.kv_layout import KVLayout
 from fastdeploy.parallel.kv_transfer import KVOffer, TransferError, wire_shapes
 
@@ -131,3 +132,19 @@ def test_layouts_name_the_field_that_differs():
     assert KVLayout.from_dict(LAYOUT.to_dict()) == LAYOUT
     with pytest.raises(ValueError, match="lacks 'block_size'"):
         KVLayout.from_dict({k: v for k, v in LAYOUT.to_dict().items() if k != "block_size"})
+
+
+def test_an_offer_whose_last_block_is_partial_travels_and_a_wrong_count_is_refused(transports):
+    receiving, sending = transports
+    receiver = Receiver(held=1)
+    port = receiving.serve("127.0.0.1", 0, receiver)
+    partial = KVOffer("p", LAYOUT, list(range(2 * LAYOUT.block_size + 1)), 3)  # 2 whole blocks and 1 token
+    assert KVOffer.from_dict(partial.to_dict()) == partial
+    result = sending.send(f"127.0.0.1:{port}", partial, blocks(3), timeout=30)
+    assert (result.blocks_held, result.blocks_sent) == (1, 2)
+    ((received, first, got),) = receiver.accepted
+    assert received.token_ids == list(range(9)) and first == 1 and got[0].shape[0] == 2
+    with pytest.raises(
+        InvalidArgumentError, match="a KV offer of 2 blocks of 4 must name 5 to 8 tokens, got 9"
+    ):
+        KVOffer.from_dict({**partial.to_dict(), "num_blocks": 2})

@@ -7,6 +7,7 @@ checks compare backends against these, never against another backend.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -208,10 +209,35 @@ def decoder_layer(
     return x + up @ layer["down"].T
 
 
-def llama_logits(weights: dict[str, np.ndarray], config: dict[str, Any], token_ids: list[int]) -> np.ndarray:
+def int8_activation_product(
+    x: np.ndarray, levels: np.ndarray, scales: np.ndarray, group: int = 128
+) -> np.ndarray:
+    """x [tokens, in] times int8 weight `levels` [out, in] with a scale per output channel, the
+    activations quantised per row and `group` inputs as the cpu backend's W8A8 kernels promise:
+    scale max|x| / 127, levels round(x * 127 / max|x|) to nearest even (in float32, as x arrives)."""
+    x32 = np.asarray(x, dtype=np.float32)
+    out = np.zeros((x32.shape[0], levels.shape[0]))
+    for start in range(0, x32.shape[1], group):
+        block = x32[:, start : start + group]
+        peak = np.abs(block).max(axis=1, keepdims=True)
+        inverse = np.divide(np.float32(127), peak, out=np.zeros_like(peak), where=peak > 0)
+        q = np.clip(np.rint(block * inverse), -127, 127).astype(np.int64)
+        dots = q @ levels[:, start : start + group].astype(np.int64).T
+        out += (peak / np.float32(127)).astype(np.float64) * dots
+    return out * np.asarray(scales, dtype=np.float64)[None, :]
+
+
+def llama_logits(
+    weights: dict[str, np.ndarray],
+    config: dict[str, Any],
+    token_ids: list[int],
+    product: Callable[[np.ndarray, str], np.ndarray] | None = None,
+) -> np.ndarray:
     """Logits of every position of `token_ids` under a HF-named Llama checkpoint, no cache.
 
     `partial_rotary_factor` in `config` (default 1) rotates only that fraction of each head.
+    `product(h, name)` replaces `h @ weights[name].T` for the linear layers and the tied head
+    (a quantised product's numerics, say).
     """
     hidden = config["hidden_size"]
     heads = config["num_attention_heads"]
@@ -222,22 +248,27 @@ def llama_logits(weights: dict[str, np.ndarray], config: dict[str, Any], token_i
     inv_freq = 1.0 / config["rope_theta"] ** (np.arange(0, rotary_dim, 2) / rotary_dim)
     positions = np.arange(len(token_ids))
     w = {name: value.astype(np.float64) for name, value in weights.items()}
+
+    def float_product(h: np.ndarray, name: str) -> np.ndarray:
+        return h @ w[name].T
+
+    product = product or float_product
     x = w["model.embed_tokens.weight"][token_ids]
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(-1, heads, head_dim)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(-1, kv_heads, head_dim)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(-1, kv_heads, head_dim)
+        q = product(h, p + "self_attn.q_proj.weight").reshape(-1, heads, head_dim)
+        k = product(h, p + "self_attn.k_proj.weight").reshape(-1, kv_heads, head_dim)
+        v = product(h, p + "self_attn.v_proj.weight").reshape(-1, kv_heads, head_dim)
         q, k = rotary(q, positions, inv_freq), rotary(k, positions, inv_freq)
         attn = causal_attention(q, k, v, head_dim**-0.5).reshape(-1, hidden)
-        x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+        x = x + product(attn, p + "self_attn.o_proj.weight")
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
-        gate = h @ w[p + "mlp.gate_proj.weight"].T
-        up = h @ w[p + "mlp.up_proj.weight"].T
-        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+        gate = product(h, p + "mlp.gate_proj.weight")
+        up = product(h, p + "mlp.up_proj.weight")
+        x = x + product(gate / (1.0 + np.exp(-gate)) * up, p + "mlp.down_proj.weight")
     x = rms_norm(x, w["model.norm.weight"], eps)
-    return x @ w["model.embed_tokens.weight"].T  # tied embeddings
+    return product(x, "model.embed_tokens.weight")  # tied embeddings
 
 
 def greedy_tokens(logits_fn: Any, prompt: list[int], count: int) -> list[int]:

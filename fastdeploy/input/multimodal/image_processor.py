@@ -33,6 +33,9 @@ class PatchSettings:
     #: pixel bounds of a resized image (transformers' size.shortest_edge / size.longest_edge)
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 6177
+    #: per-channel normalisation (a checkpoint's preprocessor_config.json may set other values)
+    mean: tuple[float, float, float] = CLIP_MEAN
+    std: tuple[float, float, float] = CLIP_STD
 
     @property
     def factor(self) -> int:
@@ -70,13 +73,15 @@ def to_rgb(image: object) -> object:
     return image.convert("RGB")
 
 
-def normalized_chw(rgb: np.ndarray) -> np.ndarray:
+def normalized_chw(
+    rgb: np.ndarray, mean: tuple[float, ...] = CLIP_MEAN, std: tuple[float, ...] = CLIP_STD
+) -> np.ndarray:
     """uint8 [3, H, W] -> float32 [3, H, W]: scaled to [0, 1] (in float64, as transformers does),
     then (x - mean) / std per channel in float32."""
     scaled = (rgb.astype(np.float64) * (1 / 255)).astype(np.float32)
-    mean = np.array(CLIP_MEAN, dtype=np.float32)[:, None, None]
-    std = np.array(CLIP_STD, dtype=np.float32)[:, None, None]
-    return (scaled - mean) / std
+    return (scaled - np.array(mean, dtype=np.float32)[:, None, None]) / np.array(std, dtype=np.float32)[
+        :, None, None
+    ]
 
 
 def patchify(frames: np.ndarray, settings: PatchSettings) -> np.ndarray:

@@ -14,7 +14,8 @@ patch embedding reads, giving rows of 3 * 2 * 14 * 14 values (channel, frame, ro
 
 Rotary positions are transformers' `get_rope_index` for images, the same as ERNIE-4.5-VL's:
 (start, start + row, start + column), text after an image resuming at start + max(h, w)/2.
-Videos are not supported yet and are refused naming the part.
+Videos are not supported yet and are refused naming the part (`ImageOnlyProcessor`, which
+PaddleOCR-VL's processor shares).
 """
 
 from __future__ import annotations
@@ -69,8 +70,28 @@ def preprocess_image(
     return patches, (1, new_height // settings.patch_size, new_width // settings.patch_size)
 
 
-class Qwen2_5_VLProcessor(Ernie4_5_VLProcessor):
-    """ERNIE-4.5-VL's placeholder expansion and positions with Qwen2.5-VL's pixels; images only."""
+class ImageOnlyProcessor(Ernie4_5_VLProcessor):
+    """ERNIE-4.5-VL's placeholder expansion and positions with a family's own pixels; images only
+    (videos are refused naming the part). Subclasses set `family` and `preprocess`."""
+
+    #: the model family named in errors
+    family = ""
+
+    def preprocess(self, image: object, settings: PatchSettings) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """(patch rows, grid (1, h, w)) of one PIL image."""
+        raise NotImplementedError
+
+    def _image(self, value: Any, what: str, settings: ProcessorSettings, policy: MediaPolicy) -> tuple:
+        return self.preprocess(load_image(value, what, policy), settings.image)
+
+    def _video(self, value: Any, what: str, settings: ProcessorSettings, policy: MediaPolicy) -> tuple:
+        raise MediaError(f"{what}: videos are not supported for {self.family} yet; send images")
+
+
+class Qwen2_5_VLProcessor(ImageOnlyProcessor):
+    """Qwen2.5-VL's pixels (each patch repeated over the 3-D patch embedding's frames)."""
+
+    family = "Qwen2.5-VL"
 
     def __init__(
         self,
@@ -83,14 +104,17 @@ class Qwen2_5_VLProcessor(Ernie4_5_VLProcessor):
         super().__init__(tokenizer, tokens, settings, policy)
         self.temporal_patch_size = temporal_patch_size
 
-    def _image(self, value: Any, what: str, settings: ProcessorSettings, policy: MediaPolicy) -> tuple:
-        return preprocess_image(load_image(value, what, policy), settings.image, self.temporal_patch_size)
-
-    def _video(self, value: Any, what: str, settings: ProcessorSettings, policy: MediaPolicy) -> tuple:
-        raise MediaError(f"{what}: videos are not supported for Qwen2.5-VL yet; send images")
+    def preprocess(self, image: object, settings: PatchSettings) -> tuple[np.ndarray, tuple[int, int, int]]:
+        return preprocess_image(image, settings, self.temporal_patch_size)
 
 
-def vision_tokens(tokenizer: Any, config: Mapping[str, Any]) -> VisionTokens:
+#: Qwen2.5-VL's spellings of its special tokens (image, vision start, vision end, video)
+QWEN_SPELLINGS = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>")
+
+
+def vision_tokens(
+    tokenizer: Any, config: Mapping[str, Any], spellings: tuple[str, str, str, str] = QWEN_SPELLINGS
+) -> VisionTokens:
     """Special ids from config.json (transformers' names), else the tokenizer's vocabulary."""
 
     def resolve(key: str, spelling: str) -> int:
@@ -104,13 +128,15 @@ def vision_tokens(tokenizer: Any, config: Mapping[str, Any]) -> VisionTokens:
             )
         return int(value)
 
-    start = resolve("vision_start_token_id", "<|vision_start|>")
-    end = resolve("vision_end_token_id", "<|vision_end|>")
+    image_spelling, start_spelling, end_spelling, video_spelling = spellings
+    image = resolve("image_token_id", image_spelling)
+    start = resolve("vision_start_token_id", start_spelling)
+    end = resolve("vision_end_token_id", end_spelling)
     return VisionTokens(
-        image=resolve("image_token_id", "<|image_pad|>"),
+        image=image,
         image_start=start,
         image_end=end,
-        video=resolve("video_token_id", "<|video_pad|>"),
+        video=resolve("video_token_id", video_spelling),
         video_start=start,
         video_end=end,
     )

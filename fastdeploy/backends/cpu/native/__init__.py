@@ -26,6 +26,7 @@ from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache
 from fastdeploy.backends.cpu.native.weight_arena import WeightArena
 from fastdeploy.backends.cpu.native.weight_cache import WeightCache
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.formats.weight_only import WeightOnlyTensor
 
 
 def _import_extension() -> tuple[Any, str | None]:
@@ -103,7 +104,7 @@ class PackedWeight:
     each kept in its own: `segments`) (`pack_bf16`); `activations` what the kernel quantises
     x to (block weights only: float32 weights multiply in float32, bfloat16 ones in bfloat16)."""
 
-    type_name: str
+    type_name: str  # or W8A8: int8 levels with a scale per output channel (`pack_w8a8`)
     packed: np.ndarray
     out_features: int
     in_features: int
@@ -139,10 +140,13 @@ def pack(
 
     Parts that share a block type with a kernel stay in their blocks, in the layout of the
     `activations` kernels; anything else (float checkpoints, other GGUF types, mixed types) is
-    packed as float32. The packed bytes come from `arena` when given (huge pages), else numpy;
-    blocks of a known origin are repacked once and read back from `cache` after that.
+    packed as float32; with int8 activations, FastDeploy wint8 parts (`WeightOnlyTensor`) go to
+    `pack_w8a8` (else they dequantise to float32). The packed bytes come from `arena` when given
+    (huge pages), else numpy; blocks of a known origin are repacked once and read back from `cache` after that.
     """
     empty = arena.empty if arena is not None else lambda nbytes: np.empty(nbytes, np.uint8)
+    if activations == "int8" and runs_w8a8(parts):
+        return pack_w8a8(parts, arena)
     in_features = {part.shape[1] for part in parts}
     if not parts or len(in_features) != 1 or any(len(part.shape) != 2 for part in parts):
         raise ValueError(
@@ -259,6 +263,56 @@ def pack_bf16(parts: Sequence[GGMLTensor | np.ndarray], arena: WeightArena | Non
     )
     packed[...] = padded.reshape(pairs, 2 * PANEL, k2, 2).transpose(0, 2, 1, 3)
     return PackedWeight("BF16", packed, out, depth)
+
+
+def runs_w8a8(parts: Sequence[Any]) -> bool:
+    """Whether `pack` with int8 activations multiplies `parts` by gemm_w8a8.c: FastDeploy wint8
+    weights (one scale per output channel) of an input width that is a multiple of 32."""
+    return bool(parts) and all(
+        isinstance(part, WeightOnlyTensor) and part.kind == "wint8" and part.shape[1] % 32 == 0
+        for part in parts
+    )
+
+
+def _channel_levels(part: WeightOnlyTensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(levels [out, in] int8 in -127..127, scales [out] float32) of one part: a wint8 tensor's own,
+    or a float matrix's rounded per output channel (scale = max |w| / 127)."""
+    if isinstance(part, WeightOnlyTensor) and part.kind == "wint8":
+        # -128 (possible in a checkpoint) would overflow AVX2's 16-bit pair sums: one step closer
+        levels = np.maximum(part.qweight.T, -127).astype(np.int8)
+        return levels, np.asarray(part.scales, np.float32).reshape(-1)
+    matrix = np.asarray(part, dtype=np.float32)
+    peak = np.abs(matrix).max(axis=1)
+    scales = (peak / np.float32(127)).astype(np.float32)
+    safe = np.where(scales > 0, scales, np.float32(1))[:, None]
+    return np.clip(np.rint(matrix / safe), -127, 127).astype(np.int8), scales
+
+
+def pack_w8a8(
+    parts: Sequence[WeightOnlyTensor | np.ndarray], arena: WeightArena | None = None
+) -> PackedWeight:
+    """One weight from [out, in] parts stacked along `out` for gemm_w8a8.c: int8 levels + 128 as
+    [panels][in / 4][16 columns][4 consecutive k] (columns padded with level 0), then each output
+    channel's float32 scale [panels * 16] (padding 0). Float parts are quantised per channel here."""
+    levels, scales = zip(*(_channel_levels(part) for part in parts), strict=True)
+    matrix, channel_scales = np.concatenate(levels, axis=0), np.concatenate(scales)
+    out, depth = matrix.shape
+    if depth % 32:
+        raise ValueError(f"pack_w8a8: the input width must be a multiple of 32, got {depth}")
+    panels = -(-out // PANEL)
+    stored = np.full((panels * PANEL, depth), 128, np.uint8)
+    stored[:out] = (matrix.astype(np.int16) + 128).astype(np.uint8)
+    level_bytes = panels * PANEL * depth
+    packed = (
+        np.empty(level_bytes + panels * PANEL * 4, np.uint8)
+        if arena is None
+        else arena.empty(level_bytes + panels * PANEL * 4)
+    )
+    packed[:level_bytes] = stored.reshape(panels, PANEL, depth // 4, 4).transpose(0, 2, 1, 3).reshape(-1)
+    padded_scales = np.zeros(panels * PANEL, np.float32)
+    padded_scales[:out] = channel_scales
+    packed[level_bytes:] = padded_scales.view(np.uint8)
+    return PackedWeight("W8A8", packed, out, depth, "int8")
 
 
 def set_spin_us(microseconds: float) -> None:

@@ -523,6 +523,7 @@ Py_ssize_t fd_packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth)
     if (kind == KIND_MIXED) return -1; /* not a function of the shape: fd_packed_valid reads its header */
     if (kind == KIND_F32) return (cols + 2 * PANEL - 1) / (2 * PANEL) * depth * 2 * PANEL * (Py_ssize_t)sizeof(float);
     if (kind == KIND_BF16) return fd_bf16_packed_bytes(cols, depth);
+    if (kind == KIND_W8A8) return fd_w8a8_packed_bytes(cols, depth);
     const Py_ssize_t panels = (cols + PANEL - 1) / PANEL;
     if (is_subblock_kind(subblock_layout(kind))) return panels * (depth / GROUP) * group_bytes(subblock_layout(kind));
     return panels * (depth / QBLOCK) * BLOCK_BYTES(kind);
@@ -628,6 +629,7 @@ int fd_gemm(const struct gemm_args *a, int isa, int threads)
     if (is_int8_subblock_kind(a->kind)) return gemm_blocks_int8(a, isa, threads);
     if (a->kind == KIND_MIXED) return gemm_mixed(a, isa, threads);
     if (a->kind == KIND_BF16) return fd_gemm_bf16(a, isa, threads);
+    if (a->kind == KIND_W8A8) return fd_gemm_w8a8(a, isa, threads);
     const Py_ssize_t panels = (a->cols + PANEL - 1) / PANEL;
     struct gemm_job job = {*a, panels, isa, panels_per_task(a)};
     float on_stack[BLOCK_SUMS_ON_STACK], *sums = NULL;

@@ -6,23 +6,29 @@
  * Why: the float32 kernels widen every weight to float32 and spend one FMA per weight and row.
  * With the activations in int8 too, one AVX-512 VNNI `vpdpbusd` multiplies and sums 64
  * weight-activation pairs, its AVX-VNNI form 32 (the AVX2 kernels, on CPUs with AVX-VNNI), and
- * plain AVX2 32 in four instructions (`vpsignb`, `vpmaddubsw`, `vpmaddwd`, `vpaddd`).
+ * plain AVX2 64 in five instructions (two `vpmaddubsw`, `vpaddw`, `vpmaddwd`, `vpaddd`).
  *
- * Activations (gemm_int8.c's fd_quantize_rows): per row and 32-value block (one panel group),
- * sx = max|x| / 127, qx = round(x / sx) in -127..127; and each 16 qx's sum. Per row, column, group
- * and sub-block s (16 or 32 k) with the weights' integers qw (blocks.h: after offset or codebook),
- * effective scale d_s and minimum m_s, the integer dot D_s = sum qw qx is exact; then
+ * Activations (quantize_rows here, the bits of gemm_int8.c's fd_quantize_rows eight values per
+ * instruction): per row and 32-value block (one panel group), sx = max|x| / 127, qx = round(x / sx)
+ * in -127..127; and each sub-block's sum of qx. Per row, column, group and sub-block s (16 or 32 k)
+ * with the weights' integers qw (blocks.h: after offset or codebook), effective scale d_s and
+ * minimum m_s, the integer dot D_s = sum qw qx is exact; then
  *     part = sum over s, in order, of fma(d_s, D_s, .) and (with a minimum) fma(m_s, sum_s qx, .)
  *     out += sx * part    (one FMA per group, groups in order)
  * Every instruction set performs these float operations in this order on the same exact integers,
  * so they agree bit for bit, and a row's result does not depend on the rows beside it.
  *
  * The panels hold the integers one k per 16 bytes (16 columns); the dot instructions take 4
- * consecutive k of a column per 32-bit lane. Each task therefore regroups its panel's integers once
- * into [depth / 4][16 columns][4 k] bytes (for either vpdpbusd + 128, unsigned, the dot corrected
- * by 128 sum qx; for maddubs signed, multiplied by |qx| with qx's sign, whose pairs stay below 2^15),
- * which every row tile then reads. That regrouping is paid per product, not per row: up to
- * FEW_ROWS rows (decode) run the float32 kernels instead, which read each weight once anyway.
+ * consecutive k of a column per 32-bit lane. Each task (two adjacent panels) therefore regroups its
+ * integers once into [depth / 4][16 columns][4 k] bytes, plus an offset that makes them unsigned
+ * (128 for vpdpbusd, the type's own for maddubs: avx2_dots) and the dots start from -offset sum qx,
+ * with the groups' scales beside them, which every row tile then reads: 6 rows times 32 columns
+ * for AVX-512 (24 zmm accumulators: a dot and a total per row and panel; 4 rows for sub-blocks of
+ * 16, whose part sums also stay live), 2 rows times 16 columns for AVX2. The tiles are
+ * compiled once per sub-block size and minimum, their dot loops unrolled; rows are padded to whole
+ * tiles. Regrouping once at load instead would double a 4-bit weight's memory for a cost that is
+ * paid per product, not per row (measured: about 4% of a 512-row Q4_K product); up to FEW_ROWS rows run
+ * the float32 kernels instead, which read each weight once anyway.
  */
 #pragma GCC target("avx2,fma,f16c") /* what isa.c checks for ISA_AVX2; the VNNI code adds its own */
 #include "block_quants.h"
@@ -30,17 +36,26 @@
 #include <string.h>
 
 #define FEW_ROWS 4
-#define VNNI_ROWS 4 /* rows per VNNI tile: 3 zmm each (total, part, dot) per panel, two panels */
-#define AVX2_ROWS 2 /* rows per AVX2 tile: 6 ymm each */
+#define PAD_ROWS 12     /* the activations are padded to a multiple of every tile's rows */
+#define MAX_VNNI_ROWS 6 /* rows of a VNNI tile: 6 for sub-blocks of 32, 4 for 16 (their part sums stay live) */
 #define QUANTIZE_ROWS_PER_TASK 16
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* The activations of one product, quantised. */
+/* The activations of one product, quantised, [rows padded to PAD_ROWS]. */
 struct int8_acts {
     const int8_t *q;      /* [rows, depth] */
-    const float *scale;   /* [rows, depth / 32] */
-    const int32_t *sum16; /* [rows, depth / 16]: each 16 q's sum */
+    const float *scale;   /* [rows, depth / 32]: sx */
+    const int32_t *init;  /* [rows, depth / sub]: each sub-block's dot starts at -(weight offset) sum qx */
+    const float *sum;     /* [rows, depth / sub]: each sub-block's sum qx */
+};
+
+/* Two adjacent panels regrouped for the dot instructions (the second all zero past the matrix):
+ * w: [panel][depth / 4][16 columns][4 k] bytes, +128 for vpdpbusd's unsigned operand;
+ * factors: [group][panel][the group's scales, then minimums] float32, as blocks.h stores them. */
+struct panel_pair {
+    const uint8_t *w;
+    const float *factors;
 };
 
 INLINE int32_t four_bytes(const int8_t *p)
@@ -50,19 +65,12 @@ INLINE int32_t four_bytes(const int8_t *p)
     return v;
 }
 
-/* The sum of q over sub-block s (`sub` k) of group g of row r. */
-INLINE int32_t sub_sum(const struct int8_acts *x, Py_ssize_t depth, Py_ssize_t r, Py_ssize_t g, int s, int sub)
-{
-    const int32_t *p = x->sum16 + r * (depth / 16) + 2 * g;
-    return sub == 16 ? p[s] : p[0] + p[1];
-}
-
-/* A panel's integers regrouped for the dot instructions: 4 consecutive k of each column side by
- * side, [depth / 4][16][4] bytes; `flip` adds 128 (vpdpbusd's unsigned operand). */
-static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int flip, uint8_t *w)
+/* One panel's integers regrouped (4 consecutive k of each column side by side), `offset` added;
+ * compiled per kind (int8_weights), so block_quants does not branch on it per k. */
+INLINE void regroup(int kind, const uint8_t *panel, Py_ssize_t groups, int offset, uint8_t *w)
 {
     const Py_ssize_t gbytes = group_bytes(kind);
-    const __m128i bias = _mm_set1_epi8(flip ? (char)0x80 : 0);
+    const __m128i bias = _mm_set1_epi8((char)offset);
     for (Py_ssize_t g = 0; g < groups; g++) {
         const uint8_t *grp = panel + g * gbytes;
         for (int k = 0; k < GROUP; k += 4) {
@@ -71,201 +79,270 @@ static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int 
             const __m128i lo01 = _mm_unpacklo_epi8(k0, k1), hi01 = _mm_unpackhi_epi8(k0, k1);
             const __m128i lo23 = _mm_unpacklo_epi8(k2, k3), hi23 = _mm_unpackhi_epi8(k2, k3);
             __m128i *dst = (__m128i *)(w + (g * GROUP + k) * PANEL);
-            _mm_storeu_si128(dst, _mm_xor_si128(_mm_unpacklo_epi16(lo01, lo23), bias));     /* columns 0-3 */
-            _mm_storeu_si128(dst + 1, _mm_xor_si128(_mm_unpackhi_epi16(lo01, lo23), bias)); /* 4-7 */
-            _mm_storeu_si128(dst + 2, _mm_xor_si128(_mm_unpacklo_epi16(hi01, hi23), bias)); /* 8-11 */
-            _mm_storeu_si128(dst + 3, _mm_xor_si128(_mm_unpackhi_epi16(hi01, hi23), bias)); /* 12-15 */
+            _mm_storeu_si128(dst, _mm_add_epi8(_mm_unpacklo_epi16(lo01, lo23), bias));     /* columns 0-3 */
+            _mm_storeu_si128(dst + 1, _mm_add_epi8(_mm_unpackhi_epi16(lo01, lo23), bias)); /* 4-7 */
+            _mm_storeu_si128(dst + 2, _mm_add_epi8(_mm_unpacklo_epi16(hi01, hi23), bias)); /* 8-11 */
+            _mm_storeu_si128(dst + 3, _mm_add_epi8(_mm_unpackhi_epi16(hi01, hi23), bias)); /* 12-15 */
         }
     }
+}
+
+static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int offset, uint8_t *w)
+{
+    switch (kind) {
+#define REGROUP_CASE(k)                                                                                               \
+    case k: regroup(k, panel, groups, offset, w); break;
+        REGROUP_CASE(KIND_Q4_0) REGROUP_CASE(KIND_Q5_0) REGROUP_CASE(KIND_Q5_1) REGROUP_CASE(KIND_Q2_K)
+        REGROUP_CASE(KIND_Q3_K) REGROUP_CASE(KIND_Q4_K) REGROUP_CASE(KIND_Q5_K) REGROUP_CASE(KIND_Q6_K)
+        REGROUP_CASE(KIND_IQ4_NL) REGROUP_CASE(KIND_IQ4_XS)
+#undef REGROUP_CASE
+    }
+}
+
+/* Rows [first, end) of x quantised as fd_quantize_rows does (the same bits: one IEEE division,
+ * product and round-to-nearest-even per value), eight values per instruction, with the per-sub-block
+ * sums this file's kernels start from. */
+static void quantize_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_ssize_t depth, int sub, int offset,
+                          int8_t *q, float *scale, int32_t *init, float *sum)
+{
+    const Py_ssize_t blocks = depth / GROUP, subs = depth / sub;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i top = _mm256_set1_epi32(127), bottom = _mm256_set1_epi32(-127);
+    for (Py_ssize_t r = first; r < end; r++)
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            const float *xb = x + r * depth + b * GROUP;
+            __m256 v[4], peak8 = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(xb + 8 * i);
+                peak8 = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), peak8); /* NaN ignored, as fmaxf */
+            }
+            __m128 peak4 = _mm_max_ps(_mm256_castps256_ps128(peak8), _mm256_extractf128_ps(peak8, 1));
+            peak4 = _mm_max_ps(peak4, _mm_movehl_ps(peak4, peak4));
+            const float peak = _mm_cvtss_f32(_mm_max_ss(peak4, _mm_shuffle_ps(peak4, peak4, 1)));
+            const __m256 inverse = _mm256_set1_ps(peak > 0.0f ? 127.0f / peak : 0.0f);
+            __m256i qi[4];
+            for (int i = 0; i < 4; i++)
+                qi[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse)), top), bottom);
+            const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+            /* the packs interleave 128-bit lanes: k 0-3 8-11 16-19 24-27 | 4-7 12-15 20-23 28-31 */
+            _mm256_storeu_si256((__m256i *)(q + r * depth + b * GROUP),
+                                _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            scale[r * blocks + b] = peak / 127.0f;
+            int32_t halves[2];
+            for (int h = 0; h < 2; h++) {
+                const __m256i s8 = _mm256_add_epi32(qi[2 * h], qi[2 * h + 1]);
+                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+                halves[h] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+            }
+            for (int h = 0; h < GROUP / sub; h++) {
+                const int32_t total = sub == 16 ? halves[h] : halves[0] + halves[1];
+                init[r * subs + b * (GROUP / sub) + h] = -offset * total;
+                sum[r * subs + b * (GROUP / sub) + h] = (float)total;
+            }
+        }
 }
 
 /* ------------------------------------------------------------- AVX-512 VNNI */
-/* `width` (1 or 2) adjacent panels, the first at `panel` (panel_bytes apart; their regrouped
- * integers at w, depth * 16 bytes apart), for `rows` rows from row0: two panels share each
- * activation broadcast and sub-block sum. */
-INLINE VNNI_TARGET void vnni_tile(const struct gemm_args *a, const struct int8_acts *x, const uint8_t *panel,
-                                  Py_ssize_t panel_bytes, Py_ssize_t gbytes, int sub, int with_min, const uint8_t *w,
-                                  int width, Py_ssize_t row0, int rows, Py_ssize_t col0)
+/* R rows from row0 times both panels of a pair: each activation broadcast and sub-block
+ * sum serves both panels, and every sub-block's dot loop is unrolled (sub and with_min constant). */
+INLINE VNNI_TARGET void vnni_tile(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp,
+                                  int sub, int with_min, int R, Py_ssize_t row0, Py_ssize_t col0)
 {
-    const Py_ssize_t depth = a->depth, groups = depth / GROUP;
-    const int subs = GROUP / sub;
-    __m512 total[VNNI_ROWS * 2];
-    for (int i = 0; i < rows * width; i++) total[i] = _mm512_setzero_ps();
+    const Py_ssize_t depth = a->depth, groups = depth / GROUP, subs_row = depth / sub;
+    const int subs = GROUP / sub, factors = subs * PANEL * (1 + with_min);
+    const int8_t *q = x->q + row0 * depth;
+    const uint8_t *w1 = pp->w + depth * PANEL;
+    __m512 total[MAX_VNNI_ROWS * 2];
+    for (int i = 0; i < MAX_VNNI_ROWS * 2; i++) total[i] = _mm512_setzero_ps();
     for (Py_ssize_t g = 0; g < groups; g++) {
-        __m512 part[VNNI_ROWS * 2];
-        for (int i = 0; i < rows * width; i++) part[i] = _mm512_setzero_ps();
+        __m512 part[MAX_VNNI_ROWS * 2];
         for (int s = 0; s < subs; s++) {
-            __m512i dot[VNNI_ROWS * 2];
-            for (int i = 0; i < rows * width; i++) dot[i] = _mm512_setzero_si512();
-            for (int k = s * sub; k < (s + 1) * sub; k += 4) {
-                __m512i wv[2];
-                for (int p = 0; p < width; p++) wv[p] = _mm512_loadu_si512(w + p * depth * PANEL + (g * GROUP + k) * PANEL);
-                for (int r = 0; r < rows; r++) {
-                    const __m512i xv = _mm512_set1_epi32(four_bytes(x->q + (row0 + r) * depth + g * GROUP + k));
-                    for (int p = 0; p < width; p++) dot[r * width + p] = _mm512_dpbusd_epi32(dot[r * width + p], wv[p], xv);
+            const Py_ssize_t k0 = g * GROUP + s * sub, at = g * subs + s;
+            __m512i dot[MAX_VNNI_ROWS * 2];
+            for (int r = 0; r < R; r++) dot[2 * r] = dot[2 * r + 1] = _mm512_set1_epi32(x->init[(row0 + r) * subs_row + at]);
+#pragma GCC unroll 8
+            for (int k = 0; k < sub; k += 4) {
+                const __m512i wa = _mm512_loadu_si512(pp->w + (k0 + k) * PANEL), wb = _mm512_loadu_si512(w1 + (k0 + k) * PANEL);
+                for (int r = 0; r < R; r++) {
+                    const __m512i xv = _mm512_set1_epi32(four_bytes(q + r * depth + k0 + k));
+                    dot[2 * r] = _mm512_dpbusd_epi32(dot[2 * r], wa, xv);
+                    dot[2 * r + 1] = _mm512_dpbusd_epi32(dot[2 * r + 1], wb, xv);
                 }
             }
-            for (int p = 0; p < width; p++) {
-                const uint8_t *grp = panel + p * panel_bytes + g * gbytes;
-                const __m512 scale = _mm512_loadu_ps(grp + s * PANEL * 4);
-                const __m512 minimum = with_min ? _mm512_loadu_ps(grp + (subs + s) * PANEL * 4) : scale;
-                for (int r = 0; r < rows; r++) {
-                    const int32_t total_q = sub_sum(x, depth, row0 + r, g, s, sub);
-                    const __m512i d = _mm512_sub_epi32(dot[r * width + p], _mm512_set1_epi32(128 * total_q));
-                    __m512 t = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(d), part[r * width + p]);
-                    if (with_min) t = _mm512_fmadd_ps(minimum, _mm512_set1_ps((float)total_q), t);
-                    part[r * width + p] = t;
+            for (int p = 0; p < 2; p++) {
+                const float *f = pp->factors + (g * 2 + p) * factors;
+                const __m512 scale = _mm512_loadu_ps(f + s * PANEL);
+                for (int r = 0; r < R; r++) {
+                    const __m512 before = s == 0 ? _mm512_setzero_ps() : part[2 * r + p];
+                    __m512 t = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot[2 * r + p]), before);
+                    if (with_min)
+                        t = _mm512_fmadd_ps(_mm512_loadu_ps(f + (subs + s) * PANEL),
+                                            _mm512_set1_ps(x->sum[(row0 + r) * subs_row + at]), t);
+                    part[2 * r + p] = t;
                 }
             }
         }
-        for (int r = 0; r < rows; r++) {
+        for (int r = 0; r < R; r++) {
             const __m512 sx = _mm512_set1_ps(x->scale[(row0 + r) * groups + g]);
-            for (int p = 0; p < width; p++) total[r * width + p] = _mm512_fmadd_ps(part[r * width + p], sx, total[r * width + p]);
+            total[2 * r] = _mm512_fmadd_ps(part[2 * r], sx, total[2 * r]);
+            total[2 * r + 1] = _mm512_fmadd_ps(part[2 * r + 1], sx, total[2 * r + 1]);
         }
     }
-    for (int p = 0; p < width; p++) {
+    const Py_ssize_t rows = a->rows - row0 < R ? a->rows - row0 : R;
+    for (int p = 0; p < 2; p++) {
         const Py_ssize_t start = col0 + p * PANEL, valid = a->cols - start < PANEL ? a->cols - start : PANEL;
+        if (valid <= 0) break;
         const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
+        const __m512 bias = a->bias ? _mm512_maskz_loadu_ps(mask, a->bias + start) : _mm512_setzero_ps();
         for (int r = 0; r < rows; r++) {
-            const __m512 t = total[r * width + p];
-            _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + start, mask,
-                                  a->bias ? _mm512_add_ps(t, _mm512_maskz_loadu_ps(mask, a->bias + start)) : t);
+            const __m512 t = total[2 * r + p];
+            _mm512_mask_storeu_ps(a->out + (row0 + r) * a->cols + start, mask, a->bias ? _mm512_add_ps(t, bias) : t);
         }
     }
 }
 
-INLINE VNNI_TARGET void vnni_rows(const struct gemm_args *a, const struct int8_acts *x, const uint8_t *panel,
-                                  Py_ssize_t panel_bytes, Py_ssize_t gbytes, int sub, int with_min, const uint8_t *w,
-                                  int width, Py_ssize_t col0)
-{
-    for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += VNNI_ROWS) {
-        const Py_ssize_t left = a->rows - row0;
-        const int rows = left < VNNI_ROWS ? (int)left : VNNI_ROWS;
-        if (width == 2) {
-#define PAIR_CASE(n) case n: vnni_tile(a, x, panel, panel_bytes, gbytes, sub, with_min, w, 2, row0, n, col0); break;
-            switch (rows) { PAIR_CASE(1) PAIR_CASE(2) PAIR_CASE(3) PAIR_CASE(4) }
-#undef PAIR_CASE
-        } else {
-#define ONE_CASE(n) case n: vnni_tile(a, x, panel, panel_bytes, gbytes, sub, with_min, w, 1, row0, n, col0); break;
-            switch (rows) { ONE_CASE(1) ONE_CASE(2) ONE_CASE(3) ONE_CASE(4) }
-#undef ONE_CASE
-        }
+#define VNNI_ROWS_FN(name, sub, with_min, tile_rows)                                                                  \
+    static VNNI_TARGET void name(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp, \
+                                 Py_ssize_t col0)                                                                   \
+    {                                                                                                               \
+        for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += tile_rows) vnni_tile(a, x, pp, sub, with_min, tile_rows, row0, col0); \
     }
-}
-
-/* one copy of the tiles per sub-block size and minimum (all that they depend on the kind for) */
-static VNNI_TARGET void vnni_panels(const struct gemm_args *a, const struct int8_acts *x, int kind, const uint8_t *panel,
-                                    const uint8_t *w, int width, Py_ssize_t col0)
-{
-    const Py_ssize_t gbytes = group_bytes(kind), panel_bytes = a->depth / GROUP * gbytes;
-    if (block_sub(kind) == 32)
-        block_has_min(kind) ? vnni_rows(a, x, panel, panel_bytes, gbytes, 32, 1, w, width, col0)
-                            : vnni_rows(a, x, panel, panel_bytes, gbytes, 32, 0, w, width, col0);
-    else
-        block_has_min(kind) ? vnni_rows(a, x, panel, panel_bytes, gbytes, 16, 1, w, width, col0)
-                            : vnni_rows(a, x, panel, panel_bytes, gbytes, 16, 0, w, width, col0);
-}
+VNNI_ROWS_FN(vnni_rows_32, 32, 0, 6)
+VNNI_ROWS_FN(vnni_rows_32_min, 32, 1, 6)
+VNNI_ROWS_FN(vnni_rows_16, 16, 0, 4)
+VNNI_ROWS_FN(vnni_rows_16_min, 16, 1, 4)
+#undef VNNI_ROWS_FN
 
 /* ------------------------------------------------------------------- AVX2 */
-/* dot + the 8 columns' sums of 4 products w x: with AVX-VNNI's `vpdpbusd` (w unsigned: the weights + 128),
- * else |x| times w with x's sign through `vpmaddubsw` (pairs below 2^15) and `vpmaddwd`. The VNNI
- * instruction is written out (VEX encoded) because its intrinsic cannot be inlined into code that
- * also runs without it; it runs only where the CPU reports AVX-VNNI. */
-INLINE __m256i avx2_dot(__m256i dot, __m256i w, __m256i xv, __m256i ax, int vnni)
+/* How the AVX2 tiles multiply (and the weight offset the regrouping adds): AVX-VNNI's `vpdpbusd`
+ * (weights + 128, unsigned); else `vpmaddubsw` on weights made non-negative by their type's offset
+ * (at most 63, so two instructions' pairs sum below 2^15 in int16 before one `vpmaddwd`); else, for
+ * the codebook types (IQ4_*, -127..113), |x| times the weights with x's sign (`vpsignb`). */
+enum { DOTS_SIGNED = 0, DOTS_AVX_VNNI = 1, DOTS_AVX512_VNNI = 2, DOTS_UNSIGNED = 3 };
+
+/* dot + the 8 columns' sums of the 8 products of two k-steps (w0 x0, w1 x1). The VNNI instruction
+ * is written out (VEX encoded) because its intrinsic cannot be inlined into code that also runs
+ * without it; it runs only where the CPU reports AVX-VNNI. */
+INLINE __m256i avx2_dots(__m256i dot, __m256i w0, __m256i x0, __m256i w1, __m256i x1, int dots)
 {
-    if (vnni) {
-        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot) : "x"(w), "x"(xv));
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (dots == DOTS_AVX_VNNI) {
+        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot) : "x"(w0), "x"(x0));
+        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot) : "x"(w1), "x"(x1));
         return dot;
     }
-    return _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, xv)), _mm256_set1_epi16(1)));
+    if (dots == DOTS_UNSIGNED)
+        return _mm256_add_epi32(
+            dot, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w0, x0), _mm256_maddubs_epi16(w1, x1)), ones));
+    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x0), _mm256_sign_epi8(w0, x0)), ones));
+    return _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x1), _mm256_sign_epi8(w1, x1)), ones));
 }
 
-INLINE void avx2_tile(const struct gemm_args *a, const struct int8_acts *x, const uint8_t *panel, Py_ssize_t gbytes,
-                      int sub, int with_min, int vnni, const uint8_t *w, Py_ssize_t row0, int rows, Py_ssize_t col0)
+/* Two rows from row0 times panel p of a pair (two halves of 8 columns): 12 accumulators of 16 ymm. */
+INLINE void avx2_tile(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp, int p,
+                      int sub, int with_min, int dots, Py_ssize_t row0, Py_ssize_t col0)
 {
-    const Py_ssize_t depth = a->depth, groups = depth / GROUP;
-    const int subs = GROUP / sub;
-    __m256 total[AVX2_ROWS][2];
-    for (int r = 0; r < rows; r++) total[r][0] = total[r][1] = _mm256_setzero_ps();
+    const Py_ssize_t depth = a->depth, groups = depth / GROUP, subs_row = depth / sub;
+    const int subs = GROUP / sub, factors = subs * PANEL * (1 + with_min);
+    const int8_t *q = x->q + row0 * depth;
+    const uint8_t *w = pp->w + p * depth * PANEL;
+    __m256 total[2][2];
+    for (int r = 0; r < 2; r++) total[r][0] = total[r][1] = _mm256_setzero_ps();
     for (Py_ssize_t g = 0; g < groups; g++) {
-        const uint8_t *grp = panel + g * gbytes;
-        __m256 part[AVX2_ROWS][2];
-        for (int r = 0; r < rows; r++) part[r][0] = part[r][1] = _mm256_setzero_ps();
+        const float *f = pp->factors + (g * 2 + p) * factors;
+        __m256 part[2][2];
         for (int s = 0; s < subs; s++) {
-            __m256i dot[AVX2_ROWS][2];
-            for (int r = 0; r < rows; r++) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
-            for (int k = s * sub; k < (s + 1) * sub; k += 4) {
-                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + (g * GROUP + k) * PANEL));
-                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + (g * GROUP + k) * PANEL + 32));
-                for (int r = 0; r < rows; r++) {
-                    const __m256i xv = _mm256_set1_epi32(four_bytes(x->q + (row0 + r) * depth + g * GROUP + k));
-                    const __m256i ax = vnni ? xv : _mm256_abs_epi8(xv);
-                    dot[r][0] = avx2_dot(dot[r][0], w0, xv, ax, vnni);
-                    dot[r][1] = avx2_dot(dot[r][1], w1, xv, ax, vnni);
+            const Py_ssize_t k0 = g * GROUP + s * sub, at = g * subs + s;
+            __m256i dot[2][2];
+            for (int r = 0; r < 2; r++) dot[r][0] = dot[r][1] = _mm256_set1_epi32(x->init[(row0 + r) * subs_row + at]);
+#pragma GCC unroll 4
+            for (int k = 0; k < sub; k += 8) {
+                const uint8_t *wk = w + (k0 + k) * PANEL;
+                const __m256i wa0 = _mm256_loadu_si256((const __m256i *)wk), wb0 = _mm256_loadu_si256((const __m256i *)(wk + 32));
+                const __m256i wa1 = _mm256_loadu_si256((const __m256i *)(wk + 4 * PANEL));
+                const __m256i wb1 = _mm256_loadu_si256((const __m256i *)(wk + 4 * PANEL + 32));
+                for (int r = 0; r < 2; r++) {
+                    const __m256i x0 = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k));
+                    const __m256i x1 = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k + 4));
+                    dot[r][0] = avx2_dots(dot[r][0], wa0, x0, wa1, x1, dots);
+                    dot[r][1] = avx2_dots(dot[r][1], wb0, x0, wb1, x1, dots);
                 }
             }
             for (int h = 0; h < 2; h++) {
-                const __m256 scale = _mm256_loadu_ps((const float *)(grp + s * PANEL * 4) + 8 * h);
-                const __m256 minimum = with_min ? _mm256_loadu_ps((const float *)(grp + (subs + s) * PANEL * 4) + 8 * h) : scale;
-                for (int r = 0; r < rows; r++) {
-                    const int32_t total_q = sub_sum(x, depth, row0 + r, g, s, sub);
-                    const __m256i d = vnni ? _mm256_sub_epi32(dot[r][h], _mm256_set1_epi32(128 * total_q)) : dot[r][h];
-                    part[r][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(d), part[r][h]);
-                    if (with_min) part[r][h] = _mm256_fmadd_ps(minimum, _mm256_set1_ps((float)total_q), part[r][h]);
+                const __m256 scale = _mm256_loadu_ps(f + s * PANEL + 8 * h);
+                for (int r = 0; r < 2; r++) {
+                    const __m256 before = s == 0 ? _mm256_setzero_ps() : part[r][h];
+                    __m256 t = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot[r][h]), before);
+                    if (with_min)
+                        t = _mm256_fmadd_ps(_mm256_loadu_ps(f + (subs + s) * PANEL + 8 * h),
+                                            _mm256_set1_ps(x->sum[(row0 + r) * subs_row + at]), t);
+                    part[r][h] = t;
                 }
             }
         }
-        for (int r = 0; r < rows; r++) {
+        for (int r = 0; r < 2; r++) {
             const __m256 sx = _mm256_set1_ps(x->scale[(row0 + r) * groups + g]);
             total[r][0] = _mm256_fmadd_ps(part[r][0], sx, total[r][0]);
             total[r][1] = _mm256_fmadd_ps(part[r][1], sx, total[r][1]);
         }
     }
-    const Py_ssize_t valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
-    for (int r = 0; r < rows; r++) {
+    const Py_ssize_t start = col0 + p * PANEL, valid = a->cols - start < PANEL ? a->cols - start : PANEL;
+    for (int r = 0; r < 2 && row0 + r < a->rows; r++) {
         float t[PANEL];
         _mm256_storeu_ps(t, total[r][0]);
         _mm256_storeu_ps(t + 8, total[r][1]);
-        float *dst = a->out + (row0 + r) * a->cols + col0;
+        float *dst = a->out + (row0 + r) * a->cols + start;
         if (a->bias)
-            for (Py_ssize_t n = 0; n < valid; n++) dst[n] = t[n] + a->bias[col0 + n];
+            for (Py_ssize_t n = 0; n < valid; n++) dst[n] = t[n] + a->bias[start + n];
         else
             memcpy(dst, t, (size_t)valid * sizeof(float));
     }
 }
 
-INLINE void avx2_rows(const struct gemm_args *a, const struct int8_acts *x, const uint8_t *panel, Py_ssize_t gbytes,
-                      int sub, int with_min, int vnni, const uint8_t *w, Py_ssize_t col0)
-{
-    for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX2_ROWS) {
-        if (a->rows - row0 >= 2)
-            avx2_tile(a, x, panel, gbytes, sub, with_min, vnni, w, row0, 2, col0);
-        else
-            avx2_tile(a, x, panel, gbytes, sub, with_min, vnni, w, row0, 1, col0);
+#define AVX2_ROWS_FN(name, sub, with_min, dots)                                                                       \
+    static void name(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp,              \
+                     Py_ssize_t col0)                                                                                 \
+    {                                                                                                                 \
+        const int width = a->cols - col0 > PANEL ? 2 : 1;                                                            \
+        for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += 2)                                                         \
+            for (int p = 0; p < width; p++) avx2_tile(a, x, pp, p, sub, with_min, dots, row0, col0);              \
     }
-}
-
-INLINE void avx2_kind_rows(const struct gemm_args *a, const struct int8_acts *x, int kind, const uint8_t *panel,
-                           int vnni, const uint8_t *w, Py_ssize_t col0)
-{
-    const Py_ssize_t gbytes = group_bytes(kind);
-    if (block_sub(kind) == 32)
-        block_has_min(kind) ? avx2_rows(a, x, panel, gbytes, 32, 1, vnni, w, col0) : avx2_rows(a, x, panel, gbytes, 32, 0, vnni, w, col0);
-    else
-        block_has_min(kind) ? avx2_rows(a, x, panel, gbytes, 16, 1, vnni, w, col0) : avx2_rows(a, x, panel, gbytes, 16, 0, vnni, w, col0);
-}
-
-static void avx2_panel(const struct gemm_args *a, const struct int8_acts *x, int kind, const uint8_t *panel,
-                       int vnni, const uint8_t *w, Py_ssize_t col0)
-{
-    if (vnni)
-        avx2_kind_rows(a, x, kind, panel, 1, w, col0);
-    else
-        avx2_kind_rows(a, x, kind, panel, 0, w, col0);
-}
+AVX2_ROWS_FN(signed_rows_32, 32, 0, DOTS_SIGNED) /* the codebook types: sub-blocks of 32, no minimum */
+AVX2_ROWS_FN(unsigned_rows_32, 32, 0, DOTS_UNSIGNED)
+AVX2_ROWS_FN(unsigned_rows_32_min, 32, 1, DOTS_UNSIGNED)
+AVX2_ROWS_FN(unsigned_rows_16, 16, 0, DOTS_UNSIGNED)
+AVX2_ROWS_FN(unsigned_rows_16_min, 16, 1, DOTS_UNSIGNED)
+AVX2_ROWS_FN(avxvnni_rows_32, 32, 0, DOTS_AVX_VNNI)
+AVX2_ROWS_FN(avxvnni_rows_32_min, 32, 1, DOTS_AVX_VNNI)
+AVX2_ROWS_FN(avxvnni_rows_16, 16, 0, DOTS_AVX_VNNI)
+AVX2_ROWS_FN(avxvnni_rows_16_min, 16, 1, DOTS_AVX_VNNI)
+#undef AVX2_ROWS_FN
 
 /* ----------------------------------------------------------- dispatching */
 enum { MODE_AVX2 = 0, MODE_AVX_VNNI = 1, MODE_AVX512_VNNI = 2 }; /* fd_int8_dots' numbers */
+
+typedef void (*rows_fn)(const struct gemm_args *, const struct int8_acts *, const struct panel_pair *, Py_ssize_t);
+
+/* [dots][sub 32 or 16][with a minimum]; the codebook types (DOTS_SIGNED) have sub-blocks of 32 and no minimum */
+static const rows_fn ROWS_FNS[4][2][2] = {
+    {{signed_rows_32, NULL}, {NULL, NULL}},
+    {{avxvnni_rows_32, avxvnni_rows_32_min}, {avxvnni_rows_16, avxvnni_rows_16_min}},
+    {{vnni_rows_32, vnni_rows_32_min}, {vnni_rows_16, vnni_rows_16_min}},
+    {{unsigned_rows_32, unsigned_rows_32_min}, {unsigned_rows_16, unsigned_rows_16_min}},
+};
+
+/* The dots a product of `kind` runs in `mode`, and the offset its regrouped weights carry. */
+static int kind_dots(int kind, int mode)
+{
+    return mode != MODE_AVX2 ? mode : block_codebook(kind) ? DOTS_SIGNED : DOTS_UNSIGNED;
+}
+
+static int weight_offset(int kind, int mode)
+{
+    const int dots = kind_dots(kind, mode);
+    return dots == DOTS_SIGNED ? 0 : dots == DOTS_UNSIGNED ? block_offset(kind) : 128;
+}
 
 static int widest_dots = MODE_AVX512_VNNI; /* fd_int8_dots' cap */
 
@@ -283,8 +360,9 @@ struct blocks_int8_job {
     const struct gemm_args *a;
     struct int8_acts x;
     int8_t *q;
-    float *scale;
-    int32_t *sum32, *sum16;
+    float *scale, *sum;
+    int32_t *init;
+    Py_ssize_t padded_rows;
     int kind, mode;
     volatile int failed; /* a task found no scratch memory */
 };
@@ -294,38 +372,40 @@ static void quantize_task(void *ctx, Py_ssize_t index, int slot)
     struct blocks_int8_job *job = ctx;
     const Py_ssize_t first = index * QUANTIZE_ROWS_PER_TASK, rows = job->a->rows, depth = job->a->depth;
     const Py_ssize_t end = first + QUANTIZE_ROWS_PER_TASK < rows ? first + QUANTIZE_ROWS_PER_TASK : rows;
-    fd_quantize_rows(job->a->x, first, end, depth, job->q, job->scale, job->sum32);
-    for (Py_ssize_t r = first; r < end; r++)
-        for (Py_ssize_t b = 0; b < depth / 16; b++) {
-            int32_t total = 0;
-            for (int k = 0; k < 16; k++) total += job->q[r * depth + b * 16 + k];
-            job->sum16[r * (depth / 16) + b] = total;
-        }
+    quantize_rows(job->a->x, first, end, depth, block_sub(job->kind), weight_offset(job->kind, job->mode), job->q, job->scale,
+                  job->init, job->sum);
     (void)slot;
 }
 
-/* Task t: panels 2t and 2t + 1 (where the matrix has it). */
+/* Task t: panels 2t and 2t + 1 (the second all zero where the matrix ends first). */
 static void panel_task(void *ctx, Py_ssize_t t, int slot)
 {
     struct blocks_int8_job *job = ctx;
     const struct gemm_args *a = job->a;
-    const Py_ssize_t groups = a->depth / GROUP, panel_bytes = groups * group_bytes(job->kind);
-    const Py_ssize_t first = 2 * t, panels = (a->cols + PANEL - 1) / PANEL;
-    const int width = first + 1 < panels ? 2 : 1;
-    uint8_t *w = fd_thread_scratch((size_t)a->depth * PANEL * 2);
+    const int kind = job->kind, subs = GROUP / block_sub(kind);
+    const Py_ssize_t groups = a->depth / GROUP, gbytes = group_bytes(kind), panel_bytes = groups * gbytes;
+    const Py_ssize_t factors = subs * PANEL * (1 + block_has_min(kind)), panels = (a->cols + PANEL - 1) / PANEL;
+    const Py_ssize_t w_bytes = a->depth * PANEL * 2, factor_bytes = groups * 2 * factors * (Py_ssize_t)sizeof(float);
+    uint8_t *scratch = fd_thread_scratch((size_t)(w_bytes + factor_bytes));
     (void)slot;
-    if (w == NULL) {
+    if (scratch == NULL) {
         job->failed = 1;
         return;
     }
-    for (int p = 0; p < width; p++)
-        int8_weights(job->kind, a->packed + (first + p) * panel_bytes, groups, job->mode != MODE_AVX2, w + p * a->depth * PANEL);
-    if (job->mode == MODE_AVX512_VNNI)
-        vnni_panels(a, &job->x, job->kind, a->packed + first * panel_bytes, w, width, first * PANEL);
-    else
-        for (int p = 0; p < width; p++)
-            avx2_panel(a, &job->x, job->kind, a->packed + (first + p) * panel_bytes, job->mode == MODE_AVX_VNNI,
-                       w + p * a->depth * PANEL, (first + p) * PANEL);
+    float *f = (float *)(scratch + w_bytes);
+    for (int p = 0; p < 2; p++) {
+        uint8_t *w = scratch + p * a->depth * PANEL;
+        if (2 * t + p >= panels) {
+            memset(w, 0, (size_t)a->depth * PANEL);
+            for (Py_ssize_t g = 0; g < groups; g++) memset(f + (g * 2 + p) * factors, 0, (size_t)factors * sizeof(float));
+            continue;
+        }
+        const uint8_t *panel = a->packed + (2 * t + p) * panel_bytes;
+        int8_weights(kind, panel, groups, weight_offset(kind, job->mode), w);
+        for (Py_ssize_t g = 0; g < groups; g++) memcpy(f + (g * 2 + p) * factors, panel + g * gbytes, (size_t)factors * sizeof(float));
+    }
+    const struct panel_pair pp = {scratch, f};
+    ROWS_FNS[kind_dots(kind, job->mode)][block_sub(kind) == 16][block_has_min(kind)](a, &job->x, &pp, 2 * t * PANEL);
 }
 
 int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)
@@ -336,15 +416,23 @@ int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)
         twin.kind = kind;
         return gemm_blocks(&twin, isa, threads);
     }
-    const Py_ssize_t blocks = a->depth / GROUP, sixteens = a->depth / 16;
-    char *memory = PyMem_RawMalloc((size_t)a->rows * ((size_t)blocks * 8 + (size_t)sixteens * 4 + (size_t)a->depth));
+    const Py_ssize_t padded = (a->rows + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS;
+    const Py_ssize_t blocks = a->depth / GROUP, subs = a->depth / block_sub(kind);
+    const size_t bytes = (size_t)padded * ((size_t)blocks * 4 + (size_t)subs * 8 + (size_t)a->depth);
+    char *memory = PyMem_RawMalloc(bytes);
     if (memory == NULL) return -1;
-    struct blocks_int8_job job = {.a = a, .kind = kind, .mode = fd_int8_dots(isa, -1)};
+    struct blocks_int8_job job = {.a = a, .kind = kind, .mode = fd_int8_dots(isa, -1), .padded_rows = padded};
     job.scale = (float *)memory;
-    job.sum32 = (int32_t *)(memory + (size_t)a->rows * blocks * 4);
-    job.sum16 = (int32_t *)(memory + (size_t)a->rows * blocks * 8);
-    job.q = (int8_t *)(memory + (size_t)a->rows * (blocks * 8 + sixteens * 4));
-    job.x = (struct int8_acts){job.q, job.scale, job.sum16};
+    job.sum = (float *)(memory + (size_t)padded * blocks * 4);
+    job.init = (int32_t *)(memory + (size_t)padded * (blocks * 4 + subs * 4));
+    job.q = (int8_t *)(memory + (size_t)padded * (blocks * 4 + subs * 8));
+    /* the padding rows: zero activations, scale 0, and dots that start at 0 */
+    const Py_ssize_t extra = padded - a->rows;
+    memset(job.scale + a->rows * blocks, 0, (size_t)extra * blocks * 4);
+    memset(job.sum + a->rows * subs, 0, (size_t)extra * subs * 4);
+    memset(job.init + a->rows * subs, 0, (size_t)extra * subs * 4);
+    memset(job.q + a->rows * a->depth, 0, (size_t)extra * a->depth);
+    job.x = (struct int8_acts){job.q, job.scale, job.init, job.sum};
     fd_parallel_for((a->rows + QUANTIZE_ROWS_PER_TASK - 1) / QUANTIZE_ROWS_PER_TASK, threads, quantize_task, &job);
     fd_parallel_for(((a->cols + PANEL - 1) / PANEL + 1) / 2, threads, panel_task, &job);
     PyMem_RawFree(memory);

@@ -161,7 +161,8 @@ PyMODINIT_FUNC PyInit__native(void)
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "KIND_Q4_1", KIND_Q4_1) < 0 || PyModule_AddIntConstant(m, "KIND_Q8_0", KIND_Q8_0) < 0 ||
         PyModule_AddIntConstant(m, "KIND_F32", KIND_F32) < 0 ||
-        PyModule_AddIntConstant(m, "KIND_BF16", KIND_BF16) < 0 || PyModule_AddIntConstant(m, "PANEL", PANEL) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_BF16", KIND_BF16) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_W8A8", KIND_W8A8) < 0 || PyModule_AddIntConstant(m, "PANEL", PANEL) < 0 ||
         PyModule_AddIntConstant(m, "KIND_Q4_1_I8", KIND_Q4_1_I8) < 0 ||
         PyModule_AddIntConstant(m, "KIND_Q8_0_I8", KIND_Q8_0_I8) < 0 ||
         PyModule_AddIntConstant(m, "KIND_Q4_0", KIND_Q4_0) < 0 || PyModule_AddIntConstant(m, "KIND_Q5_0", KIND_Q5_0) < 0 ||

@@ -9,6 +9,7 @@
  * gemm_blocks.c       products on sub-block panels (entry), gemm_blocks.h their kernels, compiled per
  *                     instruction set by gemm_blocks_avx2.c and gemm_blocks_avx512.c
  * gemm_int8.c         the same blocks times int8-quantised activations (FD_CPU_ACTIVATIONS=int8)
+ * gemm_w8a8.c         int8 weights with per-channel scales times int8 activations (wint8, FD_CPU_ACTIVATIONS=int8)
  * gemm_bf16.c         bfloat16 weights times activations rounded to bfloat16 (FD_CPU_VISION_MATMUL=bfloat16)
  * encoder_attention_bf16.c  encoder_attention.c's work with bfloat16 products (the same opt-in, AVX512_BF16)
  * row_kernels.h       attention and element-wise kernels, compiled per instruction set by
@@ -83,7 +84,8 @@ enum weight_kind {
     KIND_Q4_0_I8 = 16, KIND_IQ4_XS_I8 = 25,
     KIND_MXFP4 = 26, /* a sub-block kind too (after the others so that their numbers stay); no int8 twin */
     KIND_BF16 = 27, /* bfloat16 panels (gemm_bf16.c), activations rounded to bfloat16 */
-    KINDS = 28
+    KIND_W8A8 = 28, /* int8 levels with a scale per output channel, int8 activations (gemm_w8a8.c) */
+    KINDS = 29
 };
 /* The sub-block kind whose panels a kind reads: an _I8 sub-block kind's float32 twin, else itself. */
 static inline int is_int8_subblock_kind(int kind) { return kind >= KIND_Q4_0_I8 && kind <= KIND_IQ4_XS_I8; }
@@ -249,6 +251,9 @@ Py_ssize_t fd_packed_bytes(int kind, Py_ssize_t cols, Py_ssize_t depth);
 /* gemm_int8.c: the product for the KIND_*_I8 layouts, activations quantised to int8 (with the
  * caller's threads; the GIL released); -1 when out of memory. */
 int gemm_int8(const struct gemm_args *a, int isa, int threads);
+/* gemm_w8a8.c: the product for KIND_W8A8 (same threads, GIL, errors); the bytes of its packed weight. */
+int fd_gemm_w8a8(const struct gemm_args *a, int isa, int threads);
+Py_ssize_t fd_w8a8_packed_bytes(Py_ssize_t cols, Py_ssize_t depth);
 /* gemm_blocks.c: the product for the sub-block kinds (KIND_Q4_0 .. KIND_IQ4_XS and KIND_MXFP4, blocks.h), on the
  * caller's threads (the GIL released); -1 when out of memory. */
 int gemm_blocks(const struct gemm_args *a, int isa, int threads);

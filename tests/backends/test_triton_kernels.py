@@ -20,6 +20,9 @@ from fastdeploy.backends.conformance import numpy_reference as ref
 torch = pytest.importorskip("torch", reason="Triton's interpreter needs torch (the test extra installs it)")
 pytest.importorskip("triton", reason="the kernels are Triton kernels (the test extra installs triton)")
 from fastdeploy.backends.cuda import triton_kernels as kernels  # noqa: E402
+from fastdeploy.backends.cuda.aot import SHARED_MEMORY_LIMIT  # noqa: E402
+from fastdeploy.backends.cuda.triton_attention import prefill_launch_options  # noqa: E402
+from fastdeploy.backends.cuda.triton_moe import gemm_config  # noqa: E402
 
 
 def tensor(array: np.ndarray):
@@ -113,26 +116,39 @@ def test_silu_and_mul(width):
     np.testing.assert_allclose(out, ref.silu_and_mul(x), rtol=1e-5, atol=1e-6)
 
 
-def test_kernels_compile_for_sm80_and_sm90_without_a_gpu():
-    """Triton lowers each kernel to PTX and a cubin for real GPUs (float32 and bfloat16), at the
-    shapes the backend launches; shape or dtype errors the interpreter lets through (tl.dot needs
-    16 rows and matching operand dtypes) fail here. float16 is left to the command line's default (all
-    three dtypes): it takes the bfloat16 code paths and tiles (same element size), and its third of
-    the compiles costs the suite about a minute on a cold Triton cache."""
+def _float32_launches(shared_memory: int) -> list[dict[str, int]]:
+    """The float32 tiles and launch options of the kernels whose tiles may follow the GPU."""
+    prefill = [prefill_launch_options(True, head_dim, shared_memory) for head_dim in (64, 128)]
+    return prefill + [gemm_config(entries, 64, True, shared_memory) for entries in (96, 1536, 24576)]
+
+
+def _compile(arch: str, dtypes: str) -> list[str]:
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    result = subprocess.run(
-        [sys.executable, "-m", "fastdeploy.backends.cuda.aot", "80", "90", "--dtypes", "float32,bfloat16"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    command = [sys.executable, "-m", "fastdeploy.backends.cuda.aot", arch, "--dtypes", dtypes]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
+    return result.stdout.splitlines()
+
+
+def test_kernels_compile_for_sm80_and_sm90_without_a_gpu():
+    """Triton lowers each kernel to PTX and a cubin for real GPUs, at the shapes the backend
+    launches; shape or dtype errors the interpreter lets through (tl.dot needs 16 rows and matching
+    operand dtypes) fail here. bfloat16 on sm_80 and sm_90 (tensor-core mma on one, wgmma on the
+    other; tiles that follow the shared memory); float32 on sm_80 only: its tiles and launch
+    options are the same on both (checked first) and its ieee dots take no tensor cores, so sm_90
+    would compile the same code against a larger shared-memory limit, at over a quarter of the
+    check's time. float16 is left to the command line's default (all three dtypes): it takes the
+    bfloat16 code paths and tiles (same element size)."""
+    assert _float32_launches(SHARED_MEMORY_LIMIT[80]) == _float32_launches(SHARED_MEMORY_LIMIT[90])
+    lines = _compile("80", "float32,bfloat16") + _compile("90", "bfloat16")
     # element-wise, prefill x 4 (one windowed with sinks, one windowed and soft-capped), decode x 6
     # (two with sinks, one soft-capped), reduce x 2 (with and without sinks), route, MoE GEMMs
     per_dtype = 4 + 4 + 6 + 2 + 1 + 4
-    assert len(lines) == 2 * (2 * per_dtype + 6)  # + sampling (4) and MoE sort (2) kernels, float32 only
+    dtype_free = 6  # sampling (4) and MoE sort (2) kernels, float32 only, on each architecture
+    assert len(lines) == 3 * per_dtype + 2 * dtype_free
+    sm90 = [line.split()[1:3] for line in lines if line.startswith("sm_90")]
+    assert len(sm90) == per_dtype + dtype_free
+    assert sum(dtype == "float32" for dtype, _ in sm90) == dtype_free  # the sampling and sort kernels
     names = {line.split()[2] for line in lines}
     assert {"_prefill_kernel", "_decode_kernel", "_pick_kernel", "_gemm_kernel", "_route_kernel"} <= names
     sizes = [re.search(r"ptx +(\d+) B, cubin +(\d+) B", line) for line in lines]

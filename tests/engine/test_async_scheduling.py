@@ -197,19 +197,25 @@ def test_the_next_pass_is_launched_before_the_last_tokens_are_read(overlapped, m
     ]
 
 
-def test_the_tensor_backend_feeds_tokens_on_its_device():
+@pytest.fixture(scope="module")
+def torch_cpu_default():
+    """torch-cpu as a user gets it (loading takes seconds: shared)."""
+    return LLM(device="torch-cpu", **ENGINE)
+
+
+def test_the_tensor_backend_feeds_tokens_on_its_device(torch_cpu_default):
     """torch-cpu: argmax, feed and host copies through the runtime (the code the GPU runs)."""
     params = [greedy(max_tokens=n) for n in (9, 3, 14, 1, 6)]
-    outputs = []
-    for mode in (False, True):
-        engine = LLM(device="torch-cpu", async_scheduling=mode, **ENGINE)
-        assert engine.llm_engine.async_scheduling is mode
-        outputs.append(results(engine.generate(PROMPTS, params, use_tqdm=False)))
+    one_step_at_a_time = LLM(device="torch-cpu", async_scheduling=False, **ENGINE)
+    assert one_step_at_a_time.llm_engine.async_scheduling is False
+    assert torch_cpu_default.llm_engine.async_scheduling is True
+    engines = (one_step_at_a_time, torch_cpu_default)
+    outputs = [results(engine.generate(PROMPTS, params, use_tqdm=False)) for engine in engines]
     assert outputs[1] == outputs[0]
 
 
-def test_torch_cpu_overlaps_by_default():
-    assert LLM(device="torch-cpu", **ENGINE).llm_engine.async_scheduling
+def test_torch_cpu_overlaps_by_default(torch_cpu_default):
+    assert torch_cpu_default.llm_engine.async_scheduling
 
 
 @pytest.mark.parametrize(

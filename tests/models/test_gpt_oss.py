@@ -43,11 +43,17 @@ def generate(llm: LLM) -> list[list[int]]:
     return [list(output.outputs.token_ids) for output in outputs]
 
 
-def test_float_checkpoint_matches_transformers(tmp_path):
+@pytest.fixture(scope="module")
+def float_tokens() -> list[list[int]]:
+    """transformers' tokens on the checkpoint as seeded (shared: each run takes seconds)."""
+    return reference_tokens(reference_model())
+
+
+def test_float_checkpoint_matches_transformers(tmp_path, float_tokens):
     model = reference_model()
     tensors = {name: t.numpy() for name, t in model.state_dict().items()}
     directory = write_checkpoint(tmp_path / "float", tensors)
-    assert engine_tokens(directory) == reference_tokens(model)
+    assert engine_tokens(directory) == float_tokens
 
 
 def test_mxfp4_checkpoint_matches_transformers_on_the_dequantised_weights(tmp_path):
@@ -65,12 +71,14 @@ def narrow_window(tmp_path_factory) -> tuple[str, list[list[int]]]:
     return directory, reference_tokens(model)
 
 
-def test_past_the_sliding_window_the_sliding_layer_attends_over_its_window(narrow_window, monkeypatch):
+def test_past_the_sliding_window_the_sliding_layer_attends_over_its_window(
+    narrow_window, float_tokens, monkeypatch
+):
     """A window of 8: every prompt and its 24 tokens cross it (the sliding layer forgets, the full
     layer does not), and the tokens still equal transformers'; narrowing the window changes
     transformers' tokens, so the window is exercised."""
     directory, expected = narrow_window
-    assert expected != reference_tokens(reference_model())
+    assert expected != float_tokens
     assert engine_tokens(directory) == expected  # native kernels, sinks applied after
     monkeypatch.setenv("FD_CPU_KERNELS", "numpy")  # sinks and window inside the softmax
     assert engine_tokens(directory) == expected
@@ -101,14 +109,12 @@ def test_the_cuda_backends_code_runs_the_sinks_and_the_window(narrow_window, dev
     assert engine_tokens(directory, device=device, dtype="float32") == expected
 
 
-def test_the_sliding_layer_keeps_only_its_window_of_blocks(tmp_path):
+def test_the_sliding_layer_keeps_only_its_window_of_blocks(narrow_window):
     """A window of 8 over 4-position blocks: the sliding layer's KV group holds the window, a
     prefill chunk and a margin while the full layer's keeps every position, in a cache too small
     for both layers to hold the 37 positions of the longer prompt and its tokens (the two prompts
     take turns: one is preempted); tokens are transformers', and every block comes back."""
-    model = reference_model(sliding_window=8)
-    tensors = {name: t.numpy() for name, t in model.state_dict().items()}
-    directory = write_checkpoint(tmp_path / "window", tensors, sliding_window=8)
+    directory, expected = narrow_window
     longest = max(len(prompt) for prompt in PROMPTS) + NEW_TOKENS
     layer_position = 2 * CONFIG["num_key_value_heads"] * CONFIG["head_dim"] * 4  # float32 key and value
     budget = 72 * layer_position  # the full layer's 40 (max_model_len) and the sliding layer's 8 + 8 + 12
@@ -117,7 +123,7 @@ def test_the_sliding_layer_keeps_only_its_window_of_blocks(tmp_path):
         model=directory, max_model_len=40, block_size=4, max_num_batched_tokens=8, kv_cache_memory=budget
     )
     peaks = track_peaks(llm)
-    assert generate(llm) == reference_tokens(model)
+    assert generate(llm) == expected
     full, sliding = peaks
     assert full == -(-(longest - 1) // 4)  # every position but the last token's (never fed back)
     assert sliding <= 8 // 4 + 8 // 4 + 3
@@ -125,20 +131,19 @@ def test_the_sliding_layer_keeps_only_its_window_of_blocks(tmp_path):
     assert held_now(llm) == [0, 0]
 
 
-def test_the_checkpoint_exercises_sinks_and_the_clamp():
+def test_the_checkpoint_exercises_sinks_and_the_clamp(float_tokens):
     """Without its sinks, or without the clamp, transformers' tokens change: the equalities above
     cover both features."""
     model = reference_model()
-    tokens = reference_tokens(model)
     sinks = [layer.self_attn.sinks.detach().clone() for layer in model.model.layers]
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.sinks.fill_(-1e4)
-        assert reference_tokens(model) != tokens
+        assert reference_tokens(model) != float_tokens
         for layer, saved in zip(model.model.layers, sinks, strict=True):
             layer.self_attn.sinks.copy_(saved)
             layer.mlp.experts.limit = 1e9
-    assert reference_tokens(model) != tokens
+    assert reference_tokens(model) != float_tokens
 
 
 def test_chat_renders_the_harmony_prompt_and_the_gpt_oss_parser_reads_the_output(tmp_path):

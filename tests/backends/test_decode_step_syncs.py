@@ -21,6 +21,9 @@ from fastdeploy.backends.cuda.step_inputs import StagedBuffers  # noqa: E402
 
 PROMPTS = [[72, 101, 108, 108, 111, 44, 32], [87, 111, 114, 108, 100], [100, 33, 9, 40, 41, 42]]
 MAX_TOKENS = 4
+#: sampled runs are shorter: each sampled row sorts its candidates in the interpreted Triton
+#: kernel (seconds per step on a CPU), and two replayed steps show the replay draws as well as four
+SAMPLED_TOKENS = 3
 
 
 @pytest.fixture(scope="module")
@@ -140,16 +143,17 @@ def test_sampled_decode_steps_draw_in_the_replay_with_each_sequences_uniform(ste
 
     llm, graphs, runtime = stepwise
     params = SamplingParams(
-        temperature=0.9, top_k=40, top_p=0.9, seed=7, max_tokens=MAX_TOKENS, ignore_eos=True
+        temperature=0.9, top_k=40, top_p=0.9, seed=7, max_tokens=SAMPLED_TOKENS, ignore_eos=True
     )
-    tokens, steps = per_step(llm, graphs, runtime, PROMPTS, params)
-    assert sum(replays for _, replays in steps) >= MAX_TOKENS - 1
+    prompts = PROMPTS[:2]
+    tokens, steps = per_step(llm, graphs, runtime, prompts, params)
+    assert sum(replays for _, replays in steps) >= SAMPLED_TOKENS - 1
     assert all(transfers == 1 for transfers, _ in steps)
 
-    expected, eager_steps = without_graphs(llm, PROMPTS, params, graphs, runtime)
+    expected, eager_steps = without_graphs(llm, prompts, params, graphs, runtime)
     assert tokens == expected
     assert all(transfers == 2 for transfers, _ in eager_steps)  # row maxima, then the drawn ids
-    assert len({tuple(t) for t in tokens}) == len(PROMPTS)  # replays drew different numbers
+    assert len({tuple(t) for t in tokens}) == len(prompts)  # replays drew different numbers
 
 
 def test_a_mixed_greedy_and_sampled_batch_gives_the_same_tokens_replayed_and_eager(stepwise):
@@ -157,12 +161,12 @@ def test_a_mixed_greedy_and_sampled_batch_gives_the_same_tokens_replayed_and_eag
 
     llm, graphs, runtime = stepwise
     params = [
-        SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True),
-        SamplingParams(temperature=1.2, top_p=0.8, seed=3, max_tokens=MAX_TOKENS, ignore_eos=True),
-        SamplingParams(temperature=0.7, top_k=5, seed=4, max_tokens=MAX_TOKENS, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=SAMPLED_TOKENS, ignore_eos=True),
+        SamplingParams(temperature=1.2, top_p=0.8, seed=3, max_tokens=SAMPLED_TOKENS, ignore_eos=True),
+        SamplingParams(temperature=0.7, top_k=5, seed=4, max_tokens=SAMPLED_TOKENS, ignore_eos=True),
     ]
     replayed, steps = per_step(llm, graphs, runtime, PROMPTS, params)
-    assert sum(replays for _, replays in steps) >= MAX_TOKENS - 1
+    assert sum(replays for _, replays in steps) >= SAMPLED_TOKENS - 1
     captured, graphs.graphs = graphs.graphs, {}  # no bucket: every step eager, same device stage
     try:
         eager, eager_steps = per_step(llm, graphs, runtime, PROMPTS, params)

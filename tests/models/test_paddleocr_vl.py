@@ -24,7 +24,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("transformers.models.paddleocr_vl", reason="transformers has no PaddleOCR-VL")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "entrypoints" / "openai"))
+import mrope_vl_reference  # noqa: E402
 import tiny_checkpoints  # noqa: E402
+from mrope_vl_reference import IMAGES, open_images  # noqa: E402
 from PIL import Image  # noqa: E402
 from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import (  # noqa: E402
     PaddleOCRVLImageProcessorPil,
@@ -38,7 +40,6 @@ from fastdeploy.input.multimodal.paddleocr_vl import image_settings, preprocess_
 from fastdeploy.models.paddleocr_vl.vision import bilinear_matrix  # noqa: E402
 from fastdeploy.plugins.registry import get_registry  # noqa: E402
 
-IMAGES = Path(__file__).resolve().parents[1] / "fixtures" / "images"
 VOCAB = tiny_checkpoints.CHAT_VOCAB_SIZE
 BOS = tiny_checkpoints.added_token_id("<|begin_of_sentence|>")
 VL_TOKENS = ["<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>", "<|VIDEO_PLACEHOLDER|>"]
@@ -156,37 +157,9 @@ def reference_pixels(images: list) -> tuple[np.ndarray | None, np.ndarray | None
 
 def transformers_greedy(model, ids: list[int], images: list) -> list[int]:
     """transformers' greedy tokens; the placeholders expanded from its own processor's grids."""
-    pixels, grids = reference_pixels(images)
-    expanded: list[int] = []
-    grid_iter = iter(grids if grids is not None else [])
-    for token in ids:
-        if token == IMAGE_PAD:
-            t, h, w = next(grid_iter)
-            expanded.extend([IMAGE_PAD] * int(t * h * w // 4))
-        else:
-            expanded.append(token)
-    input_ids = torch.tensor([expanded])
-    kwargs = {}
-    if pixels is not None:
-        kwargs = {
-            "pixel_values": torch.from_numpy(pixels),
-            "image_grid_thw": torch.from_numpy(grids),
-            "mm_token_type_ids": (input_ids == IMAGE_PAD).int(),
-        }
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            **kwargs,
-        )
-    return out[0, len(expanded) :].tolist()
-
-
-def open_images(names: list[str]) -> list:
-    return [Image.open(IMAGES / name).convert("RGB") for name in names]
+    return mrope_vl_reference.transformers_greedy(
+        model, ids, *reference_pixels(images), IMAGE_PAD, NEW_TOKENS
+    )
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,9 @@ pytest.importorskip("PIL")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "entrypoints" / "openai"))
+import mrope_vl_reference  # noqa: E402
 import tiny_checkpoints  # noqa: E402
+from mrope_vl_reference import IMAGES, open_images  # noqa: E402
 from PIL import Image  # noqa: E402
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil  # noqa: E402
 
@@ -34,7 +36,6 @@ from fastdeploy.input.multimodal.image_processor import PatchSettings  # noqa: E
 from fastdeploy.input.multimodal.qwen2_5_vl import preprocess_image  # noqa: E402
 from fastdeploy.plugins.registry import get_registry  # noqa: E402
 
-IMAGES = Path(__file__).resolve().parents[1] / "fixtures" / "images"
 VOCAB = tiny_checkpoints.CHAT_VOCAB_SIZE
 IM_START, IM_END = (
     tiny_checkpoints.added_token_id("<|im_start|>"),
@@ -143,37 +144,9 @@ def reference_pixels(images: list) -> tuple[np.ndarray | None, np.ndarray | None
 
 def transformers_greedy(model, ids: list[int], images: list) -> list[int]:
     """transformers' greedy tokens; the placeholders expanded from its own processor's grids."""
-    pixels, grids = reference_pixels(images)
-    expanded: list[int] = []
-    grid_iter = iter(grids if grids is not None else [])
-    for token in ids:
-        if token == IMAGE_PAD:
-            t, h, w = next(grid_iter)
-            expanded.extend([IMAGE_PAD] * int(t * h * w // 4))
-        else:
-            expanded.append(token)
-    input_ids = torch.tensor([expanded])
-    kwargs = {}
-    if pixels is not None:
-        kwargs = {
-            "pixel_values": torch.from_numpy(pixels),
-            "image_grid_thw": torch.from_numpy(grids),
-            "mm_token_type_ids": (input_ids == IMAGE_PAD).int(),
-        }
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            **kwargs,
-        )
-    return out[0, len(expanded) :].tolist()
-
-
-def open_images(names: list[str]) -> list:
-    return [Image.open(IMAGES / name).convert("RGB") for name in names]
+    return mrope_vl_reference.transformers_greedy(
+        model, ids, *reference_pixels(images), IMAGE_PAD, NEW_TOKENS
+    )
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,7 @@
 #define FEW_ROWS 4
 #define PAD_ROWS 12     /* the activations are padded to a multiple of every tile's rows */
 #define MAX_VNNI_ROWS 6 /* rows of a VNNI tile: 6 for sub-blocks of 32, 4 for 16 (their part sums stay live) */
+#define AVX2_ROWS 4     /* rows of an AVX2 tile */
 #define QUANTIZE_ROWS_PER_TASK 16
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -261,57 +262,101 @@ VNNI_ROWS_FN(vnni_rows_16_min, 16, 1, 4)
  * the codebook types (IQ4_*, -127..113), |x| times the weights with x's sign (`vpsignb`). */
 enum { DOTS_SIGNED = 0, DOTS_AVX_VNNI = 1, DOTS_AVX512_VNNI = 2, DOTS_UNSIGNED = 3 };
 
-/* dot + the 8 columns' sums of the 8 products of two k-steps (w0 x0, w1 x1). The VNNI instruction
- * is written out (VEX encoded) because its intrinsic cannot be inlined into code that also runs
- * without it; it runs only where the CPU reports AVX-VNNI. */
-INLINE __m256i avx2_dots(__m256i dot, __m256i w0, __m256i x0, __m256i w1, __m256i x1, int dots)
+/* The bits of a kind's unsigned weights (after its offset) on the maddubs dots. */
+static int weight_bits(int kind)
 {
-    const __m256i ones = _mm256_set1_epi16(1);
-    if (dots == DOTS_AVX_VNNI) {
-        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot) : "x"(w0), "x"(x0));
-        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot) : "x"(w1), "x"(x1));
-        return dot;
+    switch (kind) {
+    case KIND_Q2_K: return 2;
+    case KIND_Q3_K: return 3;
+    case KIND_Q5_0: case KIND_Q5_1: case KIND_Q5_K: return 5;
+    case KIND_Q6_K: return 6;
+    default: return 4; /* Q4_0, Q4_K, Q4_1_I8 */
     }
-    if (dots == DOTS_UNSIGNED)
-        return _mm256_add_epi32(
-            dot, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w0, x0), _mm256_maddubs_epi16(w1, x1)), ones));
-    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x0), _mm256_sign_epi8(w0, x0)), ones));
-    return _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x1), _mm256_sign_epi8(w1, x1)), ones));
 }
 
-/* Two rows from row0 times panel p of a pair (two halves of 8 columns): 12 accumulators of 16 ymm. */
+/* Whether `steps` k-steps of 4 (one vpmaddubsw pair each) may add up in int16 before one vpmaddwd:
+ * each pair is at most 2 x 127 x the largest weight in magnitude, the sum of `steps` below 2^15. */
+static int int16_steps_fit(int kind, int steps)
+{
+    return 2 * 127 * ((1 << weight_bits(kind)) - 1) * steps <= 32767;
+}
+
+/* R rows from row0 times panel p of a pair (16 columns, two ymm halves): 2R dot chains, enough to
+ * hide vpdpbusd's latency (2 rows gave 4 chains, about half its throughput); the group totals live
+ * in `total` (L1), added once per group. The maddubs dots add `chunk` k-steps' pairs in int16
+ * before one vpmaddwd (int16_steps_fit); the signed ones (codebook types, Q8_0) one step at a time.
+ * The VNNI instruction is written out (VEX encoded) because its intrinsic cannot be inlined into
+ * code that also runs without it; it runs only where the CPU reports AVX-VNNI. */
 INLINE void avx2_tile(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp, int p,
-                      int sub, int with_min, int dots, Py_ssize_t row0, Py_ssize_t col0)
+                      int sub, int with_min, int dots, int chunk, int R, Py_ssize_t row0, Py_ssize_t col0)
 {
     const Py_ssize_t depth = a->depth, groups = depth / GROUP, subs_row = depth / sub;
     const int subs = GROUP / sub, factors = subs * PANEL * (1 + with_min);
     const int8_t *q = x->q + row0 * depth;
     const uint8_t *w = pp->w + p * depth * PANEL;
-    __m256 total[2][2];
-    for (int r = 0; r < 2; r++) total[r][0] = total[r][1] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    float total[AVX2_ROWS][PANEL] __attribute__((aligned(32)));
+    memset(total, 0, sizeof(total));
     for (Py_ssize_t g = 0; g < groups; g++) {
         const float *f = pp->factors + (g * 2 + p) * factors;
-        __m256 part[2][2];
+        __m256 part[AVX2_ROWS][2];
         for (int s = 0; s < subs; s++) {
             const Py_ssize_t k0 = g * GROUP + s * sub, at = g * subs + s;
-            __m256i dot[2][2];
-            for (int r = 0; r < 2; r++) dot[r][0] = dot[r][1] = _mm256_set1_epi32(x->init[(row0 + r) * subs_row + at]);
-#pragma GCC unroll 4
-            for (int k = 0; k < sub; k += 8) {
-                const uint8_t *wk = w + (k0 + k) * PANEL;
-                const __m256i wa0 = _mm256_loadu_si256((const __m256i *)wk), wb0 = _mm256_loadu_si256((const __m256i *)(wk + 32));
-                const __m256i wa1 = _mm256_loadu_si256((const __m256i *)(wk + 4 * PANEL));
-                const __m256i wb1 = _mm256_loadu_si256((const __m256i *)(wk + 4 * PANEL + 32));
-                for (int r = 0; r < 2; r++) {
-                    const __m256i x0 = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k));
-                    const __m256i x1 = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k + 4));
-                    dot[r][0] = avx2_dots(dot[r][0], wa0, x0, wa1, x1, dots);
-                    dot[r][1] = avx2_dots(dot[r][1], wb0, x0, wb1, x1, dots);
+            __m256i dot[AVX2_ROWS][2];
+            for (int r = 0; r < R; r++) dot[r][0] = dot[r][1] = _mm256_set1_epi32(x->init[(row0 + r) * subs_row + at]);
+            if (dots == DOTS_AVX_VNNI) {
+#pragma GCC unroll 8
+                for (int k = 0; k < sub; k += 4) {
+                    const uint8_t *wk = w + (k0 + k) * PANEL;
+                    const __m256i wa = _mm256_loadu_si256((const __m256i *)wk);
+                    const __m256i wb = _mm256_loadu_si256((const __m256i *)(wk + 32));
+                    for (int r = 0; r < R; r++) {
+                        const __m256i xv = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k));
+                        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot[r][0]) : "x"(wa), "x"(xv));
+                        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot[r][1]) : "x"(wb), "x"(xv));
+                    }
+                }
+            } else if (dots == DOTS_UNSIGNED) {
+#pragma GCC unroll 2
+                for (int c = 0; c < sub; c += 4 * chunk) {
+                    __m256i pairs[AVX2_ROWS][2];
+#pragma GCC unroll 8
+                    for (int j = 0; j < chunk; j++) {
+                        const uint8_t *wk = w + (k0 + c + 4 * j) * PANEL;
+                        const __m256i wa = _mm256_loadu_si256((const __m256i *)wk);
+                        const __m256i wb = _mm256_loadu_si256((const __m256i *)(wk + 32));
+                        for (int r = 0; r < R; r++) {
+                            const __m256i xv = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + c + 4 * j));
+                            const __m256i ma = _mm256_maddubs_epi16(wa, xv), mb = _mm256_maddubs_epi16(wb, xv);
+                            pairs[r][0] = j == 0 ? ma : _mm256_add_epi16(pairs[r][0], ma);
+                            pairs[r][1] = j == 0 ? mb : _mm256_add_epi16(pairs[r][1], mb);
+                            /* kept a running sum: GCC would otherwise regroup the additions and hold every
+                             * product in a register (spilled) */
+                            __asm__("" : "+x"(pairs[r][0]), "+x"(pairs[r][1]));
+                        }
+                    }
+                    for (int r = 0; r < R; r++) {
+                        for (int h = 0; h < 2; h++) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(pairs[r][h], ones));
+                        __asm__("" : "+x"(dot[r][0]), "+x"(dot[r][1]));
+                    }
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int k = 0; k < sub; k += 4) {
+                    const uint8_t *wk = w + (k0 + k) * PANEL;
+                    const __m256i wa = _mm256_loadu_si256((const __m256i *)wk);
+                    const __m256i wb = _mm256_loadu_si256((const __m256i *)(wk + 32));
+                    for (int r = 0; r < R; r++) {
+                        const __m256i xv = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k)), ax = _mm256_abs_epi8(xv);
+                        dot[r][0] = _mm256_add_epi32(dot[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wa, xv)), ones));
+                        dot[r][1] = _mm256_add_epi32(dot[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wb, xv)), ones));
+                        __asm__("" : "+x"(dot[r][0]), "+x"(dot[r][1])); /* a running sum, as above */
+                    }
                 }
             }
             for (int h = 0; h < 2; h++) {
                 const __m256 scale = _mm256_loadu_ps(f + s * PANEL + 8 * h);
-                for (int r = 0; r < 2; r++) {
+                for (int r = 0; r < R; r++) {
                     const __m256 before = s == 0 ? _mm256_setzero_ps() : part[r][h];
                     __m256 t = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot[r][h]), before);
                     if (with_min)
@@ -321,42 +366,44 @@ INLINE void avx2_tile(const struct gemm_args *a, const struct int8_acts *x, cons
                 }
             }
         }
-        for (int r = 0; r < 2; r++) {
+        for (int r = 0; r < R; r++) {
             const __m256 sx = _mm256_set1_ps(x->scale[(row0 + r) * groups + g]);
-            total[r][0] = _mm256_fmadd_ps(part[r][0], sx, total[r][0]);
-            total[r][1] = _mm256_fmadd_ps(part[r][1], sx, total[r][1]);
+            for (int h = 0; h < 2; h++)
+                _mm256_store_ps(total[r] + 8 * h, _mm256_fmadd_ps(part[r][h], sx, _mm256_load_ps(total[r] + 8 * h)));
         }
     }
     const Py_ssize_t start = col0 + p * PANEL, valid = a->cols - start < PANEL ? a->cols - start : PANEL;
-    for (int r = 0; r < 2 && row0 + r < a->rows; r++) {
-        float t[PANEL];
-        _mm256_storeu_ps(t, total[r][0]);
-        _mm256_storeu_ps(t + 8, total[r][1]);
+    for (int r = 0; r < R && row0 + r < a->rows; r++) {
         float *dst = a->out + (row0 + r) * a->cols + start;
         if (a->bias)
-            for (Py_ssize_t n = 0; n < valid; n++) dst[n] = t[n] + a->bias[start + n];
+            for (Py_ssize_t n = 0; n < valid; n++) dst[n] = total[r][n] + a->bias[start + n];
         else
-            memcpy(dst, t, (size_t)valid * sizeof(float));
+            memcpy(dst, total[r], (size_t)valid * sizeof(float));
     }
 }
 
-#define AVX2_ROWS_FN(name, sub, with_min, dots)                                                                       \
+#define AVX2_ROWS_FN(name, sub, with_min, dots, chunk)                                                                \
     static void name(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp,              \
                      Py_ssize_t col0)                                                                                 \
     {                                                                                                                 \
         const int width = a->cols - col0 > PANEL ? 2 : 1;                                                            \
-        for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += 2)                                                         \
-            for (int p = 0; p < width; p++) avx2_tile(a, x, pp, p, sub, with_min, dots, row0, col0);              \
+        for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX2_ROWS)                                                 \
+            for (int p = 0; p < width; p++) avx2_tile(a, x, pp, p, sub, with_min, dots, chunk, AVX2_ROWS, row0, col0); \
     }
-AVX2_ROWS_FN(signed_rows_32, 32, 0, DOTS_SIGNED) /* the codebook types: sub-blocks of 32, no minimum */
-AVX2_ROWS_FN(unsigned_rows_32, 32, 0, DOTS_UNSIGNED)
-AVX2_ROWS_FN(unsigned_rows_32_min, 32, 1, DOTS_UNSIGNED)
-AVX2_ROWS_FN(unsigned_rows_16, 16, 0, DOTS_UNSIGNED)
-AVX2_ROWS_FN(unsigned_rows_16_min, 16, 1, DOTS_UNSIGNED)
-AVX2_ROWS_FN(avxvnni_rows_32, 32, 0, DOTS_AVX_VNNI)
-AVX2_ROWS_FN(avxvnni_rows_32_min, 32, 1, DOTS_AVX_VNNI)
-AVX2_ROWS_FN(avxvnni_rows_16, 16, 0, DOTS_AVX_VNNI)
-AVX2_ROWS_FN(avxvnni_rows_16_min, 16, 1, DOTS_AVX_VNNI)
+AVX2_ROWS_FN(signed_rows_32, 32, 0, DOTS_SIGNED, 1) /* the codebook types and Q8_0: sub-blocks of 32, no minimum */
+/* maddubs: the whole sub-block in int16 (weights of up to 4 bits; 3 for sub-blocks of 16), or half of it */
+AVX2_ROWS_FN(unsigned_rows_32, 32, 0, DOTS_UNSIGNED, 8)
+AVX2_ROWS_FN(unsigned_rows_32_half, 32, 0, DOTS_UNSIGNED, 4)
+AVX2_ROWS_FN(unsigned_rows_32_min, 32, 1, DOTS_UNSIGNED, 8)
+AVX2_ROWS_FN(unsigned_rows_32_min_half, 32, 1, DOTS_UNSIGNED, 4)
+AVX2_ROWS_FN(unsigned_rows_16, 16, 0, DOTS_UNSIGNED, 4)
+AVX2_ROWS_FN(unsigned_rows_16_half, 16, 0, DOTS_UNSIGNED, 2)
+AVX2_ROWS_FN(unsigned_rows_16_min, 16, 1, DOTS_UNSIGNED, 4)
+AVX2_ROWS_FN(unsigned_rows_16_min_half, 16, 1, DOTS_UNSIGNED, 2)
+AVX2_ROWS_FN(avxvnni_rows_32, 32, 0, DOTS_AVX_VNNI, 1)
+AVX2_ROWS_FN(avxvnni_rows_32_min, 32, 1, DOTS_AVX_VNNI, 1)
+AVX2_ROWS_FN(avxvnni_rows_16, 16, 0, DOTS_AVX_VNNI, 1)
+AVX2_ROWS_FN(avxvnni_rows_16_min, 16, 1, DOTS_AVX_VNNI, 1)
 #undef AVX2_ROWS_FN
 
 /* ----------------------------------------------------------- dispatching */
@@ -371,6 +418,17 @@ static const rows_fn ROWS_FNS[4][2][2] = {
     {{vnni_rows_32, vnni_rows_32_min}, {vnni_rows_16, vnni_rows_16_min}},
     {{unsigned_rows_32, unsigned_rows_32_min}, {unsigned_rows_16, unsigned_rows_16_min}},
 };
+/* the maddubs tiles that add half a sub-block in int16 (5- and 6-bit weights) */
+static const rows_fn HALF_ROWS_FNS[2][2] = {
+    {unsigned_rows_32_half, unsigned_rows_32_min_half}, {unsigned_rows_16_half, unsigned_rows_16_min_half}};
+
+/* The tile function of a product of `kind` with `dots`. */
+static rows_fn kind_rows_fn(int kind, int dots)
+{
+    const int sub16 = block_sub(kind) == 16, with_min = kind_has_min(kind);
+    if (dots == DOTS_UNSIGNED && !int16_steps_fit(kind, block_sub(kind) / 4)) return HALF_ROWS_FNS[sub16][with_min];
+    return ROWS_FNS[dots][sub16][with_min];
+}
 
 /* The dots a product of `kind` runs in `mode`, and the offset its regrouped weights carry. */
 static int kind_dots(int kind, int mode)
@@ -450,7 +508,7 @@ static void panel_task(void *ctx, Py_ssize_t t, int slot)
         for (Py_ssize_t g = 0; g < groups; g++) memcpy(f + (g * 2 + p) * factors, panel + g * gbytes, (size_t)factors * sizeof(float));
     }
     const struct panel_pair pp = {scratch, f};
-    ROWS_FNS[kind_dots(kind, job->mode)][block_sub(kind) == 16][kind_has_min(kind)](a, &job->x, &pp, 2 * t * PANEL);
+    kind_rows_fn(kind, kind_dots(kind, job->mode))(a, &job->x, &pp, 2 * t * PANEL);
 }
 
 int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)

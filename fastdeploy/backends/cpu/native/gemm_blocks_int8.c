@@ -9,7 +9,8 @@
  * Why: the float32 kernels widen every weight to float32 and spend one FMA per weight and row.
  * With the activations in int8 too, one AVX-512 VNNI `vpdpbusd` multiplies and sums 64
  * weight-activation pairs, its AVX-VNNI form 32 (the AVX2 kernels, on CPUs with AVX-VNNI), and
- * plain AVX2 64 in five instructions (two `vpmaddubsw`, `vpaddw`, `vpmaddwd`, `vpaddd`).
+ * plain AVX2 32 per `vpmaddubsw`, whose int16 pair sums add up over a sub-block (4-bit weights) or
+ * half of one (5- and 6-bit) before one `vpmaddwd` and `vpaddd` (avx2_tile).
  *
  * Activations (quantize_rows here, the bits of gemm_int8.c's fd_quantize_rows eight values per
  * instruction): per row and 32-value block (one panel group), sx = max|x| / 127, qx = round(x / sx)
@@ -24,11 +25,12 @@
  * The panels hold the integers one k per 16 bytes (16 columns); the dot instructions take 4
  * consecutive k of a column per 32-bit lane. Each task (two adjacent panels) therefore regroups its
  * integers once into [depth / 4][16 columns][4 k] bytes, plus an offset that makes them unsigned
- * (128 for vpdpbusd, the type's own for maddubs: avx2_dots) and the dots start from -offset sum qx,
+ * (128 for vpdpbusd, the type's own for maddubs: weight_offset) and the dots start from -offset sum qx,
  * with the groups' scales beside them, which every row tile then reads: 6 rows times 32 columns
  * for AVX-512 (24 zmm accumulators: a dot and a total per row and panel; 4 rows for sub-blocks of
- * 16, whose part sums also stay live), 2 rows times 16 columns for AVX2. The tiles are
- * compiled once per sub-block size and minimum, their dot loops unrolled; rows are padded to whole
+ * 16, whose part sums also stay live), 4 rows times 16 columns for AVX2 (8 dot accumulators of its
+ * 16 ymm, the totals in L1). The tiles are compiled once per sub-block size and minimum (and, for
+ * maddubs, how many k-steps add up in int16), their dot loops unrolled; rows are padded to whole
  * tiles. Regrouping once at load instead would double a 4-bit weight's memory for a cost that is
  * paid per product, not per row (measured: about 4% of a 512-row Q4_K product); up to FEW_ROWS rows run
  * the float32 kernels instead, which read each weight once anyway.
@@ -258,8 +260,10 @@ VNNI_ROWS_FN(vnni_rows_16_min, 16, 1, 4)
 /* ------------------------------------------------------------------- AVX2 */
 /* How the AVX2 tiles multiply (and the weight offset the regrouping adds): AVX-VNNI's `vpdpbusd`
  * (weights + 128, unsigned); else `vpmaddubsw` on weights made non-negative by their type's offset
- * (at most 63, so two instructions' pairs sum below 2^15 in int16 before one `vpmaddwd`); else, for
- * the codebook types (IQ4_*, -127..113), |x| times the weights with x's sign (`vpsignb`). */
+ * (at most 63: as many k-steps' pairs sum in int16 before one `vpmaddwd` as stay below 2^15,
+ * int16_steps_fit); else, for the codebook types (IQ4_*, -127..113) and Q8_0 (-127..127, packing.c),
+ * |w| times x with w's sign (`vpabsb`, `vpsignb`: |w| once per k-step for all the tile's rows, where
+ * |x| was once per row), one step per `vpmaddwd`. */
 enum { DOTS_SIGNED = 0, DOTS_AVX_VNNI = 1, DOTS_AVX512_VNNI = 2, DOTS_UNSIGNED = 3 };
 
 /* The bits of a kind's unsigned weights (after its offset) on the maddubs dots. */
@@ -346,10 +350,11 @@ INLINE void avx2_tile(const struct gemm_args *a, const struct int8_acts *x, cons
                     const uint8_t *wk = w + (k0 + k) * PANEL;
                     const __m256i wa = _mm256_loadu_si256((const __m256i *)wk);
                     const __m256i wb = _mm256_loadu_si256((const __m256i *)(wk + 32));
+                    const __m256i abs_a = _mm256_abs_epi8(wa), abs_b = _mm256_abs_epi8(wb);
                     for (int r = 0; r < R; r++) {
-                        const __m256i xv = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k)), ax = _mm256_abs_epi8(xv);
-                        dot[r][0] = _mm256_add_epi32(dot[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wa, xv)), ones));
-                        dot[r][1] = _mm256_add_epi32(dot[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wb, xv)), ones));
+                        const __m256i xv = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k));
+                        dot[r][0] = _mm256_add_epi32(dot[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(abs_a, _mm256_sign_epi8(xv, wa)), ones));
+                        dot[r][1] = _mm256_add_epi32(dot[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(abs_b, _mm256_sign_epi8(xv, wb)), ones));
                         __asm__("" : "+x"(dot[r][0]), "+x"(dot[r][1])); /* a running sum, as above */
                     }
                 }

@@ -21,8 +21,9 @@ head is tied to it); their input size must be a multiple of 32 (the block), else
 Norms, biases, routers (`mlp.gate.weight`) and an untied embedding stay float.
 
 The backend chooses the form per method (`Platform.weight_layout`, default its `weight_packing`):
-GGML blocks as above ("ggml"), or (the cuda backend: "weight_only") `WeightOnlyTensor`s instead, in the layouts its Triton kernels read (fastdeploy/formats/weight_only.py): `wint8`
-per output channel, `wint4` with one scale per `quantization_group_size` inputs, `fp8` block-wise
+GGML blocks as above ("ggml"), or (the cuda backend: "weight_only") `WeightOnlyTensor`s instead,
+in the layouts its Triton kernels read (fastdeploy/formats/weight_only.py): `wint8` per output
+channel, `wint4` with one scale per `quantization_group_size` inputs, `fp8` block-wise
 e4m3 with 128 x 128 scales. The head is wint8 under wint8 and wint4 (as above, the sensitive
 matrix) and stays float under fp8 (as DeepSeek-V3's FP8 checkpoints keep it).
 

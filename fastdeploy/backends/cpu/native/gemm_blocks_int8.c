@@ -290,14 +290,14 @@ static int int16_steps_fit(int kind, int steps)
  *     fma(d, FLOAT_BIAS + D, -(d x FLOAT_BIAS)) = round(d x D) = fma(d, (float)D, 0)
  * bit for bit for every finite d: d x FLOAT_BIAS is exact (d has at most 19 significant bits,
  * FLOAT_BIAS 2) and the FMA rounds the exact d x D once (an infinite scale gives NaN here, not
- * infinity). One FMA instead of a conversion and a product, on the ports the dots
- * share (Q4_K on AVX-VNNI: about 9% fewer cycles per dot by llvm-mca's model). A later sub-block
- * adds to the first's rounded part, so it would keep the conversion. */
+ * infinity). One FMA instead of a conversion and a product, on the ports the dots share (Q4_K on
+ * AVX-VNNI: 9% fewer cycles per dot by llvm-mca's Ice Lake model; measured here within the noise).
+ * A later sub-block adds to the first's rounded part, so it would keep the conversion. */
 #define FLOAT_BIAS 12582912.0f /* 1.5 x 2^23, bits 0x4B400000 */
 
-/* R rows from row0 times panel p of a pair (16 columns, two ymm halves): 2R dot chains, enough to
- * hide vpdpbusd's latency (2 rows gave 4 chains, about half its throughput); the group totals live
- * in `total` (L1), added once per group. The maddubs dots add `chunk` k-steps' pairs in int16
+/* R rows from row0 times panel p of a pair (16 columns, two ymm halves): each weight load serves R
+ * rows and 2R dot chains run side by side (2 rows had 4); the group totals live in `total` (L1),
+ * added once per group. The maddubs dots add `chunk` k-steps' pairs in int16
  * before one vpmaddwd (int16_steps_fit); the signed ones (codebook types, Q8_0) one step at a time.
  * The VNNI instruction is written out (VEX encoded) because its intrinsic cannot be inlined into
  * code that also runs without it; it runs only where the CPU reports AVX-VNNI. */

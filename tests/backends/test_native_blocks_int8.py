@@ -148,7 +148,7 @@ def test_every_dot_instruction_gives_the_same_bits(type_name, weights):
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_K", "Q3_K", "IQ4_XS"])
 @pytest.mark.parametrize("rows,cols", [(5, 17), (7, 33), (13, 50), (30, 16)])
 def test_odd_row_and_column_counts_on_every_dot(type_name, rows, cols):
-    """Row counts that leave a partial row tile (4 rows on AVX2, 6 or 4 on AVX-512) and column counts
+    """Row counts that leave a partial row tile (2 rows on AVX2, 6 or 4 on AVX-512) and column counts
     that leave a partial panel or pair, on each dot this CPU has, against float64 products."""
     tensor = random_blocks(type_name, cols, 256, seed=rows + cols)
     packed = native.pack([tensor], activations="int8")

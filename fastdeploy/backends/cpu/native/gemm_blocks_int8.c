@@ -28,8 +28,7 @@
  * (128 for vpdpbusd, the type's own for maddubs: weight_offset) and the dots start from -offset sum qx,
  * with the groups' scales beside them, which every row tile then reads: 6 rows times 32 columns
  * for AVX-512 (24 zmm accumulators: a dot and a total per row and panel; 4 rows for sub-blocks of
- * 16, whose part sums also stay live), 4 rows times 16 columns for AVX2 (8 dot accumulators of its
- * 16 ymm, the totals in L1). The tiles are compiled once per sub-block size and minimum (and, for
+ * 16, whose part sums also stay live), 2 rows times 16 columns for AVX2 (the totals in L1). The tiles are compiled once per sub-block size and minimum (and, for
  * maddubs, how many k-steps add up in int16), their dot loops unrolled; rows are padded to whole
  * tiles. Regrouping once at load instead would double a 4-bit weight's memory for a cost that is
  * paid per product, not per row (measured: about 4% of a 512-row Q4_K product); up to FEW_ROWS rows run
@@ -43,7 +42,7 @@
 #define FEW_ROWS 4
 #define PAD_ROWS 12     /* the activations are padded to a multiple of every tile's rows */
 #define MAX_VNNI_ROWS 6 /* rows of a VNNI tile: 6 for sub-blocks of 32, 4 for 16 (their part sums stay live) */
-#define AVX2_ROWS 4     /* rows of an AVX2 tile (2 for maddubs on 5- and 6-bit weights) */
+#define AVX2_ROWS 2     /* rows of an AVX2 tile (4 took 5-25% more time at depth 1024: L1) */
 #define QUANTIZE_ROWS_PER_TASK 16
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -295,9 +294,9 @@ static int int16_steps_fit(int kind, int steps)
  * A later sub-block adds to the first's rounded part, so it would keep the conversion. */
 #define FLOAT_BIAS 12582912.0f /* 1.5 x 2^23, bits 0x4B400000 */
 
-/* R rows from row0 times panel p of a pair (16 columns, two ymm halves): each weight load serves R
- * rows and 2R dot chains run side by side (2 rows had 4); the group totals live in `total` (L1),
- * added once per group. The maddubs dots add `chunk` k-steps' pairs in int16
+/* R rows from row0 times panel p of a pair (16 columns, two ymm halves); the group totals live in
+ * `total` (L1), added once per group (4 rows, 8 dot chains, read fewer weights per dot but took
+ * 5-25% more time on ERNIE's depth-1024 products and gained 5% at depth 3072). The maddubs dots add `chunk` k-steps' pairs in int16
  * before one vpmaddwd (int16_steps_fit); the signed ones (codebook types, Q8_0) one step at a time.
  * The VNNI instruction is written out (VEX encoded) because its intrinsic cannot be inlined into
  * code that also runs without it; it runs only where the CPU reports AVX-VNNI. */
@@ -407,29 +406,28 @@ INLINE void avx2_tile(const struct gemm_args *a, const struct int8_acts *x, cons
     }
 }
 
-#define AVX2_ROWS_FN(name, sub, with_min, dots, chunk, tile_rows)                                                     \
+#define AVX2_ROWS_FN(name, sub, with_min, dots, chunk)                                                                \
     static void name(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp,              \
                      Py_ssize_t col0)                                                                                 \
     {                                                                                                                 \
         const int width = a->cols - col0 > PANEL ? 2 : 1;                                                            \
-        for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += tile_rows)                                                 \
-            for (int p = 0; p < width; p++) avx2_tile(a, x, pp, p, sub, with_min, dots, chunk, tile_rows, row0, col0); \
+        for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX2_ROWS)                                                 \
+            for (int p = 0; p < width; p++) avx2_tile(a, x, pp, p, sub, with_min, dots, chunk, AVX2_ROWS, row0, col0); \
     }
-AVX2_ROWS_FN(signed_rows_32, 32, 0, DOTS_SIGNED, 1, 4) /* the codebook types and Q8_0: sub-blocks of 32, no minimum */
-/* maddubs: the whole sub-block in int16 (weights of up to 4 bits; 3 for sub-blocks of 16), or half of it
- * on 2 rows (each dot then stays live beside its int16 sums: 4 rows spilled, 2 took 8-14% less time) */
-AVX2_ROWS_FN(unsigned_rows_32, 32, 0, DOTS_UNSIGNED, 8, 4)
-AVX2_ROWS_FN(unsigned_rows_32_half, 32, 0, DOTS_UNSIGNED, 4, 2)
-AVX2_ROWS_FN(unsigned_rows_32_min, 32, 1, DOTS_UNSIGNED, 8, 4)
-AVX2_ROWS_FN(unsigned_rows_32_min_half, 32, 1, DOTS_UNSIGNED, 4, 2)
-AVX2_ROWS_FN(unsigned_rows_16, 16, 0, DOTS_UNSIGNED, 4, 4)
-AVX2_ROWS_FN(unsigned_rows_16_half, 16, 0, DOTS_UNSIGNED, 2, 2)
-AVX2_ROWS_FN(unsigned_rows_16_min, 16, 1, DOTS_UNSIGNED, 4, 4)
-AVX2_ROWS_FN(unsigned_rows_16_min_half, 16, 1, DOTS_UNSIGNED, 2, 2)
-AVX2_ROWS_FN(avxvnni_rows_32, 32, 0, DOTS_AVX_VNNI, 1, 4)
-AVX2_ROWS_FN(avxvnni_rows_32_min, 32, 1, DOTS_AVX_VNNI, 1, 4)
-AVX2_ROWS_FN(avxvnni_rows_16, 16, 0, DOTS_AVX_VNNI, 1, 4)
-AVX2_ROWS_FN(avxvnni_rows_16_min, 16, 1, DOTS_AVX_VNNI, 1, 4)
+AVX2_ROWS_FN(signed_rows_32, 32, 0, DOTS_SIGNED, 1) /* the codebook types and Q8_0: sub-blocks of 32, no minimum */
+/* maddubs: the whole sub-block in int16 (weights of up to 4 bits; 3 for sub-blocks of 16), or half of it */
+AVX2_ROWS_FN(unsigned_rows_32, 32, 0, DOTS_UNSIGNED, 8)
+AVX2_ROWS_FN(unsigned_rows_32_half, 32, 0, DOTS_UNSIGNED, 4)
+AVX2_ROWS_FN(unsigned_rows_32_min, 32, 1, DOTS_UNSIGNED, 8)
+AVX2_ROWS_FN(unsigned_rows_32_min_half, 32, 1, DOTS_UNSIGNED, 4)
+AVX2_ROWS_FN(unsigned_rows_16, 16, 0, DOTS_UNSIGNED, 4)
+AVX2_ROWS_FN(unsigned_rows_16_half, 16, 0, DOTS_UNSIGNED, 2)
+AVX2_ROWS_FN(unsigned_rows_16_min, 16, 1, DOTS_UNSIGNED, 4)
+AVX2_ROWS_FN(unsigned_rows_16_min_half, 16, 1, DOTS_UNSIGNED, 2)
+AVX2_ROWS_FN(avxvnni_rows_32, 32, 0, DOTS_AVX_VNNI, 1)
+AVX2_ROWS_FN(avxvnni_rows_32_min, 32, 1, DOTS_AVX_VNNI, 1)
+AVX2_ROWS_FN(avxvnni_rows_16, 16, 0, DOTS_AVX_VNNI, 1)
+AVX2_ROWS_FN(avxvnni_rows_16_min, 16, 1, DOTS_AVX_VNNI, 1)
 #undef AVX2_ROWS_FN
 
 /* ----------------------------------------------------------- dispatching */

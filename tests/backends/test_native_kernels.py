@@ -335,8 +335,8 @@ def ragged_layout(tables: np.ndarray, spans: list[tuple[int, int]], block_size: 
 @pytest.mark.parametrize("window", [0, 45])
 def test_attention_of_a_ragged_batch_is_the_same_on_any_thread_count(monkeypatch, isa, window):
     """Prefills of several lengths, one after a cached prefix, and a decode row in one pass: the
-    threads claim the work heaviest first (attention.c), so the items run in another order than
-    the tokens; every row must still equal the float64 reference, bit for bit on 1, 2 and 3 threads."""
+    threads claim each sequence's query tiles last to first (attention.c), not in token order;
+    every row must still equal the float64 reference, bit for bit on 1, 2 and 3 threads."""
     monkeypatch.setenv("FD_CPU_KERNELS", isa)
     block_size, heads, kv_heads, head_dim = 16, 8, 2, 64
     spans = [(0, 97), (40, 75), (120, 121), (0, 33)]  # the second and third after cached positions

@@ -4,6 +4,8 @@ both attention paths against plain multi-head attention, and its config errors."
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tiny_deepseek as deepseek
@@ -19,6 +21,10 @@ from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint
 from fastdeploy.models.grouped_moe import grouped_topk
 from fastdeploy.plugins.registry import get_registry
+
+# the cuda backend's Triton kernels run on the host in Triton's interpreter, which `triton.jit`
+# reads when the kernel modules are imported
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +181,39 @@ def test_greedy_tokens_equal_transformers(name, path, checkpoints, references, m
     params = SamplingParams(temperature=0, max_tokens=deepseek.NEW_TOKENS, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in deepseek.PROMPTS], params, use_tqdm=False)
     assert [o.outputs.token_ids for o in outputs] == references[name]
+
+
+@pytest.mark.parametrize(
+    ("kernels", "names", "new_tokens"),
+    # the interpreted Triton kernels take ~3 s a step here: a few tokens of the "v3" shape
+    [("reference", list(deepseek.SPECS), deepseek.NEW_TOKENS), ("triton", ["v3"], 5)],
+)
+def test_the_cuda_backends_code_gives_transformers_tokens(
+    kernels, names, new_tokens, checkpoints, references, monkeypatch
+):
+    """The cuda backend on torch-cpu: absorbed decode over the paged latents, expanded prefill,
+    in prompts cut into 32-token chunks (the long one's later chunks attend over cached
+    latents), then the long prompt again from the prefix cache."""
+    pytest.importorskip("torch", reason="the torch-cpu backend needs torch")
+    if kernels == "triton":
+        pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
+    monkeypatch.setenv("FD_CUDA_KERNELS", kernels)
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in deepseek.PROMPTS]
+    for name in names:
+        llm = LLM(
+            model=checkpoints[name],
+            device="torch-cpu",
+            dtype="float32",
+            max_model_len=deepseek.MAX_MODEL_LEN,
+            block_size=16,
+            max_num_batched_tokens=32,
+        )
+        expected = [tokens[:new_tokens] for tokens in references[name]]
+        assert [o.outputs.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
+        (again,) = llm.generate([prompts[2]], params, use_tqdm=False)
+        assert again.num_cached_tokens >= 64
+        assert again.outputs.token_ids == expected[2]
 
 
 @pytest.mark.parametrize("field", ["kv_lora_rank", "qk_rope_head_dim", "n_group", "routed_scaling_factor"])

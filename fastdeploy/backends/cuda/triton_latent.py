@@ -35,6 +35,11 @@ def latent_block_n(lora: int) -> int:
     return 32 if lora >= 256 else 64
 
 
+def latent_launch_options(lora: int) -> dict[str, int]:
+    """num_warps / num_stages of the decode kernel (the AOT check compiles with the same)."""
+    return {"num_warps": 4 if lora <= 256 else 8, "num_stages": 2}
+
+
 @triton.jit
 def _store_latent_kernel(
     latent_ptr,
@@ -234,8 +239,7 @@ def latent_decode(
         BLOCK_N=latent_block_n(lora),
         NUM_SPLITS=num_splits,
         PRECISION=_dot_precision(fp32),
-        num_warps=4 if lora_block <= 256 else 8,
-        num_stages=2,
+        **latent_launch_options(lora_block),
     )
     if num_splits > 1:
         _latent_reduce_kernel[(decodes * heads,)](

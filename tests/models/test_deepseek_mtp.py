@@ -16,6 +16,7 @@ import pytest
 import tiny_deepseek as deepseek
 
 from fastdeploy import LLM, SamplingParams
+from fastdeploy.backends.cuda.backend import CudaBackend
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 
 # the cuda backend's Triton kernels run on the host in Triton's interpreter, which `triton.jit`
@@ -166,21 +167,30 @@ def transformers_tokens(tmp_path_factory) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    ("kernels", "count", "new_tokens"),
-    # the interpreted Triton kernels take seconds a step: two prompts, a few tokens
-    [("reference", len(deepseek.PROMPTS), deepseek.NEW_TOKENS), ("triton", 2, 5)],
+    ("device", "kernels", "count", "new_tokens"),
+    [
+        ("torch-cpu", "reference", len(deepseek.PROMPTS), deepseek.NEW_TOKENS),
+        # the interpreted Triton kernels take seconds a step: two prompts, a few tokens
+        ("torch-cpu", "triton", 2, 5),
+        pytest.param("cuda", "triton", len(deepseek.PROMPTS), deepseek.NEW_TOKENS, marks=pytest.mark.gpu),
+    ],
 )
 def test_mtp_on_the_cuda_backends_code_keeps_transformers_tokens(
-    kernels, count, new_tokens, checkpoint, reference, transformers_tokens, monkeypatch
+    device, kernels, count, new_tokens, checkpoint, reference, transformers_tokens, monkeypatch
 ):
-    """MTP on torch-cpu: the verify passes attend over the target's latent cache, the MTP layer
-    over its own; drafts still equal the reference module's and the output transformers'."""
+    """MTP on the cuda backend's code: the verify passes attend over the target's latent cache,
+    the MTP layer over its own; drafts still equal the reference module's and the output
+    transformers'."""
+    if device == "cuda":
+        reason = CudaBackend.unavailable_reason()
+        if reason is not None:
+            pytest.skip(f"no usable NVIDIA GPU: {reason}")
     if kernels == "triton":
         pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
     monkeypatch.setenv("FD_CUDA_KERNELS", kernels)
     llm = LLM(
         model=checkpoint[0],
-        device="torch-cpu",
+        device=device,
         dtype="float32",
         max_model_len=deepseek.MAX_MODEL_LEN,
         speculative_config={"method": "mtp", "num_speculative_tokens": K},

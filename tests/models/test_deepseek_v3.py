@@ -18,6 +18,7 @@ from fastdeploy.backends.cpu import latent_attention
 from fastdeploy.backends.cpu.attention import build_metadata
 from fastdeploy.backends.cpu.latent_attention import absorbed_attention, absorbs, expanded_attention
 from fastdeploy.backends.cpu.native import attention_batch
+from fastdeploy.backends.cuda.backend import CudaBackend
 from fastdeploy.backends.cuda.cuda_graphs import DecodeGraphs
 from fastdeploy.backends.selection import create_backend
 from fastdeploy.errors import InvalidArgumentError
@@ -189,17 +190,26 @@ def test_greedy_tokens_equal_transformers(name, path, checkpoints, references, m
 
 
 @pytest.mark.parametrize(
-    ("kernels", "names", "new_tokens"),
-    # the interpreted Triton kernels take ~3 s a step here: a few tokens of the "v3" shape
-    [("reference", list(deepseek.SPECS), deepseek.NEW_TOKENS), ("triton", ["v3"], 5)],
+    ("device", "kernels", "names", "new_tokens"),
+    [
+        ("torch-cpu", "reference", list(deepseek.SPECS), deepseek.NEW_TOKENS),
+        # the interpreted Triton kernels take ~3 s a step here: a few tokens of the "v3" shape
+        ("torch-cpu", "triton", ["v3"], 5),
+        # compiled, with the decode steps in real CUDA graphs
+        pytest.param("cuda", "triton", list(deepseek.SPECS), deepseek.NEW_TOKENS, marks=pytest.mark.gpu),
+    ],
 )
 def test_the_cuda_backends_code_gives_transformers_tokens(
-    kernels, names, new_tokens, checkpoints, references, monkeypatch
+    device, kernels, names, new_tokens, checkpoints, references, monkeypatch
 ):
-    """The cuda backend on torch-cpu: absorbed decode over the paged latents, expanded prefill,
-    in prompts cut into 32-token chunks (the long one's later chunks attend over cached
-    latents), then the long prompt again from the prefix cache."""
-    pytest.importorskip("torch", reason="the torch-cpu backend needs torch")
+    """The cuda backend's code: absorbed decode over the paged latents, expanded prefill, in
+    prompts cut into 32-token chunks (the long one's later chunks attend over cached latents),
+    then the long prompt again from the prefix cache."""
+    if device == "cuda":
+        reason = CudaBackend.unavailable_reason()
+        if reason is not None:
+            pytest.skip(f"no usable NVIDIA GPU: {reason}")
+    pytest.importorskip("torch", reason="the cuda backend's code here runs on torch")
     if kernels == "triton":
         pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
     monkeypatch.setenv("FD_CUDA_KERNELS", kernels)
@@ -208,7 +218,7 @@ def test_the_cuda_backends_code_gives_transformers_tokens(
     for name in names:
         llm = LLM(
             model=checkpoints[name],
-            device="torch-cpu",
+            device=device,
             dtype="float32",
             max_model_len=deepseek.MAX_MODEL_LEN,
             block_size=16,

@@ -3,10 +3,11 @@ reference kernels, torch-cpu) against float64 numpy with every head's keys and v
 explicitly (`numpy_reference.latent_attention`).
 
 TRITON_INTERPRET=1 is set by tests/backends/conftest.py. One mixed step over a latent cache in
-scattered blocks: a whole prompt, a chunk after a cached prefix, and decodes (one of them long
+scattered blocks: a whole prompt and a chunk after a cached prefix longer than
+`ABSORB_MAX_QUERIES` (expanded), a 6-query chunk after a cached prefix (absorbed, each query
+over the positions up to its own, as a speculative verify pass), and decodes (one of them long
 enough for several key tiles per split); then a decode-only step, the shape a captured CUDA
-graph replays, with a padded row. 20 heads: two head blocks of the decode kernel, the second
-partial.
+graph replays. 20 heads: two head blocks of the decode kernel, the second partial.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ torch = pytest.importorskip("torch", reason="Triton's interpreter needs torch (t
 pytest.importorskip("triton", reason="the kernels are Triton kernels (the test extra installs triton)")
 from fastdeploy.backends.cuda import triton_latent  # noqa: E402
 from fastdeploy.backends.cuda.backend import TorchCpuBackend  # noqa: E402
+from fastdeploy.backends.cuda.latent_attention import latent_plan  # noqa: E402
 
 HEADS, NOPE, ROPE, LORA, V_DIM, BLOCK = 20, 16, 8, 12, 10, 4
 SCALE = 0.3
 #: (cached positions before the step, query tokens of the step) per sequence
-MIXED = [(0, 9), (13, 1), (5, 6), (70, 1)]
+MIXED = [(0, 20), (13, 1), (5, 6), (70, 1), (37, 18)]
 DECODES = [(9, 1), (75, 1), (3, 1)]
 
 
@@ -87,7 +89,9 @@ def _run(backend, sequences, splits):
     num_blocks = len(sequences) * max_blocks + 2
     (layer,) = backend.allocate_kv_cache(KVCacheSpec(1, num_blocks, BLOCK, 1, LORA + ROPE, kind="latent"))
     tables = rng.permutation(num_blocks)[: len(sequences) * max_blocks].reshape(len(sequences), max_blocks)
-    histories = {seq: (ref_normal(rng, longest, LORA), ref_normal(rng, longest, ROPE)) for seq in range(4)}
+    histories = {
+        seq: (ref_normal(rng, longest, LORA), ref_normal(rng, longest, ROPE)) for seq in range(len(sequences))
+    }
     host_cache = np.zeros((num_blocks * BLOCK, LORA + ROPE), np.float32)
     step = Step(rng, sequences, host_cache, tables, lambda s, n: (histories[s][0][:n], histories[s][1][:n]))
     layer[0][:] = backend.from_numpy(host_cache)
@@ -111,6 +115,34 @@ def _run(backend, sequences, splits):
         stored, backend.to_numpy(put(np.concatenate([step.latent, step.k_rope], -1)))
     )
     return backend.to_numpy(out), step.expected
+
+
+def test_the_mixed_step_absorbs_decodes_and_short_chunks_and_expands_long_ones():
+    """Rows, sequences and visible positions of the absorbed queries; tiles of the expanded."""
+    backend = TorchCpuBackend(BackendOptions(threads=1), kernels="triton")
+    lengths = [n for _, n in MIXED]
+    layout = BatchLayout(
+        input_ids=np.zeros(sum(lengths), np.int64),
+        positions=np.zeros(sum(lengths), np.int64),
+        slot_mapping=np.zeros(sum(lengths), np.int64),
+        query_lens=np.array(lengths, np.int64),
+        context_lens=np.array([c + n for c, n in MIXED], np.int64),
+        block_tables=np.arange(5 * 30).reshape(5, 30),
+        logits_indices=np.zeros(0, np.int64),
+        block_size=BLOCK,
+    )
+    plan = latent_plan(backend.rt, layout, 16)
+    assert plan.entries == 8
+    assert plan.rows.tolist() == [20, *range(21, 27), 27]
+    assert plan.seqs.tolist() == [1, 2, 2, 2, 2, 2, 2, 3]
+    assert plan.contexts.tolist() == [14, 6, 7, 8, 9, 10, 11, 71]
+    assert plan.tile_seq.tolist() == [0, 0, 4, 4] and plan.tile_offset.tolist() == [0, 16, 0, 16]
+    # sequence 0's 5 blocks (20 positions), then sequence 4's 14 (55 positions), gathered in order
+    assert plan.block_tables[0, :5].tolist() == list(range(5)) and plan.block_tables[4, :14].tolist() == [
+        5 + i for i in range(14)
+    ]
+    assert plan.slots.tolist()[:BLOCK] == list(range(BLOCK))
+    assert plan.slots.tolist()[5 * BLOCK] == 4 * 30 * BLOCK
 
 
 @pytest.mark.parametrize("sequences", [MIXED, DECODES], ids=["mixed", "decode-only"])

@@ -247,7 +247,7 @@ def _latent_specialisations(dtype: str, shared_memory: int) -> list[Launch]:
                 "_latent_decode_kernel",
                 {"q_latent_ptr": t, "q_rope_ptr": t, "cache_ptr": t, "mixed_ptr": t}
                 | {"partial_ptr": "*fp32", "partial_lse_ptr": "*fp32", "block_tables_ptr": "*i32"}
-                | {"decode_seq_ptr": "*i32", "seq_context_len_ptr": "*i32", "scale_log2": "fp32"}
+                | {"decode_seq_ptr": "*i32", "context_ptr": "*i32", "scale_log2": "fp32"}
                 | {"num_heads": "i32", "lora": "i32", "rope": "i32", "block_size": "i32", "max_blocks": "i32"}
                 | dict.fromkeys(("HEAD_BLOCK", "LORA_BLOCK", "ROPE_BLOCK", "BLOCK_N"), "constexpr")
                 | {"NUM_SPLITS": "constexpr", "PRECISION": "constexpr"},

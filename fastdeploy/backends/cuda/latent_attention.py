@@ -4,12 +4,14 @@ A layer's cache is one `[slots, lora + rope]` tensor (the latent c, then the rot
 k_r), in the backend dtype, paged as the other caches. The two paths of the cpu backend's
 `latent_attention`, on the device:
 
-- decode (one query per sequence): absorbed. q_nope goes through absorb_k into latent space
-  (one batched matmul over the heads), the Triton kernel `triton_latent.latent_decode` attends
-  over the paged latents directly (split-KV), and the mixed latents go through absorb_v. Fixed
-  shapes and no host reads: a captured CUDA decode graph replays it.
-- prefill chunks (several queries; prefix-cache hits and later chunks alike): expanded. The
-  cached latents of the step's prefilling sequences are gathered block by block into a
+- decodes, and sequences of up to `ABSORB_MAX_QUERIES` queries (speculative verify passes, short
+  chunks): absorbed. q_nope goes through absorb_k into latent space (one batched matmul over
+  the heads), the Triton kernel `triton_latent.latent_decode` attends over the paged latents
+  directly (split-KV; each query over the positions up to its own), and the mixed latents go
+  through absorb_v. Fixed shapes and no host reads in a decode step: a captured CUDA graph
+  replays it.
+- longer prompt chunks (prefix-cache hits and later chunks alike): expanded. The cached
+  latents of those sequences are gathered block by block into a
   temporary paged layout, expanded once to per-head keys (c @ absorb_k[h].T, k_r) and values
   (c @ absorb_v[h].T, zero-padded to the key width), and the paged prefill kernel of
   `triton_attention` attends over them through a block table of that layout.
@@ -84,28 +86,68 @@ def reference_latent_attention(
     return out
 
 
+#: a sequence with at most this many queries in a step is absorbed (decodes, speculative verify
+#: passes, short prompt chunks): each query reads its sequence's latents itself, so the cost
+#: grows with the queries; a longer chunk is expanded, paying nope + v_dim values per cached
+#: position and head once for all its queries
+ABSORB_MAX_QUERIES = 16
+
+
 @dataclass
-class ExpandedLayout:
-    """Where the step's prefilling sequences' contexts lie in the temporary expanded keys and
-    values: whole cache blocks gathered in order (`slots`, device int64) and a block table over
-    them (`block_tables`, device int32, a row per sequence of the step)."""
+class LatentPlan:
+    """How a step's sequences attend, built once a step (all layers share it): the absorbed
+    queries (`entries` of them: token rows, their sequence, the positions each sees) and the
+    expanded sequences' tiles of the paged prefill kernel and the gather of their cached blocks
+    into a temporary paged layout."""
 
-    slots: Any
-    block_tables: Any
+    entries: int
+    rows: Any  # [entries] int64; None: token rows 0 .. entries - 1 in order (no expanded sequence)
+    seqs: Any  # [entries] int32
+    contexts: Any  # [entries] int32
+    tile_seq: Any = None  # [tiles] int32 (None: nothing expanded)
+    tile_offset: Any = None
+    slots: Any = None  # [gathered] int64: the expanded sequences' cached blocks, in order
+    block_tables: Any = None  # [sequences, blocks] int32 over the gathered slots
 
 
-def expanded_layout(rt: Any, layout: BatchLayout, block_size: int) -> ExpandedLayout:
-    """The gather of every prefilling sequence's cached blocks, built on the host once a step."""
-    prefills = np.flatnonzero(layout.query_lens > 1)
-    blocks = -(-layout.context_lens[prefills].astype(np.int64) // block_size)
-    firsts = np.concatenate([[0], np.cumsum(blocks)[:-1]]).astype(np.int64)
-    table = np.zeros((layout.query_lens.size, max(int(blocks.max()), 1)), np.int32)
-    gathered = []
-    for seq, first, count in zip(prefills.tolist(), firsts.tolist(), blocks.tolist(), strict=True):
-        table[seq, :count] = first + np.arange(count)
-        gathered.append(np.asarray(layout.block_tables[seq, :count], np.int64))
-    slots = (np.concatenate(gathered)[:, None] * block_size + np.arange(block_size)).reshape(-1)
-    return ExpandedLayout(rt.from_numpy(slots), rt.from_numpy(table))
+def latent_plan(rt: Any, layout: BatchLayout, tile_rows: int) -> LatentPlan:
+    """The plan of a step from its host layout (`tile_rows`: the prefill kernel's query tile)."""
+    lengths = layout.query_lens.astype(np.int64)
+    contexts = layout.context_lens.astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    absorbed = np.flatnonzero(lengths <= ABSORB_MAX_QUERIES)
+    counts = lengths[absorbed]
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    rows = np.repeat(starts[absorbed], counts) + within
+    put = rt.from_numpy
+    plan = LatentPlan(
+        entries=int(rows.size),
+        rows=None if rows.size == int(lengths.sum()) else put(rows),
+        seqs=put(np.repeat(absorbed, counts).astype(np.int32)),
+        contexts=put((np.repeat(contexts[absorbed] - counts + 1, counts) + within).astype(np.int32)),
+    )
+    expanded = np.flatnonzero(lengths > ABSORB_MAX_QUERIES)
+    if expanded.size:
+        tiles = -(-lengths[expanded] // tile_rows)
+        plan.tile_seq = put(np.repeat(expanded, tiles).astype(np.int32))
+        plan.tile_offset = put(np.concatenate([np.arange(n) * tile_rows for n in tiles]).astype(np.int32))
+        block_size = layout.block_size
+        blocks = -(-contexts[expanded] // block_size)
+        firsts = np.concatenate([[0], np.cumsum(blocks)[:-1]])
+        table = np.zeros((lengths.size, int(blocks.max())), np.int32)
+        gathered = []
+        for seq, first, count in zip(expanded.tolist(), firsts.tolist(), blocks.tolist(), strict=True):
+            table[seq, :count] = first + np.arange(count)
+            gathered.append(np.asarray(layout.block_tables[seq, :count], np.int64))
+        slots = np.concatenate(gathered)[:, None] * block_size + np.arange(block_size)
+        plan.slots, plan.block_tables = put(slots.reshape(-1)), put(table)
+    return plan
+
+
+def _graph_plan(batch: CudaBatch) -> LatentPlan:
+    """A captured decode step's plan: decode i is token row i of sequence i (`cuda_graphs`), so
+    the static buffers serve as they are and nothing comes from the host."""
+    return LatentPlan(batch.num_decodes, None, batch.decode_seq, batch.seq_context_len)
 
 
 def _widen(rt: Any, x: Any, width: int) -> Any:
@@ -115,26 +157,24 @@ def _widen(rt: Any, x: Any, width: int) -> Any:
     return rt.concat([x, rt.zeros([*x.shape[:-1], width - x.shape[-1]], rt.dtype_name(x))], -1)
 
 
-def _expanded_prefill(
+def _expanded(
     backend: Any,
     q_nope: Any,
     q_rope: Any,
     store: Any,
     batch: CudaBatch,
+    plan: LatentPlan,
     absorb_k: Any,
     absorb_v: Any,
     scale: float,
 ) -> Any:
-    """[tokens, heads, v_dim] with the prefill rows filled (the others undefined)."""
+    """[tokens, heads, v_dim] with the expanded sequences' rows filled (the others undefined)."""
     rt, launch = backend.rt, backend.launch
-    if "latent_prefill" not in batch.scratch:
-        batch.scratch["latent_prefill"] = expanded_layout(rt, batch.layout, batch.block_size)
-    where: ExpandedLayout = batch.scratch["latent_prefill"]
     heads, nope, lora = absorb_k.shape
     v_dim, rope = absorb_v.shape[1], q_rope.shape[2]
     dtype = rt.dtype_name(q_nope)
     width = max(nope + rope, v_dim)
-    context = rt.index_select(store, where.slots)
+    context = rt.index_select(store, plan.slots)
     count, latent = context.shape[0], context[:, :lora]
     keys_nope = rt.matmul(latent, rt.permute(absorb_k.reshape([heads * nope, lora]), [1, 0]))
     k_rope = rt.zeros([count, heads, rope], dtype) + context[:, lora:].reshape([count, 1, rope])
@@ -149,12 +189,12 @@ def _expanded_prefill(
         keys,
         values,
         out,
-        where.block_tables,
+        plan.block_tables,
         batch.seq_query_start,
         batch.seq_query_len,
         batch.seq_context_len,
-        batch.tile_seq,
-        batch.tile_offset,
+        plan.tile_seq,
+        plan.tile_offset,
         scale,
         batch.block_size,
         launch.shared_memory,
@@ -162,30 +202,30 @@ def _expanded_prefill(
     return out[:, :, :v_dim].contiguous()
 
 
-def _absorbed_decode(
+def _absorbed(
     backend: Any,
     q_nope: Any,
     q_rope: Any,
     store: Any,
     batch: CudaBatch,
+    plan: LatentPlan,
     absorb_k: Any,
     absorb_v: Any,
     scale: float,
 ) -> Any:
-    """[decodes, heads, v_dim] of the decode rows (q_nope, q_rope: those rows only)."""
+    """[entries, heads, v_dim] of the absorbed queries (q_nope, q_rope: those rows only)."""
     rt, launch = backend.rt, backend.launch
-    count, heads, _ = q_nope.shape
-    lora = absorb_k.shape[2]
+    heads, lora = q_nope.shape[1], absorb_k.shape[2]
     splits = batch.num_splits
-    key = f"latent_{heads}x{lora}"  # split-KV scratch, allocated by the first layer
+    key = f"latent_{plan.entries}x{heads}x{lora}"  # split-KV scratch, allocated by the first layer
     if key not in batch.scratch:
-        size = count if splits > 1 else 1
+        size = plan.entries if splits > 1 else 1
         batch.scratch[key] = (
             rt.empty([size, heads, splits, lora], "float32"),
             rt.empty([size, heads, splits], "float32"),
         )
     partial, partial_lse = batch.scratch[key]
-    mixed = rt.empty([count, heads, lora], rt.dtype_name(q_nope))
+    mixed = rt.empty([plan.entries, heads, lora], rt.dtype_name(q_nope))
     launch(
         launch.latent.latent_decode,
         absorb_queries(rt, q_nope, absorb_k).contiguous(),
@@ -193,8 +233,8 @@ def _absorbed_decode(
         store,
         mixed,
         batch.block_tables,
-        batch.decode_seq,
-        batch.seq_context_len,
+        plan.seqs,
+        plan.contexts,
         partial,
         partial_lse,
         scale,
@@ -216,24 +256,20 @@ def triton_latent_attention(
     absorb_v: Any,
     scale: float,
 ) -> Any:
-    """Both paths with the Triton kernels; a decode-only step (token row i is decode i, as in a
-    captured graph) touches no host data."""
+    """Both paths with the Triton kernels; a captured decode step touches no host data."""
     rt, launch = backend.rt, backend.launch
     launch(launch.latent.store_latent, latent.contiguous(), k_rope.contiguous(), store, batch.slot_mapping)
-    if not batch.num_prefill_tiles:
-        return _absorbed_decode(backend, q_nope, q_rope, store, batch, absorb_k, absorb_v, scale).contiguous()
-    out = _expanded_prefill(backend, q_nope, q_rope, store, batch, absorb_k, absorb_v, scale)
-    if batch.num_decodes:
-        rows = rt.cast(batch.decode_token, "int64")
-        decoded = _absorbed_decode(
-            backend,
-            rt.index_select(q_nope, rows),
-            rt.index_select(q_rope, rows),
-            store,
-            batch,
-            absorb_k,
-            absorb_v,
-            scale,
+    if "latent_plan" not in batch.scratch:
+        tile_rows = launch.attention.prefill_block_m(rt.dtype_name(q_nope) == "float32")
+        batch.scratch["latent_plan"] = (
+            _graph_plan(batch) if batch.layout is None else latent_plan(rt, batch.layout, tile_rows)
         )
-        rt.index_copy_(out, rows, decoded.contiguous())
+    plan: LatentPlan = batch.scratch["latent_plan"]
+    args = (store, batch, plan, absorb_k, absorb_v, scale)
+    if plan.rows is None:  # every token absorbed, in order
+        return _absorbed(backend, q_nope, q_rope, *args).contiguous()
+    out = _expanded(backend, q_nope, q_rope, *args)
+    if plan.entries:
+        picked = (rt.index_select(q_nope, plan.rows), rt.index_select(q_rope, plan.rows))
+        rt.index_copy_(out, plan.rows, _absorbed(backend, *picked, *args).contiguous())
     return out

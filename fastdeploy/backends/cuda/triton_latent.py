@@ -4,9 +4,10 @@ A layer's "latent" cache is one `[slots, lora + rope]` tensor: each token's comp
 followed by its rotary key k_r, paged like the other caches (slot `block_tables[s, p //
 block_size] * block_size + p % block_size` for position p of sequence s).
 
-Decode (`latent_decode`) is multi-query attention over that cache with the absorbed queries:
+Decode (`latent_decode`; also the few queries of a speculative verify pass, each seeing one
+more position than the last) is multi-query attention over that cache with the absorbed queries:
 every head's query is (q_c, q_r) = (q_nope @ absorb_k[h], q_rope) and every head reads the same
-latent rows, as key (c, k_r) and as value c. One program per (decode, block of `HEAD_BLOCK`
+latent rows, as key (c, k_r) and as value c. One program per (query, block of `HEAD_BLOCK`
 heads, split): a `BLOCK_N x lora` latent tile is loaded once and serves both `tl.dot`s (scores
 q_c . c + q_r . k_r, and the probabilities' mix of c), so no per-head key or value is formed and
 the latent tile is the only context read. Split-KV as the paged decode kernel
@@ -91,7 +92,7 @@ def _latent_decode_kernel(
     partial_lse_ptr,
     block_tables_ptr,
     decode_seq_ptr,
-    seq_context_len_ptr,
+    context_ptr,
     scale_log2,
     num_heads,
     lora,
@@ -109,7 +110,7 @@ def _latent_decode_kernel(
     heads = tl.program_id(1) * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK)
     split = tl.program_id(2)
     seq = tl.load(decode_seq_ptr + index).to(tl.int64)
-    context = tl.load(seq_context_len_ptr + seq)
+    context = tl.load(context_ptr + index)  # the positions this query sees: causal within its sequence
     table_row = seq * max_blocks
     width = lora + rope
 
@@ -195,19 +196,21 @@ def latent_decode(
     mixed: Any,
     block_tables: Any,
     decode_seq: Any,
-    seq_context_len: Any,
+    context: Any,
     partial: Any,
     partial_lse: Any,
     scale: float,
     block_size: int,
     num_splits: int,
 ) -> None:
-    """Absorbed latent attention of single decode tokens over their whole context, split-KV.
+    """Absorbed latent attention of single queries over the first context[i] positions of their
+    sequence, split-KV.
 
-    Decode i's queries are q_latent[i] [heads, lora] (q_nope through absorb_k) and q_rope[i]
-    [heads, rope] (both contiguous [decodes, heads, *]); its sequence is decode_seq[i] (row of
-    block_tables / seq_context_len). Writes the probabilities' mix of the cached latents,
-    mixed [decodes, heads, lora]. With num_splits > 1, partial [decodes, heads, num_splits,
+    Query i is q_latent[i] [heads, lora] (q_nope through absorb_k) and q_rope[i] [heads, rope]
+    (both contiguous [queries, heads, *]); its sequence is decode_seq[i] (row of block_tables)
+    and it sees that sequence's positions 0 .. context[i] - 1 (a decode: the whole context; the
+    queries of a speculative verify pass: one more each). Writes the probabilities' mix of the
+    cached latents, mixed [queries, heads, lora]. With num_splits > 1, partial [decodes, heads, num_splits,
     lora] and partial_lse [decodes, heads, num_splits] (float32) hold the splits before the
     reduce kernel merges them.
     """
@@ -226,7 +229,7 @@ def latent_decode(
         partial_lse,
         block_tables,
         decode_seq,
-        seq_context_len,
+        context,
         scale * LOG2E,
         heads,
         lora,

@@ -4,8 +4,13 @@ the same run.
 The checkpoint is a random-weight Qwen3 saved by sentence-transformers with last-token pooling and
 normalisation, as Qwen3-Embedding is published (tests/models/embedding_checkpoint.py). Shapes:
 `small` (default): hidden 512, 8 layers, 8 query / 4 KV heads of 64, intermediate 1536, a
-4096-word vocabulary; `tiny`: the tests' model. The sentences are `--words` random words each
-(31, plus the `<|endoftext|>` the tokenizer appends: 32 tokens), `--sentences` of them (64).
+4096-word vocabulary; `tiny`: the tests' model; `smollm2`: trained weights, the embedded
+SmolLM2-135M dequantised to float32 (its GGUF exported as a Hugging Face directory) with the same
+last-token pooling and normalisation: random weights at a large initialisation amplify every
+rounding through the layers, so this is the shape that says what a quantised path costs a trained
+model. The sentences are `--words` random words each (31, plus the `<|endoftext|>` the word-level
+tokenizer appends: 32 tokens; SmolLM2's own tokenizer gives about as many), `--sentences` of them
+(64).
 
 Each side embeds all sentences in one call, best of `--repeats` rounds (the two sides alternate
 within a round) after a warm-up call: fastdeploy
@@ -53,6 +58,7 @@ SHAPES = {
         "extra_words": 4096,
     },
     "tiny": {},
+    "smollm2": {},
 }
 
 
@@ -91,7 +97,10 @@ def main() -> None:
     sentences = [" ".join(rng.choice(words, args.words)) for _ in range(args.sentences)]
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "model")
-        reference = embedding_checkpoint.build(path, "lasttoken", True, **SHAPES[args.shape])
+        if args.shape == "smollm2":
+            reference = trained_checkpoint(path)
+        else:
+            reference = embedding_checkpoint.build(path, "lasttoken", True, **SHAPES[args.shape])
         runs, outputs = {}, {}
         for text in ["fastdeploy:", *args.variant]:
             label, _, options = variant_settings(text)
@@ -124,6 +133,28 @@ def main() -> None:
                 f"{label:24} {args.sentences / seconds:8.1f} sentences/s ({seconds * 1e3:.1f} ms), "
                 f"{reference_s / seconds:.2f}x; largest cosine distance {cosine_distance(outputs[label], expected):.2e}"
             )
+
+
+def trained_checkpoint(directory: str):
+    """The embedded SmolLM2 as a sentence-transformers checkpoint (float32, last-token pooling,
+    normalised) saved in `directory`; returns the SentenceTransformer."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from fastdeploy.model_executor.gguf_export import export_hf_directory
+    from fastdeploy.model_resolver import embedded_model_path
+
+    base = directory.rstrip("/") + "-base"
+    export_hf_directory(embedded_model_path(), base)
+    transformer = Transformer(base)
+    if transformer.tokenizer.pad_token is None:  # batching pads; last-token pooling reads the mask
+        transformer.tokenizer.pad_token = transformer.tokenizer.eos_token
+    hidden = transformer.get_embedding_dimension()
+    modules = [transformer, Pooling(hidden, pooling_mode="lasttoken"), Normalize()]
+    model = SentenceTransformer(modules=modules, device="cpu")
+    model.save(directory)
+    return model
 
 
 @contextlib.contextmanager

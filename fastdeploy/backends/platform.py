@@ -14,6 +14,15 @@ from typing import Any, ClassVar
 
 from fastdeploy.backends.types import BackendOptions
 
+#: what `Platform.weight_layout` may answer (fastdeploy/model_executor/quantization.py makes them):
+#: "ggml": GGML blocks (`GGMLTensor`: Q8_0 for wint8, Q4_1 for wint4, the head in Q8_0), a matrix
+#: whose input width is not a multiple of 32 (the block) kept float;
+#: "weight_only": `WeightOnlyTensor`s (wint8 per output channel, wint4 in groups, block FP8) of
+#: every width;
+#: "weight_only_32": `WeightOnlyTensor`s as "weight_only" where the input width is a multiple of
+#: 32, float elsewhere as under "ggml" (the cpu backend's W8A8 kernel reads only those widths)
+WEIGHT_LAYOUTS = ("ggml", "weight_only", "weight_only_32")
+
 
 class Platform:
     """Identity, availability, device count, rank environment, communicator and memory."""
@@ -32,8 +41,9 @@ class Platform:
     #: max_model_len): more tokens per step amortise a step's fixed cost (kernel launches) on
     #: accelerators, fewer keep a host backend's steps short
     default_max_num_batched_tokens: ClassVar[int] = 2048
-    #: the host form `quantization=` gives linear weights here: "ggml" (GGML Q8_0 / Q4_1 blocks,
-    #: `GGMLTensor`) or "weight_only" (`WeightOnlyTensor`: FastDeploy's wint8 / wint4, block FP8)
+    #: the host form `quantization=` gives linear weights here, the same for every method: "ggml"
+    #: (GGML Q8_0 / Q4_1 blocks, `GGMLTensor`) or "weight_only" (`WeightOnlyTensor`: FastDeploy's
+    #: wint8 / wint4, block FP8); the default of `weight_layout`, which may choose per method
     weight_packing: ClassVar[str] = "ggml"
 
     options: BackendOptions
@@ -91,11 +101,23 @@ class Platform:
 
         A quantised checkpoint reaches `linear_weight` as `GGMLTensor` parts (GGML Q8_0 / Q4_1
         blocks; `np.asarray` dequantises them); a backend lists a quantisation here when it keeps
-        those blocks and multiplies by them directly. A backend whose `weight_packing` is
-        "weight_only" gets `WeightOnlyTensor` parts instead (FastDeploy's wint8 / wint4 layouts,
+        those blocks and multiplies by them directly. Where `weight_layout(quantization)` is
+        "weight_only" it gets `WeightOnlyTensor` parts instead (FastDeploy's wint8 / wint4 layouts,
         block FP8). See fastdeploy/model_executor/quantization.py.
         """
         return ()
+
+    @classmethod
+    def weight_layout(cls, quantization: str) -> str:
+        """The form `quantization` (one of `supported_quantizations()`) gives linear weights here,
+        one of `WEIGHT_LAYOUTS`; the loader asks this, never `weight_packing` directly.
+
+        A backend whose kernels want different forms for different methods (the cpu backend:
+        per-channel wint8 for its int8-activation kernels, GGML blocks otherwise) overrides it; the
+        default is `weight_packing` for every method. A classmethod, so the builder can check a
+        model's shapes against it before any backend is built.
+        """
+        return cls.weight_packing
 
     def quantization_refusal(self, quantization: str) -> str | None:
         """Why `quantization` cannot run here although this kind of backend runs it (the device

@@ -84,9 +84,7 @@ def prepare(config: EngineConfig) -> EngineSetup:
         check_backend_kv_cache_dtype(config, backend)
     model_path = resolve_model(config.model, config.revision, config.gguf_file)
     checkpoint = inspect_checkpoint(model_path, registry)
-    check_model_quantization(
-        config.quantization, config.quantization_group_size, checkpoint, backend_class.weight_packing
-    )
+    check_model_quantization(config.quantization, config.quantization_group_size, checkpoint, backend_class)
     model_config = checkpoint.config
     max_model_len = resolve_max_model_len(config, model_config, backend)
     max_num_batched_tokens = config.max_num_batched_tokens or default_chunk(

@@ -113,7 +113,7 @@ class Worker:
         importing = _Background(communicator.preload) if communicator is not None else None
         checkpoint = inspect_checkpoint(spec.model_path, registry)
         check_model_quantization(
-            config.quantization, config.quantization_group_size, checkpoint, backend_class.weight_packing
+            config.quantization, config.quantization_group_size, checkpoint, backend_class
         )
         self.model = build_model(
             checkpoint,

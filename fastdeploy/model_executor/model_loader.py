@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from fastdeploy.backends.base import Backend
+from fastdeploy.backends.platform import WEIGHT_LAYOUTS, Platform
 from fastdeploy.config import EngineConfig, ModelConfig
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError, WeightLoadError
 from fastdeploy.logger import get_logger
@@ -51,12 +52,26 @@ def check_backend_quantization(quantization: str | None, backend: Backend) -> No
         )
 
 
+def weight_layout(backend: type[Platform] | Platform, quantization: str) -> str:
+    """The backend's `weight_layout(quantization)`, checked against `WEIGHT_LAYOUTS` (a plugin's
+    typo named here, not a silent fall back to GGML blocks)."""
+    layout = backend.weight_layout(quantization)
+    if layout not in WEIGHT_LAYOUTS:
+        raise ValueError(
+            f"backend {backend.name!r}: weight_layout({quantization!r}) is {layout!r}; expected one of "
+            f"{', '.join(WEIGHT_LAYOUTS)} (its weight_packing is {backend.weight_packing!r})"
+        )
+    return layout
+
+
 def check_model_quantization(
-    quantization: str | None, group_size: int, checkpoint: CheckpointInfo, packing: str
+    quantization: str | None, group_size: int, checkpoint: CheckpointInfo, backend_class: type[Platform]
 ) -> None:
-    """Refuse a quantisation the model's shapes do not allow (wint4 groups), from its config;
-    `packing` is the device backend's `weight_packing`."""
-    check_quantization_shapes(quantization, group_size, checkpoint.config, packing)
+    """Refuse a quantisation the model's shapes do not allow (wint4 groups), from its config, in
+    the layout the device backend's class chooses for it."""
+    if quantization is not None:
+        layout = weight_layout(backend_class, quantization)
+        check_quantization_shapes(quantization, group_size, checkpoint.config, layout)
 
 
 def check_backend_kv_cache_dtype(config: EngineConfig, backend: Backend) -> None:
@@ -92,7 +107,7 @@ def build_model(
 ) -> CausalLM:
     """Instantiate the registered architecture and load its weights (this rank's shard) onto the
     backend, quantising a float checkpoint's linear layers first when `quantization` is given (in
-    the backend's `weight_packing`)."""
+    the backend's `weight_layout` for it)."""
     cls = model_class(checkpoint, registry)
     name = checkpoint.config.architecture
     start = time.perf_counter()
@@ -109,7 +124,7 @@ def build_model(
             quantization,
             checkpoint.config.tie_word_embeddings,
             checkpoint.path,
-            backend.weight_packing,
+            weight_layout(backend, quantization),
             quantization_group_size,
         )
     try:

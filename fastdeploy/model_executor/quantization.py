@@ -20,16 +20,17 @@ attention and MLP projections, experts included; Mixtral's experts' `w1`/`w2`/`w
 head is tied to it); their input size must be a multiple of 32 (the block), else they stay float.
 Norms, biases, routers (`mlp.gate.weight`) and an untied embedding stay float.
 
-A backend whose `weight_packing` is "weight_only" (the cuda backend) gets `WeightOnlyTensor`s
-instead, in the layouts its Triton kernels read (fastdeploy/formats/weight_only.py): `wint8`
-per output channel, `wint4` with one scale per `quantization_group_size` inputs, `fp8` block-wise
+The backend chooses the form per method (`Platform.weight_layout`, default its `weight_packing`):
+GGML blocks as above ("ggml"), or (the cuda backend: "weight_only") `WeightOnlyTensor`s instead,
+in the layouts its Triton kernels read (fastdeploy/formats/weight_only.py): `wint8` per output
+channel, `wint4` with one scale per `quantization_group_size` inputs, `fp8` block-wise
 e4m3 with 128 x 128 scales. The head is wint8 under wint8 and wint4 (as above, the sensitive
 matrix) and stays float under fp8 (as DeepSeek-V3's FP8 checkpoints keep it).
 
-Under "ggml" packing with `FD_CPU_ACTIVATIONS=int8`, `wint8` gives those per-channel `WeightOnlyTensor`s
-too: the cpu backend multiplies them by int8 activations (native/gemm_w8a8.c), a product about twice
-as fast as on Q8_0 blocks, which need float work every 32 inputs. MoE experts included: the cpu
-backend packs each expert's matrices like any linear weight.
+"weight_only_32" gives those `WeightOnlyTensor`s where the input width is a multiple of 32 and
+keeps the rest float, as "ggml" does: the cpu backend's choice for `wint8` under
+`FD_CPU_ACTIVATIONS=int8`, whose per-channel weights it multiplies by int8 activations
+(native/gemm_w8a8.c, MoE experts included).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fastdeploy import envs
+from fastdeploy.backends.platform import WEIGHT_LAYOUTS
 from fastdeploy.config import ModelConfig
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
@@ -171,11 +172,14 @@ def quantize_tensors(
     quantization: str,
     tie_word_embeddings: bool,
     source: str,
-    packing: str = "ggml",
+    layout: str = "ggml",
     group_size: int = 128,
 ) -> Iterator[tuple[str, Any]]:
-    """The loader's (name, tensor) stream with linear-layer weights quantised: GGML blocks
-    (`packing` "ggml") or `WeightOnlyTensor`s ("weight_only", wint4 groups of `group_size`)."""
+    """The loader's (name, tensor) stream with linear-layer weights quantised in `layout` (one of
+    `WEIGHT_LAYOUTS`, the backend's `weight_layout`): GGML blocks or `WeightOnlyTensor`s (wint4
+    groups of `group_size`)."""
+    if layout not in WEIGHT_LAYOUTS:
+        raise ValueError(f"unknown weight layout {layout!r}; known: {', '.join(WEIGHT_LAYOUTS)}")
     method = QUANTIZATIONS[quantization]
     kept_float: list[str] = []
     for name, tensor in tensors:
@@ -193,17 +197,15 @@ def quantize_tensors(
                 f"{name} of {source} is {kind}; load it without quantization= (its own weights are "
                 "used as they are)"
             )
-        if packing == "weight_only":
+        if layout == "weight_only":
             yield name, _weight_only(np.asarray(tensor), quantization, head, group_size)
             continue
         if tensor.shape[1] % BLOCK:
             kept_float.append(name)
             yield name, tensor
             continue
-        if quantization == "wint8" and envs.cpu_activations() == "int8":
-            # FastDeploy's wint8 (a scale per output channel), which the cpu backend multiplies by
-            # int8 activations in gemm_w8a8.c: ~2x the rate of Q8_0 blocks' int8 products
-            yield name, quantize_weight_only(np.asarray(tensor), "wint8")
+        if layout == "weight_only_32":
+            yield name, _weight_only(np.asarray(tensor), quantization, head, group_size)
             continue
         yield name, quantize_matrix(np.asarray(tensor), method.head_type if head else method.layer_type)
     if kept_float:
@@ -232,11 +234,12 @@ def linear_input_widths(config: ModelConfig) -> dict[str, int]:
 
 
 def check_quantization_shapes(
-    quantization: str | None, group_size: int, config: ModelConfig, packing: str
+    quantization: str | None, group_size: int, config: ModelConfig, layout: str
 ) -> None:
-    """Refuse wint4 whose group size does not divide every linear layer's input width (checked
-    from config.json at construction, before the weights load)."""
-    if quantization != "wint4" or packing != "weight_only":
+    """Refuse wint4 in `WeightOnlyTensor` groups (`layout` "weight_only" or "weight_only_32") whose
+    group size does not divide every linear layer's input width (checked from config.json at
+    construction, before the weights load)."""
+    if quantization != "wint4" or layout not in ("weight_only", "weight_only_32"):
         return
     bad = {name: width for name, width in linear_input_widths(config).items() if width % group_size}
     if bad:

@@ -15,6 +15,7 @@ import pytest
 
 from fastdeploy.backends.conformance import numpy_reference as ref
 from fastdeploy.backends.cpu import native
+from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.formats.weight_only import WeightOnlyTensor, quantize_weight_only
 from fastdeploy.model_executor.quantization import quantize_tensors
 
@@ -95,9 +96,9 @@ def test_wint8_with_int8_activations_quantises_per_channel(monkeypatch):
     per-channel levels gemm_w8a8.c multiplies."""
     weight = np.random.default_rng(4).standard_normal((32, 64)).astype(np.float32)
     tensors = [("model.layers.0.mlp.up_proj.weight", weight)]
-    ((_, blocks),) = quantize_tensors(tensors, "wint8", False, "test")
+    ((_, blocks),) = quantize_tensors(tensors, "wint8", False, "test", CpuBackend.weight_layout("wint8"))
     assert blocks.type_name == "Q8_0"
     monkeypatch.setenv("FD_CPU_ACTIVATIONS", "int8")
-    ((_, channels),) = quantize_tensors(tensors, "wint8", False, "test")
+    ((_, channels),) = quantize_tensors(tensors, "wint8", False, "test", CpuBackend.weight_layout("wint8"))
     assert isinstance(channels, WeightOnlyTensor) and channels.kind == "wint8"
     assert channels.scales.shape == (32,)

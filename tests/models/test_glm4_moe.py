@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import tiny_glm as glm
+from token_match import assert_tokens_match
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.errors import InvalidArgumentError
@@ -40,7 +41,7 @@ def _greedy(directory: Path) -> list[list[int]]:
 
 
 def test_greedy_tokens_equal_transformers(tmp_path, reference):
-    assert _greedy(glm.write_checkpoint(tmp_path / "glm", with_mtp=True)) == reference
+    assert_tokens_match(_greedy(glm.write_checkpoint(tmp_path / "glm", with_mtp=True)), reference)
 
 
 def test_the_partial_rotary_factor_is_read(tmp_path, reference):

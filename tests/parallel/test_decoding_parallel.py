@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import tiny_checkpoints as tiny
 from decoding_cases import beam_params, load_references
+from token_match import assert_tokens_match
 
 from fastdeploy import LLM, SamplingParams
 
@@ -77,8 +78,10 @@ def test_prompt_lookup_over_two_ranks_keeps_transformers_greedy_tokens(qwen3_tp2
     prompts = [case["prompt_token_ids"] for case in cases] + [REPEATING]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outputs = qwen3_tp2.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    for output, case in zip(outputs, cases, strict=False):
-        assert output.outputs.token_ids[: tiny.NEW_TOKENS] == case["output_token_ids"]
+    assert_tokens_match(
+        [o.outputs.token_ids[: tiny.NEW_TOKENS] for o in outputs[: len(cases)]],
+        [case["output_token_ids"] for case in cases],
+    )
     drafted = sum(o.metrics.spec_num_draft_tokens for o in outputs)
     accepted = sum(o.metrics.spec_num_accepted_tokens for o in outputs)
     assert drafted > accepted > 0  # drafts were verified in the ranks, and rejected ones rolled back

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 from gpt2_checkpoint import gpt2_logits, weights_digest, write_gpt2
+from token_match import assert_outputs_match, assert_tokens_match
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.backends.conformance.checkpoint import write_byte_tokenizer, write_checkpoint
@@ -60,11 +61,12 @@ def test_gpt2_greedy_tokens_match_transformers_and_numpy(gpt2_dir, gpt2_referenc
     outputs = llm.generate(
         [{"prompt_token_ids": c["prompt_token_ids"]} for c in cases], params, use_tqdm=False
     )
+    assert_outputs_match(outputs, [c["output_token_ids"] for c in cases])
+    numpy_tokens = [
+        greedy_tokens(lambda ids: gpt2_logits(weights, ids), c["prompt_token_ids"], 16) for c in cases
+    ]
+    assert_tokens_match([o.outputs.token_ids for o in outputs], numpy_tokens)
     for case, output in zip(cases, outputs, strict=True):
-        assert output.error_code == 200, output.error_msg
-        assert output.outputs.token_ids == case["output_token_ids"]
-        numpy_tokens = greedy_tokens(lambda ids: gpt2_logits(weights, ids), case["prompt_token_ids"], 16)
-        assert output.outputs.token_ids == numpy_tokens
         first = output.outputs.logprobs[0]
         for token, logprob in case["first_step_top5_logprobs"]:
             assert first[token] == pytest.approx(logprob, abs=1e-4)

@@ -195,6 +195,8 @@ def test_greedy_tokens_equal_transformers(name, path, checkpoints, references, m
         ("torch-cpu", "reference", list(deepseek.SPECS), deepseek.NEW_TOKENS),
         # the interpreted Triton kernels take ~3 s a step here: a few tokens of the "v3" shape
         ("torch-cpu", "triton", ["v3"], 5),
+        # paddle's runtime (FastDeploy's choice on a GPU when paddlepaddle-gpu is installed)
+        ("paddle-cpu", "reference", list(deepseek.SPECS), deepseek.NEW_TOKENS),
         # compiled, with the decode steps in real CUDA graphs
         pytest.param("cuda", "triton", list(deepseek.SPECS), deepseek.NEW_TOKENS, marks=pytest.mark.gpu),
     ],
@@ -209,7 +211,10 @@ def test_the_cuda_backends_code_gives_transformers_tokens(
         reason = CudaBackend.unavailable_reason()
         if reason is not None:
             pytest.skip(f"no usable NVIDIA GPU: {reason}")
-    pytest.importorskip("torch", reason="the cuda backend's code here runs on torch")
+    if device == "paddle-cpu":
+        pytest.importorskip("paddle", reason="the paddle-cpu backend needs paddlepaddle")
+    else:
+        pytest.importorskip("torch", reason="the cuda backend's code here runs on torch")
     if kernels == "triton":
         pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
     monkeypatch.setenv("FD_CUDA_KERNELS", kernels)

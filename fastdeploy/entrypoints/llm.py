@@ -152,16 +152,21 @@ class LLM:
 
         `prompt_name` puts one of the model's named prompts (config_sentence_transformers.json,
         e.g. an instruction for queries) before each text prompt, as sentence-transformers'
-        `encode(prompt_name=...)` does; unset, the model's default prompt if it names one.
+        `encode(prompt_name=...)` does; unset, the model's default prompt if it names one. A
+        checkpoint saved by sentence-transformers 6 with a chat template embeds each text as a
+        chat message, the prompt as its system message (input/embedding_text.py).
         Token-id prompts are embedded as given.
         """
         arrival = time.time()
         self._require_runner("pooling", "embed")
-        prefix = self.llm_engine.pooling.prompt(prompt_name)
+        pooling = self.llm_engine.pooling
+        prompt = pooling.prompt(prompt_name)
         items = normalize_prompts(prompts)
         for item in items:
-            if prefix and item.error is None and item.token_ids is None and item.text is not None:
-                item.text = prefix + item.text
+            try:
+                pooling.rendering.apply(item, prompt, self.input_processor.tokenizer)
+            except InvalidArgumentError as exc:
+                item.error = str(exc)
         if pooling_params is None:
             params = [PoolingParams() for _ in items]
         else:

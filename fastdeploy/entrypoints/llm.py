@@ -162,18 +162,15 @@ class LLM:
         pooling = self.llm_engine.pooling
         prompt = pooling.prompt(prompt_name)
         items = normalize_prompts(prompts)
-        for item in items:
-            try:
-                pooling.rendering.apply(item, prompt, self.input_processor.tokenizer)
-            except InvalidArgumentError as exc:
-                item.error = str(exc)
         if pooling_params is None:
             params = [PoolingParams() for _ in items]
         else:
             params = _one_per_prompt(pooling_params, PoolingParams, len(items), "pooling_params")
-        return self._run(
-            items, params, use_tqdm, arrival, inputs=self._embedding_inputs, rejected=embedding_error_output
-        )
+
+        def inputs(item: PromptItem) -> tuple[list[int], None]:
+            return self.input_processor.embedding_token_ids(item, prompt, pooling.rendering), None
+
+        return self._run(items, params, use_tqdm, arrival, inputs=inputs, rejected=embedding_error_output)
 
     def chat(
         self,
@@ -232,9 +229,6 @@ class LLM:
             f"LLM.{call}() needs runner={runner!r}, but this LLM was built with runner={actual!r}: "
             f"use {instead}, or build LLM(model, runner={runner!r})"
         )
-
-    def _embedding_inputs(self, item: PromptItem) -> tuple[list[int], None]:
-        return self.input_processor.embedding_token_ids(item), None
 
     def _render(
         self,

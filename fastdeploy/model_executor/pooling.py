@@ -124,7 +124,7 @@ def read_pooling_spec(
     else:
         matryoshka = () if overrides.get("is_matryoshka", raw.get("is_matryoshka")) else None
     prompts, default_prompt_name = _prompts(model_path)
-    rendering = read_text_rendering(model_path, str(config.raw.get("model_type", "")), chat_template)
+    rendering = read_text_rendering(model_path, config.raw, chat_template)
     return PoolingSpec(
         pooling_type, bool(normalize), config.hidden_size, matryoshka, prompts, default_prompt_name, rendering
     )

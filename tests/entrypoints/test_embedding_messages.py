@@ -38,6 +38,8 @@ SENTENCES = [
 PROMPTS = {"query": embedding_checkpoint.QUERY_PROMPT, "document": ""}
 #: the issue's bound
 COSINE = 1e-5
+#: config.json's keys the settings are read with
+QWEN3 = {"model_type": "qwen3"}
 
 
 def cosine_distance(a, b) -> np.ndarray:
@@ -139,25 +141,59 @@ def test_token_id_inputs_are_embedded_as_given(flat_llm):
     assert output.error_code == 200 and list(output.prompt_token_ids) == ids
 
 
+def edited_copy(source: str, destination: Path, **changes) -> SentenceTransformer:
+    """A copy of a checkpoint with its sentence_bert_config.json changed (a None value removes
+    the key), loaded by sentence-transformers from the files."""
+    shutil.copytree(source, destination)
+    config_path = destination / "sentence_bert_config.json"
+    config = json.loads(config_path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key)
+        else:
+            config[key] = value
+    config_path.write_text(json.dumps(config))
+    return SentenceTransformer(str(destination), device="cpu")
+
+
+def assert_as_sentence_transformers(llm, reference) -> list[list[int]]:
+    """Our token ids and embeddings equal sentence-transformers', with and without the query
+    prompt; returns the ids fed without a prompt."""
+    fed = []
+    for prompt_name in (None, "query"):
+        ours, ids = embedded(llm.embed(SENTENCES, prompt_name=prompt_name, use_tqdm=False))
+        assert ids == reference_ids(reference, SENTENCES, PROMPTS[prompt_name] if prompt_name else None)
+        expected = reference.encode(SENTENCES, prompt_name=prompt_name, convert_to_numpy=True)
+        assert cosine_distance(ours, expected).max() < COSINE
+        fed.append(ids)
+    return fed[0]
+
+
 def test_a_config_without_modality_config_stays_text_only(tmp_path, flat):
     """What older sentence-transformers saved: loading it, sentence-transformers embeds the text
     itself (with the tokenizer's <|endoftext|>), and so do we."""
     legacy = tmp_path / "legacy"
-    shutil.copytree(flat[0], legacy)
-    config_path = legacy / "sentence_bert_config.json"
-    config = json.loads(config_path.read_text())
-    del config["modality_config"], config["module_output_name"]
-    config_path.write_text(json.dumps(config))
-    reference = SentenceTransformer(str(legacy), device="cpu")
-    llm = LLM(str(legacy), runner="pooling", max_model_len=128)
-    for prompt_name in (None, "query"):
-        ours, ids = embedded(llm.embed(SENTENCES, prompt_name=prompt_name, use_tqdm=False))
-        prompt = PROMPTS[prompt_name] if prompt_name else None
-        expected_ids = reference_ids(reference, SENTENCES, prompt)
-        assert ids == expected_ids
-        assert all(row[-1] == 2 for row in ids)  # the tokenizer's <|endoftext|>, no chat
-        expected = reference.encode(SENTENCES, prompt_name=prompt_name, convert_to_numpy=True)
-        assert cosine_distance(ours, expected).max() < COSINE
+    reference = edited_copy(flat[0], legacy, modality_config=None, module_output_name=None)
+    ids = assert_as_sentence_transformers(LLM(str(legacy), runner="pooling", max_model_len=128), reference)
+    assert all(row[-1] == 2 for row in ids)  # the tokenizer's <|endoftext|>, no chat
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"max_seq_length": 9},  # a chat cut, the template's tail (with the generation prompt) put back
+        {"max_seq_length": 9, "processing_kwargs": {"chat_template": {"restore_suffix": False}}},
+        {"max_seq_length": 7, "modality_config": None, "module_output_name": None},  # text: ends kept
+    ],
+    ids=["chat", "chat-no-restore", "text"],
+)
+def test_inputs_are_cut_to_max_seq_length_as_sentence_transformers_cuts_them(tmp_path, structured, changes):
+    if "processing_kwargs" in changes:  # keep the generation prompt the checkpoint was saved with
+        changes["processing_kwargs"]["chat_template"]["add_generation_prompt"] = True
+    reference = edited_copy(structured[0], tmp_path / "cut", **changes)
+    llm = LLM(str(tmp_path / "cut"), runner="pooling", max_model_len=128)
+    ids = assert_as_sentence_transformers(llm, reference)
+    assert max(len(row) for row in ids) == changes["max_seq_length"]
 
 
 def _write_config(directory: Path, config: dict) -> str:
@@ -170,10 +206,8 @@ def test_message_modality_settings_are_read_as_sentence_transformers_reads_them(
     message = {"method": "forward", "method_output_name": "last_hidden_state"}
     auto = _write_config(tmp_path / "auto", {"modality_config": {"message": {**message, "format": "auto"}}})
     # "auto": flat unless the template shows typed parts (sentence-transformers' rule)
-    assert read_text_rendering(auto, "qwen3", embedding_checkpoint.CHATML).message_format == "flat"
-    assert (
-        read_text_rendering(auto, "qwen3", embedding_checkpoint.CHATML_PARTS).message_format == "structured"
-    )
+    assert read_text_rendering(auto, QWEN3, embedding_checkpoint.CHATML).message_format == "flat"
+    assert read_text_rendering(auto, QWEN3, embedding_checkpoint.CHATML_PARTS).message_format == "structured"
     sized = _write_config(
         tmp_path / "sized",
         {
@@ -181,15 +215,17 @@ def test_message_modality_settings_are_read_as_sentence_transformers_reads_them(
             "processing_kwargs": {"chat_template": {"restore_suffix": False, "enable_thinking": False}},
         },
     )
-    assert read_text_rendering(sized, "qwen3", "{{ x }}") == TextRendering("flat", {"enable_thinking": False})
-    assert read_text_rendering(str(tmp_path / "none"), "qwen3", "{{ x }}") == TextRendering()
+    assert read_text_rendering(sized, QWEN3, "{{ x }}") == TextRendering(
+        "flat", {"enable_thinking": False}, None, False
+    )
+    assert read_text_rendering(str(tmp_path / "none"), QWEN3, "{{ x }}") == TextRendering()
 
 
 def test_checkpoints_the_runner_cannot_feed_are_refused(tmp_path):
     message = {"method": "forward", "method_output_name": "last_hidden_state", "format": "flat"}
     no_template = _write_config(tmp_path / "a", {"modality_config": {"message": message}})
     with pytest.raises(UnsupportedModelError, match="no chat template"):
-        read_text_rendering(no_template, "qwen3", None)
+        read_text_rendering(no_template, QWEN3, None)
     images = _write_config(tmp_path / "b", {"modality_config": {"image": message}})
     with pytest.raises(UnsupportedModelError, match="neither text nor message"):
-        read_text_rendering(images, "qwen3", "{{ x }}")
+        read_text_rendering(images, QWEN3, "{{ x }}")

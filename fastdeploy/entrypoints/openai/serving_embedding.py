@@ -62,8 +62,7 @@ def _prepare(
     prepared = []
     for index, item in enumerate(items):
         try:
-            rendering.apply(item, prompt, ctx.inputs.tokenizer)
-            token_ids = ctx.inputs.embedding_token_ids(item)
+            token_ids = ctx.inputs.embedding_token_ids(item, prompt, rendering)
             ctx.inputs.validate(token_ids, generates=False)
         except InvalidArgumentError as exc:
             where = f"input[{index}]: " if len(items) > 1 else ""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import os
 import signal
@@ -45,6 +46,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def terminate_with_parent() -> None:
+    """In the child before exec: the kernel sends it SIGTERM when the benchmark exits (Linux), so a
+    benchmark killed with SIGKILL, which runs no cleanup, leaves no server behind (the server's
+    SIGTERM handling stops its own workers)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class Process:
     """A server subprocess on a loopback port, ready once its /health answers 200."""
 
@@ -52,7 +62,11 @@ class Process:
         self.url = f"http://{HOST}:{port}"
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's log, read if it fails
         self.process = subprocess.Popen(
-            command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=terminate_with_parent,
         )
         deadline = time.monotonic() + timeout
         while True:

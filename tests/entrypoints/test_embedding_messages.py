@@ -229,3 +229,17 @@ def test_checkpoints_the_runner_cannot_feed_are_refused(tmp_path):
     images = _write_config(tmp_path / "b", {"modality_config": {"image": message}})
     with pytest.raises(UnsupportedModelError, match="neither text nor message"):
         read_text_rendering(images, QWEN3, "{{ x }}")
+
+
+def test_a_text_the_template_refuses_fails_alone(tmp_path, flat):
+    directory = tmp_path / "strict"
+    shutil.copytree(flat[0], directory)
+    refusing = "{% if messages[-1]['content'] == 'what' %}{{ raise_exception('no questions') }}{% endif %}"
+    (directory / "chat_template.jinja").write_text(refusing + embedding_checkpoint.CHATML)
+    llm = LLM(str(directory), runner="pooling", max_model_len=128)
+    outputs = llm.embed(SENTENCES, use_tqdm=False)
+    assert [output.error_code for output in outputs] == [200, 400, 200, 200]
+    assert "no questions" in outputs[1].error_msg
+    ours, _ = embedded([outputs[0], outputs[2], outputs[3]])
+    expected = flat[1].encode([SENTENCES[0], SENTENCES[2], SENTENCES[3]], convert_to_numpy=True)
+    assert cosine_distance(ours, expected).max() < COSINE

@@ -1,6 +1,6 @@
 """The cuda backend's Triton kernels against torch's own ops, on the same GPU in the same run.
 
-    python benchmarks/cuda_kernels.py [--kernel all|prefill|decode|sampling|moe|quant|window] [--json FILE]
+    python benchmarks/cuda_kernels.py [--kernel all|prefill|decode|sampling|moe|quant|window|latent] [--json FILE]
 
 Each benchmark prints our time, torch's, the ratio (torch time / ours: above 1 means ours is
 faster) and the target from issue 9. Times are medians of `triton.testing.do_bench`. Needs a
@@ -25,6 +25,11 @@ CUDA GPU with torch and triton; without one it says why and exits 0 (nothing is 
   keys (contiguous), and a 2048-token prefill chunk at the context's end (4 sequences) against
   SDPA over the keys its window can reach with the window's boolean mask. Targets as decode and
   prefill: a windowed launch must cost its window, not the context.
+- latent: multi-head latent attention's absorbed decode at DeepSeek-V3's shape (128 heads,
+  kv_lora_rank 512, rope 64), 64 sequences x 4096 positions, bf16, the latents in the paged cache
+  (64-token blocks, shuffled): the split-KV kernel over the latents against SDPA of the same
+  multi-query attention (keys = the 576-wide cached vectors, values = their 512-wide latents) on
+  contiguous tensors. Target as decode, >= 0.8x.
 """
 
 from __future__ import annotations
@@ -33,7 +38,15 @@ import argparse
 import json
 import sys
 
-TARGETS = {"prefill": 0.5, "decode": 0.8, "sampling": 1.0, "moe": 0.5, "quant": 0.7, "window": 0.5}
+TARGETS = {
+    "prefill": 0.5,
+    "decode": 0.8,
+    "sampling": 1.0,
+    "moe": 0.5,
+    "quant": 0.7,
+    "window": 0.5,
+    "latent": 0.8,
+}
 #: issue 32's decode-row targets against bf16: 4-bit reads 4x fewer bytes, 8-bit 2x
 QUANT_DECODE_TARGETS = {
     "wint4": 2.0,
@@ -201,6 +214,56 @@ def bench_decode(torch) -> dict:
         "torch_ms": torch_ms,
         "ours": f"{kv_bytes / ours_ms / 1e9:.2f} TB/s of KV",
         "torch": f"{kv_bytes / torch_ms / 1e9:.2f} TB/s (SDPA, contiguous KV)",
+        "max_abs_error": error,
+    }
+
+
+def bench_latent(torch) -> dict:
+    from fastdeploy.backends.cuda import triton_attention as attention
+    from fastdeploy.backends.cuda import triton_latent as latent
+
+    seqs, ctx, heads, lora, rope, block = 64, 4096, 128, 512, 64, 64
+    dev = "cuda"
+    q_latent = torch.randn(seqs, heads, lora, dtype=torch.bfloat16, device=dev)
+    q_rope = torch.randn(seqs, heads, rope, dtype=torch.bfloat16, device=dev)
+    vectors = torch.randn(seqs, ctx, 1, lora + rope, dtype=torch.bfloat16, device=dev) * 0.1
+    cache, _, tables = _paged_cache(torch, vectors, vectors, block)
+    cache = cache.reshape(-1, lora + rope)
+    rows = torch.arange(seqs, dtype=torch.int32, device=dev)
+    contexts = torch.full((seqs,), ctx, dtype=torch.int32, device=dev)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = attention.decode_splits(seqs, 1, ctx, sms)
+    partial = torch.empty(seqs, heads, splits, lora, dtype=torch.float32, device=dev)
+    partial_lse = torch.empty(seqs, heads, splits, dtype=torch.float32, device=dev)
+    mixed = torch.empty_like(q_latent)
+    scale = (128 + rope) ** -0.5
+
+    def ours():
+        latent.latent_decode(
+            q_latent, q_rope, cache, mixed, tables, rows, contexts, partial, partial_lse, scale, block, splits
+        )
+
+    sdpa_q = torch.cat([q_latent, q_rope], -1).unsqueeze(2)  # [seqs, heads, 1, 576]
+    sdpa_k = vectors.transpose(1, 2).contiguous()  # [seqs, 1, ctx, 576]
+    sdpa_v = sdpa_k[..., :lora].contiguous()
+    functional = torch.nn.functional
+
+    def theirs():
+        functional.scaled_dot_product_attention(sdpa_q, sdpa_k, sdpa_v, scale=scale, enable_gqa=True)
+
+    ours()
+    expected = functional.scaled_dot_product_attention(
+        sdpa_q, sdpa_k, sdpa_v, scale=scale, enable_gqa=True
+    ).squeeze(2)
+    error = (mixed.float() - expected.float()).abs().max().item()
+    ours_ms, torch_ms = _bench(ours), _bench(theirs)
+    latent_bytes = seqs * ctx * (lora + rope) * 2
+    return {
+        "kernel": f"latent decode 64x4096, 128 heads, lora 512 + rope 64, bf16, {splits} split(s)",
+        "ours_ms": ours_ms,
+        "torch_ms": torch_ms,
+        "ours": f"{latent_bytes / ours_ms / 1e9:.2f} TB/s of latents",
+        "torch": f"{latent_bytes / torch_ms / 1e9:.2f} TB/s (SDPA, contiguous)",
         "max_abs_error": error,
     }
 
@@ -524,7 +587,12 @@ def run(kernels: list[str]) -> list[dict]:
             found = bench_window(torch)
         else:
             found = [
-                {"prefill": bench_prefill, "decode": bench_decode, "sampling": bench_sampling}[name](torch)
+                {
+                    "prefill": bench_prefill,
+                    "decode": bench_decode,
+                    "sampling": bench_sampling,
+                    "latent": bench_latent,
+                }[name](torch)
             ]
         for result in found:
             result["name"] = name

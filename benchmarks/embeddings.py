@@ -6,7 +6,9 @@ normalisation, as Qwen3-Embedding is published (tests/models/embedding_checkpoin
 `small` (default): hidden 512, 8 layers, 8 query / 4 KV heads of 64, intermediate 1536, a
 4096-word vocabulary; `tiny`: the tests' model; `smollm2`: trained weights, the embedded
 SmolLM2-135M dequantised to float32 (its GGUF exported as a Hugging Face directory) with the same
-last-token pooling and normalisation: random weights at a large initialisation amplify every
+last-token pooling and normalisation (its tokenizer has a chat template, so sentence-transformers
+6 saves a "message" modality and both sides embed each sentence as a chat: SmolLM2's default
+system message, then the sentence as the user's): random weights at a large initialisation amplify every
 rounding through the layers, so this is the shape that says what a quantised path costs a trained
 model. The sentences are `--words` random words each (31, plus the `<|endoftext|>` the word-level
 tokenizer appends: 32 tokens; SmolLM2's own tokenizer gives about as many), `--sentences` of them
@@ -101,13 +103,16 @@ def main() -> None:
             reference = trained_checkpoint(path)
         else:
             reference = embedding_checkpoint.build(path, "lasttoken", True, **SHAPES[args.shape])
+        # what sentence-transformers feeds the model: more than the words where the checkpoint
+        # renders texts through a chat template (smollm2: SmolLM2's, with its system message)
+        tokens = int(reference.preprocess(sentences)["attention_mask"].sum(1).max())
         runs, outputs = {}, {}
         for text in ["fastdeploy:", *args.variant]:
             label, _, options = variant_settings(text)
             env = {key: str(options.pop(key)) for key in list(options) if key.startswith("FD_")}
             with environment(env):
                 llm = LLM(
-                    path, runner="pooling", cpu_threads=args.threads, max_model_len=args.words + 8, **options
+                    path, runner="pooling", cpu_threads=args.threads, max_model_len=tokens + 8, **options
                 )
             runs[label] = embedder(llm, sentences, env)
             outputs[label] = runs[label]()
@@ -117,10 +122,9 @@ def main() -> None:
                 return reference.encode(sentences, batch_size=len(sentences), convert_to_numpy=True)
 
         expected = theirs()
-        tokens = len(reference.tokenizer(sentences[0])["input_ids"])
         best = best_seconds({**runs, "sentence-transformers": theirs}, args.repeats)
     print(
-        f"shape {args.shape}: {args.sentences} sentences of {tokens} tokens, {args.threads} threads, "
+        f"shape {args.shape}: {args.sentences} sentences of up to {tokens} tokens, {args.threads} threads, "
         f"best of {args.repeats}"
     )
     reference_s = best["sentence-transformers"]

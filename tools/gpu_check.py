@@ -19,7 +19,11 @@ Steps (each a subprocess, its output kept in --out):
      cost over a 32k context and a sliding Phi-3 with real CUDA graphs are in step 2
      (tests/gpu/test_gpu_attention_windows.py), the capability checks in step 3, the windowed
      kernels' speed in step 4 (`--kernel window`);
-  8. single-stream decode tok/s and its fraction of the HBM roofline (weight bytes x tok/s /
+  8. multi-head latent attention (issue 29): DeepSeek-V3 on `cuda` against transformers'
+     tokens (chunked prefill, a prefix-cache hit, decode in CUDA graphs), and with MTP
+     speculative decoding; the latent kernels' speed is in step 4 (`--kernel latent`), the
+     capability check in step 3;
+  9. single-stream decode tok/s and its fraction of the HBM roofline (weight bytes x tok/s /
      bandwidth), greedy and sampled, with CUDA graphs on and off (benchmarks/decode_roofline.py;
      issue 32's goal: >= 50% for the 1B shape in bf16).
 `--quick` keeps the SmolLM2 shape only. Nothing is installed; a missing module is reported.
@@ -154,6 +158,23 @@ def main() -> int:
                 "-q",
                 "tests/models/test_gpt_oss.py::test_the_cuda_backends_code_runs_the_sinks_and_the_window[cuda-triton]",
                 "tests/models/test_gemma2.py::test_the_cuda_backends_code_generates_transformers_tokens[cuda]",
+                "-p",
+                "no:cacheprovider",
+            ],
+            {},
+            900,
+        ),
+        (
+            "latent_attention",
+            [
+                python,
+                "-m",
+                "pytest",
+                "-q",
+                "tests/models/test_deepseek_v3.py::test_the_cuda_backends_code_gives_transformers_tokens",
+                "tests/models/test_deepseek_mtp.py::test_mtp_on_the_cuda_backends_code_keeps_transformers_tokens",
+                "-m",
+                "gpu",
                 "-p",
                 "no:cacheprovider",
             ],

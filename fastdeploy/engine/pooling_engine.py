@@ -90,10 +90,6 @@ class PoolingEngine:
         setup = builder.prepare(config)
         checkpoint = pooling_checkpoint(setup.checkpoint, setup.registry.model_architectures())
         setup = dataclasses.replace(setup, checkpoint=checkpoint, model_config=checkpoint.config)
-        #: the pooling, normalisation, Matryoshka sizes and prompts of this model
-        self.pooling: PoolingSpec = read_pooling_spec(
-            setup.model_path, checkpoint.config, config.pooler_config
-        )
         self.backend, self.model_config = setup.backend, setup.model_config
         self.generation_defaults: dict[str, Any] = {}
         self.max_model_len, self.max_num_batched_tokens = setup.max_model_len, setup.max_num_batched_tokens
@@ -101,6 +97,10 @@ class PoolingEngine:
             config, setup.registry, setup.model_path, self.model_config, self.max_model_len
         )
         self.tokenizer = self.input_processor.tokenizer
+        #: the pooling, normalisation, Matryoshka sizes, prompts and text rendering of this model
+        self.pooling: PoolingSpec = read_pooling_spec(
+            setup.model_path, checkpoint.config, config.pooler_config, self.tokenizer.chat_template
+        )
         loaded = builder.load_model(config, setup, self.input_processor)
         self._runner: PoolingExecutor = loaded.executor  # type: ignore[assignment]
         # a mean or first-token pooling reads every prompt position, so none may come from the cache

@@ -152,23 +152,25 @@ class LLM:
 
         `prompt_name` puts one of the model's named prompts (config_sentence_transformers.json,
         e.g. an instruction for queries) before each text prompt, as sentence-transformers'
-        `encode(prompt_name=...)` does; unset, the model's default prompt if it names one.
+        `encode(prompt_name=...)` does; unset, the model's default prompt if it names one. A
+        checkpoint saved by sentence-transformers 6 with a chat template embeds each text as a
+        chat message, the prompt as its system message (input/embedding_text.py).
         Token-id prompts are embedded as given.
         """
         arrival = time.time()
         self._require_runner("pooling", "embed")
-        prefix = self.llm_engine.pooling.prompt(prompt_name)
+        pooling = self.llm_engine.pooling
+        prompt = pooling.prompt(prompt_name)
         items = normalize_prompts(prompts)
-        for item in items:
-            if prefix and item.error is None and item.token_ids is None and item.text is not None:
-                item.text = prefix + item.text
         if pooling_params is None:
             params = [PoolingParams() for _ in items]
         else:
             params = _one_per_prompt(pooling_params, PoolingParams, len(items), "pooling_params")
-        return self._run(
-            items, params, use_tqdm, arrival, inputs=self._embedding_inputs, rejected=embedding_error_output
-        )
+
+        def inputs(item: PromptItem) -> tuple[list[int], None]:
+            return self.input_processor.embedding_token_ids(item, prompt, pooling.rendering), None
+
+        return self._run(items, params, use_tqdm, arrival, inputs=inputs, rejected=embedding_error_output)
 
     def chat(
         self,
@@ -227,9 +229,6 @@ class LLM:
             f"LLM.{call}() needs runner={runner!r}, but this LLM was built with runner={actual!r}: "
             f"use {instead}, or build LLM(model, runner={runner!r})"
         )
-
-    def _embedding_inputs(self, item: PromptItem) -> tuple[list[int], None]:
-        return self.input_processor.embedding_token_ids(item), None
 
     def _render(
         self,

@@ -16,6 +16,7 @@ from fastdeploy.config import EngineConfig, ModelConfig
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.input.chat_template import load_chat_template
 from fastdeploy.input.conversation import check_text_fits, render_conversation
+from fastdeploy.input.embedding_text import TextRendering
 from fastdeploy.input.multimodal.inputs import MultiModalPrompt
 from fastdeploy.input.multimodal.media import MediaPolicy
 from fastdeploy.input.multimodal.options import (
@@ -151,14 +152,21 @@ class InputProcessor:
             return item.token_ids
         return self.tokenizer.encode(item.text or "", add_special_tokens=True)
 
-    def embedding_token_ids(self, item: PromptItem) -> list[int]:
-        """The token ids of a prompt to embed: a text as transformers' `tokenizer(text)` encodes
-        it (the tokenizer's suffix appended: see `Tokenizer.suffix_token_ids`), ids as given."""
+    def embedding_token_ids(
+        self, item: PromptItem, prompt: str = "", rendering: TextRendering | None = None
+    ) -> list[int]:
+        """The token ids of a prompt to embed: ids as given; a text with `prompt` as the
+        checkpoint's sentence-transformers files feed it (`rendering`, default: the text after
+        the prompt as transformers' `tokenizer(text)` encodes it, the tokenizer's suffix appended:
+        see `Tokenizer.suffix_token_ids`). The item's text becomes the text fed."""
         if item.has_media:
             raise InvalidArgumentError("runner='pooling' embeds text and token ids; media are not supported")
         if item.token_ids is not None:
             return item.token_ids
-        return self.token_ids(item) + list(self.tokenizer.suffix_token_ids)
+        item.text, token_ids = (rendering or TextRendering()).token_ids(
+            item.text or "", prompt, self.tokenizer
+        )
+        return token_ids
 
     def prompt_inputs(self, item: PromptItem) -> tuple[list[int], MultiModalPrompt | None]:
         """A prompt item's token ids, encoded once, and with media its `MultiModalPrompt` (whose

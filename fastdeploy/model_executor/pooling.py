@@ -1,8 +1,9 @@
 """How the pooling runner turns a prompt pass's hidden states into an embedding.
 
 `read_pooling_spec` reads the checkpoint's sentence-transformers files (`modules.json` with its
-Pooling and Normalize modules, `config_sentence_transformers.json`'s prompts) and the engine's
-`pooler_config`, which overrides them. `pool_chunk` reduces one pass's rows per sequence (a prompt
+Pooling and Normalize modules, `config_sentence_transformers.json`'s prompts,
+`sentence_bert_config.json`'s modalities: whether texts are rendered as chat messages, see
+input/embedding_text.py) and the engine's `pooler_config`, which overrides them. `pool_chunk` reduces one pass's rows per sequence (a prompt
 may be computed in several chunks) and `finish_embedding` turns what the chunks gave into the
 embedding: the mean taken, Matryoshka truncation, then normalisation.
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from fastdeploy.config import ModelConfig
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
+from fastdeploy.input.embedding_text import TextRendering, read_text_rendering
 from fastdeploy.model_executor.loaders.base import WeightLoader
 from fastdeploy.model_executor.model_loader import CheckpointInfo
 
@@ -62,6 +64,8 @@ class PoolingSpec:
     #: named prompts put before a text (config_sentence_transformers.json), and the default one
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    #: how a text is fed: raw, or as a chat message through the chat template
+    rendering: TextRendering = field(default_factory=TextRendering)
 
     def prompt(self, prompt_name: str | None) -> str:
         """The text put before each prompt: the named prompt, else the default one, else none."""
@@ -96,10 +100,14 @@ class PoolingSpec:
 
 
 def read_pooling_spec(
-    model_path: str, config: ModelConfig, overrides: Mapping[str, Any] | None
+    model_path: str,
+    config: ModelConfig,
+    overrides: Mapping[str, Any] | None,
+    chat_template: str | None = None,
 ) -> PoolingSpec:
     """The checkpoint's pooling (sentence-transformers files), with `overrides` (`pooler_config`)
-    over it; refuses a model with neither, or with modules the runner does not compute."""
+    over it; refuses a model with neither, or with modules the runner does not compute.
+    `chat_template` is the tokenizer's, for a checkpoint that embeds texts as chat messages."""
     overrides = _checked_overrides(overrides or {})
     modules = _sentence_transformers_modules(model_path)
     pooling_type = overrides.get("pooling_type") or (modules[0] if modules else None)
@@ -116,8 +124,9 @@ def read_pooling_spec(
     else:
         matryoshka = () if overrides.get("is_matryoshka", raw.get("is_matryoshka")) else None
     prompts, default_prompt_name = _prompts(model_path)
+    rendering = read_text_rendering(model_path, config.raw, chat_template)
     return PoolingSpec(
-        pooling_type, bool(normalize), config.hidden_size, matryoshka, prompts, default_prompt_name
+        pooling_type, bool(normalize), config.hidden_size, matryoshka, prompts, default_prompt_name, rendering
     )
 
 

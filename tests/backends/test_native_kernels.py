@@ -313,6 +313,90 @@ def test_attention_over_scattered_blocks(backend_for_isa, block_size, head_dim, 
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
 
 
+def ragged_layout(tables: np.ndarray, spans: list[tuple[int, int]], block_size: int) -> BatchLayout:
+    """One pass of several sequences: sequence i computes positions spans[i][0]..spans[i][1]-1 over
+    block table tables[i]."""
+    positions = np.concatenate([np.arange(start, end) for start, end in spans])
+    owner = np.repeat(np.arange(len(spans)), [end - start for start, end in spans])
+    return BatchLayout(
+        input_ids=np.zeros(len(positions), np.int64),
+        positions=positions,
+        slot_mapping=tables[owner, positions // block_size] * block_size + positions % block_size,
+        query_lens=np.array([end - start for start, end in spans]),
+        context_lens=np.array([end for _, end in spans]),
+        block_tables=tables,
+        logits_indices=np.cumsum([end - start for start, end in spans]) - 1,
+        block_size=block_size,
+    )
+
+
+@requires_native
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("window", [0, 45])
+def test_attention_of_a_ragged_batch_is_the_same_on_any_thread_count(monkeypatch, isa, window):
+    """Prefills of several lengths, one after a cached prefix, and a decode row in one pass: the
+    threads claim each sequence's query tiles last to first (attention.c), not in token order;
+    every row must still equal the float64 reference, bit for bit on 1, 2 and 3 threads."""
+    monkeypatch.setenv("FD_CPU_KERNELS", isa)
+    block_size, heads, kv_heads, head_dim = 16, 8, 2, 64
+    spans = [(0, 97), (40, 75), (120, 121), (0, 33)]  # the second and third after cached positions
+    rng = np.random.default_rng(7)
+    width = -(-max(end for _, end in spans) // block_size)
+    tables = rng.permutation(len(spans) * width).reshape(len(spans), width)
+    layout = ragged_layout(tables, spans, block_size)
+    contexts = [
+        {
+            name: rng.standard_normal((end, kv_heads if name != "q" else heads, head_dim)).astype(np.float32)
+            for name in ("q", "k", "v")
+        }
+        for _, end in spans
+    ]
+    scale = head_dim**-0.5
+    outputs = []
+    for threads in (1, 2, 3):
+        backend = CpuBackend(BackendOptions(threads=threads))
+        cache = allocate_native(len(spans) * width, block_size, kv_heads, head_dim, "float32")
+
+        def attend(q, k, v, layout, backend=backend, cache=cache):
+            if window:
+                return backend.windowed_attention(
+                    q, k, v, cache, backend.prepare_batch(layout), scale, window
+                )
+            return backend.attention(q, k, v, cache, backend.prepare_batch(layout), scale)
+
+        for i, (start, _) in enumerate(spans):  # the cached positions, written by an earlier pass
+            if start:
+                prefix = ragged_layout(tables[i : i + 1], [(0, start)], block_size)
+                attend(contexts[i]["q"][:start], contexts[i]["k"][:start], contexts[i]["v"][:start], prefix)
+        rows = {
+            name: np.concatenate([c[name][start:] for c, (start, _) in zip(contexts, spans, strict=True)])
+            for name in "qkv"
+        }
+        outputs.append(attend(rows["q"], rows["k"], rows["v"], layout))
+    expected = np.concatenate(
+        [
+            windowed_reference(c["q"][start:], c["k"], c["v"], scale, window)
+            for c, (start, _) in zip(contexts, spans, strict=True)
+        ]
+    )
+    np.testing.assert_allclose(outputs[0], expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(outputs[1], outputs[0])
+    np.testing.assert_array_equal(outputs[2], outputs[0])
+
+
+def windowed_reference(q, keys, values, scale, window):
+    """reference_attention where each query sees only its last `window` positions (0: all)."""
+    if not window:
+        return reference_attention(q, keys, values, scale)
+    context = len(keys)
+    out = np.empty(q.shape)
+    for t in range(len(q)):
+        end = context - len(q) + t + 1
+        start = max(0, end - window)
+        out[t] = reference_attention(q[t : t + 1], keys[start:end], values[start:end], scale)[0]
+    return out
+
+
 @requires_native
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("window", [0, 37])

@@ -123,6 +123,18 @@ def test_a_probe_stops_at_loops_it_cannot_price():
     assert on_one_thread.sum() < 0.02 * picked[:, decode:].size
 
 
+def test_a_probe_in_long_loops_ends_after_its_time_not_its_loop_count():
+    """Prefills of one shape again and again (loops of 1-36 ms whose costs are known): a probe of one
+    thread runs about 100 ms of them, not the 144 loops (half a 512-token prefill) of a decode probe;
+    and beside a hog the one thread still takes over."""
+    prefill = [100.0 * 30, 53.0 * 30]  # two threads 1.9x as fast, each loop 30x a decode loop
+    picked = replay([(8_000, prefill)])
+    assert 0 < longest_run(picked, 1) <= 16  # 10 ms of warm-up and 100 ms: ~12 loops of 12 ms
+    assert np.mean(picked == 2) > 0.98
+    beside_a_hog = replay([(8_000, [100.0 * 30, 135.0 * 30])])
+    assert np.mean(beside_a_hog[2_000:] == 1) > 0.95
+
+
 def test_replay_checks_its_arguments():
     with pytest.raises(ValueError, match="one entry per loop"):
         native._native.adapt_replay([1, 2], [[1.0]])

@@ -118,7 +118,7 @@ def test_silu_and_mul(width):
 
 def _float32_launches(shared_memory: int) -> list[dict[str, int]]:
     """The float32 tiles and launch options of the kernels whose tiles may follow the GPU."""
-    prefill = [prefill_launch_options(True, head_dim, shared_memory) for head_dim in (64, 128)]
+    prefill = [prefill_launch_options(True, head_dim, shared_memory) for head_dim in (64, 128, 192)]
     return prefill + [gemm_config(entries, 64, True, shared_memory) for entries in (96, 1536, 24576)]
 
 
@@ -142,8 +142,9 @@ def test_kernels_compile_for_sm80_and_sm90_without_a_gpu():
     assert _float32_launches(SHARED_MEMORY_LIMIT[80]) == _float32_launches(SHARED_MEMORY_LIMIT[90])
     lines = _compile("80", "float32,bfloat16") + _compile("90", "bfloat16")
     # element-wise, prefill x 4 (one windowed with sinks, one windowed and soft-capped), decode x 6
-    # (two with sinks, one soft-capped), reduce x 2 (with and without sinks), route, MoE GEMMs
-    per_dtype = 4 + 4 + 6 + 2 + 1 + 4
+    # (two with sinks, one soft-capped), reduce x 2 (with and without sinks), latent attention
+    # (store, absorbed decode x 2, its reduce, prefill over 192-wide expanded keys), route, MoE GEMMs
+    per_dtype = 4 + 4 + 6 + 2 + 5 + 1 + 4
     dtype_free = 6  # sampling (4) and MoE sort (2) kernels, float32 only, on each architecture
     assert len(lines) == 3 * per_dtype + 2 * dtype_free
     sm90 = [line.split()[1:3] for line in lines if line.startswith("sm_90")]
@@ -151,5 +152,6 @@ def test_kernels_compile_for_sm80_and_sm90_without_a_gpu():
     assert sum(dtype == "float32" for dtype, _ in sm90) == dtype_free  # the sampling and sort kernels
     names = {line.split()[2] for line in lines}
     assert {"_prefill_kernel", "_decode_kernel", "_pick_kernel", "_gemm_kernel", "_route_kernel"} <= names
+    assert {"_store_latent_kernel", "_latent_decode_kernel", "_latent_reduce_kernel"} <= names
     sizes = [re.search(r"ptx +(\d+) B, cubin +(\d+) B", line) for line in lines]
     assert all(found and int(found[1]) > 0 and int(found[2]) > 0 for found in sizes), lines

@@ -8,6 +8,10 @@ without `model.`), `modules.json`, `1_Pooling/config.json`, `config_sentence_tra
 with the prompts. The tokenizer is word-level, and its post-processor appends `<|endoftext|>`
 as Qwen3-Embedding's does (last-token pooling reads that token).
 
+`build(..., chat_template=CHATML)` gives the tokenizer a chat template (and its `<|im_start|>` /
+`<|im_end|>` tokens, after the other pieces so the words keep their ids): sentence-transformers 6
+then saves a "message" modality, and embeds each text as a user message rendered by the template.
+
 Needs torch, transformers and sentence-transformers (the tests skip without them).
 """
 
@@ -27,19 +31,34 @@ _TEXT = (
 WORDS = _TEXT.split()
 #: Qwen3-Embedding's instruction format, as its config_sentence_transformers.json stores it
 QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+#: the pieces a chat template adds (appended to the vocabulary of a checkpoint that has one)
+CHAT_SPECIALS = ["<|im_start|>", "<|im_end|>"]
+#: a ChatML template that renders content as a string (sentence-transformers' "flat" format)
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+#: the same with content as a list of typed parts (sentence-transformers' "structured" format)
+CHATML_PARTS = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
-def vocabulary(extra_words: int = 0) -> list[str]:
-    """The tokenizer's pieces: specials, the words, then `extra_words` filler words w0, w1, ..."""
-    return SPECIALS + WORDS + [f"w{i}" for i in range(extra_words)]
+def vocabulary(extra_words: int = 0, chat: bool = False) -> list[str]:
+    """The tokenizer's pieces: specials, the words, `extra_words` filler words w0, w1, ..., then
+    with `chat` the chat template's pieces."""
+    return SPECIALS + WORDS + [f"w{i}" for i in range(extra_words)] + (CHAT_SPECIALS if chat else [])
 
 
-def write_tokenizer(directory: str, extra_words: int = 0) -> None:
-    """A word-level tokenizer.json (+ tokenizer_config.json) that appends `<|endoftext|>`."""
+def write_tokenizer(directory: str, extra_words: int = 0, chat_template: str | None = None) -> None:
+    """A word-level tokenizer.json (+ tokenizer_config.json) that appends `<|endoftext|>`; with
+    `chat_template`, that template and its pieces as special tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {word: index for index, word in enumerate(vocabulary(extra_words))}
+    vocab = {word: index for index, word in enumerate(vocabulary(extra_words, chat_template is not None))}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -48,6 +67,9 @@ def write_tokenizer(directory: str, extra_words: int = 0) -> None:
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<pad>", eos_token="<|endoftext|>"
     )
+    if chat_template is not None:
+        wrapped.add_special_tokens({"additional_special_tokens": CHAT_SPECIALS})
+        wrapped.chat_template = chat_template
     wrapped.save_pretrained(directory)
 
 
@@ -65,10 +87,13 @@ def build(
     extra_words: int = 0,
     prompts: dict[str, str] | None = None,
     config_extra: dict[str, Any] | None = None,
+    chat_template: str | None = None,
+    processing_kwargs: dict[str, Any] | None = None,
 ) -> Any:
     """Save a sentence-transformers model of a random Qwen3 as `directory` (the transformers model
     goes to `directory`-base first); returns it (the SentenceTransformer, float32 on the CPU) for
-    the reference embeddings."""
+    the reference embeddings. `chat_template` gives the tokenizer one (see the module's doc);
+    `processing_kwargs` are the Transformer module's (e.g. {"chat_template": {...}})."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize, Transformer
@@ -77,7 +102,7 @@ def build(
 
     torch.manual_seed(seed)
     config = Qwen3Config(
-        vocab_size=len(vocabulary(extra_words)),
+        vocab_size=len(vocabulary(extra_words, chat_template is not None)),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=layers,
@@ -100,8 +125,8 @@ def build(
                 parameter.copy_(1 + 0.3 * torch.randn_like(parameter))
     base = directory.rstrip("/") + "-base"  # what the Transformer module reads; saved again below
     model.save_pretrained(base)
-    write_tokenizer(base, extra_words)
-    transformer = Transformer(base)
+    write_tokenizer(base, extra_words, chat_template)
+    transformer = Transformer(base, processing_kwargs=processing_kwargs)
     modules = [transformer, Pooling(hidden_size, pooling_mode=pooling_mode)]
     if normalize:
         modules.append(Normalize())

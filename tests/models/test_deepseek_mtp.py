@@ -9,13 +9,19 @@ without MTP, and the acceptance counts reach the request metrics and the engine 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tiny_deepseek as deepseek
 
 from fastdeploy import LLM, SamplingParams
+from fastdeploy.backends.cuda.backend import CudaBackend
 from fastdeploy.errors import InvalidArgumentError, UnsupportedModelError
 
+# the cuda backend's Triton kernels run on the host in Triton's interpreter, which `triton.jit`
+# reads when the kernel modules are imported (triton's own: before transformers imports it)
+os.environ.setdefault("TRITON_INTERPRET", "1")
 torch = pytest.importorskip("torch", reason="the reference MTP module runs in torch")
 modeling = pytest.importorskip(
     "transformers.models.deepseek_v3.modeling_deepseek_v3", reason="the reference layers are transformers'"
@@ -151,6 +157,53 @@ def test_mtp_drafts_equal_the_reference_module_and_greedy_output_is_unchanged(ch
     (again,) = llm.generate([prompts[2]], params, use_tqdm=False)
     assert again.num_cached_tokens > 0
     assert again.outputs.token_ids == expected[2]
+
+
+@pytest.fixture(scope="module")
+def transformers_tokens(tmp_path_factory) -> list[list[int]]:
+    directory = tmp_path_factory.mktemp("v3-hf-greedy")
+    deepseek.write_checkpoint(directory, NAME, mtp=False)
+    return deepseek.transformers_greedy(directory, deepseek.PROMPTS)
+
+
+@pytest.mark.parametrize(
+    ("device", "kernels", "count", "new_tokens"),
+    [
+        ("torch-cpu", "reference", len(deepseek.PROMPTS), deepseek.NEW_TOKENS),
+        # the interpreted Triton kernels take seconds a step: two prompts, a few tokens
+        ("torch-cpu", "triton", 2, 5),
+        pytest.param("cuda", "triton", len(deepseek.PROMPTS), deepseek.NEW_TOKENS, marks=pytest.mark.gpu),
+    ],
+)
+def test_mtp_on_the_cuda_backends_code_keeps_transformers_tokens(
+    device, kernels, count, new_tokens, checkpoint, reference, transformers_tokens, monkeypatch
+):
+    """MTP on the cuda backend's code: the verify passes attend over the target's latent cache,
+    the MTP layer over its own; drafts still equal the reference module's and the output
+    transformers'."""
+    if device == "cuda":
+        reason = CudaBackend.unavailable_reason()
+        if reason is not None:
+            pytest.skip(f"no usable NVIDIA GPU: {reason}")
+    if kernels == "triton":
+        pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
+    monkeypatch.setenv("FD_CUDA_KERNELS", kernels)
+    llm = LLM(
+        model=checkpoint[0],
+        device=device,
+        dtype="float32",
+        max_model_len=deepseek.MAX_MODEL_LEN,
+        speculative_config={"method": "mtp", "num_speculative_tokens": K},
+    )
+    calls = _recording(llm)
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in deepseek.PROMPTS[:count]]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs.token_ids for o in outputs] == [t[:new_tokens] for t in transformers_tokens[:count]]
+    assert calls, "the MTP proposer never drafted"
+    for tokens, drafts in calls:
+        assert drafts == reference.drafts(tokens, len(drafts)), tokens
+    assert llm.llm_engine.spec_decoder.stats.num_draft_tokens == sum(len(d) for _, d in calls)
 
 
 def test_mtp_on_a_checkpoint_without_mtp_layers_is_refused(tmp_path):

@@ -4,6 +4,10 @@ both attention paths against plain multi-head attention, and its config errors."
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tiny_deepseek as deepseek
@@ -14,11 +18,19 @@ from fastdeploy.backends.cpu import latent_attention
 from fastdeploy.backends.cpu.attention import build_metadata
 from fastdeploy.backends.cpu.latent_attention import absorbed_attention, absorbs, expanded_attention
 from fastdeploy.backends.cpu.native import attention_batch
+from fastdeploy.backends.cuda.backend import CudaBackend
+from fastdeploy.backends.cuda.cuda_graphs import DecodeGraphs
 from fastdeploy.backends.selection import create_backend
 from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.model_executor.model_loader import build_model, inspect_checkpoint
 from fastdeploy.models.grouped_moe import grouped_topk
 from fastdeploy.plugins.registry import get_registry
+
+# the cuda backend's Triton kernels run on the host in Triton's interpreter, which `triton.jit`
+# reads when the kernel modules are imported
+os.environ.setdefault("TRITON_INTERPRET", "1")
+# the fake CUDA graph of the cuda backend's tests
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +187,88 @@ def test_greedy_tokens_equal_transformers(name, path, checkpoints, references, m
     params = SamplingParams(temperature=0, max_tokens=deepseek.NEW_TOKENS, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in deepseek.PROMPTS], params, use_tqdm=False)
     assert [o.outputs.token_ids for o in outputs] == references[name]
+
+
+@pytest.mark.parametrize(
+    ("device", "kernels", "names", "new_tokens"),
+    [
+        ("torch-cpu", "reference", list(deepseek.SPECS), deepseek.NEW_TOKENS),
+        # the interpreted Triton kernels take ~3 s a step here: a few tokens of the "v3" shape
+        ("torch-cpu", "triton", ["v3"], 5),
+        # paddle's runtime (FastDeploy's choice on a GPU when paddlepaddle-gpu is installed)
+        ("paddle-cpu", "reference", list(deepseek.SPECS), deepseek.NEW_TOKENS),
+        # compiled, with the decode steps in real CUDA graphs
+        pytest.param("cuda", "triton", list(deepseek.SPECS), deepseek.NEW_TOKENS, marks=pytest.mark.gpu),
+    ],
+)
+def test_the_cuda_backends_code_gives_transformers_tokens(
+    device, kernels, names, new_tokens, checkpoints, references, monkeypatch
+):
+    """The cuda backend's code: absorbed decode over the paged latents, expanded prefill, in
+    prompts cut into 32-token chunks (the long one's later chunks attend over cached latents),
+    then the long prompt again from the prefix cache."""
+    if device == "cuda":
+        reason = CudaBackend.unavailable_reason()
+        if reason is not None:
+            pytest.skip(f"no usable NVIDIA GPU: {reason}")
+    if device == "paddle-cpu":
+        pytest.importorskip("paddle", reason="the paddle-cpu backend needs paddlepaddle")
+    else:
+        pytest.importorskip("torch", reason="the cuda backend's code here runs on torch")
+    if kernels == "triton":
+        pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
+    monkeypatch.setenv("FD_CUDA_KERNELS", kernels)
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in deepseek.PROMPTS]
+    for name in names:
+        llm = LLM(
+            model=checkpoints[name],
+            device=device,
+            dtype="float32",
+            max_model_len=deepseek.MAX_MODEL_LEN,
+            block_size=16,
+            max_num_batched_tokens=32,
+        )
+        expected = [tokens[:new_tokens] for tokens in references[name]]
+        assert [o.outputs.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
+        (again,) = llm.generate([prompts[2]], params, use_tqdm=False)
+        assert again.num_cached_tokens >= 64
+        assert again.outputs.token_ids == expected[2]
+
+
+def test_decode_graph_replays_give_transformers_tokens(checkpoints, references, monkeypatch):
+    """Decode steps replayed from captured graphs (a fake graph re-runs the captured closure into
+    its kept outputs, `device_doubles.FakeGraph`): the absorbed decode reads only the static
+    buffers, with three sequences in the bucket of four (a padded row: slot -1, context 0)."""
+    pytest.importorskip("torch", reason="the torch-cpu backend needs torch")
+    pytest.importorskip("triton", reason="the Triton kernels need triton (the test extra installs it)")
+    from device_doubles import FakeGraph
+
+    monkeypatch.setenv("FD_CUDA_KERNELS", "triton")
+    llm = LLM(
+        model=checkpoints["v3"],
+        device="torch-cpu",
+        dtype="float32",
+        max_model_len=deepseek.MAX_MODEL_LEN,
+        block_size=16,
+        max_num_seqs=4,
+    )
+    runner = llm.llm_engine.runner
+    graphs = DecodeGraphs(
+        llm.llm_engine.backend,
+        runner.model,
+        runner.kv_caches,
+        16,
+        4,
+        deepseek.MAX_MODEL_LEN,
+        new_graph=FakeGraph,
+    )
+    graphs.capture()
+    runner.graphs = graphs
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in deepseek.PROMPTS], params, use_tqdm=False)
+    assert graphs.replays >= 3
+    assert [o.outputs.token_ids for o in outputs] == [tokens[:4] for tokens in references["v3"]]
 
 
 @pytest.mark.parametrize("field", ["kv_lora_rank", "qk_rope_head_dim", "n_group", "routed_scaling_factor"])

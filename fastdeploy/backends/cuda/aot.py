@@ -8,7 +8,7 @@ check what the kernels compute; this checks that the GPU compiler accepts them.
 Run `python -m fastdeploy.backends.cuda.aot [ARCH ...] [--dtypes float32,bfloat16]` (TRITON_INTERPRET
 must be unset). It compiles float32, bfloat16 and float16 variants (or those `--dtypes` names) of every kernel at the shapes the models here
 use (head_dim 128 and 64, GPT-OSS's windowed attention with sinks, soft-capped windowed
-attention, ERNIE-4.5-21B-A3B's MoE, a 152064-token vocabulary), in parallel,
+attention, DeepSeek-V3's latent attention, ERNIE-4.5-21B-A3B's MoE, a 152064-token vocabulary), in parallel,
 with the num_warps / num_stages the launchers use, and fails where a kernel needs more shared
 memory than the architecture gives one program (which on a GPU is a launch-time OutOfResources).
 """
@@ -30,7 +30,12 @@ from triton.compiler import ASTSource
 
 from fastdeploy.backends.cuda import triton_quant
 from fastdeploy.backends.cuda import triton_sampling as sampling
-from fastdeploy.backends.cuda.triton_attention import decode_launch_options, prefill_launch_options
+from fastdeploy.backends.cuda.triton_attention import (
+    decode_launch_options,
+    prefill_block_m,
+    prefill_launch_options,
+)
+from fastdeploy.backends.cuda.triton_latent import LATENT_HEAD_BLOCK, latent_block_n, latent_launch_options
 from fastdeploy.backends.cuda.triton_moe import gemm_config
 
 _TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -162,6 +167,7 @@ def _specialisations(dtype: str, shared_memory: int) -> list[Launch]:
                 {},
             )
         )
+    specs += _latent_specialisations(dtype, shared_memory)
     # fused MoE at ERNIE-4.5-21B-A3B's shapes: routing over 64 experts, top-6, each GEMM tile config
     specs.append(
         (
@@ -205,6 +211,70 @@ def _specialisations(dtype: str, shared_memory: int) -> list[Launch]:
                     options,
                 )
             )
+    return specs
+
+
+def _latent_specialisations(dtype: str, shared_memory: int) -> list[Launch]:
+    """Multi-head latent attention at DeepSeek-V3's shape (kv_lora_rank 512, rope 64, nope 128,
+    v 128): the latent store, the absorbed decode (1 and 8 splits) and its reduce, and the paged
+    prefill kernel over the expanded keys (192 wide, one query head per KV head)."""
+    t = "*" + _TRITON_DTYPES[dtype]
+    fp32 = dtype == "float32"
+    precision = "ieee" if fp32 else "tf32"
+    lora, rope, expanded = 512, 64, 128 + 64
+    specs: list[Launch] = [
+        (
+            "triton_latent",
+            "_store_latent_kernel",
+            {"latent_ptr": t, "k_rope_ptr": t, "cache_ptr": t, "slot_mapping_ptr": "*i64"}
+            | {"lora": "i32", "rope": "i32", "LORA_BLOCK": "constexpr", "ROPE_BLOCK": "constexpr"},
+            {"LORA_BLOCK": lora, "ROPE_BLOCK": rope},
+            {},
+        ),
+        (
+            "triton_latent",
+            "_latent_reduce_kernel",
+            {"mixed_ptr": t, "partial_ptr": "*fp32", "partial_lse_ptr": "*fp32", "lora": "i32"}
+            | {"LORA_BLOCK": "constexpr", "NUM_SPLITS": "constexpr"},
+            {"LORA_BLOCK": lora, "NUM_SPLITS": 8},
+            {},
+        ),
+    ]
+    for splits in (1, 8):
+        specs.append(
+            (
+                "triton_latent",
+                "_latent_decode_kernel",
+                {"q_latent_ptr": t, "q_rope_ptr": t, "cache_ptr": t, "mixed_ptr": t}
+                | {"partial_ptr": "*fp32", "partial_lse_ptr": "*fp32", "block_tables_ptr": "*i32"}
+                | {"decode_seq_ptr": "*i32", "context_ptr": "*i32", "scale_log2": "fp32"}
+                | {"num_heads": "i32", "lora": "i32", "rope": "i32", "block_size": "i32", "max_blocks": "i32"}
+                | dict.fromkeys(("HEAD_BLOCK", "LORA_BLOCK", "ROPE_BLOCK", "BLOCK_N"), "constexpr")
+                | {"NUM_SPLITS": "constexpr", "PRECISION": "constexpr"},
+                {"HEAD_BLOCK": LATENT_HEAD_BLOCK, "LORA_BLOCK": lora, "ROPE_BLOCK": rope}
+                | {"BLOCK_N": latent_block_n(lora), "NUM_SPLITS": splits, "PRECISION": precision},
+                latent_launch_options(lora),
+            )
+        )
+    prefill = prefill_launch_options(fp32, expanded, shared_memory)
+    specs.append(
+        (
+            "triton_attention",
+            "_prefill_kernel",
+            {"q_ptr": t, "key_cache_ptr": t, "value_cache_ptr": t, "out_ptr": t}
+            | {"block_tables_ptr": "*i32", "seq_query_start_ptr": "*i32", "seq_query_len_ptr": "*i32"}
+            | {"seq_context_len_ptr": "*i32", "tile_seq_ptr": "*i32", "tile_offset_ptr": "*i32"}
+            | {"sinks_ptr": t, "scale_log2": "fp32", "window": "i32", "softcap_scale": "fp32"}
+            | {"softcap_log2": "fp32", "num_heads": "i32", "num_kv_heads": "i32", "head_dim": "i32"}
+            | {"block_size": "i32", "max_blocks": "i32"}
+            | dict.fromkeys(("GROUP", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "PRECISION"), "constexpr")
+            | dict.fromkeys(("WINDOWED", "HAS_SINKS", "SOFTCAP"), "constexpr"),
+            {"GROUP": 1, "HEAD_DIM": 256, "BLOCK_M": prefill_block_m(fp32)}
+            | {"BLOCK_N": prefill["BLOCK_N"], "PRECISION": precision}
+            | {"WINDOWED": False, "HAS_SINKS": False, "SOFTCAP": False},
+            {k: v for k, v in prefill.items() if k.startswith("num_")},
+        )
+    )
     return specs
 
 

@@ -71,3 +71,5 @@ class CudaBatch:
     num_splits: int = 1
     #: split-KV scratch, allocated by the first layer and reused by the others
     scratch: dict[str, Any] = field(default_factory=dict)
+    #: the host layout it came from (latent attention's prefill gathers by it); None in graphs
+    layout: BatchLayout | None = None

@@ -28,6 +28,7 @@ from fastdeploy.backends.cuda import reference
 from fastdeploy.backends.cuda.attention_metadata import CudaBatch, build_host_metadata
 from fastdeploy.backends.cuda.cuda_graphs import DecodeGraphs
 from fastdeploy.backends.cuda.gpu_probe import visible_gpus
+from fastdeploy.backends.cuda.latent_attention import reference_latent_attention, triton_latent_attention
 from fastdeploy.backends.cuda.launch import TritonLauncher, choose_kernels
 from fastdeploy.backends.cuda.memory import kv_cache_budget
 from fastdeploy.backends.cuda.quantized_linear import QuantizedWeight, packed_parts
@@ -110,6 +111,7 @@ class TensorBackend(Backend):
             Capability.SLIDING_WINDOW,
             Capability.ATTENTION_SINKS,
             Capability.ATTENTION_SOFTCAP,
+            Capability.LATENT_ATTENTION,
         }
     )
 
@@ -183,10 +185,16 @@ class TensorBackend(Backend):
                 "(the largest step it profiles) or use a smaller dtype"
             ) from exc
 
-    def allocate_kv_cache(self, spec: KVCacheSpec) -> list[tuple[Any, Any]]:
+    def allocate_kv_cache(self, spec: KVCacheSpec) -> list[tuple[Any, ...]]:
+        """Per layer a (keys, values) pair [slots, kv_heads, head_dim], or for a "latent" cache
+        a 1-tuple [slots, head_dim] (`latent_attention`); the block copies and transfers walk
+        either."""
         self.num_kv_heads = spec.num_kv_heads
-        shape = [spec.num_blocks * spec.block_size, spec.num_kv_heads, spec.head_dim]
+        slots = spec.num_blocks * spec.block_size
+        shape = [slots, spec.num_kv_heads, spec.head_dim]
         try:
+            if spec.kind == "latent":
+                return [(self.rt.zeros([slots, spec.head_dim], self.dtype),) for _ in range(spec.num_layers)]
             return [
                 (self.rt.zeros(shape, self.dtype), self.rt.zeros(shape, self.dtype))
                 for _ in range(spec.num_layers)
@@ -322,7 +330,9 @@ class TensorBackend(Backend):
             return CudaBatch(slot_mapping, layout.block_size, reference=meta)
         attention = self.launch.attention
         host = build_host_metadata(layout, attention.prefill_block_m(self.dtype == "float32"))
-        return self.device_batch(host, layout.block_size, slot_mapping)
+        batch = self.device_batch(host, layout.block_size, slot_mapping)
+        batch.layout = layout
+        return batch
 
     def device_batch(self, host: Any, block_size: int, slot_mapping: Any = None) -> CudaBatch:
         """Device copies of host metadata (the decode split count is fixed here)."""
@@ -547,6 +557,30 @@ class TensorBackend(Backend):
             batch.scratch["out"] = self.rt.empty([size, heads, splits, head_dim], "float32")
             batch.scratch["lse"] = self.rt.empty([size, heads, splits], "float32")
         return batch.scratch
+
+    def latent_attention(
+        self,
+        q_nope: Any,
+        q_rope: Any,
+        latent: Any,
+        k_rope: Any,
+        kv_cache: tuple[Any],
+        batch: CudaBatch,
+        absorb_k: Any,
+        absorb_v: Any,
+        scale: float,
+    ) -> Any:
+        """Absorbed decode in a Triton kernel over the paged latents, expanded prefill through
+        the paged prefill kernel (`latent_attention`); framework ops with the reference kernels."""
+        (store,) = kv_cache
+        if self.launch is not None:
+            return triton_latent_attention(
+                self, q_nope, q_rope, latent, k_rope, store, batch, absorb_k, absorb_v, scale
+            )
+        self.rt.index_copy_(store, batch.slot_mapping, self.rt.concat([latent, k_rope], -1))
+        return reference_latent_attention(
+            self.rt, q_nope, q_rope, store, batch.reference, absorb_k, absorb_v, scale
+        )
 
     def gather_rows(self, x: Any, indices: Any) -> Any:
         return self.rt.index_select(x, indices)

@@ -74,6 +74,7 @@ class TritonLauncher:
         from fastdeploy.backends.cuda import (
             triton_attention,
             triton_kernels,
+            triton_latent,
             triton_lora,
             triton_moe,
             triton_quant,
@@ -85,6 +86,7 @@ class TritonLauncher:
         self.shared_memory = device_shared_memory() if runtime.on_gpu else None
         self.attention = triton_attention
         self.elementwise = triton_kernels
+        self.latent = triton_latent
         self.moe = triton_moe
         self.lora = triton_lora
         self.quant = triton_quant

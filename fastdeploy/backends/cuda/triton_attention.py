@@ -78,7 +78,9 @@ def prefill_launch_options(
     if not is_float32 and (shared_memory or 0) >= LARGE_SHARED_MEMORY:
         return {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
     return {
-        "BLOCK_N": PREFILL_BLOCK_N,
+        # float32 tiles wider than 128 (DeepSeek's expanded 192-wide keys, padded to 256): 32 keys
+        # a tile, or two stages of 64 need 213 KB of shared memory (sm_80 allows 163 KB)
+        "BLOCK_N": 32 if is_float32 and head_dim > 128 else PREFILL_BLOCK_N,
         "num_warps": 4 if is_float32 and head_dim <= 64 else 8,
         "num_stages": 2 if is_float32 else 3,
     }

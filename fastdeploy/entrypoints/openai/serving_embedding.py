@@ -5,7 +5,8 @@ engine request, batched with everything else in flight. `encoding_format` "float
 of numbers, "base64" the little-endian float32 bytes in base64 (what OpenAI's SDK asks for by
 default and decodes). `dimensions` cuts Matryoshka embeddings (models that declare them only).
 `prompt_name` (an extension, as sentence-transformers names it) puts one of the model's named
-prompts before each text.
+prompts before each text (as its system message where the checkpoint embeds texts as chat
+messages: input/embedding_text.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from fastdeploy.entrypoints.openai.serving import (
     unless_disconnected,
 )
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.input.embedding_text import TextRendering
 from fastdeploy.input.prompts import PromptItem
 
 
@@ -52,14 +54,15 @@ class EmbeddingRequest(OpenAIBaseModel):
         return value
 
 
-def _prepare(ctx: ServingContext, items: list[PromptItem], prefix: str) -> list[PreparedPrompt]:
-    """Each input's token ids, checked against the vocabulary and `max_model_len`."""
+def _prepare(
+    ctx: ServingContext, items: list[PromptItem], prompt: str, rendering: TextRendering
+) -> list[PreparedPrompt]:
+    """Each input's token ids (a text with the model's prompt, rendered as the checkpoint asks),
+    checked against the vocabulary and `max_model_len`."""
     prepared = []
     for index, item in enumerate(items):
-        if prefix and item.token_ids is None and item.text is not None:
-            item.text = prefix + item.text
         try:
-            token_ids = ctx.inputs.embedding_token_ids(item)
+            token_ids = ctx.inputs.embedding_token_ids(item, prompt, rendering)
             ctx.inputs.validate(token_ids, generates=False)
         except InvalidArgumentError as exc:
             where = f"input[{index}]: " if len(items) > 1 else ""
@@ -84,12 +87,12 @@ async def create_embedding(ctx: ServingContext, raw: Request) -> Response:
     except InvalidArgumentError as exc:
         raise invalid_request(str(exc), param="dimensions") from exc
     try:
-        prefix = engine.pooling.prompt(request.prompt_name)
+        prompt = engine.pooling.prompt(request.prompt_name)
     except InvalidArgumentError as exc:
         raise invalid_request(str(exc), param="prompt_name") from exc
     items = request_prompt_items(request.input, "input")
     ctx.admit(len(items))
-    prompts = await ctx.offload(_prepare, ctx, items, prefix)
+    prompts = await ctx.offload(_prepare, ctx, items, prompt, engine.pooling.rendering)
     ctx.admit(len(prompts))  # again: the queue may have filled while they were tokenized
     request_id = new_id("embd")
     try:

@@ -1,7 +1,9 @@
 """`POST /v1/embeddings` through the real openai SDK, against sentence-transformers on the same
 checkpoint (a tiny random Qwen3 saved by sentence-transformers, last-token pooling, normalised):
 strings, token arrays, batches, base64 (the SDK's default) and float, `dimensions`, usage; and
-the 400s between the two runners."""
+the 400s between the two runners; a checkpoint that embeds texts as chat messages (saved by
+sentence-transformers 6 from a tokenizer with a chat template) renders them as sentence-transformers
+does."""
 
 from __future__ import annotations
 
@@ -160,5 +162,33 @@ def test_embeddings_on_a_generating_server_is_400(llm):
             generating.embeddings.create(model="smollm2", input="hello")
         assert info.value.body["code"] == "wrong_runner"
         assert "--runner pooling" in info.value.body["message"]
+    finally:
+        stop()
+
+
+def test_chat_template_checkpoint_renders_inputs_as_sentence_transformers(tmp_path):
+    directory = str(tmp_path / "chat")
+    reference = embedding_checkpoint.build(
+        directory,
+        "lasttoken",
+        True,
+        prompts={"query": embedding_checkpoint.QUERY_PROMPT},
+        chat_template=embedding_checkpoint.CHATML,
+    )
+    llm = LLM(directory, runner="pooling", max_num_seqs=4, max_model_len=128)
+    url, stop = serve(llm.llm_engine, "chat-embed")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        response = client.embeddings.create(model="chat-embed", input=TEXTS)
+        ours = np.array([item.embedding for item in response.data])
+        assert cosine_distance(ours, reference.encode(TEXTS, convert_to_numpy=True)).max() < 1e-5
+        mask = reference.preprocess(TEXTS)["attention_mask"]
+        assert response.usage.prompt_tokens == int(mask.sum())  # the rendered chats' tokens
+        queried = client.embeddings.create(
+            model="chat-embed", input=TEXTS, extra_body={"prompt_name": "query"}, encoding_format="float"
+        )
+        expected = reference.encode(TEXTS, prompt_name="query", convert_to_numpy=True)
+        ours = np.array([item.embedding for item in queried.data])
+        assert cosine_distance(ours, expected).max() < 1e-5
     finally:
         stop()

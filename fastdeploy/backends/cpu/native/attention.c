@@ -151,13 +151,18 @@ struct attention_job *paged_attention_plan(const struct paged_attention *call, c
         PyErr_NoMemory();
         return NULL;
     }
+    /* each sequence's tiles last to first: the threads claim items in order, and a causal prefill's
+     * later tiles see more positions, so its heaviest go first and the lightest last (in token
+     * order one thread ran the heaviest alone: 1.3% of a 512-token prefill's attention, two threads) */
     Py_ssize_t n = 0;
-    for (Py_ssize_t s = 0; s < c->seqs; s++)
-        for (int64_t t0 = c->query_starts[s]; t0 < c->query_starts[s + 1]; t0 += ATTN_TILE)
+    for (Py_ssize_t s = 0; s < c->seqs; s++) {
+        const int64_t queries = c->query_starts[s + 1] - c->query_starts[s];
+        for (int64_t tile = (queries + ATTN_TILE - 1) / ATTN_TILE - 1; tile >= 0; tile--)
             for (Py_ssize_t h = 0; h < c->kv_heads; h++) {
-                const Py_ssize_t left = c->query_starts[s + 1] - t0;
+                const int64_t t0 = c->query_starts[s] + tile * ATTN_TILE, left = c->query_starts[s + 1] - t0;
                 items[n++] = (struct attn_item){s, h, t0, left < ATTN_TILE ? left : ATTN_TILE, c->window, c->softcap};
             }
+    }
     job->call = *c;
     if (c->kv_type != KV_I8) job->call.key_scales = job->call.value_scales = NULL;
     job->kernel = kernels->attend[c->kv_type][c->head_dim == 64 ? 0 : c->head_dim == 128 ? 1 : 2];

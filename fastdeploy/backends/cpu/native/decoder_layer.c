@@ -20,6 +20,7 @@
  */
 #include "native.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define ROWS_PER_TASK 32 /* as elementwise.c: fewer rows run on the calling thread alone */
@@ -45,6 +46,10 @@ struct layer_job {
      * while they are in cache (fd_bf16_row_pairs pairs a row) */
     uint16_t *rounded;
     Py_ssize_t rounded_pairs;
+    /* non-NULL: ... or quantised here for `quantized_for`, an int8 product (fd_int8_quantize_rows) */
+    void *quantized;
+    const struct gemm_args *quantized_for;
+    int isa;
 };
 
 static void norm_task(void *ctx, Py_ssize_t index, int slot)
@@ -57,6 +62,7 @@ static void norm_task(void *ctx, Py_ssize_t index, int slot)
                                  j->hidden, j->eps);
         if (j->rounded) fd_bf16_round_row(j->normed + r * j->hidden, j->rounded + r * j->rounded_pairs * 2, j->hidden);
     }
+    if (j->quantized) fd_int8_quantize_rows(j->quantized_for, j->isa, j->quantized, index * ROWS_PER_TASK, end);
     (void)slot;
 }
 
@@ -93,6 +99,7 @@ static void silu_task(void *ctx, Py_ssize_t index, int slot)
         j->kernels->silu_mul_row(j->gate_up + 2 * r * j->inner, j->act + r * j->inner, j->inner);
         if (j->rounded) fd_bf16_round_row(j->act + r * j->inner, j->rounded + r * j->rounded_pairs * 2, j->inner);
     }
+    if (j->quantized) fd_int8_quantize_rows(j->quantized_for, j->isa, j->quantized, index * ROWS_PER_TASK, end);
     (void)slot;
 }
 
@@ -126,21 +133,34 @@ static struct gemm_args product(const struct linear *w, const float *x, float *o
     return (struct gemm_args){x, w->packed.buf, out, rows, cols, depth, w->kind, w->bias.buf};
 }
 
-/* The row step before `next` (a norm or SiLU) also rounds its rows into `rounded` when `next` is a
- * KIND_BF16 product and there is such a buffer (decoder_stack's), which `next` then reads: the same
- * rounding the product would do itself, without a pass over its activations out of cache. */
-static void fuse_rounding(struct layer_job *job, struct gemm_args *next, uint16_t *rounded)
+/* The row step before `next` (a norm or SiLU) also rounds its rows into `prepared` when `next` is a
+ * KIND_BF16 product, or quantises them there when it is an int8 one of enough rows, where there is
+ * such a buffer (decoder_stack's), which `next` then reads: the same rounding or quantisation the
+ * product would do itself, without a pass (and a thread loop) over its activations out of cache. */
+static void fuse_preparation(struct layer_job *job, struct gemm_args *next, void *prepared, int isa)
 {
-    const int fused = rounded != NULL && next->kind == KIND_BF16;
-    job->rounded = fused ? rounded : NULL;
-    job->rounded_pairs = fused ? fd_bf16_row_pairs(next->depth) : 0;
+    const int rounds = prepared != NULL && next->kind == KIND_BF16;
+    const int quantizes = prepared != NULL && !rounds && fd_int8_rows_bytes(next) > 0;
+    job->rounded = rounds ? prepared : NULL;
+    job->rounded_pairs = rounds ? fd_bf16_row_pairs(next->depth) : 0;
     next->x_bf16 = job->rounded;
+    job->quantized = quantizes ? prepared : NULL;
+    job->quantized_for = next;
+    job->isa = isa;
+    next->x_int8 = job->quantized;
 }
+
+/* `bytes` from a cache-line boundary (to free()), NULL when out of memory. Why: the scratch's rows
+ * are whole cache lines (widths of 16 floats), so from an aligned start no vector load or store
+ * straddles two lines and two threads' tasks (column strips of a product's output) share none.
+ * malloc's 16-byte alignment cost a two-thread 512-token prefill 7% of its time (ERNIE-shaped
+ * Q5_K_M and Q6_K, int8 activations, alternated in one process; one thread: within the noise). */
+static void *aligned_scratch(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
 
 /* A half's intermediate rows: `floats` per token; NULL with MemoryError set when out of memory. */
 static float *token_rows(Py_ssize_t tokens, Py_ssize_t floats)
 {
-    float *rows = PyMem_RawMalloc((size_t)(tokens > 0 ? tokens : 1) * (size_t)floats * sizeof(float));
+    float *rows = aligned_scratch((size_t)(tokens > 0 ? tokens : 1) * (size_t)floats * sizeof(float));
     if (rows == NULL) PyErr_NoMemory();
     return rows;
 }
@@ -311,7 +331,7 @@ static struct attention_job *plan_attention(const struct attention_half *h, cons
  * NULL: none, and sum_out unused). Runs without the GIL; -1 when out of memory. */
 static int run_attention_half(const struct attention_half *h, const struct pass *p, struct attention_job *attention,
                               const float *x, const float *residual, float *out, float *sum_out, float *scratch,
-                              uint16_t *rounded)
+                              void *prepared)
 {
     const Py_ssize_t tokens = p->tokens, qkv_cols = qkv_columns(h), q_size = h->heads * h->head_dim;
     struct layer_job job = {
@@ -326,7 +346,7 @@ static int run_attention_half(const struct attention_half *h, const struct pass 
     job.k = attended + tokens * q_size;
     struct gemm_args qkv_product = product(&h->qkv, job.normed, job.qkv, tokens, qkv_cols, h->hidden);
     const struct gemm_args o_product = product(&h->o, attended, out, tokens, h->hidden, q_size);
-    fuse_rounding(&job, &qkv_product, rounded);
+    fuse_preparation(&job, &qkv_product, prepared, p->isa);
     run_rows(&job, norm_task, p->threads);
     int failed = fd_gemm(&qkv_product, p->isa, p->threads);
     if (!failed) {
@@ -338,7 +358,7 @@ static int run_attention_half(const struct attention_half *h, const struct pass 
 
 /* out = the half's down projection of silu(gate) * up of x + residual; sum_out as run_attention_half. */
 static int run_mlp_half(const struct mlp_half *m, const struct pass *p, const float *x, const float *residual,
-                        float *out, float *sum_out, float *scratch, uint16_t *rounded)
+                        float *out, float *sum_out, float *scratch, void *prepared)
 {
     const Py_ssize_t tokens = p->tokens;
     struct layer_job job = {
@@ -348,11 +368,11 @@ static int run_mlp_half(const struct mlp_half *m, const struct pass *p, const fl
     };
     struct gemm_args gate_up = product(&m->gate_up, job.normed, (float *)job.gate_up, tokens, 2 * m->inner, m->hidden);
     struct gemm_args down = product(&m->down, job.act, out, tokens, m->hidden, m->inner);
-    fuse_rounding(&job, &gate_up, rounded);
+    fuse_preparation(&job, &gate_up, prepared, p->isa);
     run_rows(&job, norm_task, p->threads);
     int failed = fd_gemm(&gate_up, p->isa, p->threads);
     if (!failed) {
-        fuse_rounding(&job, &down, rounded); /* the same buffer: gate_up has read it */
+        fuse_preparation(&job, &down, prepared, p->isa); /* the same buffer: gate_up has read it */
         run_rows(&job, silu_task, p->threads);
         failed = fd_gemm(&down, p->isa, p->threads);
     }
@@ -430,7 +450,7 @@ PyObject *native_attention_block(PyObject *self, PyObject *args)
     result = failed ? PyErr_NoMemory() : Py_NewRef(Py_None);
 done:
     paged_attention_free(attention);
-    PyMem_RawFree(scratch);
+    free(scratch);
     release_attention_half(&h);
     release_pass(&p);
     release_rows(&r);
@@ -467,7 +487,7 @@ PyObject *native_mlp_block(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     result = failed ? PyErr_NoMemory() : Py_NewRef(Py_None);
 done:
-    PyMem_RawFree(scratch);
+    free(scratch);
     release_mlp_half(&m);
     release_rows(&r);
     return result;
@@ -500,8 +520,8 @@ static float *stack_scratch(struct stack *stack, Py_ssize_t floats)
     if (__atomic_exchange_n(&stack->busy, 1, __ATOMIC_ACQUIRE)) return token_rows(1, floats);
     const size_t bytes = (size_t)floats * sizeof(float);
     if (stack->scratch_bytes < bytes) {
-        PyMem_RawFree(stack->scratch);
-        stack->scratch = PyMem_RawMalloc(bytes);
+        free(stack->scratch);
+        stack->scratch = aligned_scratch(bytes);
         stack->scratch_bytes = stack->scratch ? bytes : 0;
     }
     if (stack->scratch == NULL) {
@@ -517,12 +537,12 @@ static void release_stack_scratch(struct stack *stack, float *scratch)
     if (scratch == stack->scratch)
         __atomic_store_n(&stack->busy, 0, __ATOMIC_RELEASE);
     else
-        PyMem_RawFree(scratch);
+        free(scratch);
 }
 
 static void free_stack(struct stack *stack)
 {
-    PyMem_RawFree(stack->scratch);
+    free(stack->scratch);
     for (Py_ssize_t i = 0; i < stack->count; i++) {
         release_attention_half(&stack->layers[i].attention);
         release_mlp_half(&stack->layers[i].mlp);
@@ -572,6 +592,29 @@ PyObject *native_decoder_stack_prepare(PyObject *self, PyObject *layers)
     return capsule;
 }
 
+/* Floats of the buffer where a pass's norms and SiLUs prepare the next product's activations: the
+ * rounded rows of KIND_BF16 products (fd_bf16_row_pairs 32-bit pairs a row) or the quantised ones
+ * of int8 products (fd_int8_rows_bytes), for the largest of a layer's qkv, gate_up and down. */
+static Py_ssize_t prepared_floats(const struct stack *stack, Py_ssize_t tokens)
+{
+    Py_ssize_t floats = 0;
+    for (Py_ssize_t i = 0; i < stack->count; i++) {
+        const struct attention_half *a = &stack->layers[i].attention;
+        const struct mlp_half *m = &stack->layers[i].mlp;
+        const struct gemm_args next[3] = {
+            product(&a->qkv, NULL, NULL, tokens, qkv_columns(a), a->hidden),
+            product(&m->gate_up, NULL, NULL, tokens, 2 * m->inner, m->hidden),
+            product(&m->down, NULL, NULL, tokens, m->hidden, m->inner),
+        };
+        for (int k = 0; k < 3; k++) {
+            const Py_ssize_t need = next[k].kind == KIND_BF16 ? tokens * fd_bf16_row_pairs(next[k].depth)
+                                                              : (Py_ssize_t)(fd_int8_rows_bytes(&next[k]) + 3) / 4;
+            floats = need > floats ? need : floats;
+        }
+    }
+    return floats;
+}
+
 /* decoder_stack(x, residual or None, out, sum_out, positions, cos, sin, half, stack, batch, isa, threads)
  * Every layer of `stack` (decoder_stack_prepare) in order, each its attention half then its MLP half,
  * exactly as attention_block and mlp_block run them: out gets the last layer's MLP output, sum_out the
@@ -610,19 +653,10 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
         floats = mlp_scratch(&l->mlp) > floats ? mlp_scratch(&l->mlp) : floats;
     }
     /* the halves' scratch | attention outputs | MLP outputs | two residual sums, alternating by half |
-     * the rounded activations of KIND_BF16 products (32-bit pairs, as many floats) */
-    Py_ssize_t pairs = 0;
-    for (Py_ssize_t i = 0; i < layers; i++) {
-        const struct layer_halves *l = &stack->layers[i];
-        if (l->attention.qkv.kind == KIND_BF16 && fd_bf16_row_pairs(l->attention.hidden) > pairs)
-            pairs = fd_bf16_row_pairs(l->attention.hidden);
-        if (l->mlp.gate_up.kind == KIND_BF16 && fd_bf16_row_pairs(l->mlp.hidden) > pairs)
-            pairs = fd_bf16_row_pairs(l->mlp.hidden);
-        if (l->mlp.down.kind == KIND_BF16 && fd_bf16_row_pairs(l->mlp.inner) > pairs)
-            pairs = fd_bf16_row_pairs(l->mlp.inner);
-    }
+     * the activations the norms and SiLUs prepare for the next product (prepared_floats) */
     const Py_ssize_t token_floats = (p.tokens > 0 ? p.tokens : 1) * (floats + 4 * hidden);
-    scratch = stack_scratch(stack, token_floats + p.tokens * pairs);
+    const Py_ssize_t prepared = prepared_floats(stack, p.tokens);
+    scratch = stack_scratch(stack, token_floats + prepared);
     plans = PyMem_RawCalloc((size_t)layers, sizeof(*plans));
     if (scratch == NULL || plans == NULL) {
         PyErr_NoMemory();
@@ -632,7 +666,7 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
         if ((plans[i] = plan_attention(&stack->layers[i].attention, &p, scratch)) == NULL) goto done;
     float *attended = scratch + p.tokens * floats, *mlp_out = attended + p.tokens * hidden;
     float *sums[2] = {mlp_out + p.tokens * hidden, mlp_out + 2 * p.tokens * hidden};
-    uint16_t *rounded = pairs ? (uint16_t *)(scratch + token_floats) : NULL;
+    void *ready = prepared ? scratch + token_floats : NULL;
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
     const float *x = r.x.buf, *residual = r.residual.buf;
@@ -640,12 +674,12 @@ PyObject *native_decoder_stack(PyObject *self, PyObject *args)
         const int last = i == layers - 1;
         float *attention_sum = residual ? sums[0] : NULL;
         failed = run_attention_half(&stack->layers[i].attention, &p, plans[i], x, residual, attended, attention_sum,
-                                    scratch, rounded);
+                                    scratch, ready);
         residual = residual ? attention_sum : x;
         float *mlp_sum = last ? (float *)r.sum_out.buf : sums[1];
         float *out = last ? (float *)r.out.buf : mlp_out;
         if (!failed)
-            failed = run_mlp_half(&stack->layers[i].mlp, &p, attended, residual, out, mlp_sum, scratch, rounded);
+            failed = run_mlp_half(&stack->layers[i].mlp, &p, attended, residual, out, mlp_sum, scratch, ready);
         x = out;
         residual = mlp_sum;
     }

@@ -535,34 +535,66 @@ static void panel_task(void *ctx, Py_ssize_t t, int slot)
     kind_rows_fn(kind, kind_dots(kind, job->mode))(a, &job->x, &pp, 2 * t * PANEL);
 }
 
+/* The kind a product of `kind` runs in here: the legacy int8 layouts, or the sub-block kind whose panels
+ * an int8 twin reads. */
+static int int8_layout(int kind) { return legacy_kind(kind) ? kind : subblock_layout(kind); }
+
+static Py_ssize_t padded_rows(Py_ssize_t rows) { return (rows + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS; }
+
+static size_t acts_bytes(const struct gemm_args *a, int kind)
+{
+    const Py_ssize_t blocks = a->depth / GROUP, subs = a->depth / block_sub(kind);
+    return (size_t)padded_rows(a->rows) * ((size_t)blocks * 4 + (size_t)subs * 8 + (size_t)a->depth);
+}
+
+/* A job for `a` whose quantised activations lie in `memory` (acts_bytes of it). */
+static struct blocks_int8_job int8_job(const struct gemm_args *a, int isa, char *memory)
+{
+    const int kind = int8_layout(a->kind);
+    const Py_ssize_t padded = padded_rows(a->rows), blocks = a->depth / GROUP, subs = a->depth / block_sub(kind);
+    struct blocks_int8_job job = {.a = a, .kind = kind, .mode = fd_int8_dots(isa, -1), .padded_rows = padded};
+    job.scale = (float *)memory;
+    job.sum = (float *)(memory + (size_t)padded * blocks * 4);
+    job.init = (int32_t *)(memory + (size_t)padded * (blocks * 4 + subs * 4));
+    job.q = (int8_t *)(memory + (size_t)padded * (blocks * 4 + subs * 8));
+    job.x = (struct int8_acts){job.q, job.scale, job.init, job.sum};
+    return job;
+}
+
+size_t fd_int8_rows_bytes(const struct gemm_args *a)
+{
+    const int int8 = legacy_kind(a->kind) || is_int8_subblock_kind(a->kind);
+    return int8 && a->rows > FEW_ROWS ? acts_bytes(a, int8_layout(a->kind)) : 0;
+}
+
+void fd_int8_quantize_rows(const struct gemm_args *a, int isa, void *memory, Py_ssize_t first, Py_ssize_t end)
+{
+    const struct blocks_int8_job job = int8_job(a, isa, memory);
+    quantize_rows(a->x, first, end, a->depth, block_sub(job.kind), weight_offset(job.kind, job.mode), job.q, job.scale,
+                  job.init, job.sum);
+}
+
 int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)
 {
-    const int kind = legacy_kind(a->kind) ? a->kind : subblock_layout(a->kind);
+    const int kind = int8_layout(a->kind);
     if (a->rows <= FEW_ROWS && legacy_kind(kind)) return gemm_int8(a, isa, threads);
     if (a->rows <= FEW_ROWS) {
         struct gemm_args twin = *a;
         twin.kind = kind;
         return gemm_blocks(&twin, isa, threads);
     }
-    const Py_ssize_t padded = (a->rows + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS;
-    const Py_ssize_t blocks = a->depth / GROUP, subs = a->depth / block_sub(kind);
-    const size_t bytes = (size_t)padded * ((size_t)blocks * 4 + (size_t)subs * 8 + (size_t)a->depth);
-    char *memory = PyMem_RawMalloc(bytes);
+    char *memory = a->x_int8 ? a->x_int8 : PyMem_RawMalloc(acts_bytes(a, kind));
     if (memory == NULL) return -1;
-    struct blocks_int8_job job = {.a = a, .kind = kind, .mode = fd_int8_dots(isa, -1), .padded_rows = padded};
-    job.scale = (float *)memory;
-    job.sum = (float *)(memory + (size_t)padded * blocks * 4);
-    job.init = (int32_t *)(memory + (size_t)padded * (blocks * 4 + subs * 4));
-    job.q = (int8_t *)(memory + (size_t)padded * (blocks * 4 + subs * 8));
+    struct blocks_int8_job job = int8_job(a, isa, memory);
     /* the padding rows: zero activations, scale 0, and dots that start at 0 */
-    const Py_ssize_t extra = padded - a->rows;
+    const Py_ssize_t extra = job.padded_rows - a->rows, blocks = a->depth / GROUP, subs = a->depth / block_sub(kind);
     memset(job.scale + a->rows * blocks, 0, (size_t)extra * blocks * 4);
     memset(job.sum + a->rows * subs, 0, (size_t)extra * subs * 4);
     memset(job.init + a->rows * subs, 0, (size_t)extra * subs * 4);
     memset(job.q + a->rows * a->depth, 0, (size_t)extra * a->depth);
-    job.x = (struct int8_acts){job.q, job.scale, job.init, job.sum};
-    fd_parallel_for((a->rows + QUANTIZE_ROWS_PER_TASK - 1) / QUANTIZE_ROWS_PER_TASK, threads, quantize_task, &job);
+    if (a->x_int8 == NULL)
+        fd_parallel_for((a->rows + QUANTIZE_ROWS_PER_TASK - 1) / QUANTIZE_ROWS_PER_TASK, threads, quantize_task, &job);
     fd_parallel_for(((a->cols + PANEL - 1) / PANEL + 1) / 2, threads, panel_task, &job);
-    PyMem_RawFree(memory);
+    if (a->x_int8 == NULL) PyMem_RawFree(memory);
     return job.failed ? -1 : 0;
 }

@@ -243,6 +243,8 @@ struct gemm_args {
     /* KIND_BF16 only, or NULL: x already rounded (fd_bf16_round_row), fd_bf16_row_pairs(depth) pairs a
      * row */
     const uint16_t *x_bf16;
+    /* the int8 kinds only, or NULL: x already quantised there (fd_int8_quantize_rows) */
+    void *x_int8;
 };
 /* gemm.c: the product for any weight kind on the caller's threads (the GIL released); -1 when out of
  * memory. The bytes of a packed [cols, depth] weight of `kind`. */
@@ -261,6 +263,11 @@ int gemm_blocks(const struct gemm_args *a, int isa, int threads);
 /* gemm_blocks_int8.c: the product for KIND_Q4_0_I8 .. KIND_IQ4_XS_I8, KIND_Q8_0_I8 and KIND_Q4_1_I8
  * (same threads, GIL, errors). */
 int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads);
+/* The bytes of `a`'s activations quantised ahead of the product (as the step before it produces
+ * them, while they are in cache), or 0 where the product does not take them (no int8 kind, or few
+ * rows); fd_int8_quantize_rows fills rows [first, end) of them from a->x, for a->x_int8. */
+size_t fd_int8_rows_bytes(const struct gemm_args *a);
+void fd_int8_quantize_rows(const struct gemm_args *a, int isa, void *memory, Py_ssize_t first, Py_ssize_t end);
 /* The dot instructions gemm_blocks_int8 uses for `isa` here: 0 AVX2's maddubs, 1 AVX-VNNI, 2 AVX-512
  * VNNI; `widest` in 0..2 caps them from then on (tests reach the narrower ones), else ignored. */
 int fd_int8_dots(int isa, int widest);

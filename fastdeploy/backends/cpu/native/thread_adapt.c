@@ -22,7 +22,10 @@
  * machine: 1 window in 65 on the slower count); two incumbent windows in a row ADAPT_DRIFT slower
  * than their loops' recent costs (the load changed) bring the next probe forward. A probe that
  * meets loops of unknown cost (a prefill, a new batch size) stops early: it has nothing to be
- * compared with.
+ * compared with. A probe also ends once it has run ADAPT_PROBE_NS (its warm-up ADAPT_PROBE_WARMUP_NS)
+ * and counted ADAPT_PROBE_MIN_LOOPS: a window of 144 loops is about one decode step, but half of a
+ * 512-token prefill (loops of milliseconds), which a losing probe of one thread ran alone (measured,
+ * ERNIE-shaped prefills of one shape again and again on two threads: 2 in 8 took 1.6x as long).
  *
  * Results never depend on the count (each output element is computed by one task), only the speed.
  */
@@ -39,6 +42,9 @@
 #define ADAPT_IDLE_NS 5000000L       /* a longer gap between loops is idleness, not glue */
 #define ADAPT_MIN_MATCHED 0.5        /* a probe decides only if this share of its loops had a price */
 #define ADAPT_MAX_UNPRICED 8         /* a probe meeting more loops of unknown cost stops (a prefill) */
+#define ADAPT_PROBE_NS 100000000.0   /* a probe window ends after this long (once it counted ... */
+#define ADAPT_PROBE_MIN_LOOPS 4      /* ... this many loops), whatever its loop count */
+#define ADAPT_PROBE_WARMUP_NS 10000000.0 /* and its warm-up after this long */
 
 void adapt_init(struct thread_adapt *a)
 {
@@ -105,10 +111,21 @@ static void forget_costs(struct thread_adapt *a)
     for (int i = 0; i < ADAPT_KEYS; i++) a->keys[i] = (struct adapt_key){0};
 }
 
+static void restart_window(struct thread_adapt *a)
+{
+    a->regions = 0;
+    a->counted = 0;
+    a->warm = 0;
+    a->spent = 0;
+    a->priced = 0;
+    a->cost = 0;
+    a->expected = 0;
+}
+
 static void end_window(struct thread_adapt *a)
 {
     const double ratio = a->expected > 0 ? a->cost / a->expected : 0.0;
-    const int matched = a->priced >= ADAPT_MIN_MATCHED * ADAPT_WINDOW;
+    const int matched = a->priced > 0 && a->priced >= ADAPT_MIN_MATCHED * a->counted;
     if (a->probe) {
         if (matched && ratio < 1.0 - ADAPT_MARGIN && a->confirming == a->probe) {
             a->incumbent = a->probe; /* the costs learnt were the old incumbent's */
@@ -136,10 +153,7 @@ static void end_window(struct thread_adapt *a)
         }
         a->slower = slower;
     }
-    a->regions = 0;
-    a->priced = 0;
-    a->cost = 0;
-    a->expected = 0;
+    restart_window(a);
 }
 
 void adapt_record(struct thread_adapt *a, uint64_t key, long start_ns, long end_ns)
@@ -147,7 +161,12 @@ void adapt_record(struct thread_adapt *a, uint64_t key, long start_ns, long end_
     const long from = a->last_end_ns && start_ns - a->last_end_ns < ADAPT_IDLE_NS ? a->last_end_ns : start_ns;
     const double cost = (double)(end_ns - from);
     a->last_end_ns = end_ns;
-    if (++a->regions <= ADAPT_WARMUP) return;
+    a->spent += cost;
+    if (!a->warm) {
+        a->warm = ++a->regions >= ADAPT_WARMUP || (a->probe && a->spent >= ADAPT_PROBE_WARMUP_NS);
+        return;
+    }
+    a->counted++;
     struct adapt_key *k = find_key(a, key, !a->probe);
     if (k != NULL && !a->probe) {
         k->sum += cost;
@@ -157,15 +176,14 @@ void adapt_record(struct thread_adapt *a, uint64_t key, long start_ns, long end_
         a->cost += cost;
         a->expected += k->recent;
         a->priced++;
-    } else if (a->probe && a->regions - ADAPT_WARMUP - a->priced > ADAPT_MAX_UNPRICED) {
+    } else if (a->probe && a->counted - a->priced > ADAPT_MAX_UNPRICED) {
         /* new work (a prefill, another batch size): nothing to compare with; back to the incumbent */
         a->probe = 0;
         a->confirming = 0;
-        a->regions = 0;
-        a->priced = 0;
-        a->cost = 0;
-        a->expected = 0;
+        restart_window(a);
         return;
     }
-    if (a->regions >= ADAPT_WARMUP + ADAPT_WINDOW) end_window(a);
+    if (a->counted >= ADAPT_WINDOW ||
+        (a->probe && a->spent >= ADAPT_PROBE_NS && a->counted >= ADAPT_PROBE_MIN_LOOPS))
+        end_window(a);
 }

@@ -26,7 +26,10 @@ struct thread_adapt {
     int interval;         /* windows between probes: doubles after a lost probe, up to ADAPT_MAX_INTERVAL */
     int confirming;       /* a count whose probe won once and is probed again next, 0 when none */
     int direction;        /* the next probe tries one thread fewer (-1) or more (+1) when both exist */
-    int regions;          /* loops recorded in the current window, warm-up included */
+    int regions;          /* loops of the current window's warm-up so far */
+    int warm;             /* the warm-up is over */
+    int counted;          /* loops counted after it */
+    double spent;         /* the window's ns so far, warm-up included */
     int slower;           /* the last incumbent window ran ADAPT_DRIFT slower than its loops' recent costs */
     int priced;           /* counted loops of the window whose kind had a recent incumbent cost */
     double cost;          /* the window's ns over loops whose kind has a recent incumbent cost, */

@@ -1,0 +1,110 @@
+"""A size limit on a directory of cache entries, kept by evicting the least recently used.
+
+Why: the weight cache (weight_cache.py) gains an entry for every weight of every GGUF file it
+sees, and every rebuild of the native extension makes all earlier entries unreadable; unbounded,
+it fills the disk. Entries are `*.bin` files anywhere below `root`; their modification time is
+their last use (readers set it explicitly: many disks are mounted noatime). The directory is
+scanned once, at the first write of a load (a start that only reads scans nothing), then kept up
+to date by this process's own writes.
+
+Eviction is safe beside other processes: an entry is removed with unlink, so one that another
+process has open or mapped stays readable to it; one whose time changed since the scan (another
+process used it) is kept; entries are written under a temporary name and renamed, so nothing reads
+a partial one, and temporary files a crashed writer left behind are removed once they are older
+than `STALE_TEMPORARY_S`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+#: a temporary file untouched this long (seconds) belongs to a writer that died
+STALE_TEMPORARY_S = 600.0
+
+
+class CacheLimit:
+    """Keeps the `*.bin` files below `root` within `limit` bytes; `current` is the folder of the
+    entries this process can read (others', e.g. an older build's, are evicted first)."""
+
+    def __init__(self, root: str, current: str, limit: int) -> None:
+        self.root = root
+        self.current = current
+        self.limit = limit
+        #: path -> (size, mtime_ns) of the entries at the scan and written since; None until then
+        self._entries: dict[str, tuple[int, int]] | None = None
+        self.total = 0
+        #: entries this load read or wrote: never evicted by it
+        self._in_use: set[str] = set()
+
+    def used(self, path: str) -> None:
+        """Mark entry `path` as just used (read) by this load: most recent, and not evicted by it."""
+        self._in_use.add(path)
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+    def make_room(self, size: int) -> bool:
+        """Evict least recently used entries until `size` more bytes fit; False when they cannot
+        (then the caller writes nothing): only entries this load uses are left."""
+        if size > self.limit:
+            return False
+        entries = self._scan()
+        if self.total + size <= self.limit:
+            return True
+        prefix = self.current + os.sep
+        candidates = sorted(
+            (path for path in entries if path not in self._in_use),
+            key=lambda path: (path.startswith(prefix), entries[path][1]),
+        )
+        for path in candidates:
+            if self.total + size <= self.limit:
+                break
+            self._evict(path, other_build=not path.startswith(prefix))
+        return self.total + size <= self.limit
+
+    def added(self, path: str, size: int) -> None:
+        """Record entry `path` of `size` bytes, just written by this load."""
+        entries = self._scan()
+        previous = entries.get(path)
+        self.total += size - (previous[0] if previous else 0)
+        entries[path] = (size, time.time_ns())
+        self._in_use.add(path)
+
+    def _scan(self) -> dict[str, tuple[int, int]]:
+        if self._entries is None:
+            self._entries = {}
+            stale = time.time_ns() - int(STALE_TEMPORARY_S * 1e9)
+            for folder, _, names in os.walk(self.root):
+                for name in names:
+                    path = os.path.join(folder, name)
+                    try:
+                        status = os.stat(path)
+                    except OSError:
+                        continue  # removed meanwhile
+                    if name.endswith(".bin"):
+                        self._entries[path] = (status.st_size, status.st_mtime_ns)
+                    elif name.endswith(".tmp") and status.st_mtime_ns < stale:
+                        with contextlib.suppress(OSError):
+                            os.unlink(path)
+            self.total = sum(size for size, _ in self._entries.values())
+        return self._entries
+
+    def _evict(self, path: str, other_build: bool) -> None:
+        assert self._entries is not None
+        size, seen = self._entries.pop(path)
+        with contextlib.suppress(OSError):  # gone: another process evicted it first
+            mtime = os.stat(path).st_mtime_ns
+            if mtime != seen:  # another process used it since the scan: now among the newest
+                self._entries[path] = (size, mtime)
+                return
+            os.unlink(path)
+        self.total -= size
+        if other_build:  # no process of this build writes there: drop the emptied folders
+            folder = os.path.dirname(path)
+            while folder != self.root and folder.startswith(self.root + os.sep):
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    break
+                folder = os.path.dirname(folder)

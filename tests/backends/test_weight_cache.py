@@ -196,6 +196,18 @@ def test_an_entry_another_process_used_since_the_scan_is_kept(tmp_path):
     assert sum(path.stat().st_size for path in entries(tmp_path)) == 300
 
 
+def test_an_entry_evicted_by_another_load_stays_readable_where_it_is_mapped(tmp_path):
+    reader = WeightCache(str(tmp_path), "build 1", limit=200)
+    table = np.arange(25, dtype=np.float32)
+    reader.write(key("a"), table)
+    mapped = reader.mapped(key("a"), (25,), np.float32)
+    os.utime(Path(reader.directory) / key("a")[:2] / bin_name("a"), ns=(0, 0))  # the oldest entry
+    other = WeightCache(str(tmp_path), "build 1", limit=200)  # another process's load
+    other.write(key("b"), np.zeros(150, np.uint8))
+    assert names(tmp_path) == {bin_name("b")}
+    assert np.array_equal(mapped, table)  # unlinked, not truncated: the mapping still reads it
+
+
 def test_other_builds_entries_go_before_this_builds(tmp_path):
     cache = WeightCache(str(tmp_path), "build 2", limit=300)
     mine = stored(cache, "a", 100, hours_ago=50)  # older than the others' but readable here

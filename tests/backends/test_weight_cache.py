@@ -224,6 +224,24 @@ def test_other_builds_entries_go_before_this_builds(tmp_path):
     assert Path(cache.directory).is_dir()
 
 
+def test_files_the_cache_did_not_write_are_left_alone(tmp_path):
+    """A cache directory shared with other files (`FD_WEIGHT_CACHE=~/models`): they are neither
+    counted against the limit nor evicted, however old."""
+    cache = WeightCache(str(tmp_path), "build 1", limit=200)
+    foreign = [
+        put(tmp_path / "pytorch_model.bin", 1000, hours_ago=100),
+        put(tmp_path / "ab" / "weights.bin", 1000, hours_ago=100),
+        put(tmp_path / "build-x" / "ab" / f"{key('z')}.bin", 1000, hours_ago=100),
+        put(tmp_path / "models" / "cd" / f"{key('y')}.bin", 1000, hours_ago=100),
+        put(tmp_path / "ab" / "download.bin.1.tmp", 1000, hours_ago=100),
+    ]
+    old = stored(cache, "a", 100, hours_ago=10)
+    cache.write(key("b"), np.zeros(100, np.uint8))
+    cache.write(key("c"), np.zeros(100, np.uint8))
+    assert all(path.exists() for path in foreign)
+    assert not old.exists()
+
+
 def test_stale_temporary_files_are_removed(tmp_path):
     cache = WeightCache(str(tmp_path), "build 1", limit=1000)
     crashed = put(Path(cache.directory) / "ab" / f"{key('a')}.bin.123.tmp", 100, hours_ago=1)

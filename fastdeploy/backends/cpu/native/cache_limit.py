@@ -2,7 +2,7 @@
 
 Why: the weight cache (weight_cache.py) gains an entry for every weight of every GGUF file it
 sees, and every rebuild of the native extension makes all earlier entries unreadable; unbounded,
-it fills the disk. Entries are `*.bin` files anywhere below `root`; their modification time is
+it fills the disk. Entries are `<key>.bin` files in `<root>/<xx>/` or `<root>/build-<hash>/<xx>/`; their modification time is
 their last use (readers set it explicitly: many disks are mounted noatime). The directory is
 scanned once, at the first write of a load (a start that only reads scans nothing), then kept up
 to date by this process's own writes.
@@ -18,14 +18,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
+from collections.abc import Iterator
 
 #: a temporary file untouched this long (seconds) belongs to a writer that died
 STALE_TEMPORARY_S = 600.0
+#: the names of entries, of their temporaries, of the folders that hold them (`<xx>`, the key's first
+#: two digits) and of a build's folder: nothing else below the root is counted or removed, so a
+#: directory shared with other files (a user's `FD_WEIGHT_CACHE=~/models`) loses none of them
+ENTRY = re.compile(r"[0-9a-f]{64}\.bin")
+TEMPORARY = re.compile(r"[0-9a-f]{64}\.bin\.[0-9]+\.tmp")
+SHARD = re.compile(r"[0-9a-f]{2}")
+BUILD = re.compile(r"build-[0-9a-f]{16}")
 
 
 class CacheLimit:
-    """Keeps the `*.bin` files below `root` within `limit` bytes; `current` is the folder of the
+    """Keeps the entries below `root` within `limit` bytes; `current` is the folder of the
     entries this process can read (others', e.g. an older build's, are evicted first)."""
 
     def __init__(self, root: str, current: str, limit: int) -> None:
@@ -75,16 +84,16 @@ class CacheLimit:
         if self._entries is None:
             self._entries = {}
             stale = time.time_ns() - int(STALE_TEMPORARY_S * 1e9)
-            for folder, _, names in os.walk(self.root):
-                for name in names:
+            for folder in _entry_folders(self.root):
+                for name in _names(folder):
                     path = os.path.join(folder, name)
                     try:
                         status = os.stat(path)
                     except OSError:
                         continue  # removed meanwhile
-                    if name.endswith(".bin"):
+                    if ENTRY.fullmatch(name):
                         self._entries[path] = (status.st_size, status.st_mtime_ns)
-                    elif name.endswith(".tmp") and status.st_mtime_ns < stale:
+                    elif TEMPORARY.fullmatch(name) and status.st_mtime_ns < stale:
                         with contextlib.suppress(OSError):
                             os.unlink(path)
             self.total = sum(size for size, _ in self._entries.values())
@@ -108,3 +117,20 @@ class CacheLimit:
                 except OSError:
                     break
                 folder = os.path.dirname(folder)
+
+
+def _names(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []  # removed meanwhile, or not a folder
+
+
+def _entry_folders(root: str) -> Iterator[str]:
+    """The `<xx>` folders of every build's entries below `root` (and of the flat layout of old)."""
+    for name in _names(root):
+        if SHARD.fullmatch(name):
+            yield os.path.join(root, name)
+        elif BUILD.fullmatch(name):
+            build = os.path.join(root, name)
+            yield from (os.path.join(build, shard) for shard in _names(build) if SHARD.fullmatch(shard))

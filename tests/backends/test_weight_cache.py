@@ -12,6 +12,7 @@ import hashlib
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -240,6 +241,19 @@ def test_files_the_cache_did_not_write_are_left_alone(tmp_path):
     cache.write(key("c"), np.zeros(100, np.uint8))
     assert all(path.exists() for path in foreign)
     assert not old.exists()
+
+
+def test_the_cache_leaves_a_twentieth_of_its_disk_free(tmp_path, monkeypatch):
+    disk = SimpleNamespace(f_frsize=1, f_blocks=2000, f_bavail=300)  # 100 bytes are 5% of it
+    monkeypatch.setattr(os, "statvfs", lambda path: disk)
+    cache = WeightCache(str(tmp_path), "build 1", limit=10_000)
+    for index, name in enumerate("ab"):
+        stored(cache, name, 100, hours_ago=10 - index)
+    cache.write(key("c"), np.zeros(100, np.uint8))
+    cache.write(key("d"), np.zeros(100, np.uint8))  # 200 entries + 300 free - 100 kept free
+    assert names(tmp_path) == {bin_name(name) for name in "abcd"}
+    cache.write(key("e"), np.zeros(100, np.uint8))
+    assert names(tmp_path) == {bin_name(name) for name in "bcde"}
 
 
 def test_stale_temporary_files_are_removed(tmp_path):

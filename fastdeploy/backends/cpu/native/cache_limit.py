@@ -5,7 +5,8 @@ sees, and every rebuild of the native extension makes all earlier entries unread
 it fills the disk. Entries are `<key>.bin` files in `<root>/<xx>/` or `<root>/build-<hash>/<xx>/`; their modification time is
 their last use (readers set it explicitly: many disks are mounted noatime). The directory is
 scanned once, at the first write of a load (a start that only reads scans nothing), then kept up
-to date by this process's own writes.
+to date by this process's own writes. Whatever the limit, the cache leaves `DISK_RESERVE` of its
+disk free (measured at the scan), so it never fills a disk.
 
 Eviction is safe beside other processes: an entry is removed with unlink, so one that another
 process has open or mapped stays readable to it; one whose time changed since the scan (another
@@ -24,6 +25,8 @@ from collections.abc import Iterator
 
 #: a temporary file untouched this long (seconds) belongs to a writer that died
 STALE_TEMPORARY_S = 600.0
+#: the share of its disk the cache leaves free, whatever its limit: it never fills a disk
+DISK_RESERVE = 0.05
 #: the names of entries, of their temporaries, of the folders that hold them (`<xx>`, the key's first
 #: two digits) and of a build's folder: nothing else below the root is counted or removed, so a
 #: directory shared with other files (a user's `FD_WEIGHT_CACHE=~/models`) loses none of them
@@ -41,6 +44,9 @@ class CacheLimit:
         self.root = root
         self.current = current
         self.limit = limit
+        #: what the entries may take: `limit`, or less where the disk would keep under DISK_RESERVE
+        #: free (set at the scan)
+        self.budget = limit
         #: path -> (size, mtime_ns) of the entries at the scan and written since; None until then
         self._entries: dict[str, tuple[int, int]] | None = None
         self.total = 0
@@ -59,7 +65,7 @@ class CacheLimit:
         if size > self.limit:
             return False
         entries = self._scan()
-        if self.total + size <= self.limit:
+        if self.total + size <= self.budget:
             return True
         prefix = self.current + os.sep
         candidates = sorted(
@@ -67,10 +73,10 @@ class CacheLimit:
             key=lambda path: (path.startswith(prefix), entries[path][1]),
         )
         for path in candidates:
-            if self.total + size <= self.limit:
+            if self.total + size <= self.budget:
                 break
             self._evict(path, other_build=not path.startswith(prefix))
-        return self.total + size <= self.limit
+        return self.total + size <= self.budget
 
     def added(self, path: str, size: int) -> None:
         """Record entry `path` of `size` bytes, just written by this load."""
@@ -97,6 +103,8 @@ class CacheLimit:
                         with contextlib.suppress(OSError):
                             os.unlink(path)
             self.total = sum(size for size, _ in self._entries.values())
+            free, disk = _disk_space(self.root)
+            self.budget = min(self.limit, self.total + free - int(disk * DISK_RESERVE))
         return self._entries
 
     def _evict(self, path: str, other_build: bool) -> None:
@@ -134,3 +142,14 @@ def _entry_folders(root: str) -> Iterator[str]:
         elif BUILD.fullmatch(name):
             build = os.path.join(root, name)
             yield from (os.path.join(build, shard) for shard in _names(build) if SHARD.fullmatch(shard))
+
+
+def _disk_space(path: str) -> tuple[int, int]:
+    """(bytes free to this user, bytes in all) on the disk that holds `path` or would hold it."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        status = os.statvfs(path)
+    except OSError:  # no statvfs here (Windows): only the limit applies
+        return 1 << 62, 0
+    return status.f_bavail * status.f_frsize, status.f_blocks * status.f_frsize

@@ -19,7 +19,8 @@ The entries together stay within a size limit (`FD_WEIGHT_CACHE_MAX_GB`, default
 GGUFs' worth; see `envs.weight_cache_max_bytes`): a write that would pass it first evicts the least
 recently used entries, those of other builds (which no start of this build can read) before any
 of this build's, never one this load has read or written (cache_limit.py). A load whose own
-entries would pass the limit writes what fits and repacks the rest at every start.
+entries would pass the limit writes what fits and repacks the rest at every start. Whatever the
+limit, the cache leaves 5% of its disk free.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import os
 
 import numpy as np
 
-from fastdeploy.backends.cpu.native.cache_limit import CacheLimit
+from fastdeploy.backends.cpu.native.cache_limit import DISK_RESERVE, CacheLimit
 from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.logger import get_logger
 
@@ -102,10 +103,11 @@ class WeightCache:
             if not self._full_reported:
                 self._full_reported = True
                 logger.info(
-                    "weight cache %s is full (%.1f GB, FD_WEIGHT_CACHE_MAX_GB): weights of this load past it "
-                    "are repacked at every start",
+                    "weight cache %s is full (%.1f GB: FD_WEIGHT_CACHE_MAX_GB, or %d%% of the disk left "
+                    "free): weights of this load past it are repacked at every start",
                     self.directory,
-                    self.limit.limit / 1e9,
+                    self.limit.budget / 1e9,
+                    100 * DISK_RESERVE,
                 )
             return
         path = self._path(key)

@@ -100,6 +100,16 @@ def cpu_activations() -> str:
     return os.environ.get("FD_CPU_ACTIVATIONS", "float32").strip().lower() or "float32"
 
 
+def cpu_int8_dots() -> str:
+    """The widest dot instruction the cpu backend's int8-activation products may use
+    (`FD_CPU_INT8_DOTS`): auto (default: the widest this CPU has), avx512-vnni, avx-vnni or maddubs.
+
+    A cap, for measuring what a CPU without the wider ones gets (maddubs: plain AVX2, e.g.
+    Haswell..Skylake or Zen 1-3); every dot computes the same exact integers, so results do not change.
+    """
+    return os.environ.get("FD_CPU_INT8_DOTS", "auto").strip().lower() or "auto"
+
+
 def cpu_vision_matmul() -> str:
     """What the cpu backend multiplies vision encoders' linear layers and attention products in
     (`FD_CPU_VISION_MATMUL`).

@@ -17,8 +17,13 @@ from test_native_blocks import HALF_FIELDS, random_blocks, reference
 from test_native_int8 import quantize_activations
 from test_native_kernels import ISAS, requires_native, runs_here
 
+from fastdeploy.backends.base import BackendOptions
 from fastdeploy.backends.cpu import native
+from fastdeploy.backends.cpu.backend import CpuBackend
+from fastdeploy.cli.environment import collect_environment
+from fastdeploy.errors import InvalidArgumentError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.plugins.registry import get_registry
 
 SUBBLOCK_TYPES = ("Q4_0", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 FEW_ROWS = 4  # up to this many rows (decode) the float32 kernels run (gemm_blocks_int8.c)
@@ -95,29 +100,34 @@ def test_fused_parts_of_different_types_take_int8_activations_each(isa):
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
 
 
-def largest_integers(type_name: str) -> GGMLTensor:
-    """Every weight at its type's largest integer (all bits set but the float16 factors')."""
+def extreme_integers(type_name: str, byte: int) -> GGMLTensor:
+    """Every weight bit set (byte 0xFF: each type's largest integer) or clear (0x00: its smallest,
+    -offset), the float16 factors left random."""
     tensor = random_blocks(type_name, 40, 512, seed=7)
     blocks = tensor.rows.reshape(-1, GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][1]).copy()
     keep = np.zeros(blocks.shape[1], bool)
     for offset in HALF_FIELDS[type_name]:
         keep[offset : offset + 2] = True
-    blocks[:, ~keep] = 0xFF
+    blocks[:, ~keep] = byte
     return GGMLTensor(tensor.ggml_type, blocks.reshape(tensor.rows.shape), tensor.shape)
 
 
 @requires_native
 @pytest.mark.parametrize("type_name", SUBBLOCK_TYPES)
-@pytest.mark.parametrize("extreme", [False, True])
-def test_every_dot_instruction_gives_the_same_bits(type_name, extreme):
-    """AVX2's maddubs (weights made non-negative by their type's offset, two steps summed in int16;
-    the codebook types signed, with the sign trick) and the VNNI dots (weights + 128) compute the same
-    exact integer dots: capped to each dot this CPU has, the same bits. `extreme`: every weight at
-    its largest integer and every activation at +-127, the int16 sums' worst case."""
-    tensor = largest_integers(type_name) if extreme else random_blocks(type_name, 40, 512, seed=7)
+@pytest.mark.parametrize("weights", ["random", "largest", "smallest"])
+def test_every_dot_instruction_gives_the_same_bits(type_name, weights):
+    """AVX2's maddubs (weights made non-negative by their type's offset, up to a whole sub-block's
+    pairs summed in int16 where they fit; the codebook types signed, with the sign trick) and the
+    VNNI dots (weights + 128) compute the same exact integer dots: capped to each dot this CPU has,
+    the same bits. "largest"/"smallest": every weight at its type's largest/smallest integer and
+    every activation at +-127 (the int16 sums' worst case), 11 rows (not a whole number of tiles)
+    and 40 columns (two panels and a half)."""
+    tensor = random_blocks(type_name, 40, 512, seed=7)
+    if weights != "random":
+        tensor = extreme_integers(type_name, 0xFF if weights == "largest" else 0x00)
     packed = native.pack([tensor], activations="int8")
     x = activations(11, 512, seed=8)
-    if extreme:
+    if weights != "random":
         x = np.repeat(np.where(np.arange(11) % 2 == 0, 1.0, -1.0).astype(np.float32)[:, None], 512, axis=1)
     expected = int8_expected(x, tensor)
     try:
@@ -130,6 +140,58 @@ def test_every_dot_instruction_gives_the_same_bits(type_name, extreme):
             for out in outputs:
                 np.testing.assert_array_equal(out, outputs[0])
             np.testing.assert_allclose(outputs[0], expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+    finally:
+        native._native.int8_dots("avx2", 2)  # no cap
+
+
+@requires_native
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_K", "Q3_K", "IQ4_XS"])
+@pytest.mark.parametrize("rows,cols", [(5, 17), (7, 33), (13, 50), (30, 16)])
+def test_odd_row_and_column_counts_on_every_dot(type_name, rows, cols):
+    """Row counts that leave a partial row tile (2 rows on AVX2, 6 or 4 on AVX-512) and column counts
+    that leave a partial panel or pair, on each dot this CPU has, against float64 products."""
+    tensor = random_blocks(type_name, cols, 256, seed=rows + cols)
+    packed = native.pack([tensor], activations="int8")
+    x = activations(rows, 256, seed=rows * cols)
+    expected = int8_expected(x, tensor)
+    bias = np.random.default_rng(cols).standard_normal(cols).astype(np.float32)
+    try:
+        outputs = []
+        for isa in (isa for isa in native.ISAS if runs_here(isa)):
+            for cap in range(native._native.int8_dots(isa, -1) + 1):
+                native._native.int8_dots(isa, cap)
+                outputs.append(native.matmul(x, packed, isa, threads=1, bias=bias))
+            native._native.int8_dots("avx2", 2)
+        for out in outputs:
+            np.testing.assert_array_equal(out, outputs[0])
+        np.testing.assert_allclose(outputs[0] - bias, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+    finally:
+        native._native.int8_dots("avx2", 2)  # no cap
+
+
+@requires_native
+def test_fd_cpu_int8_dots_caps_the_dots_and_is_checked(monkeypatch):
+    """FD_CPU_INT8_DOTS=maddubs makes this CPU run the plain AVX2 dots (a CPU without AVX-VNNI);
+    a bad value is refused by name at construction; `fastdeploy env` reports it."""
+    uncapped = {isa: native._native.int8_dots(isa, -1) for isa in native.ISAS if runs_here(isa)}
+    monkeypatch.setenv("FD_CPU_ACTIVATIONS", "int8")
+    monkeypatch.setenv("FD_CPU_INT8_DOTS", "vnni")
+    with pytest.raises(
+        InvalidArgumentError,
+        match="FD_CPU_INT8_DOTS must be one of auto, maddubs, avx-vnni, avx512-vnni; got 'vnni'",
+    ):
+        CpuBackend(BackendOptions(threads=1))
+    try:
+        monkeypatch.setenv("FD_CPU_INT8_DOTS", "maddubs")
+        backend = CpuBackend(BackendOptions(threads=1))
+        assert "int8 activations (AVX2 maddubs" in backend.describe()
+        for isa in (isa for isa in native.ISAS if runs_here(isa)):
+            assert native._native.int8_dots(isa, -1) == 0
+        report = collect_environment(get_registry())
+        assert report.env["FD_CPU_INT8_DOTS"] == "maddubs"
+        monkeypatch.setenv("FD_CPU_INT8_DOTS", "auto")
+        backend = CpuBackend(BackendOptions(threads=1))
+        assert {isa: native._native.int8_dots(isa, -1) for isa in uncapped} == uncapped
     finally:
         native._native.int8_dots("avx2", 2)  # no cap
 

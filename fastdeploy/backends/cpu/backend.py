@@ -94,6 +94,11 @@ def _activations(isa: str | None) -> str:
     return _opt_in("FD_CPU_ACTIVATIONS", envs.cpu_activations(), native.ACTIVATIONS, isa)
 
 
+def _int8_dots(isa: str | None) -> str:
+    """What `FD_CPU_INT8_DOTS` asks for."""
+    return _opt_in("FD_CPU_INT8_DOTS", envs.cpu_int8_dots(), native.INT8_DOTS, isa)
+
+
 def _vision_matmul(isa: str | None) -> str:
     """What `FD_CPU_VISION_MATMUL` asks for."""
     return _opt_in("FD_CPU_VISION_MATMUL", envs.cpu_vision_matmul(), native.VISION_MATMULS, isa)
@@ -123,8 +128,9 @@ def _matmul_note(isa: str, matmul_dtype: str) -> str:
 def _activations_note(isa: str, activations: str) -> str:
     if activations == "float32":
         return "float32 activations (exact)"
-    instructions = "AVX-512 VNNI" if isa == "avx512" and native.has_vnni() else "AVX2 maddubs"
-    return f"int8 activations ({instructions}; FD_CPU_ACTIVATIONS)"
+    instructions = {"maddubs": "AVX2 maddubs", "avx-vnni": "AVX-VNNI", "avx512-vnni": "AVX-512 VNNI"}
+    dots = native.int8_dots(isa, _int8_dots(isa))
+    return f"int8 activations ({instructions[dots]}; FD_CPU_ACTIVATIONS, FD_CPU_INT8_DOTS)"
 
 
 def _waiting_policy(adaptive: bool) -> str:
@@ -228,6 +234,7 @@ class CpuBackend(Backend):
         #: attention and everything else stay float32
         self.matmul_dtype = options.dtype
         self.activations = _activations(self.native_isa)
+        self.int8_dots = _int8_dots(self.native_isa)
         #: packed weights on huge pages (native kernels only: the numpy path keeps numpy's arrays)
         self.weight_arena = WeightArena()
         #: GGUF weights repacked (and embeddings dequantised) at an earlier start
@@ -246,6 +253,7 @@ class CpuBackend(Backend):
         if self.native_isa:
             native.set_spin_us(envs.cpu_spin_us())
             native.set_adaptive_threads(self.adaptive_threads)
+            native.cap_int8_dots(self.int8_dots)
 
     @classmethod
     def runtime_details(cls) -> str:

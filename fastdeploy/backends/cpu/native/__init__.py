@@ -61,6 +61,9 @@ PANEL = 16
 ISAS = ("avx512", "avx2")
 #: what the activations are multiplied in: float32 (exact) or int8 (gemm_int8.c, gemm_blocks_int8.c; opt-in)
 ACTIVATIONS = ("float32", "int8")
+#: the int8 products' dot instructions, widest last: AVX2's vpmaddubsw, AVX-VNNI's and AVX-512 VNNI's
+#: vpdpbusd (the extension's numbers 0..2); "auto" leaves the widest the CPU has
+INT8_DOTS = ("auto", "maddubs", "avx-vnni", "avx512-vnni")
 #: what a vision encoder's linear layers and attention multiply in: float32 (exact) or bfloat16
 #: (gemm_bf16.c, encoder_attention_bf16.c; opt-in)
 VISION_MATMULS = ("float32", "bfloat16")
@@ -90,6 +93,18 @@ def has_vnni() -> bool:
 def has_bf16() -> bool:
     """Whether the bfloat16 products use AVX512_BF16 here (else bfloat16 widened to float32 FMAs)."""
     return _native is not None and _native.has_bf16()
+
+
+def cap_int8_dots(cap: str) -> None:
+    """Caps the int8 products' dots to `cap` (one of INT8_DOTS), process-wide: every dot computes
+    the same exact integers, so only the speed changes."""
+    _native.int8_dots(ISAS[-1], INT8_DOTS.index(cap) - 1 if cap != "auto" else len(INT8_DOTS) - 2)
+
+
+def int8_dots(isa: str, cap: str = "auto") -> str:
+    """The dots the int8 products of `isa`'s kernels run here, under the current cap and `cap`."""
+    widest = min(_native.int8_dots(isa, -1), INT8_DOTS.index(cap) - 1 if cap != "auto" else len(INT8_DOTS))
+    return INT8_DOTS[1 + widest]
 
 
 def best_isa() -> str:

@@ -9,7 +9,8 @@
  * Why: the float32 kernels widen every weight to float32 and spend one FMA per weight and row.
  * With the activations in int8 too, one AVX-512 VNNI `vpdpbusd` multiplies and sums 64
  * weight-activation pairs, its AVX-VNNI form 32 (the AVX2 kernels, on CPUs with AVX-VNNI), and
- * plain AVX2 64 in five instructions (two `vpmaddubsw`, `vpaddw`, `vpmaddwd`, `vpaddd`).
+ * plain AVX2 32 per `vpmaddubsw`, whose int16 pair sums add up over a sub-block (4-bit weights) or
+ * half of one (5- and 6-bit) before one `vpmaddwd` and `vpaddd` (avx2_tile).
  *
  * Activations (quantize_rows here, the bits of gemm_int8.c's fd_quantize_rows eight values per
  * instruction): per row and 32-value block (one panel group), sx = max|x| / 127, qx = round(x / sx)
@@ -24,11 +25,11 @@
  * The panels hold the integers one k per 16 bytes (16 columns); the dot instructions take 4
  * consecutive k of a column per 32-bit lane. Each task (two adjacent panels) therefore regroups its
  * integers once into [depth / 4][16 columns][4 k] bytes, plus an offset that makes them unsigned
- * (128 for vpdpbusd, the type's own for maddubs: avx2_dots) and the dots start from -offset sum qx,
+ * (128 for vpdpbusd, the type's own for maddubs: weight_offset) and the dots start from -offset sum qx,
  * with the groups' scales beside them, which every row tile then reads: 6 rows times 32 columns
  * for AVX-512 (24 zmm accumulators: a dot and a total per row and panel; 4 rows for sub-blocks of
- * 16, whose part sums also stay live), 2 rows times 16 columns for AVX2. The tiles are
- * compiled once per sub-block size and minimum, their dot loops unrolled; rows are padded to whole
+ * 16, whose part sums also stay live), 2 rows times 16 columns for AVX2 (the totals in L1). The tiles are compiled once per sub-block size and minimum (and, for
+ * maddubs, how many k-steps add up in int16), their dot loops unrolled; rows are padded to whole
  * tiles. Regrouping once at load instead would double a 4-bit weight's memory for a cost that is
  * paid per product, not per row (measured: about 4% of a 512-row Q4_K product); up to FEW_ROWS rows run
  * the float32 kernels instead, which read each weight once anyway.
@@ -41,6 +42,7 @@
 #define FEW_ROWS 4
 #define PAD_ROWS 12     /* the activations are padded to a multiple of every tile's rows */
 #define MAX_VNNI_ROWS 6 /* rows of a VNNI tile: 6 for sub-blocks of 32, 4 for 16 (their part sums stay live) */
+#define AVX2_ROWS 2     /* rows of an AVX2 tile (4 took 5-25% more time at depth 1024: L1) */
 #define QUANTIZE_ROWS_PER_TASK 16
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -257,63 +259,130 @@ VNNI_ROWS_FN(vnni_rows_16_min, 16, 1, 4)
 /* ------------------------------------------------------------------- AVX2 */
 /* How the AVX2 tiles multiply (and the weight offset the regrouping adds): AVX-VNNI's `vpdpbusd`
  * (weights + 128, unsigned); else `vpmaddubsw` on weights made non-negative by their type's offset
- * (at most 63, so two instructions' pairs sum below 2^15 in int16 before one `vpmaddwd`); else, for
- * the codebook types (IQ4_*, -127..113), |x| times the weights with x's sign (`vpsignb`). */
+ * (at most 63: as many k-steps' pairs sum in int16 before one `vpmaddwd` as stay below 2^15,
+ * int16_steps_fit); else, for the codebook types (IQ4_*, -127..113) and Q8_0 (-127..127, packing.c),
+ * |w| times x with w's sign (`vpabsb`, `vpsignb`: |w| once per k-step for all the tile's rows, where
+ * |x| was once per row), one step per `vpmaddwd`. */
 enum { DOTS_SIGNED = 0, DOTS_AVX_VNNI = 1, DOTS_AVX512_VNNI = 2, DOTS_UNSIGNED = 3 };
 
-/* dot + the 8 columns' sums of the 8 products of two k-steps (w0 x0, w1 x1). The VNNI instruction
- * is written out (VEX encoded) because its intrinsic cannot be inlined into code that also runs
- * without it; it runs only where the CPU reports AVX-VNNI. */
-INLINE __m256i avx2_dots(__m256i dot, __m256i w0, __m256i x0, __m256i w1, __m256i x1, int dots)
+/* The bits of a kind's unsigned weights (after its offset) on the maddubs dots. */
+static int weight_bits(int kind)
 {
-    const __m256i ones = _mm256_set1_epi16(1);
-    if (dots == DOTS_AVX_VNNI) {
-        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot) : "x"(w0), "x"(x0));
-        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot) : "x"(w1), "x"(x1));
-        return dot;
+    switch (kind) {
+    case KIND_Q2_K: return 2;
+    case KIND_Q3_K: return 3;
+    case KIND_Q5_0: case KIND_Q5_1: case KIND_Q5_K: return 5;
+    case KIND_Q6_K: return 6;
+    default: return 4; /* Q4_0, Q4_K, Q4_1_I8 */
     }
-    if (dots == DOTS_UNSIGNED)
-        return _mm256_add_epi32(
-            dot, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w0, x0), _mm256_maddubs_epi16(w1, x1)), ones));
-    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x0), _mm256_sign_epi8(w0, x0)), ones));
-    return _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x1), _mm256_sign_epi8(w1, x1)), ones));
 }
 
-/* Two rows from row0 times panel p of a pair (two halves of 8 columns): 12 accumulators of 16 ymm. */
+/* Whether `steps` k-steps of 4 (one vpmaddubsw pair each) may add up in int16 before one vpmaddwd:
+ * each pair is at most 2 x 127 x the largest weight in magnitude, the sum of `steps` below 2^15. */
+static int int16_steps_fit(int kind, int steps)
+{
+    return 2 * 127 * ((1 << weight_bits(kind)) - 1) * steps <= 32767;
+}
+
+/* The first sub-block of a group scaled without a conversion: its dot starts FLOAT_BIAS's bits higher
+ * and ends as the float32 FLOAT_BIAS + D (|D| < 2^22: at most 32 x 128 x 127 here), and
+ *     fma(d, FLOAT_BIAS + D, -(d x FLOAT_BIAS)) = round(d x D) = fma(d, (float)D, 0)
+ * bit for bit for every finite d: d x FLOAT_BIAS is exact (d has at most 19 significant bits,
+ * FLOAT_BIAS 2) and the FMA rounds the exact d x D once (an infinite scale gives NaN here, not
+ * infinity). One FMA instead of a conversion and a product, on the ports the dots share (Q4_K on
+ * AVX-VNNI: 9% fewer cycles per dot by llvm-mca's Ice Lake model; measured here within the noise).
+ * A later sub-block adds to the first's rounded part, so it would keep the conversion. */
+#define FLOAT_BIAS 12582912.0f /* 1.5 x 2^23, bits 0x4B400000 */
+
+/* R rows from row0 times panel p of a pair (16 columns, two ymm halves); the group totals live in
+ * `total` (L1), added once per group (4 rows, 8 dot chains, read fewer weights per dot but took
+ * 5-25% more time on ERNIE's depth-1024 products and gained 5% at depth 3072). The maddubs dots add `chunk` k-steps' pairs in int16
+ * before one vpmaddwd (int16_steps_fit); the signed ones (codebook types, Q8_0) one step at a time.
+ * The VNNI instruction is written out (VEX encoded) because its intrinsic cannot be inlined into
+ * code that also runs without it; it runs only where the CPU reports AVX-VNNI. */
 INLINE void avx2_tile(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp, int p,
-                      int sub, int with_min, int dots, Py_ssize_t row0, Py_ssize_t col0)
+                      int sub, int with_min, int dots, int chunk, int R, Py_ssize_t row0, Py_ssize_t col0)
 {
     const Py_ssize_t depth = a->depth, groups = depth / GROUP, subs_row = depth / sub;
     const int subs = GROUP / sub, factors = subs * PANEL * (1 + with_min);
     const int8_t *q = x->q + row0 * depth;
     const uint8_t *w = pp->w + p * depth * PANEL;
-    __m256 total[2][2];
-    for (int r = 0; r < 2; r++) total[r][0] = total[r][1] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256 float_bias = _mm256_set1_ps(FLOAT_BIAS);
+    /* the sub-blocks of 32 on the dot instructions with one accumulator per row and column: with
+     * sub-blocks of 16 or the int16 sums of maddubs the two more live registers cost more than they save */
+    const int biased = sub == 32 && dots != DOTS_UNSIGNED;
+    float total[AVX2_ROWS][PANEL] __attribute__((aligned(32)));
+    memset(total, 0, sizeof(total));
     for (Py_ssize_t g = 0; g < groups; g++) {
         const float *f = pp->factors + (g * 2 + p) * factors;
-        __m256 part[2][2];
+        __m256 part[AVX2_ROWS][2];
         for (int s = 0; s < subs; s++) {
             const Py_ssize_t k0 = g * GROUP + s * sub, at = g * subs + s;
-            __m256i dot[2][2];
-            for (int r = 0; r < 2; r++) dot[r][0] = dot[r][1] = _mm256_set1_epi32(x->init[(row0 + r) * subs_row + at]);
-#pragma GCC unroll 4
-            for (int k = 0; k < sub; k += 8) {
-                const uint8_t *wk = w + (k0 + k) * PANEL;
-                const __m256i wa0 = _mm256_loadu_si256((const __m256i *)wk), wb0 = _mm256_loadu_si256((const __m256i *)(wk + 32));
-                const __m256i wa1 = _mm256_loadu_si256((const __m256i *)(wk + 4 * PANEL));
-                const __m256i wb1 = _mm256_loadu_si256((const __m256i *)(wk + 4 * PANEL + 32));
-                for (int r = 0; r < 2; r++) {
-                    const __m256i x0 = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k));
-                    const __m256i x1 = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k + 4));
-                    dot[r][0] = avx2_dots(dot[r][0], wa0, x0, wa1, x1, dots);
-                    dot[r][1] = avx2_dots(dot[r][1], wb0, x0, wb1, x1, dots);
+            __m256i dot[AVX2_ROWS][2];
+            for (int r = 0; r < R; r++) {
+                dot[r][0] = _mm256_set1_epi32(x->init[(row0 + r) * subs_row + at]);
+                if (biased) dot[r][0] = _mm256_add_epi32(dot[r][0], _mm256_castps_si256(float_bias));
+                dot[r][1] = dot[r][0];
+            }
+            if (dots == DOTS_AVX_VNNI) {
+#pragma GCC unroll 8
+                for (int k = 0; k < sub; k += 4) {
+                    const uint8_t *wk = w + (k0 + k) * PANEL;
+                    const __m256i wa = _mm256_loadu_si256((const __m256i *)wk);
+                    const __m256i wb = _mm256_loadu_si256((const __m256i *)(wk + 32));
+                    for (int r = 0; r < R; r++) {
+                        const __m256i xv = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k));
+                        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot[r][0]) : "x"(wa), "x"(xv));
+                        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot[r][1]) : "x"(wb), "x"(xv));
+                    }
+                }
+            } else if (dots == DOTS_UNSIGNED) {
+#pragma GCC unroll 2
+                for (int c = 0; c < sub; c += 4 * chunk) {
+                    __m256i pairs[AVX2_ROWS][2];
+#pragma GCC unroll 8
+                    for (int j = 0; j < chunk; j++) {
+                        const uint8_t *wk = w + (k0 + c + 4 * j) * PANEL;
+                        const __m256i wa = _mm256_loadu_si256((const __m256i *)wk);
+                        const __m256i wb = _mm256_loadu_si256((const __m256i *)(wk + 32));
+                        for (int r = 0; r < R; r++) {
+                            const __m256i xv = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + c + 4 * j));
+                            const __m256i ma = _mm256_maddubs_epi16(wa, xv), mb = _mm256_maddubs_epi16(wb, xv);
+                            pairs[r][0] = j == 0 ? ma : _mm256_add_epi16(pairs[r][0], ma);
+                            pairs[r][1] = j == 0 ? mb : _mm256_add_epi16(pairs[r][1], mb);
+                            /* kept a running sum: GCC would otherwise regroup the additions and hold every
+                             * product in a register (spilled) */
+                            __asm__("" : "+x"(pairs[r][0]), "+x"(pairs[r][1]));
+                        }
+                    }
+                    for (int r = 0; r < R; r++) {
+                        for (int h = 0; h < 2; h++) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(pairs[r][h], ones));
+                        __asm__("" : "+x"(dot[r][0]), "+x"(dot[r][1]));
+                    }
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int k = 0; k < sub; k += 4) {
+                    const uint8_t *wk = w + (k0 + k) * PANEL;
+                    const __m256i wa = _mm256_loadu_si256((const __m256i *)wk);
+                    const __m256i wb = _mm256_loadu_si256((const __m256i *)(wk + 32));
+                    const __m256i abs_a = _mm256_abs_epi8(wa), abs_b = _mm256_abs_epi8(wb);
+                    for (int r = 0; r < R; r++) {
+                        const __m256i xv = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k));
+                        dot[r][0] = _mm256_add_epi32(dot[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(abs_a, _mm256_sign_epi8(xv, wa)), ones));
+                        dot[r][1] = _mm256_add_epi32(dot[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(abs_b, _mm256_sign_epi8(xv, wb)), ones));
+                        __asm__("" : "+x"(dot[r][0]), "+x"(dot[r][1])); /* a running sum, as above */
+                    }
                 }
             }
             for (int h = 0; h < 2; h++) {
                 const __m256 scale = _mm256_loadu_ps(f + s * PANEL + 8 * h);
-                for (int r = 0; r < 2; r++) {
-                    const __m256 before = s == 0 ? _mm256_setzero_ps() : part[r][h];
-                    __m256 t = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot[r][h]), before);
+                const __m256 bias_scaled = _mm256_mul_ps(scale, _mm256_xor_ps(float_bias, _mm256_set1_ps(-0.0f)));
+                for (int r = 0; r < R; r++) {
+                    __m256 t = biased ? _mm256_fmadd_ps(scale, _mm256_castsi256_ps(dot[r][h]), bias_scaled)
+                                      : _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot[r][h]),
+                                                        s == 0 ? _mm256_setzero_ps() : part[r][h]);
                     if (with_min)
                         t = _mm256_fmadd_ps(_mm256_loadu_ps(f + (subs + s) * PANEL + 8 * h),
                                             _mm256_set1_ps(x->sum[(row0 + r) * subs_row + at]), t);
@@ -321,42 +390,44 @@ INLINE void avx2_tile(const struct gemm_args *a, const struct int8_acts *x, cons
                 }
             }
         }
-        for (int r = 0; r < 2; r++) {
+        for (int r = 0; r < R; r++) {
             const __m256 sx = _mm256_set1_ps(x->scale[(row0 + r) * groups + g]);
-            total[r][0] = _mm256_fmadd_ps(part[r][0], sx, total[r][0]);
-            total[r][1] = _mm256_fmadd_ps(part[r][1], sx, total[r][1]);
+            for (int h = 0; h < 2; h++)
+                _mm256_store_ps(total[r] + 8 * h, _mm256_fmadd_ps(part[r][h], sx, _mm256_load_ps(total[r] + 8 * h)));
         }
     }
     const Py_ssize_t start = col0 + p * PANEL, valid = a->cols - start < PANEL ? a->cols - start : PANEL;
-    for (int r = 0; r < 2 && row0 + r < a->rows; r++) {
-        float t[PANEL];
-        _mm256_storeu_ps(t, total[r][0]);
-        _mm256_storeu_ps(t + 8, total[r][1]);
+    for (int r = 0; r < R && row0 + r < a->rows; r++) {
         float *dst = a->out + (row0 + r) * a->cols + start;
         if (a->bias)
-            for (Py_ssize_t n = 0; n < valid; n++) dst[n] = t[n] + a->bias[start + n];
+            for (Py_ssize_t n = 0; n < valid; n++) dst[n] = total[r][n] + a->bias[start + n];
         else
-            memcpy(dst, t, (size_t)valid * sizeof(float));
+            memcpy(dst, total[r], (size_t)valid * sizeof(float));
     }
 }
 
-#define AVX2_ROWS_FN(name, sub, with_min, dots)                                                                       \
+#define AVX2_ROWS_FN(name, sub, with_min, dots, chunk)                                                                \
     static void name(const struct gemm_args *a, const struct int8_acts *x, const struct panel_pair *pp,              \
                      Py_ssize_t col0)                                                                                 \
     {                                                                                                                 \
         const int width = a->cols - col0 > PANEL ? 2 : 1;                                                            \
-        for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += 2)                                                         \
-            for (int p = 0; p < width; p++) avx2_tile(a, x, pp, p, sub, with_min, dots, row0, col0);              \
+        for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX2_ROWS)                                                 \
+            for (int p = 0; p < width; p++) avx2_tile(a, x, pp, p, sub, with_min, dots, chunk, AVX2_ROWS, row0, col0); \
     }
-AVX2_ROWS_FN(signed_rows_32, 32, 0, DOTS_SIGNED) /* the codebook types: sub-blocks of 32, no minimum */
-AVX2_ROWS_FN(unsigned_rows_32, 32, 0, DOTS_UNSIGNED)
-AVX2_ROWS_FN(unsigned_rows_32_min, 32, 1, DOTS_UNSIGNED)
-AVX2_ROWS_FN(unsigned_rows_16, 16, 0, DOTS_UNSIGNED)
-AVX2_ROWS_FN(unsigned_rows_16_min, 16, 1, DOTS_UNSIGNED)
-AVX2_ROWS_FN(avxvnni_rows_32, 32, 0, DOTS_AVX_VNNI)
-AVX2_ROWS_FN(avxvnni_rows_32_min, 32, 1, DOTS_AVX_VNNI)
-AVX2_ROWS_FN(avxvnni_rows_16, 16, 0, DOTS_AVX_VNNI)
-AVX2_ROWS_FN(avxvnni_rows_16_min, 16, 1, DOTS_AVX_VNNI)
+AVX2_ROWS_FN(signed_rows_32, 32, 0, DOTS_SIGNED, 1) /* the codebook types and Q8_0: sub-blocks of 32, no minimum */
+/* maddubs: the whole sub-block in int16 (weights of up to 4 bits; 3 for sub-blocks of 16), or half of it */
+AVX2_ROWS_FN(unsigned_rows_32, 32, 0, DOTS_UNSIGNED, 8)
+AVX2_ROWS_FN(unsigned_rows_32_half, 32, 0, DOTS_UNSIGNED, 4)
+AVX2_ROWS_FN(unsigned_rows_32_min, 32, 1, DOTS_UNSIGNED, 8)
+AVX2_ROWS_FN(unsigned_rows_32_min_half, 32, 1, DOTS_UNSIGNED, 4)
+AVX2_ROWS_FN(unsigned_rows_16, 16, 0, DOTS_UNSIGNED, 4)
+AVX2_ROWS_FN(unsigned_rows_16_half, 16, 0, DOTS_UNSIGNED, 2)
+AVX2_ROWS_FN(unsigned_rows_16_min, 16, 1, DOTS_UNSIGNED, 4)
+AVX2_ROWS_FN(unsigned_rows_16_min_half, 16, 1, DOTS_UNSIGNED, 2)
+AVX2_ROWS_FN(avxvnni_rows_32, 32, 0, DOTS_AVX_VNNI, 1)
+AVX2_ROWS_FN(avxvnni_rows_32_min, 32, 1, DOTS_AVX_VNNI, 1)
+AVX2_ROWS_FN(avxvnni_rows_16, 16, 0, DOTS_AVX_VNNI, 1)
+AVX2_ROWS_FN(avxvnni_rows_16_min, 16, 1, DOTS_AVX_VNNI, 1)
 #undef AVX2_ROWS_FN
 
 /* ----------------------------------------------------------- dispatching */
@@ -371,6 +442,17 @@ static const rows_fn ROWS_FNS[4][2][2] = {
     {{vnni_rows_32, vnni_rows_32_min}, {vnni_rows_16, vnni_rows_16_min}},
     {{unsigned_rows_32, unsigned_rows_32_min}, {unsigned_rows_16, unsigned_rows_16_min}},
 };
+/* the maddubs tiles that add half a sub-block in int16 (5- and 6-bit weights) */
+static const rows_fn HALF_ROWS_FNS[2][2] = {
+    {unsigned_rows_32_half, unsigned_rows_32_min_half}, {unsigned_rows_16_half, unsigned_rows_16_min_half}};
+
+/* The tile function of a product of `kind` with `dots`. */
+static rows_fn kind_rows_fn(int kind, int dots)
+{
+    const int sub16 = block_sub(kind) == 16, with_min = kind_has_min(kind);
+    if (dots == DOTS_UNSIGNED && !int16_steps_fit(kind, block_sub(kind) / 4)) return HALF_ROWS_FNS[sub16][with_min];
+    return ROWS_FNS[dots][sub16][with_min];
+}
 
 /* The dots a product of `kind` runs in `mode`, and the offset its regrouped weights carry. */
 static int kind_dots(int kind, int mode)
@@ -450,7 +532,7 @@ static void panel_task(void *ctx, Py_ssize_t t, int slot)
         for (Py_ssize_t g = 0; g < groups; g++) memcpy(f + (g * 2 + p) * factors, panel + g * gbytes, (size_t)factors * sizeof(float));
     }
     const struct panel_pair pp = {scratch, f};
-    ROWS_FNS[kind_dots(kind, job->mode)][block_sub(kind) == 16][kind_has_min(kind)](a, &job->x, &pp, 2 * t * PANEL);
+    kind_rows_fn(kind, kind_dots(kind, job->mode))(a, &job->x, &pp, 2 * t * PANEL);
 }
 
 /* The kind a product of `kind` runs in here: the legacy int8 layouts, or the sub-block kind whose panels

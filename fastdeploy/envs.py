@@ -218,3 +218,27 @@ def weight_cache_dir() -> str | None:
         return os.path.expanduser(value)
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "fastdeploy", "packed-weights")
+
+
+#: the weight cache's size limit unless FD_WEIGHT_CACHE_MAX_GB says otherwise: a 7-8B Q4_K_M GGUF
+#: leaves 5-7 GB of entries (its blocks repacked plus its embedding in float32), so this keeps the
+#: last three or so models started, while a disk of a few hundred GB is never filled by it
+DEFAULT_WEIGHT_CACHE_MAX_GB = 20.0
+
+
+def weight_cache_max_bytes() -> int:
+    """The size the weight cache's entries may take together (`FD_WEIGHT_CACHE_MAX_GB`, in GB of
+    10^9 bytes, default 20); the least recently used entries are evicted to stay within it, and 0
+    turns the cache off."""
+    value = os.environ.get("FD_WEIGHT_CACHE_MAX_GB", "").strip()
+    if not value:
+        return int(DEFAULT_WEIGHT_CACHE_MAX_GB * 1e9)
+    try:
+        limit = float(value)
+    except ValueError:
+        limit = -1.0
+    if not 0 <= limit < 1e9:
+        raise InvalidArgumentError(
+            f"FD_WEIGHT_CACHE_MAX_GB must be a size in GB >= 0 (0 turns the weight cache off); got {value!r}"
+        )
+    return int(limit * 1e9)

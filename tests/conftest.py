@@ -15,6 +15,8 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 os.environ["FD_LOG_DIR"] = tempfile.mkdtemp(prefix="fastdeploy-test-log-")
 # Repacked GGUF weights go to a temporary directory that later runs reuse, not the user's cache.
 os.environ.setdefault("FD_WEIGHT_CACHE", os.path.join(tempfile.gettempdir(), "fastdeploy-test-weight-cache"))
+# ... bounded: every run's temporary GGUFs add entries that no later run reads (least recently used go).
+os.environ.setdefault("FD_WEIGHT_CACHE_MAX_GB", "2")
 
 
 @pytest.fixture(scope="session")

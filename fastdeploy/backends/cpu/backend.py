@@ -239,7 +239,10 @@ class CpuBackend(Backend):
         self.weight_arena = WeightArena()
         #: GGUF weights repacked (and embeddings dequantised) at an earlier start
         cache_dir = envs.weight_cache_dir() if self.native_isa else None
-        self.weight_cache = WeightCache(cache_dir, native.build_stamp()) if cache_dir else None
+        cache_limit = envs.weight_cache_max_bytes()  # checked even where unused: a typo is refused
+        self.weight_cache = (
+            WeightCache(cache_dir, native.build_stamp(), cache_limit) if cache_dir and cache_limit else None
+        )
         self.vision_matmul = _vision_matmul(self.native_isa)
         #: (layers, kv_caches, native handle) of the latest `decoder_layers` run
         self._decoder_stack: tuple[Any, Any, object] | None = None

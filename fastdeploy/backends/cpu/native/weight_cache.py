@@ -11,9 +11,16 @@ here instead of being dequantised again.
 
 An entry is named by a hash of the blocks' origin (`GGMLTensor.origin`: file path, size,
 modification time, tensor, any row selection), the weight kind and shape, and the native
-extension's build, so a replaced file or a rebuilt extension misses and repacks. Entries are
-written whole under a temporary name and renamed, so a crashed or concurrent start never reads a
-partial one. Nothing is evicted: delete the directory to reclaim its space (`FD_WEIGHT_CACHE`).
+extension's build, so a replaced file or a rebuilt extension misses and repacks. Entries lie in a
+folder per build, `<directory>/build-<hash of the build>/<xx>/<key>.bin`, and are written whole
+under a temporary name and renamed, so a crashed or concurrent start never reads a partial one.
+
+The entries together stay within a size limit (`FD_WEIGHT_CACHE_MAX_GB`, default 20 GB: a few 7-8B
+GGUFs' worth; see `envs.weight_cache_max_bytes`): a write that would pass it first evicts the least
+recently used entries, those of other builds (which no start of this build can read) before any
+of this build's, never one this load has read or written (cache_limit.py). A load whose own
+entries would pass the limit writes what fits and repacks the rest at every start. Whatever the
+limit, the cache leaves 5% of its disk free.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import os
 
 import numpy as np
 
+from fastdeploy.backends.cpu.native.cache_limit import DISK_RESERVE, CacheLimit
 from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.logger import get_logger
 
@@ -33,11 +41,15 @@ logger = get_logger(__name__)
 class WeightCache:
     """Arrays derived from GGUF blocks at load, stored by `key` in `directory`."""
 
-    def __init__(self, directory: str, build: str) -> None:
-        self.directory = directory
+    def __init__(self, directory: str, build: str, limit: int) -> None:
         #: what changes the layout besides the entry's own fields (the native extension's build)
         self.build = build
+        #: this build's entries (other builds' folders beside it are only evicted)
+        self.directory = os.path.join(directory, "build-" + hashlib.sha256(build.encode()).hexdigest()[:16])
+        #: the entries' total size bound, `limit` bytes over every build's entries in `directory`
+        self.limit = CacheLimit(directory, self.directory, limit)
         self._writable = True
+        self._full_reported = False
 
     def key(self, parts: object, *fields: object) -> str | None:
         """The entry name of what is made from `parts` (GGMLTensors or arrays) and `fields`, or None
@@ -65,9 +77,10 @@ class WeightCache:
                     if not count:
                         return False
                     done += count
-                return True
         except OSError:
             return False
+        self.limit.used(self._path(key))
+        return True
 
     def mapped(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         """Entry `key` mapped copy-on-write as an array (pages read on first use), or None."""
@@ -75,14 +88,27 @@ class WeightCache:
         try:
             if os.path.getsize(path) != int(np.prod(shape)) * np.dtype(dtype).itemsize:
                 return None
-            return np.memmap(path, dtype=dtype, mode="c", shape=shape)
+            array = np.memmap(path, dtype=dtype, mode="c", shape=shape)
         except OSError:
             return None
+        self.limit.used(path)
+        return array
 
     def write(self, key: str, data: np.ndarray) -> None:
-        """Store `data` as entry `key`; a directory that cannot be written is reported once, then
-        left alone (the engine runs as it would without a cache)."""
+        """Store `data` as entry `key` when it fits the limit; a directory that cannot be written is
+        reported once, then left alone (the engine runs as it would without a cache)."""
         if not self._writable:
+            return
+        if not self.limit.make_room(data.nbytes):
+            if not self._full_reported:
+                self._full_reported = True
+                logger.info(
+                    "weight cache %s is full (%.1f GB: FD_WEIGHT_CACHE_MAX_GB, or %d%% of the disk left "
+                    "free): weights of this load past it are repacked at every start",
+                    self.directory,
+                    self.limit.budget / 1e9,
+                    100 * DISK_RESERVE,
+                )
             return
         path = self._path(key)
         temporary = f"{path}.{os.getpid()}.tmp"
@@ -91,6 +117,7 @@ class WeightCache:
             with open(temporary, "wb") as handle:
                 handle.write(memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8)))
             os.replace(temporary, path)
+            self.limit.added(path, data.nbytes)
         except OSError as error:
             self._writable = False
             logger.warning("not caching repacked weights in %s: %s (FD_WEIGHT_CACHE)", self.directory, error)

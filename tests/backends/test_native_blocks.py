@@ -180,3 +180,48 @@ def test_fused_parts_of_different_types_keep_their_types(isa, tokens):
     matrix = np.concatenate([reference(q), reference(k), reference(v), dense])
     expected = x.astype(np.float64) @ matrix.T.astype(np.float64) + bias
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+
+
+#: the byte ranges of each type's integers inside a block (gguf's layouts): low bits, then high bits
+INTEGER_FIELDS = {
+    "Q4_0": ((2, 18), None),
+    "IQ4_NL": ((2, 18), None),
+    "MXFP4": ((1, 17), None),
+    "Q5_0": ((6, 22), (2, 6)),
+    "Q5_1": ((8, 24), (4, 8)),
+    "Q2_K": ((16, 80), None),
+    "Q3_K": ((32, 96), (0, 32)),
+    "Q4_K": ((16, 144), None),
+    "Q5_K": ((48, 176), (16, 48)),
+    "Q6_K": ((0, 128), (128, 192)),
+    "IQ4_XS": ((8, 136), None),
+}
+
+
+@requires_native
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", list(INTEGER_FIELDS))
+@pytest.mark.parametrize("pattern", ["zeros", "ones", "high bits set"])
+def test_extreme_integers_in_every_kernel_shape(isa, type_name, pattern):
+    """Every integer at its extremes (Q6_K's q = 0 and 63, the 5-bit types' high bit set
+    everywhere, ...) decodes as gguf does, through the one-row, few-rows and many-rows kernels: an
+    identity input, whole or a slice of rows at a time. 53 columns: three full panels and a partial
+    fourth, past which the packing holds zeros; the 32-weight types at a depth of 96 (no super-block)."""
+    depth = 96 if type_name in LEGACY else 256
+    tensor = random_blocks(type_name, 53, depth, seed=7)
+    blocks = tensor.rows.reshape(-1, GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][1]).copy()
+    (low_start, low_end), high = INTEGER_FIELDS[type_name]
+    if pattern != "high bits set":
+        blocks[:, low_start:low_end] = 0 if pattern == "zeros" else 0xFF
+    if high is not None:
+        blocks[:, high[0] : high[1]] = 0 if pattern == "zeros" else 0xFF
+    tensor = GGMLTensor(tensor.ggml_type, blocks.reshape(53, -1), (53, depth))
+    expected = reference(tensor).T
+    packed = native.pack([tensor])
+    identity = np.eye(depth, dtype=np.float32)
+    np.testing.assert_array_equal(native.matmul(identity, packed, isa, threads=2), expected)
+    for rows in (1, 2, 4):
+        out = np.concatenate(
+            [native.matmul(identity[k : k + rows], packed, isa, threads=2) for k in range(0, depth, rows)]
+        )
+        np.testing.assert_array_equal(out, expected, err_msg=f"{rows} rows at a time")

@@ -2,7 +2,7 @@
  * GGUF rows of the sub-block kinds repacked into blocks.h's panels, once at load.
  *
  * Each GGUF block (32 weights, or a 256-weight super-block) is decoded into its integers (as the
- * layout stores them: before the offset or codebook), its effective float32 scale per sub-block
+ * layout stores them: gguf's unsigned integers, before the offset or codebook), its effective float32 scale per sub-block
  * and, where the type has one, its minimum with gguf's sign: the formulas of gguf-py's
  * `gguf.quants` dequantisers, whose products the kernels reproduce bit for bit (tests check). A
  * matrix row is decoded whole, then scattered into its column of every panel group.
@@ -192,12 +192,14 @@ static void scatter_row(int kind, uint8_t *panel, int n, const uint8_t *q, const
             if (block_has_min(kind)) memcpy(grp + group_min_offset(kind) + (s * PANEL + n) * 4, minimum + g * subs + s, 4);
         }
         const uint8_t *qg = q + g * GROUP;
-        uint8_t *integers = grp + group_nibble_offset(kind);
-        if (block_bytewise(kind))
-            for (int k = 0; k < GROUP; k++) integers[PANEL * k + n] = (uint8_t)(int8_t)(qg[k] - block_offset(kind));
-        else
-            for (int j = 0; j < GROUP / 2; j++)
-                integers[PANEL * j + n] = (uint8_t)((qg[2 * j] & 0x0F) | (qg[2 * j + 1] & 0x0F) << 4);
+        uint8_t *nibbles = grp + group_nibble_offset(kind), *plane = grp + group_plane_offset(kind);
+        const int plane_bits = block_plane_bits(kind);
+        for (int k = 0; k < GROUP; k++) {
+            const int at = PANEL * k + n, s = at / 64, j = at % 64; /* where group_decode puts it */
+            nibbles[64 * (k / 8) + PANEL * (k % 4) + n] |= (uint8_t)((qg[k] & 0x0F) << (k % 8 >= 4 ? 4 : 0));
+            if (plane_bits == 1) plane[j] |= (uint8_t)(((qg[k] >> 4) & 1) << s);
+            if (plane_bits == 2) plane[64 * (s / 4) + j] |= (uint8_t)(((qg[k] >> 4) & 3) << (2 * (s % 4)));
+        }
     }
 }
 

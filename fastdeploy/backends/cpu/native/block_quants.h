@@ -1,7 +1,8 @@
 /*
- * The integers of a sub-block panel group (blocks.h) one k at a time, as the float32 kernels
+ * The integers of a sub-block panel group (blocks.h) decoded whole, as the float32 kernels
  * (gemm_blocks.h) and the int8 ones (gemm_blocks_int8.c) read them. Include it where an AVX2 (or
- * wider) target is already set: the intrinsics cannot be inlined into a function without one.
+ * wider) target is already set: the intrinsics cannot be inlined into a function without one. With
+ * AVX-512 BW set (gemm_blocks_avx512.c) the decode takes 64 bytes per operation, else 32.
  */
 #ifndef FASTDEPLOY_BLOCK_QUANTS_H
 #define FASTDEPLOY_BLOCK_QUANTS_H
@@ -10,16 +11,84 @@
 
 #include <immintrin.h>
 
-/* The integers of row k (0..31) of a panel group, its 16 columns as int8 (layout: blocks.h). */
-static inline __attribute__((always_inline)) __m128i block_quants(int kind, const uint8_t *grp, int k)
+#define GROUP_INTS (GROUP * PANEL) /* decoded bytes of a group: [32 k][16 columns] */
+
+#if defined(__AVX512BW__)
+/* bits of the plane's vector that belong at bit 4 (and 5) of decoded vector s, moved there */
+static inline __attribute__((always_inline)) __m512i plane_bits_at_4(__m512i plane, int shift_left)
 {
-    if (block_bytewise(kind)) return _mm_loadu_si128((const __m128i *)(grp + group_nibble_offset(kind) + PANEL * k));
-    __m128i q = _mm_loadu_si128((const __m128i *)(grp + group_nibble_offset(kind) + PANEL * (k / 2)));
-    if (k % 2) q = _mm_srli_epi16(q, 4);
-    q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
-    if (block_codebook(kind)) q = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)block_codebook_values(kind)), q);
-    if (block_offset(kind)) q = _mm_sub_epi8(q, _mm_set1_epi8((char)block_offset(kind)));
+    if (shift_left > 0) return _mm512_slli_epi16(plane, (unsigned)shift_left);
+    if (shift_left < 0) return _mm512_srli_epi16(plane, (unsigned)-shift_left);
+    return plane;
+}
+
+/* decoded vector s (k 4s .. 4s + 3) from its nibbles, with the plane's bits, offset or codebook */
+static inline __attribute__((always_inline)) __m512i finish_ints(int kind, __m512i q, const uint8_t *plane, int s)
+{
+    if (block_plane_bits(kind) == 1) {
+        const __m512i p = _mm512_loadu_si512(plane);
+        q = _mm512_ternarylogic_epi32(q, plane_bits_at_4(p, 4 - s), _mm512_set1_epi8(0x10), 0xF8); /* q | (p & m) */
+    } else if (block_plane_bits(kind) == 2) {
+        const __m512i p = _mm512_loadu_si512(plane + 64 * (s / 4));
+        q = _mm512_ternarylogic_epi32(q, plane_bits_at_4(p, 4 - 2 * (s % 4)), _mm512_set1_epi8(0x30), 0xF8);
+    }
+    if (block_codebook(kind))
+        q = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)block_codebook_values(kind))), q);
+    if (block_offset(kind)) q = _mm512_sub_epi8(q, _mm512_set1_epi8((char)block_offset(kind)));
     return q;
 }
+
+/* The group's integers into out[GROUP_INTS] (64-byte aligned): that of (k, n) at 16 k + n. */
+static inline __attribute__((always_inline)) void group_decode(int kind, const uint8_t *grp, int8_t *out)
+{
+    const uint8_t *nibbles = grp + group_nibble_offset(kind), *plane = grp + group_plane_offset(kind);
+    const __m512i low = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i v = _mm512_loadu_si512(nibbles + 64 * c);
+        _mm512_store_si512(out + 128 * c, finish_ints(kind, _mm512_and_si512(v, low), plane, 2 * c));
+        _mm512_store_si512(out + 128 * c + 64,
+                           finish_ints(kind, _mm512_and_si512(_mm512_srli_epi16(v, 4), low), plane, 2 * c + 1));
+    }
+}
+#else
+static inline __attribute__((always_inline)) __m256i plane_bits_at_4(__m256i plane, int shift_left)
+{
+    if (shift_left > 0) return _mm256_slli_epi16(plane, shift_left);
+    if (shift_left < 0) return _mm256_srli_epi16(plane, -shift_left);
+    return plane;
+}
+
+/* half h (32 bytes) of decoded vector s, as the AVX-512 finish_ints */
+static inline __attribute__((always_inline)) __m256i finish_ints(int kind, __m256i q, const uint8_t *plane, int s, int h)
+{
+    if (block_plane_bits(kind) == 1) {
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(plane + 32 * h));
+        q = _mm256_or_si256(q, _mm256_and_si256(plane_bits_at_4(p, 4 - s), _mm256_set1_epi8(0x10)));
+    } else if (block_plane_bits(kind) == 2) {
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(plane + 64 * (s / 4) + 32 * h));
+        q = _mm256_or_si256(q, _mm256_and_si256(plane_bits_at_4(p, 4 - 2 * (s % 4)), _mm256_set1_epi8(0x30)));
+    }
+    if (block_codebook(kind))
+        q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)block_codebook_values(kind))), q);
+    if (block_offset(kind)) q = _mm256_sub_epi8(q, _mm256_set1_epi8((char)block_offset(kind)));
+    return q;
+}
+
+/* The group's integers into out[GROUP_INTS] (32-byte aligned): that of (k, n) at 16 k + n. */
+static inline __attribute__((always_inline)) void group_decode(int kind, const uint8_t *grp, int8_t *out)
+{
+    const uint8_t *nibbles = grp + group_nibble_offset(kind), *plane = grp + group_plane_offset(kind);
+    const __m256i low = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 8
+    for (int half = 0; half < 8; half++) {
+        const int c = half / 2, h = half % 2;
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(nibbles + 64 * c + 32 * h));
+        _mm256_store_si256((__m256i *)(out + 128 * c + 32 * h), finish_ints(kind, _mm256_and_si256(v, low), plane, 2 * c, h));
+        _mm256_store_si256((__m256i *)(out + 128 * c + 64 + 32 * h),
+                           finish_ints(kind, _mm256_and_si256(_mm256_srli_epi16(v, 4), low), plane, 2 * c + 1, h));
+    }
+}
+#endif
 
 #endif

@@ -17,13 +17,19 @@
  * of a 256-weight super-block), in this order:
  *   scales   float32 [32 / S][16]
  *   minimums float32 [32 / S][16]              (types with a minimum only)
- *   nibbles  16 rows j of 16 bytes: byte n = q[2j][n] | q[2j + 1][n] << 4    (types of 4 bits or fewer)
- *   or bytes 32 rows k of 16 int8: q[k][n] - offset                           (5- and 6-bit types)
- * The integer of (k, column n) is the nibble minus the type's offset or through its 16-entry codebook,
- * or the byte: on 16 bytes at once (one k of the 16 columns), then widened. The 5- and 6-bit types
- * take a byte per weight rather than a nibble and bit planes: one-row products are short of
- * arithmetic, not bandwidth, and decoding planes cost 3 operations per plane and k (measured: a
- * Q6_K one-row product took 2.9x Q8_0's time with two planes).
+ *   nibbles  4 chunks c of 64 bytes: byte 16 i + n = q[8c + i][n] & 15 | (q[8c + 4 + i][n] & 15) << 4, i < 4
+ *   plane    the 5-bit types: 64 bytes, bit s of byte j = bit 4 of q[4s + j / 16][j % 16]
+ *            Q6_K: 128 bytes, bits 2t, 2t + 1 of byte 64h + j = bits 4, 5 of q[4(4h + t) + j / 16][j % 16]
+ * with q gguf's unsigned integer. The kernels decode a whole group at once (block_quants.h:
+ * group_decode) into 512 int8 [32 k][16 columns], the integer of (k, n) at 16 k + n after the type's
+ * offset or through its 16-entry codebook: a 64-byte chunk of nibbles is its low nibbles (k 8c ..
+ * 8c + 3) and its high ones (the next 4), the plane's bits land on the same lanes, so each 64 (AVX2:
+ * 32) decoded bytes cost a few full-width operations, after which the products read 16 bytes per k.
+ * The 5- and 6-bit types were bytes (10 bits a weight with their scales, as much as 2.2x the GGUF
+ * block) while their integers were decoded one k of 16 bytes at a time, where planes cost 3
+ * operations per plane and k; decoded by whole groups, planes cost under one per 16 weights, and a
+ * one-row product is bound by memory reads (21 GB/s on two threads): Q6_K takes 8 bits a weight,
+ * Q5_* 7, Q4_K 6, Q4_0 5.
  * A panel's groups follow each other along k, panels along n; columns past the matrix are zero.
  */
 #ifndef FASTDEPLOY_BLOCKS_H
@@ -46,13 +52,13 @@ static inline __attribute__((always_inline)) int block_has_min(int kind)
     return kind == KIND_Q5_1 || kind == KIND_Q2_K || kind == KIND_Q4_K || kind == KIND_Q5_K;
 }
 
-/* whether the integers are stored as bytes (offset applied) rather than nibbles */
-static inline __attribute__((always_inline)) int block_bytewise(int kind)
+/* bits of the high plane: 1 for the 5-bit types, 2 for Q6_K, 0 for the others */
+static inline __attribute__((always_inline)) int block_plane_bits(int kind)
 {
-    return kind == KIND_Q6_K || kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_Q5_K;
+    return kind == KIND_Q6_K ? 2 : kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_Q5_K ? 1 : 0;
 }
 
-/* what is subtracted from gguf's integer (by the kernels for nibbles, by the packing for bytes) */
+/* what the kernels subtract from gguf's integer */
 static inline __attribute__((always_inline)) int block_offset(int kind)
 {
     switch (kind) {
@@ -90,9 +96,13 @@ static inline __attribute__((always_inline)) Py_ssize_t group_nibble_offset(int 
 {
     return group_min_offset(kind) * (1 + block_has_min(kind));
 }
+static inline __attribute__((always_inline)) Py_ssize_t group_plane_offset(int kind)
+{
+    return group_nibble_offset(kind) + PANEL * GROUP / 2;
+}
 static inline __attribute__((always_inline)) Py_ssize_t group_bytes(int kind)
 {
-    return group_nibble_offset(kind) + PANEL * GROUP / (block_bytewise(kind) ? 1 : 2);
+    return group_plane_offset(kind) + PANEL * GROUP / 8 * block_plane_bits(kind);
 }
 
 #endif

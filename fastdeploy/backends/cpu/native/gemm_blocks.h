@@ -13,10 +13,10 @@
  * against the many-rows path): per row, column and sub-block, s = x.q as one chain of FMAs along
  * k in order, from 0; then total = fma(scale, s, total) and, with a minimum, total = fma(minimum,
  * xsum, total), sub-block after sub-block from total = 0; xsum, the sub-block's sum of x, comes from
- * gemm_blocks.c (one order for all). The integers are read as bytes or decoded from the nibbles,
- * offset or codebook on 16 bytes (one k of the panel's 16 columns) and widened to floats where they are used
- * (few rows: each weight is read once), or once per task into a float buffer that every row tile
- * reuses (many rows). One row takes four panels at once (four to eight independent FMA chains),
+ * gemm_blocks.c (one order for all). A group's integers are decoded whole into 512 int8 in L1
+ * (block_quants.h: full-width operations on nibbles and planes), then widened to floats 16 at a time
+ * (one k of the panel's 16 columns) where they are used (few rows: each weight is read once), or once
+ * per task into a float buffer that every row tile reuses (many rows). One row takes four panels at once (four to eight independent FMA chains),
  * few rows the pair's two panels. The buffered tiles are compiled per sub-block size and minimum,
  * the others per kind: fewer row-count cases than gemm.c keep the build of ten kinds short.
  * Not a header to include anywhere else.
@@ -63,6 +63,9 @@ INLINE v16 v_from_i8(__m128i q)
 }
 #endif
 
+/* row k (16 columns) of a decoded group */
+INLINE __m128i ints_at(const int8_t *ints, int k) { return _mm_load_si128((const __m128i *)(ints + PANEL * k)); }
+
 INLINE void prefetch_bytes(const uint8_t *p, Py_ssize_t bytes)
 {
     for (Py_ssize_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)p + line, _MM_HINT_T0);
@@ -98,6 +101,7 @@ INLINE void tile(const struct gemm_args *a, const float *xsums, int kind, Py_ssi
     const Py_ssize_t depth = a->depth, groups = depth / GROUP, nsub = depth / sub;
     const float *x = a->x + row0 * depth;
     v16 total[MAX_TILE];
+    _Alignas(64) int8_t ints[MAX_WIDTH][GROUP_INTS]; /* the groups' integers, decoded (few rows) */
 #pragma GCC unroll 12
     for (int i = 0; i < rows * width; i++) total[i] = v_zero();
     for (Py_ssize_t g = 0; g < groups; g++) {
@@ -105,7 +109,10 @@ INLINE void tile(const struct gemm_args *a, const float *xsums, int kind, Py_ssi
 #pragma GCC unroll 4
         for (int i = 0; i < width; i++) {
             grp[i] = panel + i * panel_bytes + g * gbytes;
-            if (!buf) prefetch_bytes(grp[i] + PREFETCH_GROUPS * gbytes, gbytes);
+            if (!buf) {
+                prefetch_bytes(grp[i] + PREFETCH_GROUPS * gbytes, gbytes);
+                group_decode(kind, grp[i], ints[i]);
+            }
         }
         const float *xg = x + g * GROUP;
 #pragma GCC unroll 1
@@ -122,7 +129,7 @@ INLINE void tile(const struct gemm_args *a, const float *xsums, int kind, Py_ssi
                 v16 w[MAX_WIDTH];
 #pragma GCC unroll 4
                 for (int i = 0; i < width; i++)
-                    w[i] = buf ? v_load(buf + (g * GROUP + k) * ld + i * PANEL) : v_from_i8(block_quants(kind, grp[i], k));
+                    w[i] = buf ? v_load(buf + (g * GROUP + k) * ld + i * PANEL) : v_from_i8(ints_at(ints[i], k));
 #pragma GCC unroll 8
                 for (int r = 0; r < rows; r++) {
                     const v16 xv = v_broadcast(xg + r * depth + k);
@@ -189,12 +196,13 @@ INLINE void panels_kind(const struct gemm_args *a, const float *xsums, int kind,
     const int fold = fold_kind(kind);
     for (int i = 0; i < count; i++)
         for (Py_ssize_t g = 0; g < a->depth / GROUP; g++) {
-            const uint8_t *grp = panel + i * panel_bytes + g * gbytes;
+            _Alignas(64) int8_t ints[GROUP_INTS];
+            group_decode(kind, panel + i * panel_bytes + g * gbytes, ints);
 #pragma GCC unroll 1
             for (int k8 = 0; k8 < GROUP; k8 += 8)
 #pragma GCC unroll 8
                 for (int kk = 0; kk < 8; kk++)
-                    v_store(weights + (g * GROUP + k8 + kk) * ld + i * PANEL, v_from_i8(block_quants(kind, grp, k8 + kk)));
+                    v_store(weights + (g * GROUP + k8 + kk) * ld + i * PANEL, v_from_i8(ints_at(ints, k8 + kk)));
         }
     for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += BUF_ROWS) {
         const int rows = a->rows - row0 < BUF_ROWS ? (int)(a->rows - row0) : BUF_ROWS;

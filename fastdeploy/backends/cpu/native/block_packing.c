@@ -2,39 +2,15 @@
  * GGUF rows of the sub-block kinds repacked into blocks.h's panels, once at load.
  *
  * Each GGUF block (32 weights, or a 256-weight super-block) is decoded into its integers (as the
- * layout stores them: gguf's unsigned integers, before the offset or codebook), its effective float32 scale per sub-block
- * and, where the type has one, its minimum with gguf's sign: the formulas of gguf-py's
- * `gguf.quants` dequantisers, whose products the kernels reproduce bit for bit (tests check). A
- * matrix row is decoded whole, then scattered into its column of every panel group.
+ * layout stores them: gguf's unsigned integers, before the offset or codebook) and its factors as
+ * gguf stores them: the float16 d (and dmin) of the block and, for the K-quants and IQ4_XS, each
+ * sub-block's integer factors, whose products with d the kernels form as gguf-py's `gguf.quants`
+ * dequantisers do (tests check the products bit for bit). A matrix row is decoded whole, then
+ * scattered into its column of every panel group.
  */
 #include "blocks.h"
 
 #include <string.h>
-
-static float half_to_float(const uint8_t *p)
-{
-    const uint16_t h = (uint16_t)(p[0] | p[1] << 8);
-    const uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-    uint32_t bits;
-    if (exponent == 0x1F) {
-        bits = sign | 0x7F800000u | mantissa << 13; /* inf, nan */
-    } else if (exponent != 0) {
-        bits = sign | (exponent + 112) << 23 | mantissa << 13;
-    } else if (mantissa == 0) {
-        bits = sign;
-    } else { /* subnormal: normalise */
-        int e = -1;
-        uint32_t m = mantissa;
-        do {
-            e++;
-            m <<= 1;
-        } while ((m & 0x400) == 0);
-        bits = sign | (uint32_t)(112 - e) << 23 | (m & 0x3FF) << 13;
-    }
-    float f;
-    memcpy(&f, &bits, sizeof(f));
-    return f;
-}
 
 /* weights per GGUF block and its bytes */
 static int gguf_block_weights(int kind)
@@ -81,20 +57,30 @@ static float e8m0_half(uint8_t e)
     return f;
 }
 
-/* One GGUF block: q[weights] (stored integers), scale[] and minimum[] per sub-block. */
-static void decode_block(int kind, const uint8_t *b, uint8_t *q, float *scale, float *minimum)
+/* A GGUF block's factors: float16 d and dmin (their bits), per sub-block the integer factors sc and m,
+ * or for MXFP4 its float32 scale. */
+struct block_factors {
+    uint16_t d, dmin;
+    int8_t sc[16], m[16];
+    float scale;
+};
+
+static uint16_t half_bits(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+/* One GGUF block: q[weights] (stored integers) and its factors. */
+static void decode_block(int kind, const uint8_t *b, uint8_t *q, struct block_factors *f)
 {
     switch (kind) {
     case KIND_Q4_0:
     case KIND_IQ4_NL:
-        scale[0] = half_to_float(b);
+        f->d = half_bits(b);
         for (int i = 0; i < 16; i++) q[i] = b[2 + i] & 0x0F, q[i + 16] = b[2 + i] >> 4;
         return;
     case KIND_Q5_0:
     case KIND_Q5_1: {
         const int with_min = kind == KIND_Q5_1;
-        scale[0] = half_to_float(b);
-        if (with_min) minimum[0] = half_to_float(b + 2);
+        f->d = half_bits(b);
+        if (with_min) f->dmin = half_bits(b + 2);
         const uint8_t *qh = b + 2 + 2 * with_min, *qs = qh + 4;
         const uint32_t high = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
         for (int i = 0; i < 16; i++) {
@@ -105,11 +91,8 @@ static void decode_block(int kind, const uint8_t *b, uint8_t *q, float *scale, f
     }
     case KIND_Q2_K: {
         const uint8_t *scales = b, *qs = b + 16;
-        const float d = half_to_float(b + 80), dmin = half_to_float(b + 82);
-        for (int s = 0; s < 16; s++) {
-            scale[s] = d * (float)(scales[s] & 0x0F);
-            minimum[s] = -(dmin * (float)(scales[s] >> 4));
-        }
+        f->d = half_bits(b + 80), f->dmin = half_bits(b + 82);
+        for (int s = 0; s < 16; s++) f->sc[s] = (int8_t)(scales[s] & 0x0F), f->m[s] = (int8_t)(scales[s] >> 4);
         for (int w = 0; w < 256; w++) {
             const int h = w / 128, shift = (w % 128) / 32, l = w % 32;
             q[w] = (qs[32 * h + l] >> (2 * shift)) & 3;
@@ -118,10 +101,10 @@ static void decode_block(int kind, const uint8_t *b, uint8_t *q, float *scale, f
     }
     case KIND_Q3_K: {
         const uint8_t *hmask = b, *qs = b + 32, *sc = b + 96;
-        const float d = half_to_float(b + 108);
+        f->d = half_bits(b + 108);
         for (int j = 0; j < 16; j++) {
             const int low = j < 8 ? sc[j] & 0x0F : sc[j - 8] >> 4, high = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
-            scale[j] = d * (float)((low | high << 4) - 32);
+            f->sc[j] = (int8_t)((low | high << 4) - 32);
         }
         for (int w = 0; w < 256; w++) {
             const int h = w / 128, shift = (w % 128) / 32, l = w % 32;
@@ -132,13 +115,12 @@ static void decode_block(int kind, const uint8_t *b, uint8_t *q, float *scale, f
     }
     case KIND_Q4_K:
     case KIND_Q5_K: {
-        const float d = half_to_float(b), dmin = half_to_float(b + 2);
+        f->d = half_bits(b), f->dmin = half_bits(b + 2);
         const uint8_t *scales = b + 4, *qh = b + 16, *qs = kind == KIND_Q4_K ? b + 16 : b + 48;
         for (int j = 0; j < 8; j++) {
             int sc, m;
             k_scale_min(scales, j, &sc, &m);
-            scale[j] = d * (float)sc;
-            minimum[j] = -(dmin * (float)m);
+            f->sc[j] = (int8_t)sc, f->m[j] = (int8_t)m;
         }
         for (int w = 0; w < 256; w++) {
             const int c = w / 64, h = (w % 64) / 32, l = w % 32;
@@ -149,8 +131,8 @@ static void decode_block(int kind, const uint8_t *b, uint8_t *q, float *scale, f
     }
     case KIND_Q6_K: {
         const uint8_t *ql = b, *qh = b + 128, *scales = b + 192;
-        const float d = half_to_float(b + 208);
-        for (int j = 0; j < 16; j++) scale[j] = d * (float)(int8_t)scales[j];
+        f->d = half_bits(b + 208);
+        for (int j = 0; j < 16; j++) f->sc[j] = (int8_t)scales[j];
         for (int w = 0; w < 256; w++) {
             const int h = w / 128, low = (ql[64 * h + w % 64] >> (4 * ((w % 128) / 64))) & 0x0F;
             const int high = (qh[32 * h + w % 32] >> (2 * ((w % 128) / 32))) & 3;
@@ -159,16 +141,16 @@ static void decode_block(int kind, const uint8_t *b, uint8_t *q, float *scale, f
         return;
     }
     case KIND_MXFP4:
-        scale[0] = e8m0_half(b[0]);
+        f->scale = e8m0_half(b[0]);
         for (int i = 0; i < 16; i++) q[i] = b[1 + i] & 0x0F, q[i + 16] = b[1 + i] >> 4;
         return;
     case KIND_IQ4_XS: {
-        const float d = half_to_float(b);
+        f->d = half_bits(b);
         const int scales_h = b[2] | b[3] << 8;
         const uint8_t *scales_l = b + 4, *qs = b + 8;
         for (int j = 0; j < 8; j++) {
             const int ls = ((scales_l[j / 2] >> (4 * (j % 2))) & 0x0F) | ((scales_h >> (2 * j)) & 3) << 4;
-            scale[j] = d * (float)(ls - 32);
+            f->sc[j] = (int8_t)(ls - 32);
         }
         for (int w = 0; w < 256; w++) {
             const int c = w / 32, h = (w % 32) / 16, l = w % 16;
@@ -179,26 +161,35 @@ static void decode_block(int kind, const uint8_t *b, uint8_t *q, float *scale, f
     }
 }
 
-/* Column n of every group of a panel from one decoded matrix row. */
-static void scatter_row(int kind, uint8_t *panel, int n, const uint8_t *q, const float *scale, const float *minimum,
+/* Column n of every group of a panel from one decoded matrix row (factors: one per GGUF block). */
+static void scatter_row(int kind, uint8_t *panel, int n, const uint8_t *q, const struct block_factors *factors,
                         Py_ssize_t depth)
 {
-    const int sub = block_sub(kind), subs = GROUP / sub;
+    const int subs = GROUP / block_sub(kind), weights = gguf_block_weights(kind);
     const Py_ssize_t bytes = group_bytes(kind);
     for (Py_ssize_t g = 0; g < depth / GROUP; g++) {
         uint8_t *grp = panel + g * bytes;
-        for (int s = 0; s < subs; s++) {
-            memcpy(grp + (s * PANEL + n) * 4, scale + g * subs + s, 4);
-            if (block_has_min(kind)) memcpy(grp + group_min_offset(kind) + (s * PANEL + n) * 4, minimum + g * subs + s, 4);
+        const struct block_factors *f = factors + g * GROUP / weights;
+        if (kind == KIND_MXFP4) {
+            memcpy(grp + n * 4, &f->scale, 4);
+        } else {
+            memcpy(grp + n * 2, &f->d, 2);
+            if (block_has_min(kind)) memcpy(grp + group_dmin_offset(kind) + n * 2, &f->dmin, 2);
         }
+        if (block_factor_ints(kind))
+            for (int s = 0; s < subs; s++) {
+                const int sub = (int)(g * GROUP % weights) / block_sub(kind) + s; /* sub-block within the GGUF block */
+                grp[group_sc_offset(kind) + s * PANEL + n] = (uint8_t)f->sc[sub];
+                if (block_has_min(kind)) grp[group_m_offset(kind) + s * PANEL + n] = (uint8_t)f->m[sub];
+            }
         const uint8_t *qg = q + g * GROUP;
         uint8_t *nibbles = grp + group_nibble_offset(kind), *plane = grp + group_plane_offset(kind);
         const int plane_bits = block_plane_bits(kind);
         for (int k = 0; k < GROUP; k++) {
-            const int at = PANEL * k + n, s = at / 64, j = at % 64; /* where group_decode puts it */
+            const int at = PANEL * k + n, v = at / 64, j = at % 64; /* where group_decode puts it */
             nibbles[64 * (k / 8) + PANEL * (k % 4) + n] |= (uint8_t)((qg[k] & 0x0F) << (k % 8 >= 4 ? 4 : 0));
-            if (plane_bits == 1) plane[j] |= (uint8_t)(((qg[k] >> 4) & 1) << s);
-            if (plane_bits == 2) plane[64 * (s / 4) + j] |= (uint8_t)(((qg[k] >> 4) & 3) << (2 * (s % 4)));
+            if (plane_bits == 1) plane[j] |= (uint8_t)(((qg[k] >> 4) & 1) << v);
+            if (plane_bits == 2) plane[64 * (v / 4) + j] |= (uint8_t)(((qg[k] >> 4) & 3) << (2 * (v % 4)));
         }
     }
 }
@@ -211,24 +202,22 @@ int pack_subblock_rows(int kind, const uint8_t *rows, Py_ssize_t rows_len, uint8
     if (!is_subblock_kind(kind) || out_features <= 0 || in_features <= 0 || in_features % weights != 0 ||
         rows_len != out_features * row_bytes || out_len != fd_packed_bytes(kind, out_features, in_features))
         return -1;
+    const Py_ssize_t blocks = in_features / weights;
     uint8_t *q = PyMem_RawMalloc((size_t)in_features);
-    float *scale = PyMem_RawMalloc((size_t)in_features / 16 * sizeof(float) * 2);
-    if (q == NULL || scale == NULL) {
+    struct block_factors *factors = PyMem_RawMalloc((size_t)blocks * sizeof(struct block_factors));
+    if (q == NULL || factors == NULL) {
         PyMem_RawFree(q);
-        PyMem_RawFree(scale);
+        PyMem_RawFree(factors);
         return -2;
     }
-    float *minimum = scale + in_features / 16;
     memset(out, 0, (size_t)out_len);
-    const int per_block = weights / block_sub(kind);
     const Py_ssize_t panel_bytes = in_features / GROUP * group_bytes(kind);
     for (Py_ssize_t row = 0; row < out_features; row++) {
-        for (Py_ssize_t b = 0; b < in_features / weights; b++)
-            decode_block(kind, rows + row * row_bytes + b * gguf_block_bytes(kind), q + b * weights,
-                         scale + b * per_block, minimum + b * per_block);
-        scatter_row(kind, out + row / PANEL * panel_bytes, (int)(row % PANEL), q, scale, minimum, in_features);
+        for (Py_ssize_t b = 0; b < blocks; b++)
+            decode_block(kind, rows + row * row_bytes + b * gguf_block_bytes(kind), q + b * weights, factors + b);
+        scatter_row(kind, out + row / PANEL * panel_bytes, (int)(row % PANEL), q, factors, in_features);
     }
     PyMem_RawFree(q);
-    PyMem_RawFree(scale);
+    PyMem_RawFree(factors);
     return 0;
 }

@@ -12,8 +12,39 @@
 #include <immintrin.h>
 
 #define GROUP_INTS (GROUP * PANEL) /* decoded bytes of a group: [32 k][16 columns] */
+#define GROUP_FACTORS (2 * 2 * PANEL) /* floats of a group's factors, at most: [2 sub-blocks][16] scales, minimums */
 
 #if defined(__AVX512BW__)
+/* The group's float32 scales [32 / S][16], then (types with a minimum) minimums [32 / S][16], into
+ * out[GROUP_FACTORS]: d times sc and -(dmin times m) as gguf multiplies them, the float16 factors alone
+ * for the 32-weight types (blocks.h). */
+static inline __attribute__((always_inline)) void group_factors(int kind, const uint8_t *grp, float *out)
+{
+    const int subs = GROUP / block_sub(kind), with_min = block_has_min(kind);
+    if (kind == KIND_MXFP4) {
+        _mm512_storeu_ps(out, _mm512_loadu_ps(grp));
+        return;
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)grp));
+    const __m512 dmin = with_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(grp + group_dmin_offset(kind)))) : d;
+    if (!block_factor_ints(kind)) {
+        _mm512_storeu_ps(out, d);
+        if (with_min) _mm512_storeu_ps(out + PANEL, dmin);
+        return;
+    }
+#pragma GCC unroll 2
+    for (int s = 0; s < subs; s++) {
+        const __m128i sc = _mm_loadu_si128((const __m128i *)(grp + group_sc_offset(kind) + s * PANEL));
+        _mm512_storeu_ps(out + s * PANEL, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc))));
+        if (with_min) {
+            const __m128i m = _mm_loadu_si128((const __m128i *)(grp + group_m_offset(kind) + s * PANEL));
+            const __m512 product = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(m)));
+            _mm512_storeu_ps(out + (subs + s) * PANEL, _mm512_castsi512_ps(_mm512_xor_si512(
+                                                           _mm512_castps_si512(product), _mm512_set1_epi32(INT32_MIN))));
+        }
+    }
+}
+
 /* bits of the plane's vector that belong at bit 4 (and 5) of decoded vector s, moved there */
 static inline __attribute__((always_inline)) __m512i plane_bits_at_4(__m512i plane, int shift_left)
 {
@@ -52,6 +83,38 @@ static inline __attribute__((always_inline)) void group_decode(int kind, const u
     }
 }
 #else
+/* The group's factors, as the AVX-512 group_factors, 8 columns at a time. */
+static inline __attribute__((always_inline)) void group_factors(int kind, const uint8_t *grp, float *out)
+{
+    const int subs = GROUP / block_sub(kind), with_min = block_has_min(kind);
+    if (kind == KIND_MXFP4) {
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + 8 * h, _mm256_loadu_ps((const float *)grp + 8 * h));
+        return;
+    }
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) { /* columns 8h .. 8h + 7 */
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 16 * h)));
+        const __m256 dmin =
+            with_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + group_dmin_offset(kind) + 16 * h))) : d;
+        if (!block_factor_ints(kind)) {
+            _mm256_storeu_ps(out + 8 * h, d);
+            if (with_min) _mm256_storeu_ps(out + PANEL + 8 * h, dmin);
+            continue;
+        }
+#pragma GCC unroll 2
+        for (int s = 0; s < subs; s++) {
+            const __m128i sc = _mm_loadl_epi64((const __m128i *)(grp + group_sc_offset(kind) + s * PANEL + 8 * h));
+            _mm256_storeu_ps(out + s * PANEL + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+            if (with_min) {
+                const __m128i m = _mm_loadl_epi64((const __m128i *)(grp + group_m_offset(kind) + s * PANEL + 8 * h));
+                const __m256 product = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(m)));
+                _mm256_storeu_ps(out + (subs + s) * PANEL + 8 * h, _mm256_xor_ps(product, sign));
+            }
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) __m256i plane_bits_at_4(__m256i plane, int shift_left)
 {
     if (shift_left > 0) return _mm256_slli_epi16(plane, shift_left);

@@ -6,17 +6,20 @@
  * consecutive k, a scale (and for some types a minimum), from which gguf dequantises
  *     w = scale * (q - offset)            (Q4_0, Q5_0, Q3_K, Q6_K; IQ4_*: scale * codebook[q])
  *     w = scale * q - minimum             (Q5_1, Q2_K, Q4_K, Q5_K; Q5_1 adds its minimum)
- * with the scale (and minimum) a product of float16 super-block factors and small integer
- * sub-block factors, each exact in float32. The repacking computes those effective scales and
- * minimums once per (column, sub-block) as float32 (minimums with the sign gguf applies), so the
- * kernels fold whole sub-block sums as gemm.c does for Q4_1:
+ * with the scale (and minimum) a float16 factor d (dmin) times, for the K-quants and IQ4_XS, a small
+ * integer sub-block factor sc (m), each exact in float32, and so is their float32 product (the same
+ * single multiply gguf performs). The kernels compute those effective scales and minimums (minimums
+ * with the sign gguf applies) per group from the stored factors (block_quants.h: group_factors),
+ * and fold whole sub-block sums as gemm.c does for Q4_1:
  *     total = fma(scale, x.q, total);  then, with a minimum:  total = fma(minimum, sum of x, total)
  * which gives, for an identity input, exactly gguf's float32 value (one rounding, as gguf's).
  *
  * A panel group covers 32 k of 16 output columns (one GGUF block of the 32-weight types, an eighth
  * of a 256-weight super-block), in this order:
- *   scales   float32 [32 / S][16]
- *   minimums float32 [32 / S][16]              (types with a minimum only)
+ *   d        float16 [16]                      (MXFP4: its scales as float32 [16] instead)
+ *   dmin     float16 [16]                      (types with a minimum; Q5_1: the minimum itself)
+ *   sc       int8 [32 / S][16]                 (K-quants and IQ4_XS: sub-block scale factors)
+ *   m        int8 [32 / S][16]                 (Q2_K, Q4_K, Q5_K: sub-block minimum factors)
  *   nibbles  4 chunks c of 64 bytes: byte 16 i + n = q[8c + i][n] & 15 | (q[8c + 4 + i][n] & 15) << 4, i < 4
  *   plane    the 5-bit types: 64 bytes, bit s of byte j = bit 4 of q[4s + j / 16][j % 16]
  *            Q6_K: 128 bytes, bits 2t, 2t + 1 of byte 64h + j = bits 4, 5 of q[4(4h + t) + j / 16][j % 16]
@@ -25,11 +28,12 @@
  * offset or through its 16-entry codebook: a 64-byte chunk of nibbles is its low nibbles (k 8c ..
  * 8c + 3) and its high ones (the next 4), the plane's bits land on the same lanes, so each 64 (AVX2:
  * 32) decoded bytes cost a few full-width operations, after which the products read 16 bytes per k.
- * The 5- and 6-bit types were bytes (10 bits a weight with their scales, as much as 2.2x the GGUF
- * block) while their integers were decoded one k of 16 bytes at a time, where planes cost 3
- * operations per plane and k; decoded by whole groups, planes cost under one per 16 weights, and a
- * one-row product is bound by memory reads (21 GB/s on two threads): Q6_K takes 8 bits a weight,
- * Q5_* 7, Q4_K 6, Q4_0 5.
+ * The 5- and 6-bit types were bytes, and every type kept float32 scales and minimums (Q6_K and Q5_*
+ * took 10 bits a weight, up to 2.2x the GGUF block), while the integers were decoded one k of 16
+ * bytes at a time, where planes cost 3 operations per plane and k. Decoded by whole groups, planes
+ * cost about one operation per 16 weights and the factors a few per group, and a one-row product
+ * reads memory at its limit (about 21 GB/s on two threads here): bits per weight are now Q4_0 and
+ * IQ4_NL 4.5 (as GGUF), Q5_0 5.5 and Q5_1 6 (as GGUF), Q4_K 5.5, Q5_K 6.5, Q6_K 7, IQ4_XS 4.75.
  * A panel's groups follow each other along k, panels along n; columns past the matrix are zero.
  */
 #ifndef FASTDEPLOY_BLOCKS_H
@@ -87,14 +91,29 @@ static inline __attribute__((always_inline)) const int8_t *block_codebook_values
     return kind == KIND_MXFP4 ? MXFP4_CODEBOOK : IQ4_CODEBOOK;
 }
 
-/* byte offsets inside a group and its size */
-static inline __attribute__((always_inline)) Py_ssize_t group_min_offset(int kind)
+/* whether the scales are d times an int8 sub-block factor (and the minimums -(dmin times one)) */
+static inline __attribute__((always_inline)) int block_factor_ints(int kind)
 {
-    return (GROUP / block_sub(kind)) * PANEL * 4;
+    return kind == KIND_Q2_K || kind == KIND_Q3_K || kind == KIND_Q4_K || kind == KIND_Q5_K || kind == KIND_Q6_K ||
+           kind == KIND_IQ4_XS;
+}
+
+/* byte offsets inside a group and its size */
+static inline __attribute__((always_inline)) Py_ssize_t group_dmin_offset(int kind)
+{
+    return kind == KIND_MXFP4 ? PANEL * 4 : PANEL * 2;
+}
+static inline __attribute__((always_inline)) Py_ssize_t group_sc_offset(int kind)
+{
+    return group_dmin_offset(kind) + PANEL * 2 * block_has_min(kind);
+}
+static inline __attribute__((always_inline)) Py_ssize_t group_m_offset(int kind)
+{
+    return group_sc_offset(kind) + (block_factor_ints(kind) ? GROUP / block_sub(kind) * PANEL : 0);
 }
 static inline __attribute__((always_inline)) Py_ssize_t group_nibble_offset(int kind)
 {
-    return group_min_offset(kind) * (1 + block_has_min(kind));
+    return group_m_offset(kind) + (block_factor_ints(kind) && block_has_min(kind) ? GROUP / block_sub(kind) * PANEL : 0);
 }
 static inline __attribute__((always_inline)) Py_ssize_t group_plane_offset(int kind)
 {

@@ -89,30 +89,35 @@ INLINE void store(const struct gemm_args *a, const v16 *total, Py_ssize_t row0, 
 }
 
 /* `width` adjacent panels (the first at `panel`, panel_bytes apart; groups of gbytes) for `rows` rows
- * from row0; the integers straight from the groups, or when `buf` is given from the float buffer
- * (row k at buf + k * ld, panel i at + 16 i). The scales and minimums are read from the groups in
- * both: the buffered tiles depend on the kind only through its sub-block size and minimum, so they
- * are compiled once per such pair (fold_kind), not per kind. */
+ * from row0; the integers and factors decoded from the groups, or when `buf` is given from the float
+ * buffer (row k at buf + k * ld, panel i at + 16 i) and `facs` (panel i, group g at + (i groups + g)
+ * GROUP_FACTORS): the buffered tiles depend on the kind only through its sub-block size and minimum,
+ * so they are compiled once per such pair (fold_kind), not per kind. */
 INLINE void tile(const struct gemm_args *a, const float *xsums, int kind, Py_ssize_t gbytes, const uint8_t *panel,
-                 Py_ssize_t panel_bytes, const float *buf, Py_ssize_t ld, int width, Py_ssize_t row0, int rows,
-                 Py_ssize_t col0)
+                 Py_ssize_t panel_bytes, const float *buf, const float *facs, Py_ssize_t ld, int width, Py_ssize_t row0,
+                 int rows, Py_ssize_t col0)
 {
     const int sub = block_sub(kind), subs = GROUP / sub, with_min = block_has_min(kind);
     const Py_ssize_t depth = a->depth, groups = depth / GROUP, nsub = depth / sub;
     const float *x = a->x + row0 * depth;
     v16 total[MAX_TILE];
     _Alignas(64) int8_t ints[MAX_WIDTH][GROUP_INTS]; /* the groups' integers, decoded (few rows) */
+    _Alignas(64) float fac[MAX_WIDTH][GROUP_FACTORS]; /* and their factors */
 #pragma GCC unroll 12
     for (int i = 0; i < rows * width; i++) total[i] = v_zero();
     for (Py_ssize_t g = 0; g < groups; g++) {
-        const uint8_t *grp[MAX_WIDTH];
+        const float *f[MAX_WIDTH];
 #pragma GCC unroll 4
         for (int i = 0; i < width; i++) {
-            grp[i] = panel + i * panel_bytes + g * gbytes;
-            if (!buf) {
-                prefetch_bytes(grp[i] + PREFETCH_GROUPS * gbytes, gbytes);
-                group_decode(kind, grp[i], ints[i]);
+            if (buf) {
+                f[i] = facs + (i * groups + g) * GROUP_FACTORS;
+                continue;
             }
+            const uint8_t *grp = panel + i * panel_bytes + g * gbytes;
+            prefetch_bytes(grp + PREFETCH_GROUPS * gbytes, gbytes);
+            group_decode(kind, grp, ints[i]);
+            group_factors(kind, grp, fac[i]);
+            f[i] = fac[i];
         }
         const float *xg = x + g * GROUP;
 #pragma GCC unroll 1
@@ -139,8 +144,8 @@ INLINE void tile(const struct gemm_args *a, const float *xsums, int kind, Py_ssi
             }
 #pragma GCC unroll 4
             for (int i = 0; i < width; i++) {
-                const v16 scale = v_load(grp[i] + s * PANEL * 4);
-                const v16 minimum = with_min ? v_load(grp[i] + group_min_offset(kind) + s * PANEL * 4) : scale;
+                const v16 scale = v_load(f[i] + s * PANEL);
+                const v16 minimum = with_min ? v_load(f[i] + (subs + s) * PANEL) : scale;
 #pragma GCC unroll 8
                 for (int r = 0; r < rows; r++) {
                     v16 t = v_fma(scale, sum[r * width + i], total[r * width + i]);
@@ -169,8 +174,8 @@ INLINE int fold_kind(int kind)
 #define CASES_WIDE CASES_2
 #endif
 
-/* Panels p .. p + count - 1 (count 1 or 2) for all rows; `weights`, when given, a depth x 32 float
- * scratch buffer for the many-rows path. */
+/* Panels p .. p + count - 1 (count 1 or 2) for all rows; `weights`, when given, a float scratch buffer
+ * for the many-rows path: depth x 32 integers, then the factors of both panels' groups. */
 INLINE void panels_kind(const struct gemm_args *a, const float *xsums, int kind, Py_ssize_t p, int count,
                         float *weights)
 {
@@ -181,23 +186,25 @@ INLINE void panels_kind(const struct gemm_args *a, const float *xsums, int kind,
         for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += WIDE_ROWS) {
             const Py_ssize_t left = a->rows - row0;
             if (count == 2) {
-#define WIDE_CASE(n) case n: tile(a, xsums, kind, gbytes, panel, panel_bytes, NULL, 0, 2, row0, n, col0); break;
+#define WIDE_CASE(n) case n: tile(a, xsums, kind, gbytes, panel, panel_bytes, NULL, NULL, 0, 2, row0, n, col0); break;
                 switch (left < WIDE_ROWS ? (int)left : WIDE_ROWS) { CASES_WIDE(WIDE_CASE) }
 #undef WIDE_CASE
             } else {
-#define ONE_CASE(n) case n: tile(a, xsums, kind, gbytes, panel, panel_bytes, NULL, 0, 1, row0, n, col0); break;
+#define ONE_CASE(n) case n: tile(a, xsums, kind, gbytes, panel, panel_bytes, NULL, NULL, 0, 1, row0, n, col0); break;
                 switch (left < WIDE_ROWS ? (int)left : WIDE_ROWS) { CASES_WIDE(ONE_CASE) }
 #undef ONE_CASE
             }
         }
         return;
     }
-    const Py_ssize_t ld = count * PANEL;
+    const Py_ssize_t ld = count * PANEL, groups = a->depth / GROUP;
     const int fold = fold_kind(kind);
+    float *facs = weights + a->depth * 2 * PANEL; /* [panel][group][GROUP_FACTORS] */
     for (int i = 0; i < count; i++)
-        for (Py_ssize_t g = 0; g < a->depth / GROUP; g++) {
+        for (Py_ssize_t g = 0; g < groups; g++) {
             _Alignas(64) int8_t ints[GROUP_INTS];
             group_decode(kind, panel + i * panel_bytes + g * gbytes, ints);
+            group_factors(kind, panel + i * panel_bytes + g * gbytes, facs + (i * groups + g) * GROUP_FACTORS);
 #pragma GCC unroll 1
             for (int k8 = 0; k8 < GROUP; k8 += 8)
 #pragma GCC unroll 8
@@ -207,12 +214,12 @@ INLINE void panels_kind(const struct gemm_args *a, const float *xsums, int kind,
     for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += BUF_ROWS) {
         const int rows = a->rows - row0 < BUF_ROWS ? (int)(a->rows - row0) : BUF_ROWS;
         if (BUF_WIDTH == 2 && count == 2) {
-#define PAIR_CASE(n) case n: tile(a, xsums, fold, gbytes, panel, panel_bytes, weights, ld, 2, row0, n, col0); break;
+#define PAIR_CASE(n) case n: tile(a, xsums, fold, gbytes, panel, panel_bytes, weights, facs, ld, 2, row0, n, col0); break;
             switch (rows) { CASES_6(PAIR_CASE) }
 #undef PAIR_CASE
         } else {
             for (int i = 0; i < count; i++) {
-#define ONE_CASE(n) case n: tile(a, xsums, fold, gbytes, panel + i * panel_bytes, panel_bytes, weights + i * PANEL, ld, 1, row0, n, col0 + i * PANEL); break;
+#define ONE_CASE(n) case n: tile(a, xsums, fold, gbytes, panel + i * panel_bytes, panel_bytes, weights + i * PANEL, facs + i * groups * GROUP_FACTORS, ld, 1, row0, n, col0 + i * PANEL); break;
                 switch (rows) { CASES_6(ONE_CASE) }
 #undef ONE_CASE
             }
@@ -225,11 +232,12 @@ INLINE void task_kind(const struct gemm_args *a, const float *xsums, int kind, P
 {
     const Py_ssize_t panel_bytes = a->depth / GROUP * group_bytes(kind);
     if (a->rows == 1 && end - first == 4) {
-        tile(a, xsums, kind, group_bytes(kind), a->packed + first * panel_bytes, panel_bytes, NULL, 0, 4, 0, 1, first * PANEL);
+        tile(a, xsums, kind, group_bytes(kind), a->packed + first * panel_bytes, panel_bytes, NULL, NULL, 0, 4, 0, 1, first * PANEL);
         return;
     }
     /* without scratch memory the kernels read the blocks directly */
-    float *weights = a->rows > FEW_ROWS ? fd_thread_scratch((size_t)a->depth * 2 * PANEL * sizeof(float)) : NULL;
+    const size_t floats = (size_t)a->depth * 2 * PANEL + (size_t)(a->depth / GROUP) * 2 * GROUP_FACTORS;
+    float *weights = a->rows > FEW_ROWS ? fd_thread_scratch(floats * sizeof(float)) : NULL;
     for (Py_ssize_t p = first; p < end; p += 2) panels_kind(a, xsums, kind, p, p + 1 < end ? 2 : 1, weights);
 }
 

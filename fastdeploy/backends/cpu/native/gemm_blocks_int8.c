@@ -57,7 +57,7 @@ struct int8_acts {
 
 /* Two adjacent panels regrouped for the dot instructions (the second all zero past the matrix):
  * w: [panel][depth / 4][16 columns][4 k] bytes, +128 for vpdpbusd's unsigned operand;
- * factors: [group][panel][the group's scales, then minimums] float32, as blocks.h stores them. */
+ * factors: [group][panel][the group's scales, then minimums] float32 (block_quants.h: group_factors). */
 struct panel_pair {
     const uint8_t *w;
     const float *factors;
@@ -70,15 +70,18 @@ INLINE int32_t four_bytes(const int8_t *p)
     return v;
 }
 
-/* One panel's integers regrouped (4 consecutive k of each column side by side), `offset` added;
- * compiled per kind (int8_weights), so group_decode does not branch on it. */
-INLINE void regroup(int kind, const uint8_t *panel, Py_ssize_t groups, int offset, uint8_t *w)
+/* One panel's integers regrouped (4 consecutive k of each column side by side), `offset` added, and
+ * its groups' float32 factors (group g at f + (g * 2 + p) * factors: panel p of the pair); compiled
+ * per kind (int8_weights), so group_decode and group_factors do not branch on it. */
+INLINE void regroup(int kind, const uint8_t *panel, Py_ssize_t groups, int offset, uint8_t *w, float *f,
+                    Py_ssize_t factors, int p)
 {
     const Py_ssize_t gbytes = group_bytes(kind);
     const __m128i bias = _mm_set1_epi8((char)offset);
     _Alignas(64) int8_t ints[GROUP_INTS];
     for (Py_ssize_t g = 0; g < groups; g++) {
         group_decode(kind, panel + g * gbytes, ints);
+        group_factors(kind, panel + g * gbytes, f + (g * 2 + p) * factors);
         for (int k = 0; k < GROUP; k += 4) {
             const __m128i *row = (const __m128i *)(ints + PANEL * k);
             const __m128i k0 = _mm_load_si128(row), k1 = _mm_load_si128(row + 1);
@@ -94,11 +97,12 @@ INLINE void regroup(int kind, const uint8_t *panel, Py_ssize_t groups, int offse
     }
 }
 
-static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int offset, uint8_t *w)
+static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int offset, uint8_t *w, float *f,
+                         Py_ssize_t factors, int p)
 {
     switch (kind) {
 #define REGROUP_CASE(k)                                                                                               \
-    case k: regroup(k, panel, groups, offset, w); break;
+    case k: regroup(k, panel, groups, offset, w, f, factors, p); break;
         REGROUP_CASE(KIND_Q4_0) REGROUP_CASE(KIND_Q5_0) REGROUP_CASE(KIND_Q5_1) REGROUP_CASE(KIND_Q2_K)
         REGROUP_CASE(KIND_Q3_K) REGROUP_CASE(KIND_Q4_K) REGROUP_CASE(KIND_Q5_K) REGROUP_CASE(KIND_Q6_K)
         REGROUP_CASE(KIND_IQ4_NL) REGROUP_CASE(KIND_IQ4_XS)
@@ -530,8 +534,7 @@ static void panel_task(void *ctx, Py_ssize_t t, int slot)
             legacy_weights(kind, panel, groups, weight_offset(kind, job->mode), w, f, factors, p);
             continue;
         }
-        int8_weights(kind, panel, groups, weight_offset(kind, job->mode), w);
-        for (Py_ssize_t g = 0; g < groups; g++) memcpy(f + (g * 2 + p) * factors, panel + g * gbytes, (size_t)factors * sizeof(float));
+        int8_weights(kind, panel, groups, weight_offset(kind, job->mode), w, f, factors, p);
     }
     const struct panel_pair pp = {scratch, f};
     kind_rows_fn(kind, kind_dots(kind, job->mode))(a, &job->x, &pp, 2 * t * PANEL);

@@ -184,12 +184,14 @@ static void scatter_row(int kind, uint8_t *panel, int n, const uint8_t *q, const
             }
         const uint8_t *qg = q + g * GROUP;
         uint8_t *nibbles = grp + group_nibble_offset(kind), *plane = grp + group_plane_offset(kind);
-        const int plane_bits = block_plane_bits(kind);
+        if (block_bytewise(kind)) {
+            for (int k = 0; k < GROUP; k++) nibbles[PANEL * k + n] = (uint8_t)(int8_t)(qg[k] - block_offset(kind));
+            continue;
+        }
         for (int k = 0; k < GROUP; k++) {
-            const int at = PANEL * k + n, v = at / 64, j = at % 64; /* where group_decode puts it */
+            const int at = PANEL * k + n; /* where group_decode puts it: bit at / 64 of plane byte at % 64 */
             nibbles[64 * (k / 8) + PANEL * (k % 4) + n] |= (uint8_t)((qg[k] & 0x0F) << (k % 8 >= 4 ? 4 : 0));
-            if (plane_bits == 1) plane[j] |= (uint8_t)(((qg[k] >> 4) & 1) << v);
-            if (plane_bits == 2) plane[64 * (v / 4) + j] |= (uint8_t)(((qg[k] >> 4) & 3) << (2 * (v % 4)));
+            if (block_plane(kind)) plane[at % 64] |= (uint8_t)(((qg[k] >> 4) & 1) << (at / 64));
         }
     }
 }

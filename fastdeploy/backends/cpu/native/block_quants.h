@@ -1,6 +1,6 @@
 /*
- * The integers of a sub-block panel group (blocks.h) decoded whole, as the float32 kernels
- * (gemm_blocks.h) and the int8 ones (gemm_blocks_int8.c) read them. Include it where an AVX2 (or
+ * The integers and factors of a sub-block panel group (blocks.h) decoded whole, as the float32
+ * kernels (gemm_blocks.h) and the int8 ones (gemm_blocks_int8.c) read them. Include it where an AVX2 (or
  * wider) target is already set: the intrinsics cannot be inlined into a function without one. With
  * AVX-512 BW set (gemm_blocks_avx512.c) the decode takes 64 bytes per operation, else 32.
  */
@@ -45,7 +45,7 @@ static inline __attribute__((always_inline)) void group_factors(int kind, const 
     }
 }
 
-/* bits of the plane's vector that belong at bit 4 (and 5) of decoded vector s, moved there */
+/* the plane shifted so that decoded vector s's bits (bit s of each byte) are at bit 4 */
 static inline __attribute__((always_inline)) __m512i plane_bits_at_4(__m512i plane, int shift_left)
 {
     if (shift_left > 0) return _mm512_slli_epi16(plane, (unsigned)shift_left);
@@ -56,13 +56,8 @@ static inline __attribute__((always_inline)) __m512i plane_bits_at_4(__m512i pla
 /* decoded vector s (k 4s .. 4s + 3) from its nibbles, with the plane's bits, offset or codebook */
 static inline __attribute__((always_inline)) __m512i finish_ints(int kind, __m512i q, const uint8_t *plane, int s)
 {
-    if (block_plane_bits(kind) == 1) {
-        const __m512i p = _mm512_loadu_si512(plane);
-        q = _mm512_ternarylogic_epi32(q, plane_bits_at_4(p, 4 - s), _mm512_set1_epi8(0x10), 0xF8); /* q | (p & m) */
-    } else if (block_plane_bits(kind) == 2) {
-        const __m512i p = _mm512_loadu_si512(plane + 64 * (s / 4));
-        q = _mm512_ternarylogic_epi32(q, plane_bits_at_4(p, 4 - 2 * (s % 4)), _mm512_set1_epi8(0x30), 0xF8);
-    }
+    if (block_plane(kind)) /* q | (p & 0x10) */
+        q = _mm512_ternarylogic_epi32(q, plane_bits_at_4(_mm512_loadu_si512(plane), 4 - s), _mm512_set1_epi8(0x10), 0xF8);
     if (block_codebook(kind))
         q = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)block_codebook_values(kind))), q);
     if (block_offset(kind)) q = _mm512_sub_epi8(q, _mm512_set1_epi8((char)block_offset(kind)));
@@ -125,12 +120,9 @@ static inline __attribute__((always_inline)) __m256i plane_bits_at_4(__m256i pla
 /* half h (32 bytes) of decoded vector s, as the AVX-512 finish_ints */
 static inline __attribute__((always_inline)) __m256i finish_ints(int kind, __m256i q, const uint8_t *plane, int s, int h)
 {
-    if (block_plane_bits(kind) == 1) {
+    if (block_plane(kind)) {
         const __m256i p = _mm256_loadu_si256((const __m256i *)(plane + 32 * h));
         q = _mm256_or_si256(q, _mm256_and_si256(plane_bits_at_4(p, 4 - s), _mm256_set1_epi8(0x10)));
-    } else if (block_plane_bits(kind) == 2) {
-        const __m256i p = _mm256_loadu_si256((const __m256i *)(plane + 64 * (s / 4) + 32 * h));
-        q = _mm256_or_si256(q, _mm256_and_si256(plane_bits_at_4(p, 4 - 2 * (s % 4)), _mm256_set1_epi8(0x30)));
     }
     if (block_codebook(kind))
         q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)block_codebook_values(kind))), q);
@@ -153,5 +145,14 @@ static inline __attribute__((always_inline)) void group_decode(int kind, const u
     }
 }
 #endif
+
+/* The group's integers, [32 k][16 columns] int8: the stored bytes themselves, or decoded into
+ * scratch[GROUP_INTS] (64-byte aligned). */
+static inline __attribute__((always_inline)) const int8_t *group_ints(int kind, const uint8_t *grp, int8_t *scratch)
+{
+    if (block_bytewise(kind)) return (const int8_t *)(grp + group_nibble_offset(kind));
+    group_decode(kind, grp, scratch);
+    return scratch;
+}
 
 #endif

@@ -22,18 +22,22 @@
  *   m        int8 [32 / S][16]                 (Q2_K, Q4_K, Q5_K: sub-block minimum factors)
  *   nibbles  4 chunks c of 64 bytes: byte 16 i + n = q[8c + i][n] & 15 | (q[8c + 4 + i][n] & 15) << 4, i < 4
  *   plane    the 5-bit types: 64 bytes, bit s of byte j = bit 4 of q[4s + j / 16][j % 16]
- *            Q6_K: 128 bytes, bits 2t, 2t + 1 of byte 64h + j = bits 4, 5 of q[4(4h + t) + j / 16][j % 16]
+ *   or bytes Q6_K: 32 rows k of 16 int8, q[k][n] - 32
  * with q gguf's unsigned integer. The kernels decode a whole group at once (block_quants.h:
- * group_decode) into 512 int8 [32 k][16 columns], the integer of (k, n) at 16 k + n after the type's
+ * group_ints) into 512 int8 [32 k][16 columns], the integer of (k, n) at 16 k + n after the type's
  * offset or through its 16-entry codebook: a 64-byte chunk of nibbles is its low nibbles (k 8c ..
  * 8c + 3) and its high ones (the next 4), the plane's bits land on the same lanes, so each 64 (AVX2:
- * 32) decoded bytes cost a few full-width operations, after which the products read 16 bytes per k.
- * The 5- and 6-bit types were bytes, and every type kept float32 scales and minimums (Q6_K and Q5_*
- * took 10 bits a weight, up to 2.2x the GGUF block), while the integers were decoded one k of 16
- * bytes at a time, where planes cost 3 operations per plane and k. Decoded by whole groups, planes
- * cost about one operation per 16 weights and the factors a few per group, and a one-row product
- * reads memory at its limit (about 21 GB/s on two threads here): bits per weight are now Q4_0 and
- * IQ4_NL 4.5 (as GGUF), Q5_0 5.5 and Q5_1 6 (as GGUF), Q4_K 5.5, Q5_K 6.5, Q6_K 7, IQ4_XS 4.75.
+ * 32) decoded bytes cost a few full-width operations, after which the products read 16 bytes per k
+ * (Q6_K's bytes are read where they lie).
+ * Why: the 5- and 6-bit types were bytes and every type kept float32 scales and minimums (Q6_K and
+ * Q5_* took 10 bits a weight, up to 1.8x the GGUF block), and the integers were decoded one k of 16
+ * bytes at a time, where bit planes cost 3 operations per plane and k. A one-row product (decode)
+ * reads each weight once: its time is the larger of its bytes at the memory's rate and its vector
+ * operations, 3 per 16 weights to widen, convert and multiply, plus the decode. Decoded by whole
+ * groups, Q5's plane costs about 3 operations per 64 weights and the factors a few per group; Q6_K's
+ * 2-bit plane cost about 4.25 per 64 (AVX2: twice that) and measured no faster than bytes with
+ * AVX-512 and 17% slower with AVX2 (two threads, ERNIE-shaped layers), so Q6_K keeps bytes. Bits per
+ * weight: Q4_0 and IQ4_NL 4.5, Q5_0 5.5, Q5_1 6 (as GGUF), Q4_K 5.5, Q5_K 6.5, Q6_K 9, IQ4_XS 4.75.
  * A panel's groups follow each other along k, panels along n; columns past the matrix are zero.
  */
 #ifndef FASTDEPLOY_BLOCKS_H
@@ -56,13 +60,16 @@ static inline __attribute__((always_inline)) int block_has_min(int kind)
     return kind == KIND_Q5_1 || kind == KIND_Q2_K || kind == KIND_Q4_K || kind == KIND_Q5_K;
 }
 
-/* bits of the high plane: 1 for the 5-bit types, 2 for Q6_K, 0 for the others */
-static inline __attribute__((always_inline)) int block_plane_bits(int kind)
+/* whether the integers have a plane of their fifth bits beside the nibbles (the 5-bit types) */
+static inline __attribute__((always_inline)) int block_plane(int kind)
 {
-    return kind == KIND_Q6_K ? 2 : kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_Q5_K ? 1 : 0;
+    return kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_Q5_K;
 }
 
-/* what the kernels subtract from gguf's integer */
+/* whether the integers are int8 bytes, offset applied, [32 k][16 columns], rather than nibbles (Q6_K) */
+static inline __attribute__((always_inline)) int block_bytewise(int kind) { return kind == KIND_Q6_K; }
+
+/* what is subtracted from gguf's integer (by the kernels; by the packing for bytes) */
 static inline __attribute__((always_inline)) int block_offset(int kind)
 {
     switch (kind) {
@@ -117,11 +124,11 @@ static inline __attribute__((always_inline)) Py_ssize_t group_nibble_offset(int 
 }
 static inline __attribute__((always_inline)) Py_ssize_t group_plane_offset(int kind)
 {
-    return group_nibble_offset(kind) + PANEL * GROUP / 2;
+    return group_nibble_offset(kind) + PANEL * GROUP / (block_bytewise(kind) ? 1 : 2);
 }
 static inline __attribute__((always_inline)) Py_ssize_t group_bytes(int kind)
 {
-    return group_plane_offset(kind) + PANEL * GROUP / 8 * block_plane_bits(kind);
+    return group_plane_offset(kind) + PANEL * GROUP / 8 * block_plane(kind);
 }
 
 #endif

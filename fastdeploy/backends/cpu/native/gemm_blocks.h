@@ -40,7 +40,7 @@ INLINE v16 v_broadcast(const float *p) { return _mm512_set1_ps(*p); }
 INLINE v16 v_load(const void *p) { return _mm512_loadu_ps(p); }
 INLINE void v_store(float *p, v16 v) { _mm512_storeu_ps(p, v); }
 /* 16 int8 at p as floats */
-INLINE v16 v_from_i8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)p))); }
+INLINE v16 v_from_i8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 #else
 typedef struct {
     __m256 lo, hi;
@@ -61,7 +61,7 @@ INLINE void v_store(float *p, v16 v)
 /* one 16-byte load and a shuffle: two 8-byte loads made the Q6_K one-row product 19% slower */
 INLINE v16 v_from_i8(const int8_t *p)
 {
-    const __m128i q = _mm_load_si128((const __m128i *)p);
+    const __m128i q = _mm_loadu_si128((const __m128i *)p);
     return (v16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q)))};
 }
 #endif
@@ -101,7 +101,8 @@ INLINE void tile(const struct gemm_args *a, const float *xsums, int kind, Py_ssi
     const Py_ssize_t depth = a->depth, groups = depth / GROUP, nsub = depth / sub;
     const float *x = a->x + row0 * depth;
     v16 total[MAX_TILE];
-    _Alignas(64) int8_t ints[MAX_WIDTH][GROUP_INTS]; /* the groups' integers, decoded (few rows) */
+    _Alignas(64) int8_t scratch[MAX_WIDTH][GROUP_INTS]; /* the groups' integers, decoded (few rows) */
+    const int8_t *ints[MAX_WIDTH];
     _Alignas(64) float fac[MAX_WIDTH][GROUP_FACTORS]; /* and their factors */
 #pragma GCC unroll 12
     for (int i = 0; i < rows * width; i++) total[i] = v_zero();
@@ -115,7 +116,7 @@ INLINE void tile(const struct gemm_args *a, const float *xsums, int kind, Py_ssi
             }
             const uint8_t *grp = panel + i * panel_bytes + g * gbytes;
             prefetch_bytes(grp + PREFETCH_GROUPS * gbytes, gbytes);
-            group_decode(kind, grp, ints[i]);
+            ints[i] = group_ints(kind, grp, scratch[i]);
             group_factors(kind, grp, fac[i]);
             f[i] = fac[i];
         }
@@ -202,8 +203,8 @@ INLINE void panels_kind(const struct gemm_args *a, const float *xsums, int kind,
     float *facs = weights + a->depth * 2 * PANEL; /* [panel][group][GROUP_FACTORS] */
     for (int i = 0; i < count; i++)
         for (Py_ssize_t g = 0; g < groups; g++) {
-            _Alignas(64) int8_t ints[GROUP_INTS];
-            group_decode(kind, panel + i * panel_bytes + g * gbytes, ints);
+            _Alignas(64) int8_t scratch[GROUP_INTS];
+            const int8_t *ints = group_ints(kind, panel + i * panel_bytes + g * gbytes, scratch);
             group_factors(kind, panel + i * panel_bytes + g * gbytes, facs + (i * groups + g) * GROUP_FACTORS);
 #pragma GCC unroll 1
             for (int k8 = 0; k8 < GROUP; k8 += 8)

@@ -22,7 +22,7 @@
  * Every instruction set performs these float operations in this order on the same exact integers,
  * so they agree bit for bit, and a row's result does not depend on the rows beside it.
  *
- * The panels decode to one k per 16 bytes (16 columns: group_decode); the dot instructions take 4
+ * The panels hold or decode to one k per 16 bytes (16 columns: group_ints); the dot instructions take 4
  * consecutive k of a column per 32-bit lane. Each task (two adjacent panels) therefore regroups its
  * integers once into [depth / 4][16 columns][4 k] bytes, plus an offset that makes them unsigned
  * (128 for vpdpbusd, the type's own for maddubs: weight_offset) and the dots start from -offset sum qx,
@@ -72,20 +72,20 @@ INLINE int32_t four_bytes(const int8_t *p)
 
 /* One panel's integers regrouped (4 consecutive k of each column side by side), `offset` added, and
  * its groups' float32 factors (group g at f + (g * 2 + p) * factors: panel p of the pair); compiled
- * per kind (int8_weights), so group_decode and group_factors do not branch on it. */
+ * per kind (int8_weights), so group_ints and group_factors do not branch on it. */
 INLINE void regroup(int kind, const uint8_t *panel, Py_ssize_t groups, int offset, uint8_t *w, float *f,
                     Py_ssize_t factors, int p)
 {
     const Py_ssize_t gbytes = group_bytes(kind);
     const __m128i bias = _mm_set1_epi8((char)offset);
-    _Alignas(64) int8_t ints[GROUP_INTS];
+    _Alignas(64) int8_t scratch[GROUP_INTS];
     for (Py_ssize_t g = 0; g < groups; g++) {
-        group_decode(kind, panel + g * gbytes, ints);
+        const int8_t *ints = group_ints(kind, panel + g * gbytes, scratch);
         group_factors(kind, panel + g * gbytes, f + (g * 2 + p) * factors);
         for (int k = 0; k < GROUP; k += 4) {
             const __m128i *row = (const __m128i *)(ints + PANEL * k);
-            const __m128i k0 = _mm_load_si128(row), k1 = _mm_load_si128(row + 1);
-            const __m128i k2 = _mm_load_si128(row + 2), k3 = _mm_load_si128(row + 3);
+            const __m128i k0 = _mm_loadu_si128(row), k1 = _mm_loadu_si128(row + 1);
+            const __m128i k2 = _mm_loadu_si128(row + 2), k3 = _mm_loadu_si128(row + 3);
             const __m128i lo01 = _mm_unpacklo_epi8(k0, k1), hi01 = _mm_unpackhi_epi8(k0, k1);
             const __m128i lo23 = _mm_unpacklo_epi8(k2, k3), hi23 = _mm_unpackhi_epi8(k2, k3);
             __m128i *dst = (__m128i *)(w + (g * GROUP + k) * PANEL);

@@ -66,6 +66,22 @@ def test_a_second_start_reads_what_the_first_repacked(model_path, tmp_path, monk
 
 
 @requires_native
+def test_a_cached_weight_is_used_where_it_lies(model_path, tmp_path, monkeypatch):
+    """A later start maps the entry read-only instead of copying it: the kernels read the page
+    cache's pages (shared by every process on the file), and a stray write fails loudly."""
+    monkeypatch.setenv("FD_CPU_KERNELS", "auto")
+    monkeypatch.setenv("FD_WEIGHT_CACHE", str(tmp_path / "cache"))
+    tensor = dict(GGUFLoader().load_tensors(model_path))["model.layers.0.mlp.down_proj.weight"]
+    first = CpuBackend(BackendOptions(threads=1)).linear_weight(tensor).packed
+    second = CpuBackend(BackendOptions(threads=1)).linear_weight(tensor).packed
+    assert not isinstance(first, np.memmap) and isinstance(second, np.memmap)
+    assert not second.flags.writeable
+    assert np.array_equal(first, second)
+    with pytest.raises(ValueError, match="read-only"):
+        second[0] = 1
+
+
+@requires_native
 def test_a_replaced_file_misses(model_path, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("FD_CPU_KERNELS", "auto")
@@ -165,7 +181,7 @@ def test_a_read_marks_the_entry_used(tmp_path):
     for index, name in enumerate("abc"):
         stored(earlier, name, 100, hours_ago=10 - index)
     cache = WeightCache(str(tmp_path), "build 1", limit=300)
-    assert cache.read_into(key("a"), np.empty(100, np.uint8))  # the oldest, read by this load
+    assert cache.mapped(key("a"), (100,), np.uint8) is not None  # the oldest, read by this load
     entry = Path(cache.directory) / key("a")[:2] / bin_name("a")
     assert time.time_ns() - entry.stat().st_mtime_ns < HOUR_NS  # noatime disks: the time is set
     cache.write(key("d"), np.zeros(100, np.uint8))
@@ -269,7 +285,7 @@ def test_a_start_that_only_reads_scans_nothing(tmp_path):
     cache = WeightCache(str(tmp_path), "build 1", limit=1000)
     stored(cache, "a", 100, hours_ago=1)
     crashed = put(Path(cache.directory) / "ab" / f"{key('b')}.bin.123.tmp", 100, hours_ago=1)
-    assert cache.read_into(key("a"), np.empty(100, np.uint8))
+    assert cache.mapped(key("a"), (100,), np.uint8) is not None
     assert crashed.exists()  # left for the next start that writes
 
 

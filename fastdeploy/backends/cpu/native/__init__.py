@@ -174,9 +174,11 @@ def pack(
     if type_name in SUPPORTED_TYPES:
         out_features, depth = sum(part.shape[0] for part in parts), in_features.pop()
         kind = _kind(type_name, activations)
-        packed = empty(_native.packed_bytes(kind, out_features, depth))
+        nbytes = _native.packed_bytes(kind, out_features, depth)
         key = cache.key(parts, kind, out_features, depth) if cache is not None else None
-        if key is None or not cache.read_into(key, packed):
+        packed = cache.mapped(key, (nbytes,), np.uint8, writable=False) if key is not None else None
+        if packed is None:
+            packed = empty(nbytes)
             rows = np.ascontiguousarray(np.concatenate([part.rows for part in parts], axis=0), np.uint8)
             _native.pack_blocks(kind, rows, packed, out_features, depth)
             if key is not None:

@@ -4,8 +4,8 @@ every start.
 Why: the kernels read most GGUF block types in panels of their own (block_packing.c), and
 repacking decodes every block: seconds of one core for a 0.3B model's K-quants, most of a start
 that llama.cpp (which maps the file and uses the blocks where they lie) does in a fraction of a
-second. The first start writes each packed weight here; later ones read it back into the weight
-arena (huge pages) at memory speed, skipping even the read of the blocks. A GGUF token embedding,
+second. The first start writes each packed weight here; later ones map it where it lies (`mapped`:
+no copy, no read of the blocks, pages shared with other processes). A GGUF token embedding,
 which the backend looks up as a float32 table, is kept dequantised the same way and mapped from
 here instead of being dequantised again.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 
 import numpy as np
@@ -63,36 +64,34 @@ class WeightCache:
     def _path(self, key: str) -> str:
         return os.path.join(self.directory, key[:2], key + ".bin")
 
-    def read_into(self, key: str, out: np.ndarray) -> bool:
-        """Fill contiguous `out` from entry `key`; False (out untouched or partly written) when
-        there is no entry of exactly out's size."""
-        try:
-            with open(self._path(key), "rb", buffering=0) as handle:
-                if os.fstat(handle.fileno()).st_size != out.nbytes:
-                    return False
-                view = memoryview(out.reshape(-1).view(np.uint8))
-                done = 0
-                while done < len(view):  # one read() returns at most ~2 GiB
-                    count = handle.readinto(view[done:])
-                    if not count:
-                        return False
-                    done += count
-        except OSError:
-            return False
-        self.limit.used(self._path(key))
-        return True
+    def mapped(
+        self, key: str, shape: tuple[int, ...], dtype: np.dtype, writable: bool = True
+    ) -> np.ndarray | None:
+        """Entry `key` mapped as an array, or None when there is no entry of exactly that size.
 
-    def mapped(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
-        """Entry `key` mapped copy-on-write as an array (pages read on first use), or None."""
+        Nothing is copied: the array's pages are the page cache's, read on first use, and shared
+        by every process that maps the entry (`writable`: copy-on-write, for the caller's own
+        changes; else read-only). The mapping is advised huge pages: where the kernel keeps the
+        file in 2 MiB folios (ext4 and xfs on Linux 6.x do), the weights are read through huge-page
+        TLB entries, as from the `WeightArena`, without the copy into it (and its first-touch
+        faults) that made up half of a cached start.
+        """
         path = self._path(key)
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
         try:
-            if os.path.getsize(path) != int(np.prod(shape)) * np.dtype(dtype).itemsize:
-                return None
-            array = np.memmap(path, dtype=dtype, mode="c", shape=shape)
+            with open(path, "rb") as handle:
+                if os.fstat(handle.fileno()).st_size != size or size == 0:
+                    return None
+                access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
+                mapping = mmap.mmap(handle.fileno(), size, access=access)
         except OSError:
             return None
+        advise = getattr(mmap, "MADV_HUGEPAGE", None)
+        if advise is not None:
+            with contextlib.suppress(OSError):  # a kernel without transparent huge pages
+                mapping.madvise(advise)
         self.limit.used(path)
-        return array
+        return np.frombuffer(mapping, dtype).reshape(shape).view(np.memmap)  # a memmap, as it is
 
     def write(self, key: str, data: np.ndarray) -> None:
         """Store `data` as entry `key` when it fits the limit; a directory that cannot be written is

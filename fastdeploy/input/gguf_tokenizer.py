@@ -26,6 +26,7 @@ by name (`<end_of_turn>`, `<|im_end|>`, `<|end|>`, `<|eot_id|>`, ...).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,6 +79,8 @@ def bytes_to_unicode() -> dict[int, str]:
 
 _BYTE_CHARS = bytes_to_unicode()
 _BYTE_ALPHABET = frozenset(_BYTE_CHARS.values())
+#: text spelled in the byte alphabet only
+_IN_BYTE_ALPHABET = re.compile("[" + "".join(re.escape(char) for char in sorted(_BYTE_ALPHABET)) + "]*")
 
 
 def build_gguf_tokenizer(metadata: Mapping[str, Any], source: str = "GGUF metadata") -> HFTokenizer:
@@ -197,17 +200,21 @@ def _byte_level_vocab(tokens: list[str], token_types: list[int], source: str) ->
 
     llama.cpp writes byte-level tokens in GPT-2's alphabet already; a token that is not (some
     converters store raw UTF-8) is respelled so BPE can reach it. Control and user-defined tokens
-    keep their text: they are matched whole as added tokens and decoded verbatim.
+    keep their text: they are matched whole as added tokens and decoded verbatim. The usual
+    vocabulary, all in the alphabet, is checked in one pass over its joined text (~5 ms for 100k
+    tokens, against ~100 ms for a check per token, a third of a cached GGUF start).
     """
-    vocab: dict[str, int] = {}
-    duplicates = 0
-    for token_id, (token, kind) in enumerate(zip(tokens, token_types, strict=True)):
-        if kind not in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and not set(token) <= _BYTE_ALPHABET:
-            token = "".join(_BYTE_CHARS[byte] for byte in token.encode("utf-8"))
-        if token in vocab:
-            duplicates += 1
-            continue
-        vocab[token] = token_id
+    spelled = tokens
+    if not _IN_BYTE_ALPHABET.fullmatch("".join(tokens)):
+        spelled = [
+            token
+            if kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED) or set(token) <= _BYTE_ALPHABET
+            else "".join(_BYTE_CHARS[byte] for byte in token.encode("utf-8"))
+            for token, kind in zip(tokens, token_types, strict=True)
+        ]
+    # built from the end, so a token listed twice keeps its first id
+    vocab = dict(zip(reversed(spelled), range(len(spelled) - 1, -1, -1), strict=True))
+    duplicates = len(spelled) - len(vocab)
     if duplicates:
         logger.warning(
             "%s: %d duplicate vocabulary entries; the first id of each is used", source, duplicates

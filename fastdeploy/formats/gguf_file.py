@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.errors import UnsupportedModelError
+from fastdeploy.formats.derived_cache import DerivedCache
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -237,18 +238,48 @@ def gguf_shard_names(file_name: str) -> list[str]:
     return [f"{split['stem']}-{index:05d}-of-{count:05d}.gguf" for index in range(1, count + 1)]
 
 
+#: parsed headers kept between starts; bump the version when what `_read` returns changes
+_HEADERS = DerivedCache("gguf header v1")
+
+
 def _read_file(path: str) -> GGUFFile:
     status = os.stat(path)
-    return _read_cached(path, status.st_size, status.st_mtime_ns)
+    return _read_cached(path, status.st_size, status.st_mtime_ns, status.st_ino)
 
 
 @functools.lru_cache(maxsize=4)
-def _read_cached(path: str, size: int, mtime_ns: int) -> GGUFFile:
+def _read_cached(path: str, size: int, mtime_ns: int, inode: int) -> GGUFFile:
+    """The header of `path` as it is now: from the disk cache (`DerivedCache`) when it holds it,
+    else parsed, and stored there for later starts."""
+    status = os.stat(path)
+    stored = _from_plain(path, _HEADERS.get(path, status))
+    if stored is not None:
+        return stored
     with open(path, "rb") as handle:
         if os.fstat(handle.fileno()).st_size < 24:
             raise UnsupportedModelError(f"{path} is too small to be a GGUF file")
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
-            return _read(buffer, path)
+            parsed = _read(buffer, path)
+    _HEADERS.put(path, status, _to_plain(parsed))
+    return parsed
+
+
+def _to_plain(parsed: GGUFFile) -> tuple[Any, ...]:
+    """`parsed` as the plain values `DerivedCache` stores."""
+    tensors = [(tensor.name, tensor.shape, tensor.ggml_type, tensor.offset) for tensor in parsed.tensors]
+    return parsed.metadata, tensors, parsed.byte_order
+
+
+def _from_plain(path: str, plain: Any) -> GGUFFile | None:
+    """The `GGUFFile` of `_to_plain`'s values, or None for anything else (a damaged entry)."""
+    try:
+        metadata, tensors, byte_order = plain
+        table = [GGUFTensorInfo(name, tuple(shape), kind, offset) for name, shape, kind, offset in tensors]
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(metadata, dict) or byte_order not in ("<", ">"):
+        return None
+    return GGUFFile(path, metadata, table, byte_order)
 
 
 def _read_tensor_table(cursor: _Cursor, count: int, alignment: int) -> list[GGUFTensorInfo]:

@@ -18,7 +18,7 @@ under a temporary name and renamed, so a crashed or concurrent start never reads
 The entries together stay within a size limit (`FD_WEIGHT_CACHE_MAX_GB`, default 20 GB: a few 7-8B
 GGUFs' worth; see `envs.weight_cache_max_bytes`): a write that would pass it first evicts the least
 recently used entries, those of other builds (which no start of this build can read) before any
-of this build's, never one this load has read or written (cache_limit.py). A load whose own
+of this build's, never one this load has read or written (formats/cache_limit.py). A load whose own
 entries would pass the limit writes what fits and repacks the rest at every start. Whatever the
 limit, the cache leaves 5% of its disk free.
 """
@@ -32,7 +32,7 @@ import os
 
 import numpy as np
 
-from fastdeploy.backends.cpu.native.cache_limit import DISK_RESERVE, CacheLimit
+from fastdeploy.formats.cache_limit import DISK_RESERVE, CacheLimit
 from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.logger import get_logger
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from fastdeploy.errors import UnsupportedModelError
 from fastdeploy.formats.derived_cache import DerivedCache
+from fastdeploy.formats.ggml_types import F16, F32, ggml_type
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -173,18 +174,15 @@ class GGUFFile:
 
         Float types come back typed and shaped; quantised types as uint8 rows of blocks.
         """
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
         if self.byte_order != "<":
             raise UnsupportedModelError(f"{self.path}: big-endian GGUF tensor data is not supported")
-        qtype = GGMLQuantizationType(info.ggml_type)
-        block_size, type_size = GGML_QUANT_SIZES[qtype]
+        _, block_size, type_size = ggml_type(info.ggml_type)  # known: the table read checked it
         elements = int(np.prod(info.shape))
         size = elements // block_size * type_size
         raw = np.memmap(info.path or self.path, dtype=np.uint8, mode="r", offset=info.offset, shape=(size,))
-        if qtype == GGMLQuantizationType.F32:
+        if info.ggml_type == F32:
             return raw.view(np.float32).reshape(info.shape)
-        if qtype == GGMLQuantizationType.F16:
+        if info.ggml_type == F16:
             return raw.view(np.float16).reshape(info.shape)
         return raw.reshape(*info.shape[:-1], info.shape[-1] // block_size * type_size)
 
@@ -310,19 +308,16 @@ def _read_tensor_table(cursor: _Cursor, count: int, alignment: int) -> list[GGUF
 def _data_bytes(tensor: GGUFTensorInfo, path: str) -> int:
     """The bytes of a tensor's data; an unknown type, or a row that is no whole number of its
     type's blocks, is refused naming the file and the tensor."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    try:
-        qtype = GGMLQuantizationType(tensor.ggml_type)
-        block_size, type_size = GGML_QUANT_SIZES[qtype]
-    except (ValueError, KeyError):
+    kind = ggml_type(tensor.ggml_type)
+    if kind is None:
         raise UnsupportedModelError(
             f"{path}: tensor {tensor.name!r} has GGML type {tensor.ggml_type}, which is not a known "
             "quantisation type (the file may be newer than the installed `gguf` package, or damaged)"
-        ) from None
+        )
+    _, block_size, type_size = kind
     if tensor.shape and tensor.shape[-1] % block_size != 0:
         raise UnsupportedModelError(
-            f"{path}: tensor {tensor.name!r} of type {qtype.name} has rows of {tensor.shape[-1]} values, "
+            f"{path}: tensor {tensor.name!r} of type {kind.name} has rows of {tensor.shape[-1]} values, "
             f"expected a multiple of its block size {block_size}"
         )
     elements = 1

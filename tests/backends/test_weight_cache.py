@@ -23,6 +23,7 @@ from test_native_kernels import requires_native
 
 from fastdeploy import envs
 from fastdeploy.backends.base import BackendOptions
+from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.cpu.native.weight_cache import WeightCache
 from fastdeploy.errors import InvalidArgumentError
@@ -66,19 +67,24 @@ def test_a_second_start_reads_what_the_first_repacked(model_path, tmp_path, monk
 
 
 @requires_native
-def test_a_cached_weight_is_used_where_it_lies(model_path, tmp_path, monkeypatch):
-    """A later start maps the entry read-only instead of copying it: the kernels read the page
-    cache's pages (shared by every process on the file), and a stray write fails loudly."""
+def test_a_large_cached_weight_is_used_where_it_lies(model_path, tmp_path, monkeypatch):
+    """A later start maps an entry of MAP_CACHED_FROM bytes or more read-only instead of copying
+    it: the kernels read the page cache's pages (shared by every process on the file), and a
+    stray write fails loudly. A smaller entry is read into the arena (huge pages shared)."""
     monkeypatch.setenv("FD_CPU_KERNELS", "auto")
     monkeypatch.setenv("FD_WEIGHT_CACHE", str(tmp_path / "cache"))
     tensor = dict(GGUFLoader().load_tensors(model_path))["model.layers.0.mlp.down_proj.weight"]
     first = CpuBackend(BackendOptions(threads=1)).linear_weight(tensor).packed
-    second = CpuBackend(BackendOptions(threads=1)).linear_weight(tensor).packed
-    assert not isinstance(first, np.memmap) and isinstance(second, np.memmap)
-    assert not second.flags.writeable
-    assert np.array_equal(first, second)
+    small = CpuBackend(BackendOptions(threads=1)).linear_weight(tensor).packed
+    assert first.nbytes < native.MAP_CACHED_FROM
+    assert not isinstance(small, np.memmap) and small.flags.writeable
+    monkeypatch.setattr(native, "MAP_CACHED_FROM", first.nbytes)  # as if it were a large weight
+    mapped = CpuBackend(BackendOptions(threads=1)).linear_weight(tensor).packed
+    assert not isinstance(first, np.memmap) and isinstance(mapped, np.memmap)
+    assert not mapped.flags.writeable
+    assert np.array_equal(first, small) and np.array_equal(first, mapped)
     with pytest.raises(ValueError, match="read-only"):
-        second[0] = 1
+        mapped[0] = 1
 
 
 @requires_native
@@ -181,7 +187,7 @@ def test_a_read_marks_the_entry_used(tmp_path):
     for index, name in enumerate("abc"):
         stored(earlier, name, 100, hours_ago=10 - index)
     cache = WeightCache(str(tmp_path), "build 1", limit=300)
-    assert cache.mapped(key("a"), (100,), np.uint8) is not None  # the oldest, read by this load
+    assert cache.read_into(key("a"), np.empty(100, np.uint8))  # the oldest, read by this load
     entry = Path(cache.directory) / key("a")[:2] / bin_name("a")
     assert time.time_ns() - entry.stat().st_mtime_ns < HOUR_NS  # noatime disks: the time is set
     cache.write(key("d"), np.zeros(100, np.uint8))
@@ -285,7 +291,7 @@ def test_a_start_that_only_reads_scans_nothing(tmp_path):
     cache = WeightCache(str(tmp_path), "build 1", limit=1000)
     stored(cache, "a", 100, hours_ago=1)
     crashed = put(Path(cache.directory) / "ab" / f"{key('b')}.bin.123.tmp", 100, hours_ago=1)
-    assert cache.mapped(key("a"), (100,), np.uint8) is not None
+    assert cache.read_into(key("a"), np.empty(100, np.uint8))
     assert crashed.exists()  # left for the next start that writes
 
 

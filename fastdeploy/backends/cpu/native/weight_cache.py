@@ -4,8 +4,10 @@ every start.
 Why: the kernels read most GGUF block types in panels of their own (block_packing.c), and
 repacking decodes every block: seconds of one core for a 0.3B model's K-quants, most of a start
 that llama.cpp (which maps the file and uses the blocks where they lie) does in a fraction of a
-second. The first start writes each packed weight here; later ones map it where it lies (`mapped`:
-no copy, no read of the blocks, pages shared with other processes). A GGUF token embedding,
+second. The first start writes each packed weight here; later ones map an entry of a huge page or
+more where it lies (`mapped`: no copy, no read of the blocks, pages shared with other processes)
+and read a smaller one into the weight arena (`read_into`), where it shares huge pages with its
+neighbours. A GGUF token embedding,
 which the backend looks up as a float32 table, is kept dequantised the same way and mapped from
 here instead of being dequantised again.
 
@@ -63,6 +65,25 @@ class WeightCache:
 
     def _path(self, key: str) -> str:
         return os.path.join(self.directory, key[:2], key + ".bin")
+
+    def read_into(self, key: str, out: np.ndarray) -> bool:
+        """Fill contiguous `out` from entry `key`; False (out untouched or partly written) when
+        there is no entry of exactly out's size."""
+        try:
+            with open(self._path(key), "rb", buffering=0) as handle:
+                if os.fstat(handle.fileno()).st_size != out.nbytes:
+                    return False
+                view = memoryview(out.reshape(-1).view(np.uint8))
+                done = 0
+                while done < len(view):  # one read() returns at most ~2 GiB
+                    count = handle.readinto(view[done:])
+                    if not count:
+                        return False
+                    done += count
+        except OSError:
+            return False
+        self.limit.used(self._path(key))
+        return True
 
     def mapped(
         self, key: str, shape: tuple[int, ...], dtype: np.dtype, writable: bool = True

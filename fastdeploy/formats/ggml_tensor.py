@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from fastdeploy.formats.ggml_types import ggml_type
+
 
 def _dequantize_q8_0(rows: np.ndarray) -> np.ndarray:
     """d * q per 34-byte block (float16 d, 32 int8 q), as gguf computes it, in two numpy passes."""
@@ -79,23 +81,20 @@ class GGMLTensor:
 
     @property
     def type_name(self) -> str:
-        from gguf import GGMLQuantizationType
-
-        return GGMLQuantizationType(self.ggml_type).name
+        return ggml_type(self.ggml_type).name
 
     def dequantize(self) -> np.ndarray:
         """float32 [out, in], bit-identical to `gguf.quants.dequantize`."""
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
-        qtype = GGMLQuantizationType(self.ggml_type)
         # a plain view of memory-mapped rows: every intermediate of a memmap is a memmap too, whose
         # bookkeeping took ~15% of dequantising a 100k-row Q6_K embedding
         rows = self.rows.view(np.ndarray)
-        fast = _FAST_DEQUANTIZERS.get(qtype.name)
+        fast = _FAST_DEQUANTIZERS.get(self.type_name)
         if fast is not None:
             return fast(np.asarray(rows, np.uint8)).reshape(self.shape)
-        return dequantize(rows, qtype).reshape(self.shape)
+        from gguf import GGMLQuantizationType  # the `gguf` package: ~50 ms to import, only when used
+        from gguf.quants import dequantize
+
+        return dequantize(rows, GGMLQuantizationType(self.ggml_type)).reshape(self.shape)
 
     def take_rows(self, order: np.ndarray) -> GGMLTensor:
         """The matrix with its output rows reordered (blocks run along `in`, so rows move whole)."""

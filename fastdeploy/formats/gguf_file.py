@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.errors import UnsupportedModelError
+from fastdeploy.formats.derived_cache import DerivedCache
+from fastdeploy.formats.ggml_types import F16, F32, ggml_type
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -172,18 +174,15 @@ class GGUFFile:
 
         Float types come back typed and shaped; quantised types as uint8 rows of blocks.
         """
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
         if self.byte_order != "<":
             raise UnsupportedModelError(f"{self.path}: big-endian GGUF tensor data is not supported")
-        qtype = GGMLQuantizationType(info.ggml_type)
-        block_size, type_size = GGML_QUANT_SIZES[qtype]
+        _, block_size, type_size = ggml_type(info.ggml_type)  # known: the table read checked it
         elements = int(np.prod(info.shape))
         size = elements // block_size * type_size
         raw = np.memmap(info.path or self.path, dtype=np.uint8, mode="r", offset=info.offset, shape=(size,))
-        if qtype == GGMLQuantizationType.F32:
+        if info.ggml_type == F32:
             return raw.view(np.float32).reshape(info.shape)
-        if qtype == GGMLQuantizationType.F16:
+        if info.ggml_type == F16:
             return raw.view(np.float16).reshape(info.shape)
         return raw.reshape(*info.shape[:-1], info.shape[-1] // block_size * type_size)
 
@@ -237,18 +236,48 @@ def gguf_shard_names(file_name: str) -> list[str]:
     return [f"{split['stem']}-{index:05d}-of-{count:05d}.gguf" for index in range(1, count + 1)]
 
 
+#: parsed headers kept between starts; bump the version when what `_read` returns changes
+_HEADERS = DerivedCache("gguf header v1")
+
+
 def _read_file(path: str) -> GGUFFile:
     status = os.stat(path)
-    return _read_cached(path, status.st_size, status.st_mtime_ns)
+    return _read_cached(path, status.st_size, status.st_mtime_ns, status.st_ino)
 
 
 @functools.lru_cache(maxsize=4)
-def _read_cached(path: str, size: int, mtime_ns: int) -> GGUFFile:
+def _read_cached(path: str, size: int, mtime_ns: int, inode: int) -> GGUFFile:
+    """The header of `path` as it is now: from the disk cache (`DerivedCache`) when it holds it,
+    else parsed, and stored there for later starts."""
+    status = os.stat(path)
+    stored = _from_plain(path, _HEADERS.get(path, status))
+    if stored is not None:
+        return stored
     with open(path, "rb") as handle:
         if os.fstat(handle.fileno()).st_size < 24:
             raise UnsupportedModelError(f"{path} is too small to be a GGUF file")
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
-            return _read(buffer, path)
+            parsed = _read(buffer, path)
+    _HEADERS.put(path, status, _to_plain(parsed))
+    return parsed
+
+
+def _to_plain(parsed: GGUFFile) -> tuple[Any, ...]:
+    """`parsed` as the plain values `DerivedCache` stores."""
+    tensors = [(tensor.name, tensor.shape, tensor.ggml_type, tensor.offset) for tensor in parsed.tensors]
+    return parsed.metadata, tensors, parsed.byte_order
+
+
+def _from_plain(path: str, plain: Any) -> GGUFFile | None:
+    """The `GGUFFile` of `_to_plain`'s values, or None for anything else (a damaged entry)."""
+    try:
+        metadata, tensors, byte_order = plain
+        table = [GGUFTensorInfo(name, tuple(shape), kind, offset) for name, shape, kind, offset in tensors]
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(metadata, dict) or byte_order not in ("<", ">"):
+        return None
+    return GGUFFile(path, metadata, table, byte_order)
 
 
 def _read_tensor_table(cursor: _Cursor, count: int, alignment: int) -> list[GGUFTensorInfo]:
@@ -279,19 +308,16 @@ def _read_tensor_table(cursor: _Cursor, count: int, alignment: int) -> list[GGUF
 def _data_bytes(tensor: GGUFTensorInfo, path: str) -> int:
     """The bytes of a tensor's data; an unknown type, or a row that is no whole number of its
     type's blocks, is refused naming the file and the tensor."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    try:
-        qtype = GGMLQuantizationType(tensor.ggml_type)
-        block_size, type_size = GGML_QUANT_SIZES[qtype]
-    except (ValueError, KeyError):
+    kind = ggml_type(tensor.ggml_type)
+    if kind is None:
         raise UnsupportedModelError(
             f"{path}: tensor {tensor.name!r} has GGML type {tensor.ggml_type}, which is not a known "
             "quantisation type (the file may be newer than the installed `gguf` package, or damaged)"
-        ) from None
+        )
+    _, block_size, type_size = kind
     if tensor.shape and tensor.shape[-1] % block_size != 0:
         raise UnsupportedModelError(
-            f"{path}: tensor {tensor.name!r} of type {qtype.name} has rows of {tensor.shape[-1]} values, "
+            f"{path}: tensor {tensor.name!r} of type {kind.name} has rows of {tensor.shape[-1]} values, "
             f"expected a multiple of its block size {block_size}"
         )
     elements = 1

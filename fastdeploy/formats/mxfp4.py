@@ -13,9 +13,9 @@ the blocks with its MXFP4 kernel, other backends dequantise them (`GGMLTensor`).
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_types import MXFP4
 
 BLOCK = 32
 
@@ -37,7 +37,7 @@ def mxfp4_to_ggml(blocks: np.ndarray, scales: np.ndarray, name: str = "weight") 
     nibbles = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(out, groups, BLOCK)
     packed = nibbles[..., : BLOCK // 2] | (nibbles[..., BLOCK // 2 :] << 4)
     rows = np.concatenate([scales[..., None], packed], axis=-1).reshape(out, groups * (BLOCK // 2 + 1))
-    return GGMLTensor(int(GGMLQuantizationType.MXFP4), np.ascontiguousarray(rows), (out, groups * BLOCK))
+    return GGMLTensor(MXFP4, np.ascontiguousarray(rows), (out, groups * BLOCK))
 
 
 def mxfp4_experts_to_ggml(blocks: np.ndarray, scales: np.ndarray, name: str = "experts") -> list[GGMLTensor]:

@@ -25,8 +25,10 @@ by name (`<end_of_turn>`, `<|im_end|>`, `<|end|>`, `<|eot_id|>`, ...).
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tokenizers import AddedToken, decoders, models
@@ -78,6 +80,8 @@ def bytes_to_unicode() -> dict[int, str]:
 
 _BYTE_CHARS = bytes_to_unicode()
 _BYTE_ALPHABET = frozenset(_BYTE_CHARS.values())
+#: text spelled in the byte alphabet only
+_IN_BYTE_ALPHABET = re.compile("[" + "".join(re.escape(char) for char in sorted(_BYTE_ALPHABET)) + "]*")
 
 
 def build_gguf_tokenizer(metadata: Mapping[str, Any], source: str = "GGUF metadata") -> HFTokenizer:
@@ -150,9 +154,14 @@ def _end_of_generation_ids(metadata: Mapping[str, Any], tokens: list[str], sourc
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
         if (token_id := _token_id(metadata, key, len(tokens), source)) is not None
     ]
-    wanted = set(TURN_END_TOKENS)
-    ids += [token_id for token_id, token in enumerate(tokens) if token in wanted]
+    ids += _ids_where(map(frozenset(TURN_END_TOKENS).__contains__, tokens))
     return ids
+
+
+def _ids_where(flags: Iterable[bool]) -> list[int]:
+    """The positions of the true flags. (One C-level pass: a comprehension over a 100k-token
+    vocabulary took ~10 ms each time a start looked for some tokens.)"""
+    return list(itertools.compress(itertools.count(), flags))
 
 
 def _byte_level_bpe(
@@ -171,14 +180,12 @@ def _byte_level_bpe(
     backend.pre_tokenizer = spec.build_pre_tokenizer()
     backend.decoder = decoders.ByteLevel()
     control = [
-        AddedToken(token, special=True, normalized=False)
-        for token, kind in zip(tokens, token_types, strict=True)
-        if kind == TOKEN_CONTROL
+        AddedToken(tokens[token_id], special=True, normalized=False)
+        for token_id in _ids_where(map(TOKEN_CONTROL.__eq__, token_types))
     ]
     user_defined = [
-        AddedToken(token, special=False, normalized=False)
-        for token, kind in zip(tokens, token_types, strict=True)
-        if kind == TOKEN_USER_DEFINED
+        AddedToken(tokens[token_id], special=False, normalized=False)
+        for token_id in _ids_where(map(TOKEN_USER_DEFINED.__eq__, token_types))
     ]
     backend.add_special_tokens(control)
     backend.add_tokens(user_defined)
@@ -197,17 +204,21 @@ def _byte_level_vocab(tokens: list[str], token_types: list[int], source: str) ->
 
     llama.cpp writes byte-level tokens in GPT-2's alphabet already; a token that is not (some
     converters store raw UTF-8) is respelled so BPE can reach it. Control and user-defined tokens
-    keep their text: they are matched whole as added tokens and decoded verbatim.
+    keep their text: they are matched whole as added tokens and decoded verbatim. The usual
+    vocabulary, all in the alphabet, is checked in one pass over its joined text (~5 ms for 100k
+    tokens, against ~100 ms for a check per token, a third of a cached GGUF start).
     """
-    vocab: dict[str, int] = {}
-    duplicates = 0
-    for token_id, (token, kind) in enumerate(zip(tokens, token_types, strict=True)):
-        if kind not in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and not set(token) <= _BYTE_ALPHABET:
-            token = "".join(_BYTE_CHARS[byte] for byte in token.encode("utf-8"))
-        if token in vocab:
-            duplicates += 1
-            continue
-        vocab[token] = token_id
+    spelled = tokens
+    if not _IN_BYTE_ALPHABET.fullmatch("".join(tokens)):
+        spelled = [
+            token
+            if kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED) or set(token) <= _BYTE_ALPHABET
+            else "".join(_BYTE_CHARS[byte] for byte in token.encode("utf-8"))
+            for token, kind in zip(tokens, token_types, strict=True)
+        ]
+    # built from the end, so a token listed twice keeps its first id
+    vocab = dict(zip(reversed(spelled), range(len(spelled) - 1, -1, -1), strict=True))
+    duplicates = len(spelled) - len(vocab)
     if duplicates:
         logger.warning(
             "%s: %d duplicate vocabulary entries; the first id of each is used", source, duplicates
@@ -217,13 +228,12 @@ def _byte_level_vocab(tokens: list[str], token_types: list[int], source: str) ->
 
 def _split_merges(merges: list[str], source: str) -> list[tuple[str, str]]:
     """Each "left right" merge as (left, right); one that is not two tokens is refused by name.
-    (One comprehension for the ~50k-150k merges of a vocabulary: a call per merge cost ~0.1 s.)"""
+    (One comprehension and one C-level check for the ~50k-150k merges of a vocabulary: a call
+    per merge cost ~0.1 s.)"""
     pairs = [tuple(merge.split(" ")) for merge in merges]
-    for merge, pair in zip(merges, pairs, strict=True):
-        if len(pair) != 2:
-            raise UnsupportedModelError(
-                f"{source}: BPE merge {merge!r} is not two tokens separated by a space"
-            )
+    if set(map(len, pairs)) != {2}:
+        bad = next(merge for merge, pair in zip(merges, pairs, strict=True) if len(pair) != 2)
+        raise UnsupportedModelError(f"{source}: BPE merge {bad!r} is not two tokens separated by a space")
     return pairs
 
 

@@ -35,8 +35,10 @@ import ssl
 import threading
 import urllib.parse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 #: fetches in flight at once in this process (every server request and offline call together)
 MAX_FETCHES_IN_FLIGHT = 16
@@ -202,6 +204,10 @@ class _FetchLoop:
         return asyncio.run_coroutine_threadsafe(self._fetch(url, policy), self._loop)
 
     async def _fetch(self, url: str, policy: FetchPolicy) -> bytes:
+        # httpx is imported by the first fetch, not with the engine: it is ~0.1 s of every start,
+        # and most starts fetch nothing
+        import httpx
+
         if self._slots is None:  # made on this loop, once
             self._slots = asyncio.Semaphore(MAX_FETCHES_IN_FLIGHT)
             self._ssl = httpx.create_ssl_context()  # certifi's CAs, or SSL_CERT_FILE / SSL_CERT_DIR
@@ -230,6 +236,8 @@ class _FetchLoop:
 
     async def _get(self, target: _Target, address: IPAddress, policy: FetchPolicy) -> bytes | str:
         """The body of a 200 answer, or the Location of a redirect."""
+        import httpx  # see _fetch
+
         pinned = httpx.URL(
             scheme=target.scheme, host=str(address), port=target.port, raw_path=target.path.encode()
         )

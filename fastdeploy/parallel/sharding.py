@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_types import ggml_type
 from fastdeploy.formats.weight_only import WeightOnlyTensor
 
 
@@ -34,9 +35,7 @@ def take_rows(tensor: Any, rows: range) -> Any:
 def take_columns(tensor: Any, columns: range) -> Any:
     """tensor[:, columns] (input features of an [out, in] matrix)."""
     if isinstance(tensor, GGMLTensor):
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.ggml_type)]
+        _, block, block_bytes = ggml_type(tensor.ggml_type)
         if columns.start % block == 0 and len(columns) % block == 0:
             first = columns.start // block * block_bytes
             last = columns.stop // block * block_bytes

@@ -23,6 +23,7 @@ from test_native_kernels import requires_native
 
 from fastdeploy import envs
 from fastdeploy.backends.base import BackendOptions
+from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.cpu.native.weight_cache import WeightCache
 from fastdeploy.errors import InvalidArgumentError
@@ -63,6 +64,27 @@ def test_a_second_start_reads_what_the_first_repacked(model_path, tmp_path, monk
     # the next start takes the entry as it is: a stored pattern comes back instead of a repack
     entry.write_bytes(bytes(range(256)) * (repacked.nbytes // 256) + bytes(repacked.nbytes % 256))
     assert np.array_equal(packed(model_path, name), np.fromfile(entry, np.uint8))
+
+
+@requires_native
+def test_a_large_cached_weight_is_used_where_it_lies(model_path, tmp_path, monkeypatch):
+    """A later start maps an entry of MAP_CACHED_FROM bytes or more read-only instead of copying
+    it: the kernels read the page cache's pages (shared by every process on the file), and a
+    stray write fails loudly. A smaller entry is read into the arena (huge pages shared)."""
+    monkeypatch.setenv("FD_CPU_KERNELS", "auto")
+    monkeypatch.setenv("FD_WEIGHT_CACHE", str(tmp_path / "cache"))
+    tensor = dict(GGUFLoader().load_tensors(model_path))["model.layers.0.mlp.down_proj.weight"]
+    first = CpuBackend(BackendOptions(threads=1)).linear_weight(tensor).packed
+    small = CpuBackend(BackendOptions(threads=1)).linear_weight(tensor).packed
+    assert first.nbytes < native.MAP_CACHED_FROM
+    assert not isinstance(small, np.memmap) and small.flags.writeable
+    monkeypatch.setattr(native, "MAP_CACHED_FROM", first.nbytes)  # as if it were a large weight
+    mapped = CpuBackend(BackendOptions(threads=1)).linear_weight(tensor).packed
+    assert not isinstance(first, np.memmap) and isinstance(mapped, np.memmap)
+    assert not mapped.flags.writeable
+    assert np.array_equal(first, small) and np.array_equal(first, mapped)
+    with pytest.raises(ValueError, match="read-only"):
+        mapped[0] = 1
 
 
 @requires_native

@@ -194,6 +194,25 @@ def test_raw_utf8_tokens_are_respelled(tiny_gguf_metadata: dict[str, Any]) -> No
     assert tokenizer.decode([len(tokens) - 1]) == "你"
 
 
+def test_a_token_listed_twice_keeps_its_first_id(tiny_gguf_metadata: dict[str, Any], caplog) -> None:
+    """As the per-token build did (and transformers' converter): the first id wins, with a warning."""
+    tokens = tiny_gguf_metadata["tokenizer.ggml.tokens"]
+    first = tokens.index("hi")
+    tiny_gguf_metadata["tokenizer.ggml.tokens"] = [*tokens, "hi"]
+    tiny_gguf_metadata["tokenizer.ggml.token_type"] = [*tiny_gguf_metadata["tokenizer.ggml.token_type"], 1]
+    with caplog.at_level("WARNING"):
+        tokenizer = build_gguf_tokenizer(tiny_gguf_metadata)
+    assert tokenizer.encode("hi") == [first]
+    assert "1 duplicate vocabulary entries" in caplog.text
+
+
+@pytest.mark.parametrize("bad", ["hello", "h e l"])
+def test_a_merge_that_is_not_two_tokens_is_named(tiny_gguf_metadata: dict[str, Any], bad: str) -> None:
+    tiny_gguf_metadata["tokenizer.ggml.merges"] = [*tiny_gguf_metadata["tokenizer.ggml.merges"], bad]
+    with pytest.raises(UnsupportedModelError, match=f"BPE merge '{bad}' is not two tokens"):
+        build_gguf_tokenizer(tiny_gguf_metadata)
+
+
 def test_unknown_pre_tokenizer_is_named(tiny_gguf_metadata: dict[str, Any]) -> None:
     tiny_gguf_metadata["tokenizer.ggml.pre"] = "deepseek-coder"
     with pytest.raises(UnsupportedModelError, match="'deepseek-coder'.*supported: "):

@@ -20,6 +20,7 @@ import numpy as np
 
 from fastdeploy.errors import UnsupportedModelError, WeightLoadError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
+from fastdeploy.formats.ggml_types import F16, F32
 from fastdeploy.formats.gguf_file import GGUFFile, read_gguf
 from fastdeploy.model_executor.loaders.base import WeightLoader
 from fastdeploy.model_executor.rope import interleaved_to_half_rows
@@ -154,9 +155,6 @@ class GGUFLoader(WeightLoader):
         import gguf.quants  # noqa: F401  (~0.05 s: gguf, yaml, sentencepiece)
 
     def load_tensors(self, model_path: str) -> Iterator[tuple[str, np.ndarray | GGMLTensor]]:
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
         gguf_file = read_gguf(model_path)
         config = config_from_gguf(gguf_file)
         arch = gguf_file.metadata["general.architecture"]
@@ -166,7 +164,7 @@ class GGUFLoader(WeightLoader):
             if tensor.name in _ROPE_FACTORS:
                 continue  # in config["rope_scaling"]
             data = gguf_file.tensor_data(tensor)
-            is_float = tensor.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
+            is_float = tensor.ggml_type in (F32, F16)
             source = tensor.path or gguf_file.path
             if source not in identities:
                 identities[source] = file_identity(source)
@@ -187,7 +185,10 @@ class GGUFLoader(WeightLoader):
                 array = np.asarray(data)
             elif len(tensor.shape) == 2:
                 array = GGMLTensor(tensor.ggml_type, data, tuple(tensor.shape), origin)
-            else:
+            else:  # a quantised vector (llama.cpp writes them in F32): gguf's reference, imported here
+                from gguf import GGMLQuantizationType
+                from gguf.quants import dequantize
+
                 array = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
             if arch in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
                 array = np.asarray(array, dtype=np.float32) - np.float32(1.0)

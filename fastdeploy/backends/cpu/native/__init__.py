@@ -23,7 +23,7 @@ import numpy as np
 
 from fastdeploy.backends.base import AttentionBlock, BatchLayout, MLPBlock
 from fastdeploy.backends.cpu.kv_cache import KV_TYPES, LayerKVCache
-from fastdeploy.backends.cpu.native.weight_arena import WeightArena
+from fastdeploy.backends.cpu.native.weight_arena import HUGE_PAGE, WeightArena
 from fastdeploy.backends.cpu.native.weight_cache import WeightCache
 from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.formats.weight_only import WeightOnlyTensor
@@ -64,6 +64,10 @@ ACTIVATIONS = ("float32", "int8")
 #: the int8 products' dot instructions, widest last: AVX2's vpmaddubsw, AVX-VNNI's and AVX-512 VNNI's
 #: vpdpbusd (the extension's numbers 0..2); "auto" leaves the widest the CPU has
 INT8_DOTS = ("auto", "maddubs", "avx-vnni", "avx512-vnni")
+#: cached packed weights of at least this many bytes are mapped where they lie (the page cache
+#: holds them in 2 MiB folios, which map as huge pages: no copy at load); smaller ones are read into
+#: the weight arena, where they share huge pages instead of sitting on 4 KiB pages of their own
+MAP_CACHED_FROM = HUGE_PAGE
 #: what a vision encoder's linear layers and attention multiply in: float32 (exact) or bfloat16
 #: (gemm_bf16.c, encoder_attention_bf16.c; opt-in)
 VISION_MATMULS = ("float32", "bfloat16")
@@ -157,7 +161,8 @@ def pack(
     `activations` kernels; anything else (float checkpoints, other GGUF types, mixed types) is
     packed as float32; with int8 activations, FastDeploy wint8 parts (`WeightOnlyTensor`) go to
     `pack_w8a8` (else they dequantise to float32). The packed bytes come from `arena` when given
-    (huge pages), else numpy; blocks of a known origin are repacked once and read back from `cache` after that.
+    (huge pages), else numpy; blocks of a known origin are repacked once and taken from `cache` after that
+    (mapped from MAP_CACHED_FROM bytes on, else read into `arena`).
     """
     empty = arena.empty if arena is not None else lambda nbytes: np.empty(nbytes, np.uint8)
     if activations == "int8" and runs_w8a8(parts):
@@ -174,13 +179,17 @@ def pack(
     if type_name in SUPPORTED_TYPES:
         out_features, depth = sum(part.shape[0] for part in parts), in_features.pop()
         kind = _kind(type_name, activations)
-        packed = empty(_native.packed_bytes(kind, out_features, depth))
+        nbytes = _native.packed_bytes(kind, out_features, depth)
         key = cache.key(parts, kind, out_features, depth) if cache is not None else None
-        if key is None or not cache.read_into(key, packed):
-            rows = np.ascontiguousarray(np.concatenate([part.rows for part in parts], axis=0), np.uint8)
-            _native.pack_blocks(kind, rows, packed, out_features, depth)
-            if key is not None:
-                cache.write(key, packed)
+        mapped = key is not None and nbytes >= MAP_CACHED_FROM
+        packed = cache.mapped(key, (nbytes,), np.uint8, writable=False) if mapped else None
+        if packed is None:
+            packed = empty(nbytes)
+            if key is None or mapped or not cache.read_into(key, packed):
+                rows = np.ascontiguousarray(np.concatenate([part.rows for part in parts], axis=0), np.uint8)
+                _native.pack_blocks(kind, rows, packed, out_features, depth)
+                if key is not None:
+                    cache.write(key, packed)
         return PackedWeight(type_name, packed, out_features, depth, activations)
     out_features = sum(part.shape[0] for part in parts)
     return PackedWeight("F32", _pack_f32(parts, empty), out_features, in_features.pop())

@@ -4,8 +4,10 @@ every start.
 Why: the kernels read most GGUF block types in panels of their own (block_packing.c), and
 repacking decodes every block: seconds of one core for a 0.3B model's K-quants, most of a start
 that llama.cpp (which maps the file and uses the blocks where they lie) does in a fraction of a
-second. The first start writes each packed weight here; later ones read it back into the weight
-arena (huge pages) at memory speed, skipping even the read of the blocks. A GGUF token embedding,
+second. The first start writes each packed weight here; later ones map an entry of a huge page or
+more where it lies (`mapped`: no copy, no read of the blocks, pages shared with other processes)
+and read a smaller one into the weight arena (`read_into`), where it shares huge pages with its
+neighbours. A GGUF token embedding,
 which the backend looks up as a float32 table, is kept dequantised the same way and mapped from
 here instead of being dequantised again.
 
@@ -18,7 +20,7 @@ under a temporary name and renamed, so a crashed or concurrent start never reads
 The entries together stay within a size limit (`FD_WEIGHT_CACHE_MAX_GB`, default 20 GB: a few 7-8B
 GGUFs' worth; see `envs.weight_cache_max_bytes`): a write that would pass it first evicts the least
 recently used entries, those of other builds (which no start of this build can read) before any
-of this build's, never one this load has read or written (cache_limit.py). A load whose own
+of this build's, never one this load has read or written (formats/cache_limit.py). A load whose own
 entries would pass the limit writes what fits and repacks the rest at every start. Whatever the
 limit, the cache leaves 5% of its disk free.
 """
@@ -27,11 +29,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 
 import numpy as np
 
-from fastdeploy.backends.cpu.native.cache_limit import DISK_RESERVE, CacheLimit
+from fastdeploy.formats.cache_limit import DISK_RESERVE, CacheLimit
 from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.logger import get_logger
 
@@ -82,17 +85,34 @@ class WeightCache:
         self.limit.used(self._path(key))
         return True
 
-    def mapped(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
-        """Entry `key` mapped copy-on-write as an array (pages read on first use), or None."""
+    def mapped(
+        self, key: str, shape: tuple[int, ...], dtype: np.dtype, writable: bool = True
+    ) -> np.ndarray | None:
+        """Entry `key` mapped as an array, or None when there is no entry of exactly that size.
+
+        Nothing is copied: the array's pages are the page cache's, read on first use, and shared
+        by every process that maps the entry (`writable`: copy-on-write, for the caller's own
+        changes; else read-only). The mapping is advised huge pages: where the kernel keeps the
+        file in 2 MiB folios (ext4 and xfs on Linux 6.x do), the weights are read through huge-page
+        TLB entries, as from the `WeightArena`, without the copy into it (and its first-touch
+        faults) that made up half of a cached start.
+        """
         path = self._path(key)
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
         try:
-            if os.path.getsize(path) != int(np.prod(shape)) * np.dtype(dtype).itemsize:
-                return None
-            array = np.memmap(path, dtype=dtype, mode="c", shape=shape)
+            with open(path, "rb") as handle:
+                if os.fstat(handle.fileno()).st_size != size or size == 0:
+                    return None
+                access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
+                mapping = mmap.mmap(handle.fileno(), size, access=access)
         except OSError:
             return None
+        advise = getattr(mmap, "MADV_HUGEPAGE", None)
+        if advise is not None:
+            with contextlib.suppress(OSError):  # a kernel without transparent huge pages
+                mapping.madvise(advise)
         self.limit.used(path)
-        return array
+        return np.frombuffer(mapping, dtype).reshape(shape).view(np.memmap)  # a memmap, as it is
 
     def write(self, key: str, data: np.ndarray) -> None:
         """Store `data` as entry `key` when it fits the limit; a directory that cannot be written is

@@ -1,11 +1,12 @@
 """A size limit on a directory of cache entries, kept by evicting the least recently used.
 
-Why: the weight cache (weight_cache.py) gains an entry for every weight of every GGUF file it
-sees, and every rebuild of the native extension makes all earlier entries unreadable; unbounded,
-it fills the disk. Entries are `<key>.bin` files in `<root>/<xx>/` or `<root>/build-<hash>/<xx>/`; their modification time is
-their last use (readers set it explicitly: many disks are mounted noatime). The directory is
-scanned once, at the first write of a load (a start that only reads scans nothing), then kept up
-to date by this process's own writes. Whatever the limit, the cache leaves `DISK_RESERVE` of its
+Why: the weight cache (backends/cpu/native/weight_cache.py) gains an entry for every weight of
+every GGUF file it sees, and every rebuild of the native extension makes all earlier entries
+unreadable; unbounded, it fills the disk. Entries are `<key>.bin` files (repacked weights) or
+`<key>.marshal` files (parsed GGUF headers, derived_cache.py) in `<root>/<xx>/` or
+`<root>/build-<hash>/<xx>/`; their modification time is their last use (readers set it
+explicitly: many disks are mounted noatime). The directory is scanned once, at the first write of
+a load (a start that only reads scans nothing), then kept up to date by this process's own writes. Whatever the limit, the cache leaves `DISK_RESERVE` of its
 disk free (measured at the scan), so it never fills a disk.
 
 Eviction is safe beside other processes: an entry is removed with unlink, so one that another
@@ -30,8 +31,8 @@ DISK_RESERVE = 0.05
 #: the names of entries, of their temporaries, of the folders that hold them (`<xx>`, the key's first
 #: two digits) and of a build's folder: nothing else below the root is counted or removed, so a
 #: directory shared with other files (a user's `FD_WEIGHT_CACHE=~/models`) loses none of them
-ENTRY = re.compile(r"[0-9a-f]{64}\.bin")
-TEMPORARY = re.compile(r"[0-9a-f]{64}\.bin\.[0-9]+\.tmp")
+ENTRY = re.compile(r"[0-9a-f]{64}\.(?:bin|marshal)")
+TEMPORARY = re.compile(r"[0-9a-f]{64}\.(?:bin|marshal)\.[0-9]+\.tmp")
 SHARD = re.compile(r"[0-9a-f]{2}")
 BUILD = re.compile(r"build-[0-9a-f]{16}")
 

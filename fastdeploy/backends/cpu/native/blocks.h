@@ -35,8 +35,8 @@
  * reads each weight once: its time is the larger of its bytes at the memory's rate and its vector
  * operations, 3 per 16 weights to widen, convert and multiply, plus the decode. Decoded by whole
  * groups, Q5's plane costs about 3 operations per 64 weights and the factors a few per group; Q6_K's
- * 2-bit plane cost about 4.25 per 64 (AVX2: twice that) and measured no faster than bytes with
- * AVX-512 and 17% slower with AVX2 (two threads, ERNIE-shaped layers), so Q6_K keeps bytes. Bits per
+ * 2-bit plane cost about 4.25 per 64 (AVX2: twice that), and bytes measured 1.01-1.07x its speed
+ * with AVX-512 and 1.17x with AVX2 (two threads, ERNIE-shaped layers), so Q6_K keeps bytes. Bits per
  * weight: Q4_0 and IQ4_NL 4.5, Q5_0 5.5, Q5_1 6 (as GGUF), Q4_K 5.5, Q5_K 6.5, Q6_K 9, IQ4_XS 4.75.
  * A panel's groups follow each other along k, panels along n; columns past the matrix are zero.
  */

@@ -23,6 +23,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from typing import Any
 
 #: a temporary file untouched this long (seconds) belongs to a writer that died
 STALE_TEMPORARY_S = 600.0
@@ -126,6 +127,21 @@ class CacheLimit:
                 except OSError:
                     break
                 folder = os.path.dirname(folder)
+
+
+def write_entry(path: str, data: Any) -> None:
+    """Write entry `path` (`data`: bytes-like) whole: under its temporary name (`TEMPORARY`), then
+    renamed, so no reader sees part of it. Raises OSError, with the temporary file removed."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _names(folder: str) -> list[str]:

@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from fastdeploy import envs
-from fastdeploy.formats.cache_limit import CacheLimit
+from fastdeploy.formats.cache_limit import CacheLimit, write_entry
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -60,20 +60,14 @@ class DerivedCache:
         if entry is None:
             return
         data = marshal.dumps(value)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(entry)))
+        root = envs.weight_cache_dir()
         limit = CacheLimit(root, os.path.join(root, self.folder), envs.weight_cache_max_bytes())
         if not limit.make_room(len(data)):
             return
-        temporary = f"{entry}.{os.getpid()}.tmp"
         try:
-            os.makedirs(os.path.dirname(entry), exist_ok=True)
-            with open(temporary, "wb") as handle:
-                handle.write(data)
-            os.replace(temporary, entry)
+            write_entry(entry, data)
         except OSError as error:
             logger.debug("not caching what was derived from %s in %s: %s", path, root, error)
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
 
     def _entry(self, path: str, status: os.stat_result) -> str | None:
         root = envs.weight_cache_dir()

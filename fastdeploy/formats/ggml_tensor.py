@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.formats.ggml_types import ggml_type
+from fastdeploy.formats.ggml_types import dequantize_reference, ggml_type
 
 
 def _dequantize_q8_0(rows: np.ndarray) -> np.ndarray:
@@ -91,10 +91,7 @@ class GGMLTensor:
         fast = _FAST_DEQUANTIZERS.get(self.type_name)
         if fast is not None:
             return fast(np.asarray(rows, np.uint8)).reshape(self.shape)
-        from gguf import GGMLQuantizationType  # the `gguf` package: ~50 ms to import, only when used
-        from gguf.quants import dequantize
-
-        return dequantize(rows, GGMLQuantizationType(self.ggml_type)).reshape(self.shape)
+        return dequantize_reference(rows, self.ggml_type).reshape(self.shape)
 
     def take_rows(self, order: np.ndarray) -> GGMLTensor:
         """The matrix with its output rows reordered (blocks run along `in`, so rows move whole)."""

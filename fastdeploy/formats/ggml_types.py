@@ -3,12 +3,13 @@
 Why not `gguf.constants`: importing any part of the `gguf` package imports all of it (its writer,
 yaml, sentencepiece), ~50 ms of every start, for this table. The table holds the types of gguf
 0.19 (the tests check it against the installed package's); a type it lacks is looked up in the
-installed `gguf`, so a file with a newer type still reads wherever `gguf` knows it.
+installed `gguf`, so a file with a newer type still reads wherever `gguf` knows it; and
+`dequantize_reference` is where gguf's reference dequantisers are imported, when first used.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class GGMLType(NamedTuple):
@@ -76,3 +77,12 @@ def ggml_type(type_id: int) -> GGMLType | None:
     except (ValueError, KeyError):
         return None
     return GGMLType(qtype.name, block_size, type_size)
+
+
+def dequantize_reference(blocks: Any, type_id: int) -> Any:
+    """float32 values of GGML `blocks` (uint8 rows) of type `type_id` through the `gguf` package's
+    reference dequantiser: the one place that imports it, when a type has no faster path."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return dequantize(blocks, GGMLQuantizationType(type_id))

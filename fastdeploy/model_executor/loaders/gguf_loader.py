@@ -20,7 +20,7 @@ import numpy as np
 
 from fastdeploy.errors import UnsupportedModelError, WeightLoadError
 from fastdeploy.formats.ggml_tensor import GGMLTensor
-from fastdeploy.formats.ggml_types import F16, F32
+from fastdeploy.formats.ggml_types import F16, F32, dequantize_reference
 from fastdeploy.formats.gguf_file import GGUFFile, read_gguf
 from fastdeploy.model_executor.loaders.base import WeightLoader
 from fastdeploy.model_executor.rope import interleaved_to_half_rows
@@ -185,11 +185,8 @@ class GGUFLoader(WeightLoader):
                 array = np.asarray(data)
             elif len(tensor.shape) == 2:
                 array = GGMLTensor(tensor.ggml_type, data, tuple(tensor.shape), origin)
-            else:  # a quantised vector (llama.cpp writes them in F32): gguf's reference, imported here
-                from gguf import GGMLQuantizationType
-                from gguf.quants import dequantize
-
-                array = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
+            else:  # a quantised vector (llama.cpp writes them in F32)
+                array = dequantize_reference(data, tensor.ggml_type)
             if arch in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
                 array = np.asarray(array, dtype=np.float32) - np.float32(1.0)
             if permuted and name.endswith("self_attn.q_proj.weight"):

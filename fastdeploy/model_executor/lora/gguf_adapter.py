@@ -15,7 +15,7 @@ import re
 import numpy as np
 
 from fastdeploy.errors import FastDeployError, WeightLoadError
-from fastdeploy.formats.ggml_types import F16, F32
+from fastdeploy.formats.ggml_types import F16, F32, dequantize_reference
 from fastdeploy.formats.gguf_file import read_gguf
 from fastdeploy.model_executor.loaders.gguf_loader import architecture_permutes_qk, hf_tensor_name
 from fastdeploy.model_executor.lora.adapter import LoRAWeights, read_peft
@@ -60,11 +60,7 @@ def read_gguf_lora(request: LoRARequest) -> LoRAWeights:
             )
         data = gguf_file.tensor_data(tensor)
         if tensor.ggml_type not in (F32, F16):
-            # gguf's reference dequantiser; imported here, as the `gguf` package is ~50 ms of a start
-            from gguf.constants import GGMLQuantizationType
-            from gguf.quants import dequantize
-
-            data = dequantize(data, GGMLQuantizationType(tensor.ggml_type))
+            data = dequantize_reference(data, tensor.ggml_type)
         pairs.setdefault((int(hf[1]), hf[2]), {})[match[2]] = np.asarray(data, dtype=np.float32)
     for (layer, module), pair in sorted(pairs.items()):
         if set(pair) != {"a", "b"}:

@@ -34,7 +34,7 @@ import os
 
 import numpy as np
 
-from fastdeploy.formats.cache_limit import DISK_RESERVE, CacheLimit
+from fastdeploy.formats.cache_limit import DISK_RESERVE, CacheLimit, write_entry
 from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.logger import get_logger
 
@@ -131,18 +131,13 @@ class WeightCache:
                 )
             return
         path = self._path(key)
-        temporary = f"{path}.{os.getpid()}.tmp"
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(temporary, "wb") as handle:
-                handle.write(memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8)))
-            os.replace(temporary, path)
-            self.limit.added(path, data.nbytes)
+            write_entry(path, memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8)))
         except OSError as error:
             self._writable = False
             logger.warning("not caching repacked weights in %s: %s (FD_WEIGHT_CACHE)", self.directory, error)
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+            return
+        self.limit.added(path, data.nbytes)
 
     def dequantized(self, tensor: GGMLTensor) -> np.ndarray:
         """`tensor` as float32, mapped from the cache when it holds it, else dequantised and stored."""

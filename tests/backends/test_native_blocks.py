@@ -136,6 +136,34 @@ def test_each_row_count_equals_the_many_rows_path_bit_for_bit(isa, type_name):
 
 
 @requires_native
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", NEW_TYPES)
+def test_one_row_over_every_panel_count(isa, type_name):
+    """One row (a decode step) takes tasks of four panels in one tile (AVX2: row_tile, its totals in
+    memory), and what is left of the panels in pairs and single panels: for 1 to 13 panels, whole
+    or with a partial last one, with and without a bias, the row equals the float64 product within
+    rounding and the bits of the many-rows path."""
+    depth = 256 if type_name not in LEGACY else 96
+    rng = np.random.default_rng(11)
+    for cols in (16, 40, 64, 72, 100, 128, 144, 208):
+        tensor = random_blocks(type_name, cols, depth, seed=cols)
+        packed = native.pack([tensor])
+        x = rng.standard_normal((9, depth)).astype(np.float32)
+        bias = rng.standard_normal(cols).astype(np.float32)
+        many_rows = native.matmul(x, packed, isa, threads=2)
+        expected = x[:1].astype(np.float64) @ reference(tensor).T.astype(np.float64)
+        for threads in (1, 2):
+            row = native.matmul(x[:1], packed, isa, threads=threads)
+            np.testing.assert_array_equal(row, many_rows[:1], err_msg=f"{cols} columns, {threads} threads")
+            np.testing.assert_allclose(row, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+            np.testing.assert_array_equal(
+                native.matmul(x[:1], packed, isa, threads=threads, bias=bias),
+                row + bias,
+                err_msg=f"{cols} columns",
+            )
+
+
+@requires_native
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_1"])
 def test_bias_and_fused_parts(type_name):
     """Fused parts (a qkv projection) pack like their stacked rows; the bias is added per column."""

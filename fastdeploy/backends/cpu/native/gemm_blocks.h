@@ -7,6 +7,7 @@
  *   FEW_ROWS       up to this many rows read the blocks directly; more go through a float buffer
  *   WIDE_ROWS      rows per tile straight from the blocks (2 or 4), through both panels of a pair
  *   BUF_ROWS, BUF_WIDTH   rows and panels per tile over the float buffer
+ *   ROW_TILE       1: one row's four panels through row_tile (totals in memory), 0: through tile
  *
  * Arithmetic, identical in every kernel shape and both instruction sets (so a row's result does not
  * depend on how many rows share the call, nor on the ISA; tests check each row count bit for bit
@@ -16,8 +17,14 @@
  * gemm_blocks.c (one order for all). A group's integers are decoded whole into 512 int8 in L1
  * (block_quants.h: full-width operations on nibbles and planes), then widened to floats 16 at a time
  * (one k of the panel's 16 columns) where they are used (few rows: each weight is read once), or once
- * per task into a float buffer that every row tile reuses (many rows). One row takes four panels at once (four to eight independent FMA chains),
- * few rows the pair's two panels. The buffered tiles are compiled per sub-block size and minimum,
+ * per task into a float buffer that every row tile reuses (many rows). One row takes four panels at
+ * once (four to eight independent FMA chains), few rows the pair's two panels. AVX2's 16 ymm
+ * registers cannot hold one row's 8 sums, 8 totals and the widened weights of tile(): GCC kept the
+ * sums on the stack, a store and a reload in every FMA chain. row_tile keeps the totals (changed
+ * once per sub-block) in memory instead, and reads each 8 weights with three vector operations
+ * (vpmovsxbd from memory, vcvtdq2ps, vfmadd): the AVX2 one-row product 1.14-1.19x faster on
+ * ERNIE-shaped layers (one thread). AVX-512 has the registers (the totals' memory cost it 1%), so
+ * it keeps tile(). The buffered tiles are compiled per sub-block size and minimum,
  * the others per kind: fewer row-count cases than gemm.c keep the build of ten kinds short.
  * Not a header to include anywhere else.
  */
@@ -58,11 +65,13 @@ INLINE void v_store(float *p, v16 v)
     _mm256_storeu_ps(p, v.lo);
     _mm256_storeu_ps(p + 8, v.hi);
 }
-/* one 16-byte load and a shuffle: two 8-byte loads made the Q6_K one-row product 19% slower */
+/* two 8-byte loads, each widened by vpmovsxbd from memory: one 16-byte load and a shuffle for its
+ * upper half cost a third vector operation per 16 weights (the one-row product, in row_tile, 1.15x
+ * slower with it, two to three rows the same) */
 INLINE v16 v_from_i8(const int8_t *p)
 {
-    const __m128i q = _mm_loadu_si128((const __m128i *)p);
-    return (v16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q)))};
+    return (v16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))),
+                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8))))};
 }
 #endif
 
@@ -159,6 +168,56 @@ INLINE void tile(const struct gemm_args *a, const float *xsums, int kind, Py_ssi
     store(a, total, row0, rows, col0, width);
 }
 
+/* One row, `width` adjacent panels straight from the blocks: tile()'s arithmetic in the same order,
+ * with the totals kept in memory (they change once per sub-block) so that the 2 x width sums (AVX2:
+ * ymm pairs) stay in registers. */
+INLINE void row_tile(const struct gemm_args *a, const float *xsums, int kind, Py_ssize_t gbytes, const uint8_t *panel,
+                     Py_ssize_t panel_bytes, int width, Py_ssize_t col0)
+{
+    const int sub = block_sub(kind), subs = GROUP / sub, with_min = block_has_min(kind);
+    const Py_ssize_t depth = a->depth, groups = depth / GROUP;
+    const float *x = a->x;
+    _Alignas(64) float totals[MAX_WIDTH][PANEL] = {{0}};
+    _Alignas(64) int8_t scratch[MAX_WIDTH][GROUP_INTS];
+    const int8_t *ints[MAX_WIDTH];
+    _Alignas(64) float fac[MAX_WIDTH][GROUP_FACTORS];
+    for (Py_ssize_t g = 0; g < groups; g++) {
+#pragma GCC unroll 4
+        for (int i = 0; i < width; i++) {
+            const uint8_t *grp = panel + i * panel_bytes + g * gbytes;
+            prefetch_bytes(grp + PREFETCH_GROUPS * gbytes, gbytes);
+            ints[i] = group_ints(kind, grp, scratch[i]);
+            group_factors(kind, grp, fac[i]);
+        }
+        const float *xg = x + g * GROUP;
+#pragma GCC unroll 1
+        for (int s = 0; s < subs; s++) {
+            v16 sum[MAX_WIDTH];
+#pragma GCC unroll 4
+            for (int i = 0; i < width; i++) sum[i] = v_zero();
+#pragma GCC unroll 1
+            for (int k8 = s * sub; k8 < (s + 1) * sub; k8 += 8)
+#pragma GCC unroll 8
+            for (int kk = 0; kk < 8; kk++) {
+                const int k = k8 + kk;
+                const v16 xv = v_broadcast(xg + k);
+#pragma GCC unroll 4
+                for (int i = 0; i < width; i++) sum[i] = v_fma(xv, v_from_i8(ints[i] + PANEL * k), sum[i]);
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < width; i++) {
+                v16 t = v_fma(v_load(fac[i] + s * PANEL), sum[i], v_load(totals[i]));
+                if (with_min) t = v_fma(v_load(fac[i] + (subs + s) * PANEL), v_broadcast(xsums + g * subs + s), t);
+                v_store(totals[i], t);
+            }
+        }
+    }
+    v16 total[MAX_WIDTH];
+#pragma GCC unroll 4
+    for (int i = 0; i < width; i++) total[i] = v_load(totals[i]);
+    store(a, total, 0, 1, col0, width);
+}
+
 /* a kind with `kind`'s sub-block size and minimum (what the buffered tiles depend on) */
 INLINE int fold_kind(int kind)
 {
@@ -233,7 +292,11 @@ INLINE void task_kind(const struct gemm_args *a, const float *xsums, int kind, P
 {
     const Py_ssize_t panel_bytes = a->depth / GROUP * group_bytes(kind);
     if (a->rows == 1 && end - first == 4) {
-        tile(a, xsums, kind, group_bytes(kind), a->packed + first * panel_bytes, panel_bytes, NULL, NULL, 0, 4, 0, 1, first * PANEL);
+        if (ROW_TILE)
+            row_tile(a, xsums, kind, group_bytes(kind), a->packed + first * panel_bytes, panel_bytes, 4, first * PANEL);
+        else
+            tile(a, xsums, kind, group_bytes(kind), a->packed + first * panel_bytes, panel_bytes, NULL, NULL, 0, 4, 0, 1,
+                 first * PANEL);
         return;
     }
     /* without scratch memory the kernels read the blocks directly */

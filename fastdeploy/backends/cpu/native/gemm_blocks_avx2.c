@@ -6,4 +6,5 @@
 #define WIDE_ROWS 2
 #define BUF_ROWS 6
 #define BUF_WIDTH 1
+#define ROW_TILE 1 /* 16 ymm: the totals in memory (gemm_blocks.h) */
 #include "gemm_blocks.h"

@@ -6,4 +6,5 @@
 #define WIDE_ROWS 4
 #define BUF_ROWS 6
 #define BUF_WIDTH 2
+#define ROW_TILE 0
 #include "gemm_blocks.h"

@@ -35,25 +35,18 @@
  * the float32 kernels instead, which read each weight once anyway.
  */
 #pragma GCC target("avx2,fma,f16c") /* what isa.c checks for ISA_AVX2; the VNNI code adds its own */
+#include "blocks_int8.h"
+
 #include "block_quants.h"
 
 #include <string.h>
 
-#define FEW_ROWS 4
 #define PAD_ROWS 12     /* the activations are padded to a multiple of every tile's rows */
 #define MAX_VNNI_ROWS 6 /* rows of a VNNI tile: 6 for sub-blocks of 32, 4 for 16 (their part sums stay live) */
 #define AVX2_ROWS 2     /* rows of an AVX2 tile (4 took 5-25% more time at depth 1024: L1) */
 #define QUANTIZE_ROWS_PER_TASK 16
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
-
-/* The activations of one product, quantised, [rows padded to PAD_ROWS]. */
-struct int8_acts {
-    const int8_t *q;      /* [rows, depth] */
-    const float *scale;   /* [rows, depth / 32]: sx */
-    const int32_t *init;  /* [rows, depth / sub]: each sub-block's dot starts at -(weight offset) sum qx */
-    const float *sum;     /* [rows, depth / sub]: each sub-block's sum qx */
-};
 
 /* Two adjacent panels regrouped for the dot instructions (the second all zero past the matrix):
  * w: [panel][depth / 4][16 columns][4 k] bytes, +128 for vpdpbusd's unsigned operand;
@@ -437,8 +430,6 @@ AVX2_ROWS_FN(avxvnni_rows_16_min, 16, 1, DOTS_AVX_VNNI, 1)
 #undef AVX2_ROWS_FN
 
 /* ----------------------------------------------------------- dispatching */
-enum { MODE_AVX2 = 0, MODE_AVX_VNNI = 1, MODE_AVX512_VNNI = 2 }; /* fd_int8_dots' numbers */
-
 typedef void (*rows_fn)(const struct gemm_args *, const struct int8_acts *, const struct panel_pair *, Py_ssize_t);
 
 /* [dots][sub 32 or 16][with a minimum]; the codebook types (DOTS_SIGNED) have sub-blocks of 32 and no minimum */
@@ -583,12 +574,8 @@ int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)
 {
     const int kind = int8_layout(a->kind);
     if (a->rows <= FEW_ROWS && legacy_kind(kind)) return gemm_int8(a, isa, threads);
-    if (a->rows <= FEW_ROWS) {
-        struct gemm_args twin = *a;
-        twin.kind = kind;
-        return gemm_blocks(&twin, isa, threads);
-    }
-    char *memory = a->x_int8 ? a->x_int8 : PyMem_RawMalloc(acts_bytes(a, kind));
+    const int few = a->rows <= FEW_ROWS; /* quantised here, whatever a->x_int8 holds (fd_int8_rows_bytes: 0) */
+    char *memory = a->x_int8 && !few ? a->x_int8 : PyMem_RawMalloc(acts_bytes(a, kind));
     if (memory == NULL) return -1;
     struct blocks_int8_job job = int8_job(a, isa, memory);
     /* the padding rows: zero activations, scale 0, and dots that start at 0 */
@@ -597,6 +584,13 @@ int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)
     memset(job.sum + a->rows * subs, 0, (size_t)extra * subs * 4);
     memset(job.init + a->rows * subs, 0, (size_t)extra * subs * 4);
     memset(job.q + a->rows * a->depth, 0, (size_t)extra * a->depth);
+    if (few) {
+        quantize_rows(a->x, 0, a->rows, a->depth, block_sub(kind), blocks_int8_rows_offset(kind, job.mode), job.q, job.scale,
+                      job.init, job.sum);
+        blocks_int8_rows(a, &job.x, kind, job.mode, threads);
+        PyMem_RawFree(memory);
+        return 0;
+    }
     if (a->x_int8 == NULL)
         fd_parallel_for((a->rows + QUANTIZE_ROWS_PER_TASK - 1) / QUANTIZE_ROWS_PER_TASK, threads, quantize_task, &job);
     fd_parallel_for(((a->cols + PANEL - 1) / PANEL + 1) / 2, threads, panel_task, &job);

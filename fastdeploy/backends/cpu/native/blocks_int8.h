@@ -21,6 +21,9 @@ struct int8_acts {
 
 /* The weight offset the few-row kernels of sub-block `kind` add (their `init`), in dot `mode`. */
 int blocks_int8_rows_offset(int kind, int mode);
+/* Whether the AVX-512 few-row kernels transpose with AVX512_VBMI's vpermb (where the CPU has it), after
+ * `allow` (0 or 1: the tests' switch to the fallback; -1 leaves it). */
+int blocks_int8_rows_vbmi(int allow);
 /* Rows 0 .. a->rows - 1 (at most FEW_ROWS, x padded with zero rows to FEW_ROWS) of sub-block `kind`
  * (not MXFP4) times its panels, with the dots of `mode`, on `threads`. */
 void blocks_int8_rows(const struct gemm_args *a, const struct int8_acts *x, int kind, int mode, int threads);

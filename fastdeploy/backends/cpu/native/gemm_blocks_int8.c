@@ -1,7 +1,8 @@
 /*
  * Products of the sub-block kinds (blocks.h: Q4_0 .. IQ4_XS) with int8 activations, as llama.cpp
  * computes its quantised matmuls: the KIND_*_I8 twins of those kinds (opt-in,
- * FD_CPU_ACTIVATIONS=int8), on the very panels the float32 kernels read (block_packing.c); and,
+ * FD_CPU_ACTIVATIONS=int8), on the very panels the float32 kernels read (block_packing.c), for
+ * every row count (up to FEW_ROWS in gemm_blocks_int8_rows.c); and,
  * from FEW_ROWS + 1 rows, the products of KIND_Q8_0_I8 and KIND_Q4_1_I8 (packing.c's int8 layouts:
  * blocks of 32 without sub-blocks, Q8_0 signed without minimum, Q4_1 unsigned 0..15 with one) on
  * the same tiles (their fewer rows stay in gemm_int8.c, whose float operations are these).
@@ -31,8 +32,9 @@
  * 16, whose part sums also stay live), 2 rows times 16 columns for AVX2 (the totals in L1). The tiles are compiled once per sub-block size and minimum (and, for
  * maddubs, how many k-steps add up in int16), their dot loops unrolled; rows are padded to whole
  * tiles. Regrouping once at load instead would double a 4-bit weight's memory for a cost that is
- * paid per product, not per row (measured: about 4% of a 512-row Q4_K product); up to FEW_ROWS rows run
- * the float32 kernels instead, which read each weight once anyway.
+ * paid per product, not per row (measured: about 4% of a 512-row Q4_K product); up to FEW_ROWS rows,
+ * which cannot amortise it, read the panels straight and decode each group in registers into the
+ * dots' order (gemm_blocks_int8_rows.c), with the arithmetic above: the same bits per row.
  */
 #pragma GCC target("avx2,fma,f16c") /* what isa.c checks for ISA_AVX2; the VNNI code adds its own */
 #include "blocks_int8.h"

@@ -264,9 +264,13 @@ INLINE void ymm_panel(int kind, int dots, int R, const struct gemm_args *a, cons
                             } else {
                                 const __m256i m = _mm256_maddubs_epi16(w[2 * h + i], xv);
                                 pairs[r][i] = j % steps == 0 ? m : _mm256_add_epi16(pairs[r][i], m);
+                                /* kept a running sum: GCC would otherwise hold every product (spilled)
+                                 * and add them up at the end, as in gemm_blocks_int8.c */
+                                __asm__("" : "+x"(pairs[r][i]));
                                 if ((j + 1) % steps == 0)
                                     dot[r][i] = _mm256_add_epi32(dot[r][i], _mm256_madd_epi16(pairs[r][i], ones));
                             }
+                            __asm__("" : "+x"(dot[r][i]));
                         }
                     }
                 }
@@ -364,10 +368,18 @@ static void rows_task(void *ctx, Py_ssize_t task, int slot)
     (void)slot;
 }
 
+static int vbmi_allowed = 1; /* blocks_int8_rows_vbmi's switch */
+
+int blocks_int8_rows_vbmi(int allow)
+{
+    if (allow == 0 || allow == 1) vbmi_allowed = allow;
+    __builtin_cpu_init();
+    return vbmi_allowed && __builtin_cpu_supports("avx512vbmi");
+}
+
 void blocks_int8_rows(const struct gemm_args *a, const struct int8_acts *x, int kind, int mode, int threads)
 {
-    __builtin_cpu_init();
-    const int variant = mode == MODE_AVX512_VNNI ? (__builtin_cpu_supports("avx512vbmi") ? VARIANT_VBMI : VARIANT_AVX512)
+    const int variant = mode == MODE_AVX512_VNNI ? (blocks_int8_rows_vbmi(-1) ? VARIANT_VBMI : VARIANT_AVX512)
                         : mode == MODE_AVX_VNNI  ? VARIANT_AVX_VNNI
                                                  : VARIANT_MADDUBS;
     const Py_ssize_t panels = (a->cols + PANEL - 1) / PANEL;

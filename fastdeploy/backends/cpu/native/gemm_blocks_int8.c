@@ -537,7 +537,11 @@ static void panel_task(void *ctx, Py_ssize_t t, int slot)
  * an int8 twin reads. */
 static int int8_layout(int kind) { return legacy_kind(kind) ? kind : subblock_layout(kind); }
 
-static Py_ssize_t padded_rows(Py_ssize_t rows) { return (rows + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS; }
+/* the few-row kernels' tiles take 1 or FEW_ROWS rows, the many-row ones a divisor of PAD_ROWS */
+static Py_ssize_t padded_rows(Py_ssize_t rows)
+{
+    return rows <= FEW_ROWS ? FEW_ROWS : (rows + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS;
+}
 
 static size_t acts_bytes(const struct gemm_args *a, int kind)
 {

@@ -18,7 +18,10 @@
  * The weights stay unsigned where a dot needs them so: gguf's integer before its offset (the offset
  * folds into each sub-block's starting value, -offset sum qx), the codebook types through their
  * codebook + 128 (VNNI) or signed with the sign trick (maddubs; gemm_blocks_int8.c's DOTS_SIGNED).
- * Tiles: 1 or 4 rows (AVX-512), 1 or 2 (AVX2) of one panel, panels in tasks of four.
+ * Tiles: 4 rows (AVX-512) or 2 (AVX2) of one panel, or one row of two panels at once (AVX-512; AVX2
+ * for Q6_K only: two streams of weights and independent dots in flight), panels in tasks of four.
+ * A decode token's weights are about as large as the caches, so these products run near the rate at
+ * which two threads stream them; prefetching PREFETCH_BYTES ahead matters as much as the operations.
  */
 #pragma GCC target("avx2,fma,f16c") /* what isa.c checks for ISA_AVX2; the AVX-512 code adds its own */
 #include "blocks_int8.h"

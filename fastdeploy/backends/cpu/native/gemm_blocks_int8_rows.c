@@ -187,6 +187,16 @@ INLINE AVX512_TARGET void zmm_panels(int kind, int vbmi, int R, int P, const str
     }
 }
 
+/* All rows times panels [first, end): AVX512_TILE rows (padded) per panel, or one row two panels at a time. */
+INLINE AVX512_TARGET void zmm_rows(int kind, int vbmi, const struct gemm_args *a, const struct int8_acts *x, Py_ssize_t first,
+                                   Py_ssize_t end)
+{
+    for (Py_ssize_t p = first; p < end; p += a->rows == 1 && p + 1 < end ? 2 : 1)
+        if (a->rows > 1) zmm_panels(kind, vbmi, AVX512_TILE, 1, a, x, 0, p);
+        else if (p + 1 < end) zmm_panels(kind, vbmi, 1, 2, a, x, 0, p);
+        else zmm_panels(kind, vbmi, 1, 1, a, x, 0, p);
+}
+
 /* ------------------------------------------------------------------- AVX2 */
 /* 64 bytes [4 k][16 columns] into the dots' order: lo holds columns 0-3 and 8-11, hi 4-7 and 12-15 */
 INLINE void ymm_dot_order(const uint8_t *p, __m256i *lo, __m256i *hi)
@@ -347,18 +357,12 @@ typedef void (*panel_fn)(const struct gemm_args *a, const struct int8_acts *x, P
     static AVX512_TARGET void zmm_##K(const struct gemm_args *a, const struct int8_acts *x, Py_ssize_t first,          \
                                       Py_ssize_t end)                                                                 \
     {                                                                                                                 \
-        for (Py_ssize_t p = first; p < end; p += a->rows == 1 && p + 1 < end ? 2 : 1)                                \
-            if (a->rows > 1) zmm_panels(KIND_##K, 0, AVX512_TILE, 1, a, x, 0, p);                                      \
-            else if (p + 1 < end) zmm_panels(KIND_##K, 0, 1, 2, a, x, 0, p);                                           \
-            else zmm_panels(KIND_##K, 0, 1, 1, a, x, 0, p);                                                            \
+        zmm_rows(KIND_##K, 0, a, x, first, end);                                                                      \
     }                                                                                                                 \
     static AVX512_TARGET void vbmi_##K(const struct gemm_args *a, const struct int8_acts *x, Py_ssize_t first,         \
                                        Py_ssize_t end)                                                                \
     {                                                                                                                 \
-        for (Py_ssize_t p = first; p < end; p += a->rows == 1 && p + 1 < end ? 2 : 1)                                \
-            if (a->rows > 1) zmm_panels(KIND_##K, 1, AVX512_TILE, 1, a, x, 0, p);                                      \
-            else if (p + 1 < end) zmm_panels(KIND_##K, 1, 1, 2, a, x, 0, p);                                           \
-            else zmm_panels(KIND_##K, 1, 1, 1, a, x, 0, p);                                                            \
+        zmm_rows(KIND_##K, 1, a, x, first, end);                                                                      \
     }                                                                                                                 \
     static void avxvnni_##K(const struct gemm_args *a, const struct int8_acts *x, Py_ssize_t first, Py_ssize_t end)  \
     {                                                                                                                 \

@@ -283,7 +283,10 @@ int gemm_int8(const struct gemm_args *a, int isa, int threads)
     job.q = (int8_t *)(memory + (size_t)a->rows * blocks * 8);
     job.x = (struct int8_rows){job.q, job.scale, job.sum, a->depth, blocks};
     job.vnni = isa == ISA_AVX512 && native_cpu_has_vnni();
-    fd_parallel_for((a->rows + QUANTIZE_ROWS_PER_TASK - 1) / QUANTIZE_ROWS_PER_TASK, threads, quantize_task, &job);
+    if (a->rows <= QUANTIZE_ROWS_PER_TASK) /* one task: no parallel loop to start (decode runs ~100 products a token) */
+        quantize_task(&job, 0, 0);
+    else
+        fd_parallel_for((a->rows + QUANTIZE_ROWS_PER_TASK - 1) / QUANTIZE_ROWS_PER_TASK, threads, quantize_task, &job);
     fd_parallel_for(job.panels, threads, int8_panel_task, &job);
     PyMem_RawFree(memory);
     return 0;

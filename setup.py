@@ -28,6 +28,7 @@ native_kernels = Extension(
             "gemm_blocks_avx2",
             "gemm_blocks_avx512",
             "gemm_blocks_int8",
+            "gemm_blocks_int8_rows",
             "attention",
             "attention_sinks",
             "encoder_attention",
@@ -49,6 +50,7 @@ native_kernels = Extension(
             "blocks",
             "gemm_blocks",
             "block_quants",
+            "blocks_int8",
         )
     ],
     # -fno-trapping-math: nothing here reads floating-point exception flags, and without it GCC will

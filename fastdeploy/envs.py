@@ -94,8 +94,10 @@ def cpu_activations() -> str:
 
     float32 (default): exact, the weights are dequantised in registers. int8: opt-in faster
     numerics, activations quantised per 32-value block to int8 and multiplied with integer dot
-    products (AVX-512 VNNI or AVX2), as llama.cpp does; with quantization="wint8", int8 weights
-    with a scale per output channel times activations quantised per 128 inputs (gemm_w8a8.c).
+    products (AVX-512 VNNI or AVX2), as llama.cpp does, in every product of a GGUF block type,
+    decode's one-row products included; a row's result does not depend on the rows beside it, so
+    decode and prefill of a token agree. With quantization="wint8", int8 weights with a scale per
+    output channel times activations quantised per 128 inputs (gemm_w8a8.c).
     """
     return os.environ.get("FD_CPU_ACTIVATIONS", "float32").strip().lower() or "float32"
 

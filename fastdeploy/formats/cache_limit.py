@@ -37,14 +37,25 @@ TEMPORARY = re.compile(r"[0-9a-f]{64}\.(?:bin|marshal)\.[0-9]+\.tmp")
 SHARD = re.compile(r"[0-9a-f]{2}")
 BUILD = re.compile(r"build-[0-9a-f]{16}")
 
+#: the build folders (names) whose entries some cache of this process reads: the weight cache's
+#: for this native build, the header cache's for this Python (`read_here`). Every limit of the
+#: process evicts other folders' entries first, so one cache does not take another's for an old build's.
+_FOLDERS_READ_HERE: set[str] = set()
+
+
+def read_here(folder: str) -> None:
+    """Record that this process reads the entries of build folder `folder` (a path or its name)."""
+    _FOLDERS_READ_HERE.add(os.path.basename(os.path.normpath(folder)))
+
 
 class CacheLimit:
     """Keeps the entries below `root` within `limit` bytes; `current` is the folder of the
-    entries this process can read (others', e.g. an older build's, are evicted first)."""
+    entries the caller reads. Entries of folders no cache of this process reads (`read_here`),
+    e.g. an older build's, are evicted first."""
 
     def __init__(self, root: str, current: str, limit: int) -> None:
         self.root = root
-        self.current = current
+        read_here(current)
         self.limit = limit
         #: what the entries may take: `limit`, or less where the disk would keep under DISK_RESERVE
         #: free (set at the scan)
@@ -69,15 +80,11 @@ class CacheLimit:
         entries = self._scan()
         if self.total + size <= self.budget:
             return True
-        prefix = self.current + os.sep
-        candidates = sorted(
-            (path for path in entries if path not in self._in_use),
-            key=lambda path: (path.startswith(prefix), entries[path][1]),
-        )
-        for path in candidates:
+        readable = {path: self._read_here(path) for path in entries if path not in self._in_use}
+        for path in sorted(readable, key=lambda path: (readable[path], entries[path][1])):
             if self.total + size <= self.budget:
                 break
-            self._evict(path, other_build=not path.startswith(prefix))
+            self._evict(path, other_build=not readable[path])
         return self.total + size <= self.budget
 
     def added(self, path: str, size: int) -> None:
@@ -87,6 +94,11 @@ class CacheLimit:
         self.total += size - (previous[0] if previous else 0)
         entries[path] = (size, time.time_ns())
         self._in_use.add(path)
+
+    def _read_here(self, path: str) -> bool:
+        """Whether entry `path` lies in a build folder this process reads (not the flat layout of old)."""
+        folder = os.path.relpath(path, self.root).split(os.sep)[0]
+        return folder in _FOLDERS_READ_HERE
 
     def _scan(self) -> dict[str, tuple[int, int]]:
         if self._entries is None:

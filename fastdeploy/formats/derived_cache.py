@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from fastdeploy import envs
-from fastdeploy.formats.cache_limit import CacheLimit, write_entry
+from fastdeploy.formats.cache_limit import CacheLimit, read_here, write_entry
 from fastdeploy.logger import get_logger
 
 logger = get_logger(__name__)
@@ -38,6 +38,7 @@ class DerivedCache:
     def __init__(self, kind: str) -> None:
         tag = f"{kind}|python {sys.version_info.major}.{sys.version_info.minor}|marshal {marshal.version}"
         self.folder = "build-" + hashlib.sha256(tag.encode()).hexdigest()[:16]
+        read_here(self.folder)  # this process reads it: the weight cache's limit evicts it last
 
     def get(self, path: str, status: os.stat_result) -> Any | None:
         """The value stored for file `path` as it is now (`status`), or None."""

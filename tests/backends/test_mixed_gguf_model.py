@@ -120,6 +120,28 @@ def test_greedy_tokens_equal_the_float_reference(model_path, isa, monkeypatch):
 
 
 @requires_native
+@pytest.mark.parametrize("isa", ISAS)
+def test_int8_activations_decode_as_a_prefill_of_the_same_tokens(model_path, isa, monkeypatch):
+    """FD_CPU_ACTIVATIONS=int8 runs decode's one-row products on int8 kernels too, whose rows do not
+    depend on the rows beside them: each greedy token and its logprob equal those a single prefill
+    of the prompt and the tokens before it gives (prompt logprobs), bit for bit, on every type."""
+    monkeypatch.setenv("FD_CPU_KERNELS", isa)
+    monkeypatch.setenv("FD_CPU_ACTIVATIONS", "int8")
+    llm = LLM(model=model_path, max_model_len=128, max_num_seqs=4, enable_prefix_caching=False)
+    prompts = [[256, 104, 101, 108, 108, 111, 32, 116, 104, 101, 114, 101], [120], [49, 50, 51]]
+    decoding = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], decoding, use_tqdm=False)
+    scoring = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
+    for ids, output in zip(prompts, outputs, strict=True):
+        tokens = list(output.outputs.token_ids)
+        decoded = [entry[token] for entry, token in zip(output.outputs.logprobs, tokens, strict=True)]
+        (rescored,) = llm.generate({"prompt_token_ids": ids + tokens}, scoring, use_tqdm=False)
+        entries = rescored.prompt_logprobs[len(ids) :]
+        assert [max(entry, key=entry.get) for entry in entries] == tokens
+        assert [entry[token] for entry, token in zip(entries, tokens, strict=True)] == decoded
+
+
+@requires_native
 def test_every_weight_keeps_its_ggml_type(model_path, monkeypatch):
     """The loader hands each matrix over in the type it was written in, and the backend's packed
     weights report it: fused q/k/v and gate/up of different types are segments of one weight, each

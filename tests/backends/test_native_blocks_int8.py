@@ -26,7 +26,8 @@ from fastdeploy.formats.ggml_tensor import GGMLTensor
 from fastdeploy.plugins.registry import get_registry
 
 SUBBLOCK_TYPES = ("Q4_0", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
-FEW_ROWS = 4  # up to this many rows (decode) the float32 kernels run (gemm_blocks_int8.c)
+FEW_ROWS = 4  # up to this many rows (decode) the panels are read straight (gemm_blocks_int8_rows.c)
+BLOCKS_32 = ("Q4_0", "Q5_0", "Q5_1", "IQ4_NL")  # whole blocks of 32 k: depths need not be multiples of 256
 
 
 def activations(tokens: int, cols: int, seed: int) -> np.ndarray:
@@ -66,24 +67,96 @@ def test_int8_kernels_match_float64_products_of_quantised_activations(type_name,
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "IQ4_NL"])
 def test_each_row_count_equals_the_many_rows_path_bit_for_bit(isa, type_name):
-    """Past FEW_ROWS, every row count (tiles of 4 or 2 rows and their remainders) gives each row
-    the bits of the many-rows path; up to FEW_ROWS the float32 kernels' exact bits."""
+    """Every row count (the few-row kernels up to FEW_ROWS, then tiles of 6, 4 or 2 rows and their
+    remainders) gives each row the bits of the many-rows path: decode and prefill of a token agree."""
     cols = 256
     tensor = random_blocks(type_name, 90, cols, seed=3)
-    packed, exact = native.pack([tensor], activations="int8"), native.pack([tensor])
+    packed = native.pack([tensor], activations="int8")
     x = np.random.default_rng(4).standard_normal((70, cols)).astype(np.float32)
     many_rows = native.matmul(x, packed, isa, threads=2)
     for rows in [*range(1, 18), 33, 64]:
         for start in (0, 70 - rows):
-            part = x[start : start + rows]
-            expected = (
-                native.matmul(part, exact, isa, threads=2)
-                if rows <= FEW_ROWS
-                else many_rows[start : start + rows]
-            )
             np.testing.assert_array_equal(
-                native.matmul(part, packed, isa, threads=2), expected, err_msg=f"{rows} rows from row {start}"
+                native.matmul(x[start : start + rows], packed, isa, threads=2),
+                many_rows[start : start + rows],
+                err_msg=f"{rows} rows from row {start}",
             )
+
+
+def each_dot():
+    """(isa, dot cap) for every instruction set and dot instruction this CPU has, the cap set while
+    the caller runs (and lifted afterwards); AVX-512 VNNI ("2") also without AVX512_VBMI's vpermb
+    ("2-permd": the few-row kernels' fallback) where the CPU has it."""
+    try:
+        for isa in (isa for isa in native.ISAS if runs_here(isa)):
+            for cap in range(native._native.int8_dots(isa, -1) + 1):
+                assert native._native.int8_dots(isa, cap) == cap
+                yield isa, cap
+                if cap == 2 and native._native.int8_vbmi(0) != native._native.int8_vbmi(1):
+                    native._native.int8_vbmi(0)
+                    yield isa, "2-permd"
+                    native._native.int8_vbmi(1)
+            native._native.int8_dots("avx2", 2)
+    finally:
+        native._native.int8_dots("avx2", 2)  # no cap
+        native._native.int8_vbmi(1)
+
+
+@requires_native
+@pytest.mark.parametrize("type_name", SUBBLOCK_TYPES)
+def test_few_rows_equal_the_same_rows_inside_a_larger_product_on_every_dot(type_name):
+    """1-4 rows (decode: gemm_blocks_int8_rows.c) and 5 and 12 (the many-row tiles) of every
+    sub-block type, under each instruction set and dot cap: the bits of the same rows computed among
+    40, and the float64 product of the quantised activations and gguf's dequantised weights. 72
+    columns: five panels (an odd count), the last partial; depths 256 and 512, and for the types of
+    32-weight blocks 96 and 160 (not multiples of 256)."""
+    for depth in (256, 512, 96, 160) if type_name in BLOCKS_32 else (256, 512):
+        tensor = random_blocks(type_name, 72, depth, seed=depth)
+        packed = native.pack([tensor], activations="int8")
+        x = activations(40, depth, seed=depth + 1)
+        expected = int8_expected(x, tensor)
+        bias = np.random.default_rng(depth).standard_normal(72).astype(np.float32)
+        reference_bits = None
+        for isa, cap in each_dot():
+            whole = native.matmul(x, packed, isa, threads=2, bias=bias)
+            if reference_bits is None:
+                reference_bits = whole
+                np.testing.assert_allclose(
+                    whole - bias, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max()
+                )
+            np.testing.assert_array_equal(whole, reference_bits, err_msg=f"{isa}, dots {cap}, depth {depth}")
+            for rows in (*range(1, FEW_ROWS + 2), 12):
+                for start in (0, 17, 40 - rows):
+                    np.testing.assert_array_equal(
+                        native.matmul(x[start : start + rows], packed, isa, threads=2, bias=bias),
+                        whole[start : start + rows],
+                        err_msg=f"{isa}, dots {cap}, depth {depth}: {rows} rows from row {start}",
+                    )
+
+
+@requires_native
+@pytest.mark.parametrize("type_name", SUBBLOCK_TYPES)
+@pytest.mark.parametrize("weights", ["largest", "smallest"])
+def test_few_rows_of_extreme_integers_on_every_dot(type_name, weights):
+    """The few-row kernels' worst cases: every weight at its type's largest or smallest integer
+    (Q6_K q = 63 or 0, the 5-bit types' high bit everywhere or nowhere) and every activation block
+    at +-127, one to four rows, against float64 and the same bits on every dot (40 columns: two
+    panels and a half)."""
+    tensor = extreme_integers(type_name, 0xFF if weights == "largest" else 0x00)
+    packed = native.pack([tensor], activations="int8")
+    signs = np.where(np.arange(4) % 2 == 0, 1.0, -1.0).astype(np.float32)
+    x = np.repeat(signs[:, None], 512, axis=1)
+    x[3, ::3] *= -1  # mixed signs within a block
+    expected = int8_expected(x, tensor)
+    outputs = {}
+    for isa, cap in each_dot():
+        for rows in (1, 2, 3, 4):
+            outputs[isa, cap, rows] = native.matmul(x[:rows], packed, isa, threads=1)
+    isa, cap, _ = next(iter(outputs))
+    four = outputs[isa, cap, 4]
+    for (isa, cap, rows), out in outputs.items():
+        np.testing.assert_array_equal(out, four[:rows], err_msg=f"{isa}, dots {cap}, {rows} rows")
+    np.testing.assert_allclose(four, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
 
 
 @requires_native

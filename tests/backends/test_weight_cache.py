@@ -27,6 +27,8 @@ from fastdeploy.backends.cpu import native
 from fastdeploy.backends.cpu.backend import CpuBackend
 from fastdeploy.backends.cpu.native.weight_cache import WeightCache
 from fastdeploy.errors import InvalidArgumentError
+from fastdeploy.formats import cache_limit
+from fastdeploy.formats.derived_cache import DerivedCache
 from fastdeploy.model_executor.loaders.gguf_loader import GGUFLoader
 
 
@@ -231,10 +233,21 @@ def test_an_entry_evicted_by_another_load_stays_readable_where_it_is_mapped(tmp_
     assert np.array_equal(mapped, table)  # unlinked, not truncated: the mapping still reads it
 
 
-def test_other_builds_entries_go_before_this_builds(tmp_path):
+@pytest.fixture
+def new_process(monkeypatch):
+    """No cache folder is known to be read by this process yet (earlier tests made some)."""
+    monkeypatch.setattr(cache_limit, "_FOLDERS_READ_HERE", set())
+
+
+def build_folder(root: Path, build: str) -> Path:
+    """Where a cache of native build `build` keeps its entries, without making that cache here."""
+    return root / ("build-" + hashlib.sha256(build.encode()).hexdigest()[:16])
+
+
+def test_other_builds_entries_go_before_this_builds(tmp_path, new_process):
     cache = WeightCache(str(tmp_path), "build 2", limit=300)
     mine = stored(cache, "a", 100, hours_ago=50)  # older than the others' but readable here
-    previous = WeightCache(str(tmp_path), "build 1", limit=300)
+    previous = SimpleNamespace(directory=str(build_folder(tmp_path, "build 1")))  # an older install's
     theirs = stored(previous, "b", 100, hours_ago=2)
     unversioned = put(tmp_path / key("c")[:2] / bin_name("c"), 100, hours_ago=1)  # the older flat layout
     cache.write(key("d"), np.zeros(100, np.uint8))
@@ -245,6 +258,28 @@ def test_other_builds_entries_go_before_this_builds(tmp_path):
     cache.write(key("f"), np.zeros(100, np.uint8))
     assert names(tmp_path) == {bin_name(name) for name in "def"}
     assert Path(cache.directory).is_dir()
+
+
+def test_the_header_caches_entries_are_this_processs_too(tmp_path, new_process, monkeypatch):
+    """The GGUF header cache keeps its entries beside the weights under one limit: a weight write
+    evicts an older build's entries before the headers this process reads, and a header write
+    evicts them before this build's weights."""
+    monkeypatch.setenv("FD_WEIGHT_CACHE", str(tmp_path))
+    headers = DerivedCache("headers of this test")
+    header = put(tmp_path / headers.folder / key("h")[:2] / f"{key('h')}.marshal", 100, hours_ago=50)
+    cache = WeightCache(str(tmp_path), "build 2", limit=300)
+    mine = stored(cache, "a", 100, hours_ago=40)
+    older = build_folder(tmp_path, "build 1")
+    theirs = put(older / key("b")[:2] / bin_name("b"), 100, hours_ago=1)
+    cache.write(key("d"), np.zeros(100, np.uint8))
+    assert header.exists() and mine.exists() and not theirs.exists()
+    theirs = put(older / key("c")[:2] / bin_name("c"), 100, hours_ago=1)  # another install writes
+    monkeypatch.setenv("FD_WEIGHT_CACHE_MAX_GB", str(400 / 1e9))  # room for the header once c is gone
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"a file the header was read from")
+    headers.put(str(source), source.stat(), {"values": "x" * 40})
+    assert header.exists() and mine.exists() and not theirs.exists()
+    assert headers.get(str(source), source.stat()) == {"values": "x" * 40}
 
 
 def test_files_the_cache_did_not_write_are_left_alone(tmp_path):

@@ -1,7 +1,8 @@
 /*
  * Products of the sub-block kinds (blocks.h: Q4_0 .. IQ4_XS) with int8 activations, as llama.cpp
  * computes its quantised matmuls: the KIND_*_I8 twins of those kinds (opt-in,
- * FD_CPU_ACTIVATIONS=int8), on the very panels the float32 kernels read (block_packing.c); and,
+ * FD_CPU_ACTIVATIONS=int8), on the very panels the float32 kernels read (block_packing.c), for
+ * every row count (up to FEW_ROWS in gemm_blocks_int8_rows.c); and,
  * from FEW_ROWS + 1 rows, the products of KIND_Q8_0_I8 and KIND_Q4_1_I8 (packing.c's int8 layouts:
  * blocks of 32 without sub-blocks, Q8_0 signed without minimum, Q4_1 unsigned 0..15 with one) on
  * the same tiles (their fewer rows stay in gemm_int8.c, whose float operations are these).
@@ -31,29 +32,23 @@
  * 16, whose part sums also stay live), 2 rows times 16 columns for AVX2 (the totals in L1). The tiles are compiled once per sub-block size and minimum (and, for
  * maddubs, how many k-steps add up in int16), their dot loops unrolled; rows are padded to whole
  * tiles. Regrouping once at load instead would double a 4-bit weight's memory for a cost that is
- * paid per product, not per row (measured: about 4% of a 512-row Q4_K product); up to FEW_ROWS rows run
- * the float32 kernels instead, which read each weight once anyway.
+ * paid per product, not per row (measured: about 4% of a 512-row Q4_K product); up to FEW_ROWS rows,
+ * which cannot amortise it, read the panels straight and decode each group in registers into the
+ * dots' order (gemm_blocks_int8_rows.c), with the arithmetic above: the same bits per row.
  */
 #pragma GCC target("avx2,fma,f16c") /* what isa.c checks for ISA_AVX2; the VNNI code adds its own */
+#include "blocks_int8.h"
+
 #include "block_quants.h"
 
 #include <string.h>
 
-#define FEW_ROWS 4
 #define PAD_ROWS 12     /* the activations are padded to a multiple of every tile's rows */
 #define MAX_VNNI_ROWS 6 /* rows of a VNNI tile: 6 for sub-blocks of 32, 4 for 16 (their part sums stay live) */
 #define AVX2_ROWS 2     /* rows of an AVX2 tile (4 took 5-25% more time at depth 1024: L1) */
 #define QUANTIZE_ROWS_PER_TASK 16
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
-
-/* The activations of one product, quantised, [rows padded to PAD_ROWS]. */
-struct int8_acts {
-    const int8_t *q;      /* [rows, depth] */
-    const float *scale;   /* [rows, depth / 32]: sx */
-    const int32_t *init;  /* [rows, depth / sub]: each sub-block's dot starts at -(weight offset) sum qx */
-    const float *sum;     /* [rows, depth / sub]: each sub-block's sum qx */
-};
 
 /* Two adjacent panels regrouped for the dot instructions (the second all zero past the matrix):
  * w: [panel][depth / 4][16 columns][4 k] bytes, +128 for vpdpbusd's unsigned operand;
@@ -437,8 +432,6 @@ AVX2_ROWS_FN(avxvnni_rows_16_min, 16, 1, DOTS_AVX_VNNI, 1)
 #undef AVX2_ROWS_FN
 
 /* ----------------------------------------------------------- dispatching */
-enum { MODE_AVX2 = 0, MODE_AVX_VNNI = 1, MODE_AVX512_VNNI = 2 }; /* fd_int8_dots' numbers */
-
 typedef void (*rows_fn)(const struct gemm_args *, const struct int8_acts *, const struct panel_pair *, Py_ssize_t);
 
 /* [dots][sub 32 or 16][with a minimum]; the codebook types (DOTS_SIGNED) have sub-blocks of 32 and no minimum */
@@ -544,7 +537,11 @@ static void panel_task(void *ctx, Py_ssize_t t, int slot)
  * an int8 twin reads. */
 static int int8_layout(int kind) { return legacy_kind(kind) ? kind : subblock_layout(kind); }
 
-static Py_ssize_t padded_rows(Py_ssize_t rows) { return (rows + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS; }
+/* the few-row kernels' tiles take 1 or FEW_ROWS rows, the many-row ones a divisor of PAD_ROWS */
+static Py_ssize_t padded_rows(Py_ssize_t rows)
+{
+    return rows <= FEW_ROWS ? FEW_ROWS : (rows + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS;
+}
 
 static size_t acts_bytes(const struct gemm_args *a, int kind)
 {
@@ -583,12 +580,8 @@ int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)
 {
     const int kind = int8_layout(a->kind);
     if (a->rows <= FEW_ROWS && legacy_kind(kind)) return gemm_int8(a, isa, threads);
-    if (a->rows <= FEW_ROWS) {
-        struct gemm_args twin = *a;
-        twin.kind = kind;
-        return gemm_blocks(&twin, isa, threads);
-    }
-    char *memory = a->x_int8 ? a->x_int8 : PyMem_RawMalloc(acts_bytes(a, kind));
+    const int few = a->rows <= FEW_ROWS; /* quantised here, whatever a->x_int8 holds (fd_int8_rows_bytes: 0) */
+    char *memory = a->x_int8 && !few ? a->x_int8 : PyMem_RawMalloc(acts_bytes(a, kind));
     if (memory == NULL) return -1;
     struct blocks_int8_job job = int8_job(a, isa, memory);
     /* the padding rows: zero activations, scale 0, and dots that start at 0 */
@@ -597,6 +590,13 @@ int gemm_blocks_int8(const struct gemm_args *a, int isa, int threads)
     memset(job.sum + a->rows * subs, 0, (size_t)extra * subs * 4);
     memset(job.init + a->rows * subs, 0, (size_t)extra * subs * 4);
     memset(job.q + a->rows * a->depth, 0, (size_t)extra * a->depth);
+    if (few) {
+        quantize_rows(a->x, 0, a->rows, a->depth, block_sub(kind), blocks_int8_rows_offset(kind, job.mode), job.q, job.scale,
+                      job.init, job.sum);
+        blocks_int8_rows(a, &job.x, kind, job.mode, threads);
+        PyMem_RawFree(memory);
+        return 0;
+    }
     if (a->x_int8 == NULL)
         fd_parallel_for((a->rows + QUANTIZE_ROWS_PER_TASK - 1) / QUANTIZE_ROWS_PER_TASK, threads, quantize_task, &job);
     fd_parallel_for(((a->cols + PANEL - 1) / PANEL + 1) / 2, threads, panel_task, &job);

@@ -63,6 +63,15 @@ static inline int32_t four_bytes(const int8_t *p)
     return v;
 }
 
+/* Prefetches the block PREFETCH_BYTES (in whole blocks) after blk: few rows read each weight once, and
+ * a decode token's weights stream from memory (gemm_blocks_int8_rows.c measured the distance). */
+#define PREFETCH_BYTES 6144
+static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *blk, Py_ssize_t bytes)
+{
+    const uint8_t *ahead = blk + PREFETCH_BYTES / bytes * bytes;
+    for (Py_ssize_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)ahead + line, _MM_HINT_T0);
+}
+
 /* ------------------------------------------------------------- AVX-512 VNNI */
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define VNNI_ROWS 4 /* gemm_blocks_int8.c sends at most FEW_ROWS = 4 rows here */
@@ -78,6 +87,7 @@ vnni_tile(const struct gemm_args *a, const struct int8_rows *x, const uint8_t *p
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (Py_ssize_t b = 0; b < blocks; b++) {
         const uint8_t *blk = panel + b * BLOCK_BYTES(a->kind);
+        prefetch_ahead(blk, BLOCK_BYTES(a->kind));
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         __m512i dot[VNNI_ROWS];
         for (int r = 0; r < rows; r++) dot[r] = _mm512_setzero_si512();
@@ -152,6 +162,7 @@ avx2_int8_tile(const struct gemm_args *a, const struct int8_rows *x, const uint8
     const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
     for (Py_ssize_t b = 0; b < blocks; b++) {
         const uint8_t *blk = panel + b * BLOCK_BYTES(a->kind);
+        prefetch_ahead(blk, BLOCK_BYTES(a->kind));
         const __m256 d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
         const __m256 d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
         __m256i dot_lo[AVX2_INT8_ROWS], dot_hi[AVX2_INT8_ROWS];
@@ -272,7 +283,10 @@ int gemm_int8(const struct gemm_args *a, int isa, int threads)
     job.q = (int8_t *)(memory + (size_t)a->rows * blocks * 8);
     job.x = (struct int8_rows){job.q, job.scale, job.sum, a->depth, blocks};
     job.vnni = isa == ISA_AVX512 && native_cpu_has_vnni();
-    fd_parallel_for((a->rows + QUANTIZE_ROWS_PER_TASK - 1) / QUANTIZE_ROWS_PER_TASK, threads, quantize_task, &job);
+    if (a->rows <= QUANTIZE_ROWS_PER_TASK) /* one task: no parallel loop to start (decode runs ~100 products a token) */
+        quantize_task(&job, 0, 0);
+    else
+        fd_parallel_for((a->rows + QUANTIZE_ROWS_PER_TASK - 1) / QUANTIZE_ROWS_PER_TASK, threads, quantize_task, &job);
     fd_parallel_for(job.panels, threads, int8_panel_task, &job);
     PyMem_RawFree(memory);
     return 0;

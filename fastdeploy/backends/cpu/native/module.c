@@ -1,6 +1,7 @@
 /*
  * The `_native` extension module: the kernels' Python entry points.
  */
+#include "blocks_int8.h"
 #include "native.h"
 #include "thread_adapt.h"
 
@@ -101,11 +102,21 @@ static PyObject *native_int8_dots(PyObject *self, PyObject *args)
     return isa < 0 ? NULL : PyLong_FromLong(fd_int8_dots(isa, widest));
 }
 
+/* int8_vbmi(allow): blocks_int8_rows_vbmi */
+static PyObject *native_int8_vbmi(PyObject *self, PyObject *args)
+{
+    int allow;
+    if (!PyArg_ParseTuple(args, "i", &allow)) return NULL;
+    return PyBool_FromLong(blocks_int8_rows_vbmi(allow));
+}
+
 static PyMethodDef methods[] = {
     {"has_vnni", native_has_vnni, METH_NOARGS, "Whether the int8 kernels use AVX-512 VNNI on this CPU."},
     {"int8_dots", native_int8_dots, METH_VARARGS,
      "int8_dots(isa, widest): the sub-block int8 kernels' dots for isa (0 maddubs, 1 AVX-VNNI, 2 AVX-512 VNNI); "
      "widest 0..2 caps them from then on, -1 leaves them."},
+    {"int8_vbmi", native_int8_vbmi, METH_VARARGS,
+     "int8_vbmi(allow): whether the few-row int8 kernels use AVX512_VBMI here; allow 0/1 forbids/allows it, -1 leaves it."},
     {"best_isa", native_best_isa, METH_NOARGS, "The widest instruction set this CPU runs: avx512, avx2 or none."},
     {"attention", native_attention, METH_VARARGS, "Paged causal attention over block tables (see attention.c)."},
     {"attention_sink_factors", native_attention_sink_factors, METH_VARARGS,

@@ -248,7 +248,7 @@ def test_extreme_integers_in_every_kernel_shape(isa, type_name, pattern):
     packed = native.pack([tensor])
     identity = np.eye(depth, dtype=np.float32)
     np.testing.assert_array_equal(native.matmul(identity, packed, isa, threads=2), expected)
-    for rows in (1, 2, 4):
+    for rows in (1, 2, 3, 4, 8):
         out = np.concatenate(
             [native.matmul(identity[k : k + rows], packed, isa, threads=2) for k in range(0, depth, rows)]
         )

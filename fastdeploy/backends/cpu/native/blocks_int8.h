@@ -7,6 +7,8 @@
 
 #include "blocks.h"
 
+#include <immintrin.h>
+
 #define FEW_ROWS 4 /* up to this many rows the panels are read straight (gemm_blocks_int8_rows.c) */
 
 enum { MODE_AVX2 = 0, MODE_AVX_VNNI = 1, MODE_AVX512_VNNI = 2 }; /* fd_int8_dots' numbers */
@@ -18,6 +20,18 @@ struct int8_acts {
     const int32_t *init;  /* [rows, depth / sub]: each sub-block's dot starts at -(weight offset) sum qx */
     const float *sum;     /* [rows, depth / sub]: each sub-block's sum qx */
 };
+
+/* how far ahead the few-row kernels (here and gemm_int8.c's) prefetch, rounded to whole blocks: they
+ * read each weight once, and a decode token's weights stream from memory; 4 groups read Q4_K 1.25x
+ * slower than 16 (6 KB) on matrices that do not stay in cache, Q6_K best at 8-16 groups (4.5-9 KB) */
+#define PREFETCH_BYTES 6144
+
+/* Prefetches the block of `bytes` PREFETCH_BYTES (in whole blocks) after `blk`. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *blk, Py_ssize_t bytes)
+{
+    const uint8_t *ahead = blk + PREFETCH_BYTES / bytes * bytes;
+    for (Py_ssize_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)ahead + line, _MM_HINT_T0);
+}
 
 /* The weight offset the few-row kernels of sub-block `kind` add (their `init`), in dot `mode`. */
 int blocks_int8_rows_offset(int kind, int mode);

@@ -35,9 +35,6 @@
 #define PANELS_PER_TASK 4
 #define AVX512_TILE 4 /* rows */
 #define AVX2_TILE 2
-/* how far ahead the kernels prefetch (then rounded to whole groups): 4 groups read Q4_K 1.25x slower
- * than 16 (6 KB) on matrices that do not stay in cache, Q6_K best at 8-16 groups (4.5-9 KB) */
-#define PREFETCH_BYTES 6144
 
 enum { DOTS_VNNI, DOTS_SIGNED, DOTS_UNSIGNED }; /* the AVX2 tile's dots: AVX-VNNI, maddubs signed or unsigned */
 
@@ -62,13 +59,6 @@ INLINE int int16_steps(int kind)
     int steps = block_sub(kind) / 4;
     while (2 * 127 * largest * steps > 32767) steps /= 2;
     return steps;
-}
-
-/* the group PREFETCH_BYTES (in whole groups) after grp */
-INLINE void prefetch_ahead(const uint8_t *grp, Py_ssize_t gbytes)
-{
-    const uint8_t *ahead = grp + (PREFETCH_BYTES / gbytes) * gbytes;
-    for (Py_ssize_t line = 0; line < gbytes; line += 64) _mm_prefetch((const char *)ahead + line, _MM_HINT_T0);
 }
 
 /* ------------------------------------------------------------- AVX-512 VNNI */

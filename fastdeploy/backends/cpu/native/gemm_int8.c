@@ -17,6 +17,7 @@
  * Both instruction sets compute the same integer dots exactly (AVX2's 16-bit partial sums are
  * bounded below 2^15) and the same float operations in the same order, so they agree bit for bit.
  */
+#include "blocks_int8.h" /* prefetch_ahead */
 #include "native.h"
 
 #include <immintrin.h>
@@ -61,15 +62,6 @@ static inline int32_t four_bytes(const int8_t *p)
     int32_t v;
     memcpy(&v, p, 4);
     return v;
-}
-
-/* Prefetches the block PREFETCH_BYTES (in whole blocks) after blk: few rows read each weight once, and
- * a decode token's weights stream from memory (gemm_blocks_int8_rows.c measured the distance). */
-#define PREFETCH_BYTES 6144
-static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *blk, Py_ssize_t bytes)
-{
-    const uint8_t *ahead = blk + PREFETCH_BYTES / bytes * bytes;
-    for (Py_ssize_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)ahead + line, _MM_HINT_T0);
 }
 
 /* ------------------------------------------------------------- AVX-512 VNNI */

@@ -135,6 +135,69 @@ def test_every_dot_instruction_gives_the_same_bits_at_the_extremes(type_name):
         native._native.int8_dots("avx2", 2)  # no cap
 
 
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("out_features", [16, 40, 80, 107, 144])
+def test_one_to_four_rows_get_the_many_rows_bits_under_every_dot_instruction(type_name, out_features):
+    """Up to 4 rows gemm_int8.c reads the panels two at a time (one row; AVX-512 every row) in tasks of
+    four panels, with AVX-512 VNNI, AVX-VNNI or maddubs dots: 1, 3, 5, 7 and 9 panels (a pair cut
+    short, a partial last panel) under each dot cap and thread count give each row the bits of a
+    many-row product, which matches the float64 reference of the quantised numerics."""
+    rng = np.random.default_rng(out_features)
+    qtype = GGMLQuantizationType[type_name]
+    rows = quantize(rng.standard_normal((out_features, 160)).astype(np.float32), qtype)
+    packed = native.pack([GGMLTensor(int(qtype), rows, (out_features, 160))], activations="int8")
+    x = rng.standard_normal((12, 160)).astype(np.float32)
+    x[:, 5] *= 40  # an outlier channel
+    x[3, 64:96] = 0.0  # an all-zero block: scale 0
+    bias = rng.standard_normal(out_features).astype(np.float32)
+    many_rows = native.matmul(x, packed, native.best_isa(), threads=2, bias=bias)
+    expected = int8_reference(x, rows, type_name, out_features) + bias
+    np.testing.assert_allclose(many_rows, expected, rtol=2e-6, atol=2e-6 * np.abs(expected).max())
+    try:
+        for isa in (isa for isa in native.ISAS if runs_here(isa)):
+            for cap in range(native._native.int8_dots(isa, -1) + 1):
+                assert native._native.int8_dots(isa, cap) == cap
+                for count in range(1, 5):
+                    for start in (0, 3, 12 - count):
+                        for threads in (1, 2):
+                            np.testing.assert_array_equal(
+                                native.matmul(x[start : start + count], packed, isa, threads, bias=bias),
+                                many_rows[start : start + count],
+                                err_msg=f"{isa}, dots {cap}, {count} rows from row {start}, {threads} threads",
+                            )
+    finally:
+        native._native.int8_dots("avx2", 2)  # no cap
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+def test_one_to_four_rows_at_the_extremes_under_every_dot_instruction(type_name):
+    """The extremes test's weights and activations (Q8_0 +-127, Q4_1 15 and 0, x +-127) in products of
+    1 to 4 rows: the few-row kernels' sign trick, 16-bit maddubs sums and VNNI dots stay exact."""
+    qtype = GGMLQuantizationType[type_name]
+    signs = np.where(np.arange(56) % 3 == 0, -1.0, 1.0).astype(np.float32)
+    weights = np.repeat(signs[:, None], 512, axis=1)
+    weights[:, ::32] = 0.0
+    rows = quantize(weights, qtype)
+    packed = native.pack([GGMLTensor(int(qtype), rows, (56, 512))], activations="int8")
+    x = np.repeat(np.where(np.arange(4) % 2 == 0, 1.0, -1.0).astype(np.float32)[:, None], 512, axis=1)
+    expected = int8_reference(x, rows, type_name, 56)
+    try:
+        for isa in (isa for isa in native.ISAS if runs_here(isa)):
+            for cap in range(native._native.int8_dots(isa, -1) + 1):
+                native._native.int8_dots(isa, cap)
+                for count in range(1, 5):
+                    out = native.matmul(x[:count], packed, isa, threads=2)
+                    np.testing.assert_allclose(
+                        out,
+                        expected[:count],
+                        rtol=2e-6,
+                        atol=2e-6 * np.abs(expected).max(),
+                        err_msg=f"{isa}, dots {cap}, {count} rows",
+                    )
+    finally:
+        native._native.int8_dots("avx2", 2)  # no cap
+
+
 def test_float_weights_stay_float32_under_int8_activations():
     weight = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)
     packed = native.pack([weight], activations="int8")

@@ -90,7 +90,8 @@ def build_stamp() -> str:
 
 
 def has_vnni() -> bool:
-    """Whether the int8-activation kernels use AVX-512 VNNI here (else AVX2's maddubs)."""
+    """Whether the CPU has AVX-512 VNNI for the AVX-512 kernels (the int8 products' widest dots;
+    `int8_dots` names the ones they use)."""
     return _native is not None and _native.has_vnni()
 
 

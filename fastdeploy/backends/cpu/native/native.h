@@ -285,7 +285,7 @@ int gemm_mixed(const struct gemm_args *a, int isa, int threads);
  * sub-block kind repacked into its panels (`out` has fd_packed_bytes); 0, or -1 on a bad shape. */
 int pack_subblock_rows(int kind, const uint8_t *rows, Py_ssize_t rows_len, uint8_t *out, Py_ssize_t out_len,
                        Py_ssize_t out_features, Py_ssize_t in_features);
-/* Whether the int8 kernels use AVX-512 VNNI here (else AVX2's maddubs). */
+/* Whether the AVX-512 kernels have AVX-512 VNNI here (the int8 products' widest dots: fd_int8_dots). */
 int native_cpu_has_vnni(void);
 
 PyObject *native_best_isa(PyObject *self, PyObject *noargs);

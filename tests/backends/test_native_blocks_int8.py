@@ -135,6 +135,18 @@ def test_few_rows_equal_the_same_rows_inside_a_larger_product_on_every_dot(type_
 
 
 @requires_native
+def test_q6_k_int8_panels_take_seven_bits_a_weight():
+    """Q6_K's int8 twin keeps its integers as nibbles and a plane of their two high bits (blocks.h):
+    per group of 32 k and 16 columns its float16 d (32 bytes), int8 sub-block factors (32), nibbles
+    (256) and high bits (128), 448 bytes or 7 bits a weight, where the float32 kernels' panels keep
+    a byte per integer (576 bytes, 9 bits). Its values are checked by every test above and below."""
+    tensor = random_blocks("Q6_K", 32, 512, seed=1)
+    groups = 2 * 512 // 32  # two panels of 16 groups
+    assert native.pack([tensor], activations="int8").packed.nbytes == groups * 448
+    assert native.pack([tensor]).packed.nbytes == groups * 576
+
+
+@requires_native
 @pytest.mark.parametrize("type_name", SUBBLOCK_TYPES)
 @pytest.mark.parametrize("weights", ["largest", "smallest"])
 def test_few_rows_of_extreme_integers_on_every_dot(type_name, weights):

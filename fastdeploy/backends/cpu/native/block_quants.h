@@ -45,8 +45,8 @@ static inline __attribute__((always_inline)) void group_factors(int kind, const 
     }
 }
 
-/* the plane shifted so that decoded vector s's bits (bit s of each byte) are at bit 4 */
-static inline __attribute__((always_inline)) __m512i plane_bits_at_4(__m512i plane, int shift_left)
+/* the plane shifted so that decoded vector s's high bits are at bit 4 (blocks.h: high_bits_shift) */
+static inline __attribute__((always_inline)) __m512i plane_bits_at(__m512i plane, int shift_left)
 {
     if (shift_left > 0) return _mm512_slli_epi16(plane, (unsigned)shift_left);
     if (shift_left < 0) return _mm512_srli_epi16(plane, (unsigned)-shift_left);
@@ -56,8 +56,9 @@ static inline __attribute__((always_inline)) __m512i plane_bits_at_4(__m512i pla
 /* decoded vector s (k 4s .. 4s + 3) from its nibbles, with the plane's bits, offset or codebook */
 static inline __attribute__((always_inline)) __m512i finish_ints(int kind, __m512i q, const uint8_t *plane, int s)
 {
-    if (block_plane(kind)) /* q | (p & 0x10) */
-        q = _mm512_ternarylogic_epi32(q, plane_bits_at_4(_mm512_loadu_si512(plane), 4 - s), _mm512_set1_epi8(0x10), 0xF8);
+    if (block_high_bits(kind)) /* q | (p & mask) */
+        q = _mm512_ternarylogic_epi32(q, plane_bits_at(_mm512_loadu_si512(plane + 64 * high_bits_chunk(kind, s)), high_bits_shift(kind, s)),
+                                      _mm512_set1_epi8((char)high_bits_mask(kind)), 0xF8);
     if (block_codebook(kind))
         q = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)block_codebook_values(kind))), q);
     if (block_offset(kind)) q = _mm512_sub_epi8(q, _mm512_set1_epi8((char)block_offset(kind)));
@@ -110,7 +111,7 @@ static inline __attribute__((always_inline)) void group_factors(int kind, const 
     }
 }
 
-static inline __attribute__((always_inline)) __m256i plane_bits_at_4(__m256i plane, int shift_left)
+static inline __attribute__((always_inline)) __m256i plane_bits_at(__m256i plane, int shift_left)
 {
     if (shift_left > 0) return _mm256_slli_epi16(plane, shift_left);
     if (shift_left < 0) return _mm256_srli_epi16(plane, -shift_left);
@@ -120,9 +121,9 @@ static inline __attribute__((always_inline)) __m256i plane_bits_at_4(__m256i pla
 /* half h (32 bytes) of decoded vector s, as the AVX-512 finish_ints */
 static inline __attribute__((always_inline)) __m256i finish_ints(int kind, __m256i q, const uint8_t *plane, int s, int h)
 {
-    if (block_plane(kind)) {
-        const __m256i p = _mm256_loadu_si256((const __m256i *)(plane + 32 * h));
-        q = _mm256_or_si256(q, _mm256_and_si256(plane_bits_at_4(p, 4 - s), _mm256_set1_epi8(0x10)));
+    if (block_high_bits(kind)) {
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(plane + 64 * high_bits_chunk(kind, s) + 32 * h));
+        q = _mm256_or_si256(q, _mm256_and_si256(plane_bits_at(p, high_bits_shift(kind, s)), _mm256_set1_epi8((char)high_bits_mask(kind))));
     }
     if (block_codebook(kind))
         q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)block_codebook_values(kind))), q);

@@ -22,6 +22,9 @@
  *   m        int8 [32 / S][16]                 (Q2_K, Q4_K, Q5_K: sub-block minimum factors)
  *   nibbles  4 chunks c of 64 bytes: byte 16 i + n = q[8c + i][n] & 15 | (q[8c + 4 + i][n] & 15) << 4, i < 4
  *   plane    the 5-bit types: 64 bytes, bit s of byte j = bit 4 of q[4s + j / 16][j % 16]
+ *            Q6_K_NIBBLES (Q6_K's int8 twin): 128 bytes, bits 2i, 2i + 1 of byte 64 h + j = bits 4, 5
+ *            of q[4 (4h + i) + j / 16][j % 16] (block_high_bits: steps s of 4 k per 64 bytes, each
+ *            its b bits at b (s % (8 / b)) of chunk s / (8 / b))
  *   or bytes Q6_K: 32 rows k of 16 int8, q[k][n] - 32
  * with q gguf's unsigned integer. The kernels decode a whole group at once (block_quants.h:
  * group_ints) into 512 int8 [32 k][16 columns], the integer of (k, n) at 16 k + n after the type's
@@ -36,8 +39,12 @@
  * operations, 3 per 16 weights to widen, convert and multiply, plus the decode. Decoded by whole
  * groups, Q5's plane costs about 3 operations per 64 weights and the factors a few per group; Q6_K's
  * 2-bit plane cost about 4.25 per 64 (AVX2: twice that), and bytes measured 1.01-1.07x its speed
- * with AVX-512 and 1.17x with AVX2 (two threads, ERNIE-shaped layers), so Q6_K keeps bytes. Bits per
- * weight: Q4_0 and IQ4_NL 4.5, Q5_0 5.5, Q5_1 6 (as GGUF), Q4_K 5.5, Q5_K 6.5, Q6_K 9, IQ4_XS 4.75.
+ * with AVX-512 and 1.17x with AVX2 (two threads, ERNIE-shaped layers), so Q6_K keeps bytes for them.
+ * The int8 kernels decode in registers straight into their dots' order, where the high bits cost
+ * 2 operations per 64 weights (AVX-512) beside dots that are cheap, and a one-row product streams at
+ * the memory's rate: for them Q6_K's integers are nibbles and their two high bits (KIND_Q6_K_NIBBLES,
+ * 7 bits a weight). Bits per weight: Q4_0 and IQ4_NL 4.5, Q5_0 5.5, Q5_1 6 (as GGUF), Q4_K 5.5, Q5_K 6.5,
+ * Q6_K 9 (KIND_Q6_K_NIBBLES 7), IQ4_XS 4.75.
  * A panel's groups follow each other along k, panels along n; columns past the matrix are zero.
  */
 #ifndef FASTDEPLOY_BLOCKS_H
@@ -47,12 +54,15 @@
 
 #define GROUP 32 /* k per panel group */
 
-static inline int is_subblock_kind(int kind) { return (kind >= KIND_Q4_0 && kind <= KIND_IQ4_XS) || kind == KIND_MXFP4; }
+static inline int is_subblock_kind(int kind)
+{
+    return (kind >= KIND_Q4_0 && kind <= KIND_IQ4_XS) || kind == KIND_MXFP4 || kind == KIND_Q6_K_NIBBLES;
+}
 
 /* k per sub-block (one scale and minimum) */
 static inline __attribute__((always_inline)) int block_sub(int kind)
 {
-    return kind == KIND_Q2_K || kind == KIND_Q3_K || kind == KIND_Q6_K ? 16 : 32;
+    return kind == KIND_Q2_K || kind == KIND_Q3_K || kind == KIND_Q6_K || kind == KIND_Q6_K_NIBBLES ? 16 : 32;
 }
 
 static inline __attribute__((always_inline)) int block_has_min(int kind)
@@ -60,11 +70,21 @@ static inline __attribute__((always_inline)) int block_has_min(int kind)
     return kind == KIND_Q5_1 || kind == KIND_Q2_K || kind == KIND_Q4_K || kind == KIND_Q5_K;
 }
 
-/* whether the integers have a plane of their fifth bits beside the nibbles (the 5-bit types) */
-static inline __attribute__((always_inline)) int block_plane(int kind)
+/* the integers' bits above the nibble, kept in a plane beside the nibbles: the 5-bit types' fifth,
+ * Q6_K_NIBBLES' fifth and sixth */
+static inline __attribute__((always_inline)) int block_high_bits(int kind)
 {
-    return kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_Q5_K;
+    return kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_Q5_K ? 1 : kind == KIND_Q6_K_NIBBLES ? 2 : 0;
 }
+
+/* Where step s's (k 4s .. 4s + 3) high bits lie in the plane: its 64-byte chunk, and the left shift (negative:
+ * right) that puts them at bit 4 of each byte (then masked with high_bits_mask). */
+static inline __attribute__((always_inline)) int high_bits_chunk(int kind, int s) { return s / (8 / block_high_bits(kind)); }
+static inline __attribute__((always_inline)) int high_bits_shift(int kind, int s)
+{
+    return 4 - block_high_bits(kind) * (s % (8 / block_high_bits(kind)));
+}
+static inline __attribute__((always_inline)) int high_bits_mask(int kind) { return ((1 << block_high_bits(kind)) - 1) << 4; }
 
 /* whether the integers are int8 bytes, offset applied, [32 k][16 columns], rather than nibbles (Q6_K) */
 static inline __attribute__((always_inline)) int block_bytewise(int kind) { return kind == KIND_Q6_K; }
@@ -76,7 +96,8 @@ static inline __attribute__((always_inline)) int block_offset(int kind)
     case KIND_Q4_0: return 8;
     case KIND_Q5_0: return 16;
     case KIND_Q3_K: return 4;
-    case KIND_Q6_K: return 32;
+    case KIND_Q6_K:
+    case KIND_Q6_K_NIBBLES: return 32;
     default: return 0;
     }
 }
@@ -102,7 +123,7 @@ static inline __attribute__((always_inline)) const int8_t *block_codebook_values
 static inline __attribute__((always_inline)) int block_factor_ints(int kind)
 {
     return kind == KIND_Q2_K || kind == KIND_Q3_K || kind == KIND_Q4_K || kind == KIND_Q5_K || kind == KIND_Q6_K ||
-           kind == KIND_IQ4_XS;
+           kind == KIND_Q6_K_NIBBLES || kind == KIND_IQ4_XS;
 }
 
 /* byte offsets inside a group and its size */
@@ -128,7 +149,7 @@ static inline __attribute__((always_inline)) Py_ssize_t group_plane_offset(int k
 }
 static inline __attribute__((always_inline)) Py_ssize_t group_bytes(int kind)
 {
-    return group_plane_offset(kind) + PANEL * GROUP / 8 * block_plane(kind);
+    return group_plane_offset(kind) + PANEL * GROUP / 8 * block_high_bits(kind);
 }
 
 #endif

@@ -99,7 +99,7 @@ static void int8_weights(int kind, const uint8_t *panel, Py_ssize_t groups, int 
 #define REGROUP_CASE(k)                                                                                               \
     case k: regroup(k, panel, groups, offset, w, f, factors, p); break;
         REGROUP_CASE(KIND_Q4_0) REGROUP_CASE(KIND_Q5_0) REGROUP_CASE(KIND_Q5_1) REGROUP_CASE(KIND_Q2_K)
-        REGROUP_CASE(KIND_Q3_K) REGROUP_CASE(KIND_Q4_K) REGROUP_CASE(KIND_Q5_K) REGROUP_CASE(KIND_Q6_K)
+        REGROUP_CASE(KIND_Q3_K) REGROUP_CASE(KIND_Q4_K) REGROUP_CASE(KIND_Q5_K) REGROUP_CASE(KIND_Q6_K_NIBBLES)
         REGROUP_CASE(KIND_IQ4_NL) REGROUP_CASE(KIND_IQ4_XS)
 #undef REGROUP_CASE
     }
@@ -273,7 +273,7 @@ static int weight_bits(int kind)
     case KIND_Q2_K: return 2;
     case KIND_Q3_K: return 3;
     case KIND_Q5_0: case KIND_Q5_1: case KIND_Q5_K: return 5;
-    case KIND_Q6_K: return 6;
+    case KIND_Q6_K_NIBBLES: return 6;
     default: return 4; /* Q4_0, Q4_K, Q4_1_I8 */
     }
 }

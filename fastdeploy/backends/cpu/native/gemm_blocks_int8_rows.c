@@ -11,15 +11,15 @@
  * AVX2). Here each group's integers are decoded in registers straight into the dots' order (each
  * column's 4 consecutive k in one 32-bit lane): a 64-byte chunk of nibbles is [4 k][16 columns]
  * for both its low and its high nibbles (blocks.h), so one transposition of the raw chunk serves 8 k
- * (the 5-bit types' plane has the same shape and is transposed once per group; Q6_K's bytes once per
- * 4 k): AVX-512 `vpermb` (AVX512_VBMI, checked at run time) or `vpermd` and `vpshufb`; AVX2
+ * (the plane of high bits, of the 5-bit types and of Q6_K's int8 layout KIND_Q6_K_NIBBLES, has the
+ * same shape and is transposed once per group): AVX-512 `vpermb` (AVX512_VBMI, checked at run time) or `vpermd` and `vpshufb`; AVX2
  * `vpermd`, `vpunpck[lh]qdq` and `vpshufb`, which leave columns 0-3 and 8-11 in one ymm and 4-7 and
  * 12-15 in the other (the factors follow the same order, the totals are put back on the store).
  * The weights stay unsigned where a dot needs them so: gguf's integer before its offset (the offset
  * folds into each sub-block's starting value, -offset sum qx), the codebook types through their
  * codebook + 128 (VNNI) or signed with the sign trick (maddubs; gemm_blocks_int8.c's DOTS_SIGNED).
- * Tiles: 4 rows (AVX-512) or 2 (AVX2) of one panel, or one row of two panels at once (AVX-512; AVX2
- * for Q6_K only: two streams of weights and independent dots in flight), panels in tasks of four.
+ * Tiles: 4 rows (AVX-512) or 2 (AVX2) of one panel, or (AVX-512) one row of two panels at once (two
+ * streams of weights and independent dots in flight), panels in tasks of four.
  * A decode token's weights are about as large as the caches, so these products run near the rate at
  * which two threads stream them; prefetching PREFETCH_BYTES ahead matters as much as the operations.
  */
@@ -55,7 +55,7 @@ INLINE int32_t four_bytes(const int8_t *p)
  * 2 x 127 x the largest unsigned weight, the sum below 2^15; a power of two that divides the sub-block. */
 INLINE int int16_steps(int kind)
 {
-    const int largest = block_bytewise(kind) ? 63 : block_plane(kind) ? 31 : 15;
+    const int largest = (16 << block_high_bits(kind)) - 1;
     int steps = block_sub(kind) / 4;
     while (2 * 127 * largest * steps > 32767) steps /= 2;
     return steps;
@@ -80,11 +80,11 @@ INLINE AVX512_TARGET __m512i zmm_dot_order(__m512i v, int vbmi)
     return _mm512_shuffle_epi8(_mm512_permutexvar_epi32(dwords, v), bytes);
 }
 
-/* the transposed plane shifted so that step s's bits (bit s of each byte) are at bit 4 */
-INLINE AVX512_TARGET __m512i zmm_plane_bits(__m512i plane, int s)
+/* the transposed plane shifted left by `shift` (right where negative): blocks.h's high_bits_shift */
+INLINE AVX512_TARGET __m512i zmm_plane_bits(__m512i plane, int shift)
 {
-    if (s < 4) return _mm512_slli_epi16(plane, (unsigned)(4 - s));
-    if (s > 4) return _mm512_srli_epi16(plane, (unsigned)(s - 4));
+    if (shift > 0) return _mm512_slli_epi16(plane, (unsigned)shift);
+    if (shift < 0) return _mm512_srli_epi16(plane, (unsigned)-shift);
     return plane;
 }
 
@@ -92,15 +92,10 @@ INLINE AVX512_TARGET __m512i zmm_plane_bits(__m512i plane, int s)
 INLINE AVX512_TARGET void zmm_group_ints(int kind, int vbmi, const uint8_t *grp, __m512i w[8])
 {
     const uint8_t *nibbles = grp + group_nibble_offset(kind);
-    if (block_bytewise(kind)) {
-        for (int t = 0; t < 8; t++)
-            w[t] = _mm512_add_epi8(zmm_dot_order(_mm512_loadu_si512(nibbles + 64 * t), vbmi),
-                                   _mm512_set1_epi8((char)block_offset(kind)));
-        return;
-    }
     const __m512i low = _mm512_set1_epi8(0x0F);
-    __m512i plane = _mm512_setzero_si512();
-    if (block_plane(kind)) plane = zmm_dot_order(_mm512_loadu_si512(grp + group_plane_offset(kind)), vbmi);
+    __m512i plane[2];
+    for (int b = 0; b < block_high_bits(kind); b++) /* b chunks of 64 bytes */
+        plane[b] = zmm_dot_order(_mm512_loadu_si512(grp + group_plane_offset(kind) + 64 * b), vbmi);
     const __m512i book = block_codebook(kind)
                              ? _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)block_codebook_values(kind)),
                                                                    _mm_set1_epi8((char)0x80)))
@@ -110,8 +105,10 @@ INLINE AVX512_TARGET void zmm_group_ints(int kind, int vbmi, const uint8_t *grp,
         const __m512i v = zmm_dot_order(_mm512_loadu_si512(nibbles + 64 * c), vbmi);
         __m512i q[2] = {_mm512_and_si512(v, low), _mm512_and_si512(_mm512_srli_epi16(v, 4), low)};
         for (int h = 0; h < 2; h++) {
-            if (block_plane(kind)) /* q | (bits & 0x10) */
-                q[h] = _mm512_ternarylogic_epi32(q[h], zmm_plane_bits(plane, 2 * c + h), _mm512_set1_epi8(0x10), 0xF8);
+            const int s = 2 * c + h;
+            if (block_high_bits(kind)) /* q | (bits & mask) */
+                q[h] = _mm512_ternarylogic_epi32(q[h], zmm_plane_bits(plane[high_bits_chunk(kind, s)], high_bits_shift(kind, s)),
+                                                 _mm512_set1_epi8((char)high_bits_mask(kind)), 0xF8);
             if (block_codebook(kind)) q[h] = _mm512_shuffle_epi8(book, q[h]);
             w[2 * c + h] = q[h];
         }
@@ -199,25 +196,18 @@ INLINE void ymm_dot_order(const uint8_t *p, __m256i *lo, __m256i *hi)
     *hi = _mm256_shuffle_epi8(_mm256_unpackhi_epi64(a, b), bytes);
 }
 
-INLINE __m256i ymm_plane_bits(__m256i plane, int s)
+INLINE __m256i ymm_plane_bits(__m256i plane, int shift)
 {
-    if (s < 4) return _mm256_slli_epi16(plane, 4 - s);
-    if (s > 4) return _mm256_srli_epi16(plane, s - 4);
+    if (shift > 0) return _mm256_slli_epi16(plane, shift);
+    if (shift < 0) return _mm256_srli_epi16(plane, -shift);
     return plane;
 }
 
 /* Steps 2c and 2c + 1 (k 8c .. 8c + 7) of a group in the dots' order: w[2h + i] is step 2c + h's
  * half i (lo, hi); unsigned, or for DOTS_SIGNED the codebook's signed values. */
-INLINE void ymm_chunk_ints(int kind, int dots, const uint8_t *grp, int c, const __m256i plane[2], __m256i w[4])
+INLINE void ymm_chunk_ints(int kind, int dots, const uint8_t *grp, int c, const __m256i plane[2][2], __m256i w[4])
 {
     const uint8_t *nibbles = grp + group_nibble_offset(kind);
-    if (block_bytewise(kind)) {
-        for (int h = 0; h < 2; h++) {
-            ymm_dot_order(nibbles + 64 * (2 * c + h), &w[2 * h], &w[2 * h + 1]);
-            for (int i = 0; i < 2; i++) w[2 * h + i] = _mm256_add_epi8(w[2 * h + i], _mm256_set1_epi8((char)block_offset(kind)));
-        }
-        return;
-    }
     const __m256i low = _mm256_set1_epi8(0x0F);
     __m256i v[2];
     ymm_dot_order(nibbles + 64 * c, &v[0], &v[1]);
@@ -226,8 +216,10 @@ INLINE void ymm_chunk_ints(int kind, int dots, const uint8_t *grp, int c, const 
     for (int h = 0; h < 2; h++)
         for (int i = 0; i < 2; i++) {
             __m256i q = _mm256_and_si256(h ? _mm256_srli_epi16(v[i], 4) : v[i], low);
-            if (block_plane(kind))
-                q = _mm256_or_si256(q, _mm256_and_si256(ymm_plane_bits(plane[i], 2 * c + h), _mm256_set1_epi8(0x10)));
+            const int s = 2 * c + h;
+            if (block_high_bits(kind))
+                q = _mm256_or_si256(q, _mm256_and_si256(ymm_plane_bits(plane[high_bits_chunk(kind, s)][i], high_bits_shift(kind, s)),
+                                                        _mm256_set1_epi8((char)high_bits_mask(kind))));
             if (block_codebook(kind)) q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(book), q);
             w[2 * h + i] = q;
         }
@@ -243,8 +235,8 @@ INLINE void ymm_tile_order(const float *p, __m256 out[2])
 
 /* R rows from row0 times one panel; `dots` as the enum. The VNNI instruction is written out (VEX
  * encoded) because its intrinsic cannot be inlined into code that also runs without it. */
-INLINE void ymm_panels(int kind, int dots, int R, int P, const struct gemm_args *a, const struct int8_acts *x,
-                       Py_ssize_t row0, Py_ssize_t panel)
+INLINE void ymm_panel(int kind, int dots, int R, const struct gemm_args *a, const struct int8_acts *x, Py_ssize_t row0,
+                      Py_ssize_t panel)
 {
     const int sub = block_sub(kind), subs = GROUP / sub, with_min = block_has_min(kind), steps = int16_steps(kind);
     const Py_ssize_t depth = a->depth, groups = depth / GROUP, subs_row = depth / sub, gbytes = group_bytes(kind);
@@ -252,16 +244,15 @@ INLINE void ymm_panels(int kind, int dots, int R, int P, const struct gemm_args 
     const int8_t *q = x->q + row0 * depth;
     const __m256i ones = _mm256_set1_epi16(1);
     _Alignas(32) float f[GROUP_FACTORS];
-    __m256 total[2][AVX2_TILE][2];
-    for (int p = 0; p < P; p++)
-        for (int r = 0; r < R; r++) total[p][r][0] = total[p][r][1] = _mm256_setzero_ps();
-    for (Py_ssize_t g = 0; g < groups; g++)
-    for (int p = 0; p < P; p++) { /* the panels' groups in turn: one stream of weights each */
-        const uint8_t *grp = base + (p * groups + g) * gbytes;
+    __m256 total[AVX2_TILE][2];
+    for (int r = 0; r < R; r++) total[r][0] = total[r][1] = _mm256_setzero_ps();
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        const uint8_t *grp = base + g * gbytes;
         prefetch_ahead(grp, gbytes);
         group_factors(kind, grp, f);
-        __m256i plane[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-        if (block_plane(kind)) ymm_dot_order(grp + group_plane_offset(kind), &plane[0], &plane[1]);
+        __m256i plane[2][2];
+        for (int b = 0; b < block_high_bits(kind); b++)
+            ymm_dot_order(grp + group_plane_offset(kind) + 64 * b, &plane[b][0], &plane[b][1]);
         __m256 part[AVX2_TILE][2];
 #pragma GCC unroll 2
         for (int s = 0; s < subs; s++) {
@@ -311,32 +302,28 @@ INLINE void ymm_panels(int kind, int dots, int R, int P, const struct gemm_args 
         }
         for (int r = 0; r < R; r++) {
             const __m256 sx = _mm256_set1_ps(x->scale[(row0 + r) * groups + g]);
-            for (int i = 0; i < 2; i++) total[p][r][i] = _mm256_fmadd_ps(part[r][i], sx, total[p][r][i]);
+            for (int i = 0; i < 2; i++) total[r][i] = _mm256_fmadd_ps(part[r][i], sx, total[r][i]);
         }
     }
-    for (int p = 0; p < P; p++) {
-        const Py_ssize_t start = (panel + p) * PANEL, valid = a->cols - start < PANEL ? a->cols - start : PANEL;
-        for (int r = 0; r < R && row0 + r < a->rows; r++) {
-            _Alignas(32) float t[PANEL];
-            _mm256_store_ps(t, _mm256_permute2f128_ps(total[p][r][0], total[p][r][1], 0x20));
-            _mm256_store_ps(t + 8, _mm256_permute2f128_ps(total[p][r][0], total[p][r][1], 0x31));
-            float *dst = a->out + (row0 + r) * a->cols + start;
-            for (Py_ssize_t n = 0; n < valid; n++) dst[n] = a->bias ? t[n] + a->bias[start + n] : t[n];
-        }
+    const Py_ssize_t start = panel * PANEL, valid = a->cols - start < PANEL ? a->cols - start : PANEL;
+    for (int r = 0; r < R && row0 + r < a->rows; r++) {
+        _Alignas(32) float t[PANEL];
+        _mm256_store_ps(t, _mm256_permute2f128_ps(total[r][0], total[r][1], 0x20));
+        _mm256_store_ps(t + 8, _mm256_permute2f128_ps(total[r][0], total[r][1], 0x31));
+        float *dst = a->out + (row0 + r) * a->cols + start;
+        for (Py_ssize_t n = 0; n < valid; n++) dst[n] = a->bias ? t[n] + a->bias[start + n] : t[n];
     }
 }
 
-/* All rows times panels [first, end): more rows AVX2_TILE at a time per panel; one row one panel at a
- * time, Q6_K's two (past the cache, alternated in one process: Q6_K 6% less time, Q4_K within the
- * noise, Q5_K 17% more: its plane's registers) */
+/* All rows times panels [first, end), one panel at a time: more rows AVX2_TILE at a time, one row alone
+ * (two panels at once, one stream each, were 6% faster for Q6_K when its integers were bytes; with its
+ * nibbles and high bits within the noise, and Q5_K 17% slower: the planes' registers) */
 INLINE void ymm_rows(int kind, int dots, const struct gemm_args *a, const struct int8_acts *x, Py_ssize_t first, Py_ssize_t end)
 {
-    const int pair = a->rows == 1 && block_bytewise(kind);
-    for (Py_ssize_t p = first; p < end; p += pair && p + 1 < end ? 2 : 1)
+    for (Py_ssize_t p = first; p < end; p++)
         if (a->rows > 1)
-            for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX2_TILE) ymm_panels(kind, dots, AVX2_TILE, 1, a, x, row0, p);
-        else if (pair && p + 1 < end) ymm_panels(kind, dots, 1, 2, a, x, 0, p);
-        else ymm_panels(kind, dots, 1, 1, a, x, 0, p);
+            for (Py_ssize_t row0 = 0; row0 < a->rows; row0 += AVX2_TILE) ymm_panel(kind, dots, AVX2_TILE, a, x, row0, p);
+        else ymm_panel(kind, dots, 1, a, x, 0, p);
 }
 
 /* ----------------------------------------------------------- dispatching */
@@ -369,7 +356,7 @@ PANEL_FNS(Q2_K)
 PANEL_FNS(Q3_K)
 PANEL_FNS(Q4_K)
 PANEL_FNS(Q5_K)
-PANEL_FNS(Q6_K)
+PANEL_FNS(Q6_K_NIBBLES)
 PANEL_FNS(IQ4_NL)
 PANEL_FNS(IQ4_XS)
 #undef PANEL_FNS
@@ -377,10 +364,10 @@ PANEL_FNS(IQ4_XS)
 enum { VARIANT_MADDUBS, VARIANT_AVX_VNNI, VARIANT_AVX512, VARIANT_VBMI, VARIANTS };
 
 #define PANEL_ROW(K) {maddubs_##K, avxvnni_##K, zmm_##K, vbmi_##K}
-/* [kind - KIND_Q4_0][variant] */
+/* [float32 kind - KIND_Q4_0][variant] (Q6_K's row reads KIND_Q6_K_NIBBLES) */
 static const panel_fn PANEL_FN_TABLE[][VARIANTS] = {
-    PANEL_ROW(Q4_0), PANEL_ROW(Q5_0), PANEL_ROW(Q5_1), PANEL_ROW(Q2_K),   PANEL_ROW(Q3_K),
-    PANEL_ROW(Q4_K), PANEL_ROW(Q5_K), PANEL_ROW(Q6_K), PANEL_ROW(IQ4_NL), PANEL_ROW(IQ4_XS),
+    PANEL_ROW(Q4_0), PANEL_ROW(Q5_0), PANEL_ROW(Q5_1),        PANEL_ROW(Q2_K),   PANEL_ROW(Q3_K),
+    PANEL_ROW(Q4_K), PANEL_ROW(Q5_K), PANEL_ROW(Q6_K_NIBBLES), PANEL_ROW(IQ4_NL), PANEL_ROW(IQ4_XS),
 };
 #undef PANEL_ROW
 
@@ -415,6 +402,7 @@ void blocks_int8_rows(const struct gemm_args *a, const struct int8_acts *x, int 
                         : mode == MODE_AVX_VNNI  ? VARIANT_AVX_VNNI
                                                  : VARIANT_MADDUBS;
     const Py_ssize_t panels = (a->cols + PANEL - 1) / PANEL;
-    struct rows_job job = {a, x, PANEL_FN_TABLE[kind - KIND_Q4_0][variant], panels};
+    const int row = (kind == KIND_Q6_K_NIBBLES ? KIND_Q6_K : kind) - KIND_Q4_0;
+    struct rows_job job = {a, x, PANEL_FN_TABLE[row][variant], panels};
     fd_parallel_for((panels + PANELS_PER_TASK - 1) / PANELS_PER_TASK, threads, rows_task, &job);
 }

@@ -81,15 +81,23 @@ enum weight_kind {
     KIND_Q6_K = 12, KIND_IQ4_NL = 13, KIND_IQ4_XS = 14,
     KIND_MIXED = 15, /* parts of different kinds, each in its own layout (gemm_mixed.c) */
     /* the sub-block kinds with int8 activations, on the same panels (gemm_blocks_int8.c), in their order */
-    KIND_Q4_0_I8 = 16, KIND_IQ4_XS_I8 = 25,
+    KIND_Q4_0_I8 = 16, KIND_Q6_K_I8 = 23, KIND_IQ4_XS_I8 = 25,
     KIND_MXFP4 = 26, /* a sub-block kind too (after the others so that their numbers stay); no int8 twin */
     KIND_BF16 = 27, /* bfloat16 panels (gemm_bf16.c), activations rounded to bfloat16 */
     KIND_W8A8 = 28, /* int8 levels with a scale per output channel, int8 activations (gemm_w8a8.c) */
-    KINDS = 29
+    KINDS = 29, /* a weight's kind is below this (what gemm and pack_blocks accept) */
+    /* not a weight's kind but the layout of KIND_Q6_K_I8's panels: Q6_K's integers as nibbles and a plane
+     * of their two high bits (blocks.h), which its int8 kernels read; the float32 kernels read bytes */
+    KIND_Q6_K_NIBBLES = 30
 };
-/* The sub-block kind whose panels a kind reads: an _I8 sub-block kind's float32 twin, else itself. */
+/* The sub-block layout whose panels a kind reads: an _I8 sub-block kind's float32 twin (Q6_K_I8:
+ * KIND_Q6_K_NIBBLES), else itself. */
 static inline int is_int8_subblock_kind(int kind) { return kind >= KIND_Q4_0_I8 && kind <= KIND_IQ4_XS_I8; }
-static inline int subblock_layout(int kind) { return is_int8_subblock_kind(kind) ? kind - (KIND_Q4_0_I8 - KIND_Q4_0) : kind; }
+static inline int subblock_layout(int kind)
+{
+    if (kind == KIND_Q6_K_I8) return KIND_Q6_K_NIBBLES;
+    return is_int8_subblock_kind(kind) ? kind - (KIND_Q4_0_I8 - KIND_Q4_0) : kind;
+}
 enum isa { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
 /* The widest instruction set this CPU runs; the name of one; a name's value, or -1 with a Python

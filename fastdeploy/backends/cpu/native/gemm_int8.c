@@ -115,9 +115,10 @@ INLINE VNNI_TARGET void zmm_tile(int kind, int R, int P, const struct gemm_args 
             for (int r = 0; r < R; r++) {
                 const __m512i bias = _mm512_set1_epi32(128 * x->sum[r * blocks + b]);
                 const __m512 s = _mm512_set1_ps(x->scale[r * blocks + b]);
-                for (int i = 0; i < P; i++)
-                    acc[i][r] = _mm512_fmadd_ps(_mm512_mul_ps(d[i], _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[i][r], bias))), s,
-                                                acc[i][r]);
+                for (int i = 0; i < P; i++) {
+                    const __m512 t = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[i][r], bias));
+                    acc[i][r] = _mm512_fmadd_ps(_mm512_mul_ps(d[i], t), s, acc[i][r]);
+                }
             }
         } else {
             for (int c = 0; c < QBLOCK / 8; c++) {
@@ -151,7 +152,8 @@ INLINE VNNI_TARGET void zmm_tile(int kind, int R, int P, const struct gemm_args 
         const Py_ssize_t col0 = (p + i) * PANEL, valid = a->cols - col0 < PANEL ? a->cols - col0 : PANEL;
         const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
         const __m512 bias = a->bias ? _mm512_maskz_loadu_ps(mask, a->bias + col0) : _mm512_setzero_ps();
-        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(a->out + r * a->cols + col0, mask, _mm512_add_ps(acc[i][r], bias));
+        for (int r = 0; r < R; r++)
+            _mm512_mask_storeu_ps(a->out + r * a->cols + col0, mask, _mm512_add_ps(acc[i][r], bias));
     }
 }
 
@@ -216,7 +218,8 @@ INLINE AVX2_TARGET void ymm_tile(int kind, int dots, int R, int P, const struct 
             for (int g = 0; g < QBLOCK / 4; g++)
                 for (int i = 0; i < P; i++) {
                     __m256i w[2];
-                    for (int h = 0; h < 2; h++) w[h] = _mm256_loadu_si256((const __m256i *)(blk[i] + 2 * PANEL + 64 * g + 32 * h));
+                    for (int h = 0; h < 2; h++)
+                        w[h] = _mm256_loadu_si256((const __m256i *)(blk[i] + 2 * PANEL + 64 * g + 32 * h));
                     if (dots == DOTS_MADDUBS) /* back to signed weights (in -127..127, packing.c) */
                         for (int h = 0; h < 2; h++) w[h] = _mm256_xor_si256(w[h], flip);
                     for (int r = 0; r < R; r++) {
@@ -227,21 +230,23 @@ INLINE AVX2_TARGET void ymm_tile(int kind, int dots, int R, int P, const struct 
                             /* |x| (unsigned) times w with x's sign: pairs of products <= 2 * 127 * 127, no
                              * 16-bit saturation */
                             const __m256i ax = _mm256_abs_epi8(xv);
-                            for (int h = 0; h < 2; h++)
-                                dot[i][r][h] = _mm256_add_epi32(dot[i][r][h],
-                                                                avx2_widen(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w[h], xv))));
+                            for (int h = 0; h < 2; h++) {
+                                const __m256i pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w[h], xv));
+                                dot[i][r][h] = _mm256_add_epi32(dot[i][r][h], avx2_widen(pairs));
+                            }
                         }
                     }
                 }
             for (int r = 0; r < R; r++) {
                 const __m256 s = _mm256_set1_ps(x->scale[(row0 + r) * blocks + b]);
                 /* the AVX-VNNI dots took the weights + 128 */
-                const __m256i bias = _mm256_set1_epi32(dots == DOTS_AVX_VNNI ? 128 * x->sum[(row0 + r) * blocks + b] : 0);
+                const int32_t offset = dots == DOTS_AVX_VNNI ? 128 * x->sum[(row0 + r) * blocks + b] : 0;
+                const __m256i bias = _mm256_set1_epi32(offset);
                 for (int i = 0; i < P; i++)
                     for (int h = 0; h < 2; h++) {
                         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk[i] + 16 * h)));
-                        acc[i][r][h] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(dot[i][r][h], bias))), s,
-                                                       acc[i][r][h]);
+                        const __m256 t = _mm256_cvtepi32_ps(_mm256_sub_epi32(dot[i][r][h], bias));
+                        acc[i][r][h] = _mm256_fmadd_ps(_mm256_mul_ps(d, t), s, acc[i][r][h]);
                     }
             }
         } else {
@@ -260,9 +265,11 @@ INLINE AVX2_TARGET void ymm_tile(int kind, int dots, int R, int P, const struct 
                         for (int h = 0; h < 2; h++)
                             if (dots == DOTS_AVX_VNNI)
                                 dot[i][r][h] = avx_vnni_dot(avx_vnni_dot(dot[i][r][h], lo[h], xa), hi[h], xc);
-                            else
-                                dot[i][r][h] = _mm256_add_epi16(
-                                    dot[i][r][h], _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xa), _mm256_maddubs_epi16(hi[h], xc)));
+                            else {
+                                const __m256i both = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], xa),
+                                                                      _mm256_maddubs_epi16(hi[h], xc));
+                                dot[i][r][h] = _mm256_add_epi16(dot[i][r][h], both);
+                            }
                     }
                 }
             for (int r = 0; r < R; r++) {
@@ -271,7 +278,8 @@ INLINE AVX2_TARGET void ymm_tile(int kind, int dots, int R, int P, const struct 
                 for (int i = 0; i < P; i++)
                     for (int h = 0; h < 2; h++) {
                         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk[i] + 16 * h)));
-                        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk[i] + 2 * PANEL + 16 * h)));
+                        const __m128i half = _mm_loadu_si128((const __m128i *)(blk[i] + 2 * PANEL + 16 * h));
+                        const __m256 m = _mm256_cvtph_ps(half);
                         const __m256i sums = dots == DOTS_AVX_VNNI ? dot[i][r][h] : avx2_widen(dot[i][r][h]);
                         const __m256 t = _mm256_fmadd_ps(m, total, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sums)));
                         acc[i][r][h] = _mm256_fmadd_ps(t, s, acc[i][r][h]);
@@ -314,20 +322,21 @@ INLINE AVX2_TARGET void ymm_panels(int kind, int dots, const struct gemm_args *a
 /* all rows of a product times panels [first, end) */
 typedef void (*panels_fn)(const struct gemm_args *a, const struct int8_rows *x, Py_ssize_t first, Py_ssize_t end);
 
-#define PANELS_FNS(K)                                                                                                   \
-    static VNNI_TARGET void zmm_##K(const struct gemm_args *a, const struct int8_rows *x, Py_ssize_t first, Py_ssize_t end) \
-    {                                                                                                                   \
-        zmm_panels(KIND_##K, a, x, first, end);                                                                         \
-    }                                                                                                                   \
-    static AVX2_TARGET void avxvnni_##K(const struct gemm_args *a, const struct int8_rows *x, Py_ssize_t first,         \
-                                        Py_ssize_t end)                                                                 \
-    {                                                                                                                   \
-        ymm_panels(KIND_##K, DOTS_AVX_VNNI, a, x, first, end);                                                          \
-    }                                                                                                                   \
-    static AVX2_TARGET void maddubs_##K(const struct gemm_args *a, const struct int8_rows *x, Py_ssize_t first,         \
-                                        Py_ssize_t end)                                                                 \
-    {                                                                                                                   \
-        ymm_panels(KIND_##K, DOTS_MADDUBS, a, x, first, end);                                                           \
+#define PANELS_FNS(K)                                                                                         \
+    static VNNI_TARGET void zmm_##K(const struct gemm_args *a, const struct int8_rows *x, Py_ssize_t first,     \
+                                    Py_ssize_t end)                                                            \
+    {                                                                                                          \
+        zmm_panels(KIND_##K, a, x, first, end);                                                                \
+    }                                                                                                          \
+    static AVX2_TARGET void avxvnni_##K(const struct gemm_args *a, const struct int8_rows *x, Py_ssize_t first, \
+                                        Py_ssize_t end)                                                        \
+    {                                                                                                          \
+        ymm_panels(KIND_##K, DOTS_AVX_VNNI, a, x, first, end);                                                 \
+    }                                                                                                          \
+    static AVX2_TARGET void maddubs_##K(const struct gemm_args *a, const struct int8_rows *x, Py_ssize_t first, \
+                                        Py_ssize_t end)                                                        \
+    {                                                                                                          \
+        ymm_panels(KIND_##K, DOTS_MADDUBS, a, x, first, end);                                                  \
     }
 PANELS_FNS(Q8_0_I8)
 PANELS_FNS(Q4_1_I8)

@@ -68,9 +68,10 @@ def test_int8_kernels_match_float64_products_of_quantised_activations(type_name,
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "IQ4_NL"])
 def test_each_row_count_equals_the_many_rows_path_bit_for_bit(isa, type_name):
     """Every row count (the few-row kernels up to FEW_ROWS, then tiles of 6, 4 or 2 rows and their
-    remainders) gives each row the bits of the many-rows path: decode and prefill of a token agree."""
+    remainders) gives each row the bits of the many-rows path: decode and prefill of a token agree.
+    200 columns: the few-row kernels' tasks of 8 panels, one whole and one of 5 whose last is partial."""
     cols = 256
-    tensor = random_blocks(type_name, 90, cols, seed=3)
+    tensor = random_blocks(type_name, 200, cols, seed=3)
     packed = native.pack([tensor], activations="int8")
     x = np.random.default_rng(4).standard_normal((70, cols)).astype(np.float32)
     many_rows = native.matmul(x, packed, isa, threads=2)

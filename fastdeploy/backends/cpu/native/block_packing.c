@@ -12,9 +12,6 @@
 
 #include <string.h>
 
-/* the GGUF type whose blocks a layout repacks (Q6_K_NIBBLES: Q6_K) */
-static int gguf_kind(int layout) { return layout == KIND_Q6_K_NIBBLES ? KIND_Q6_K : layout; }
-
 /* weights per GGUF block and its bytes */
 static int gguf_block_weights(int kind)
 {
@@ -168,7 +165,7 @@ static void decode_block(int kind, const uint8_t *b, uint8_t *q, struct block_fa
 static void scatter_row(int kind, uint8_t *panel, int n, const uint8_t *q, const struct block_factors *factors,
                         Py_ssize_t depth)
 {
-    const int subs = GROUP / block_sub(kind), weights = gguf_block_weights(gguf_kind(kind));
+    const int subs = GROUP / block_sub(kind), weights = gguf_block_weights(block_gguf_kind(kind));
     const Py_ssize_t bytes = group_bytes(kind);
     for (Py_ssize_t g = 0; g < depth / GROUP; g++) {
         uint8_t *grp = panel + g * bytes;
@@ -192,10 +189,10 @@ static void scatter_row(int kind, uint8_t *panel, int n, const uint8_t *q, const
             continue;
         }
         for (int k = 0; k < GROUP; k++) {
-            const int at = PANEL * k + n; /* where group_decode puts it: bit at / 64 of plane byte at % 64 */
+            const int at = PANEL * k + n; /* where group_decode puts it: byte at % 64 of step at / 64's chunk */
             nibbles[64 * (k / 8) + PANEL * (k % 4) + n] |= (uint8_t)((qg[k] & 0x0F) << (k % 8 >= 4 ? 4 : 0));
             if (block_high_bits(kind)) {
-                const int s = at / 64; /* the step; j = at % 64 the byte in its chunk */
+                const int s = at / 64;
                 plane[64 * high_bits_chunk(kind, s) + at % 64] |= (uint8_t)((qg[k] >> 4) << (4 - high_bits_shift(kind, s)));
             }
         }
@@ -205,7 +202,7 @@ static void scatter_row(int kind, uint8_t *panel, int n, const uint8_t *q, const
 int pack_subblock_rows(int kind, const uint8_t *rows, Py_ssize_t rows_len, uint8_t *out, Py_ssize_t out_len,
                        Py_ssize_t out_features, Py_ssize_t in_features)
 {
-    const int gguf = gguf_kind(kind), weights = gguf_block_weights(gguf);
+    const int gguf = block_gguf_kind(kind), weights = gguf_block_weights(gguf);
     const Py_ssize_t row_bytes = in_features / weights * gguf_block_bytes(gguf);
     if (!is_subblock_kind(kind) || out_features <= 0 || in_features <= 0 || in_features % weights != 0 ||
         rows_len != out_features * row_bytes || out_len != fd_packed_bytes(kind, out_features, in_features))

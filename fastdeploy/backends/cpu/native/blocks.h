@@ -59,6 +59,12 @@ static inline int is_subblock_kind(int kind)
     return (kind >= KIND_Q4_0 && kind <= KIND_IQ4_XS) || kind == KIND_MXFP4 || kind == KIND_Q6_K_NIBBLES;
 }
 
+/* the GGUF type whose blocks a layout holds (KIND_Q6_K_NIBBLES: Q6_K's) */
+static inline __attribute__((always_inline)) int block_gguf_kind(int layout)
+{
+    return layout == KIND_Q6_K_NIBBLES ? KIND_Q6_K : layout;
+}
+
 /* k per sub-block (one scale and minimum) */
 static inline __attribute__((always_inline)) int block_sub(int kind)
 {

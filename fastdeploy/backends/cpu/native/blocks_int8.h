@@ -8,6 +8,7 @@
 #include "blocks.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #define FEW_ROWS 4 /* up to this many rows the panels are read straight (gemm_blocks_int8_rows.c) */
 
@@ -31,6 +32,23 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *
 {
     const uint8_t *ahead = blk + PREFETCH_BYTES / bytes * bytes;
     for (Py_ssize_t line = 0; line < bytes; line += 64) _mm_prefetch((const char *)ahead + line, _MM_HINT_T0);
+}
+
+/* the 4 activation bytes a dot instruction broadcasts, as one 32-bit lane */
+static inline __attribute__((always_inline)) int32_t four_bytes(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* dot += the unsigned bytes of w times the signed ones of x, 4 at a time: AVX-VNNI's vpdpbusd (the AVX2
+ * kernels on CPUs with AVX-VNNI), written out (VEX encoded) because its intrinsic cannot be inlined
+ * into code that also runs without it */
+static inline __attribute__((always_inline, target("avx2"))) __m256i avx_vnni_dot(__m256i dot, __m256i w, __m256i xv)
+{
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot) : "x"(w), "x"(xv));
+    return dot;
 }
 
 /* The weight offset the few-row kernels of sub-block `kind` add (their `init`), in dot `mode`. */

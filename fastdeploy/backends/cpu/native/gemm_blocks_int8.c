@@ -58,13 +58,6 @@ struct panel_pair {
     const float *factors;
 };
 
-INLINE int32_t four_bytes(const int8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* One panel's integers regrouped (4 consecutive k of each column side by side), `offset` added, and
  * its groups' float32 factors (group g at f + (g * 2 + p) * factors: panel p of the pair); compiled
  * per kind (int8_weights), so group_ints and group_factors do not branch on it. */
@@ -334,8 +327,8 @@ INLINE void avx2_tile(const struct gemm_args *a, const struct int8_acts *x, cons
                     const __m256i wb = _mm256_loadu_si256((const __m256i *)(wk + 32));
                     for (int r = 0; r < R; r++) {
                         const __m256i xv = _mm256_set1_epi32(four_bytes(q + r * depth + k0 + k));
-                        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot[r][0]) : "x"(wa), "x"(xv));
-                        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot[r][1]) : "x"(wb), "x"(xv));
+                        dot[r][0] = avx_vnni_dot(dot[r][0], wa, xv);
+                        dot[r][1] = avx_vnni_dot(dot[r][1], wb, xv);
                     }
                 }
             } else if (dots == DOTS_UNSIGNED) {

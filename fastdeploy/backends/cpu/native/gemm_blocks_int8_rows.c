@@ -28,7 +28,6 @@
 
 #include "block_quants.h"
 
-#include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
@@ -46,13 +45,6 @@ int blocks_int8_rows_offset(int kind, int mode)
 {
     if (block_codebook(kind)) return mode == MODE_AVX2 ? 0 : 128;
     return block_offset(kind);
-}
-
-INLINE int32_t four_bytes(const int8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
 }
 
 /* The k-steps (of 4) whose maddubs pairs add up in int16 before one vpmaddwd: each pair is at most
@@ -200,13 +192,6 @@ INLINE void ymm_dot_order(const uint8_t *p, __m256i *lo, __m256i *hi)
     *hi = _mm256_shuffle_epi8(_mm256_unpackhi_epi64(a, b), bytes);
 }
 
-INLINE __m256i ymm_plane_bits(__m256i plane, int shift)
-{
-    if (shift > 0) return _mm256_slli_epi16(plane, shift);
-    if (shift < 0) return _mm256_srli_epi16(plane, -shift);
-    return plane;
-}
-
 /* Steps 2c and 2c + 1 (k 8c .. 8c + 7) of a group in the dots' order: w[2h + i] is step 2c + h's
  * half i (lo, hi); unsigned, or for DOTS_SIGNED the codebook's signed values. */
 INLINE void ymm_chunk_ints(int kind, int dots, const uint8_t *grp, int c, const __m256i plane[2][2], __m256i w[4])
@@ -222,7 +207,7 @@ INLINE void ymm_chunk_ints(int kind, int dots, const uint8_t *grp, int c, const 
             __m256i q = _mm256_and_si256(h ? _mm256_srli_epi16(v[i], 4) : v[i], low);
             const int s = 2 * c + h;
             if (block_high_bits(kind))
-                q = _mm256_or_si256(q, _mm256_and_si256(ymm_plane_bits(plane[high_bits_chunk(kind, s)][i], high_bits_shift(kind, s)),
+                q = _mm256_or_si256(q, _mm256_and_si256(plane_bits_at(plane[high_bits_chunk(kind, s)][i], high_bits_shift(kind, s)),
                                                         _mm256_set1_epi8((char)high_bits_mask(kind))));
             if (block_codebook(kind)) q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(book), q);
             w[2 * h + i] = q;
@@ -276,7 +261,7 @@ INLINE void ymm_panel(int kind, int dots, int R, const struct gemm_args *a, cons
                         const __m256i xv = _mm256_set1_epi32(four_bytes(q + r * depth + g * GROUP + 4 * t));
                         for (int i = 0; i < 2; i++) {
                             if (dots == DOTS_VNNI) {
-                                __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot[r][i]) : "x"(w[2 * h + i]), "x"(xv));
+                                dot[r][i] = avx_vnni_dot(dot[r][i], w[2 * h + i], xv);
                             } else if (dots == DOTS_SIGNED) {
                                 const __m256i m = _mm256_maddubs_epi16(magnitude[i], _mm256_sign_epi8(xv, w[2 * h + i]));
                                 dot[r][i] = _mm256_add_epi32(dot[r][i], _mm256_madd_epi16(m, ones));
@@ -406,7 +391,6 @@ void blocks_int8_rows(const struct gemm_args *a, const struct int8_acts *x, int 
                         : mode == MODE_AVX_VNNI  ? VARIANT_AVX_VNNI
                                                  : VARIANT_MADDUBS;
     const Py_ssize_t panels = (a->cols + PANEL - 1) / PANEL;
-    const int row = (kind == KIND_Q6_K_NIBBLES ? KIND_Q6_K : kind) - KIND_Q4_0;
-    struct rows_job job = {a, x, PANEL_FN_TABLE[row][variant], panels};
+    struct rows_job job = {a, x, PANEL_FN_TABLE[block_gguf_kind(kind) - KIND_Q4_0][variant], panels};
     fd_parallel_for((panels + PANELS_PER_TASK - 1) / PANELS_PER_TASK, threads, rows_task, &job);
 }

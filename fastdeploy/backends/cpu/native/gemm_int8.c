@@ -28,12 +28,11 @@
  * then ran 10-15% slower than float32 from memory, see docs/architecture.md), each block's bytes
  * prefetched PREFETCH_BYTES ahead, as gemm_blocks_int8_rows.c's.
  */
-#include "blocks_int8.h" /* prefetch_ahead */
+#include "blocks_int8.h" /* prefetch_ahead, four_bytes, avx_vnni_dot */
 #include "native.h"
 
 #include <immintrin.h>
 #include <math.h>
-#include <string.h>
 
 #define QBLOCK 32
 #define BLOCK_BYTES(kind) ((kind) == KIND_Q4_1_I8 ? PANEL * 4 + PANEL * QBLOCK / 2 : PANEL * 2 + PANEL * QBLOCK)
@@ -68,12 +67,6 @@ void fd_quantize_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_ssize
         }
 }
 
-static inline int32_t four_bytes(const int8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 #define INLINE static inline __attribute__((always_inline))
 #define MAX_ROWS 4 /* gemm_blocks_int8.c sends at most FEW_ROWS rows here */
@@ -185,14 +178,6 @@ enum { DOTS_MADDUBS, DOTS_AVX_VNNI };
 
 /* 8 columns' 32-bit sums of the 16-bit pairs in s */
 INLINE AVX2_TARGET __m256i avx2_widen(__m256i s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
-
-/* dot += the unsigned bytes of w times the signed ones of x, 4 at a time: AVX-VNNI's vpdpbusd,
- * written out (VEX encoded) because its intrinsic cannot be inlined into code that also runs without it */
-INLINE AVX2_TARGET __m256i avx_vnni_dot(__m256i dot, __m256i w, __m256i xv)
-{
-    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(dot) : "x"(w), "x"(xv));
-    return dot;
-}
 
 /* R rows from row0 times P adjacent panels from panel p, each panel's 16 columns in two halves
  * (lo: 0-7, hi: 8-15); `dots` as the enum. */

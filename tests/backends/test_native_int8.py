@@ -110,16 +110,22 @@ def test_each_row_count_gives_each_row_the_many_rows_bits(isa, type_name):
             )
 
 
+def extreme_weights(type_name: str, cols: int) -> tuple[np.ndarray, native.PackedWeight]:
+    """`cols` x 512 weights at their type's largest integers (Q8_0 +-127, Q4_1 15 and 0): the GGUF
+    rows and their int8-activation packing."""
+    qtype = GGMLQuantizationType[type_name]
+    signs = np.where(np.arange(cols) % 3 == 0, -1.0, 1.0).astype(np.float32)
+    weights = np.repeat(signs[:, None], 512, axis=1)
+    weights[:, ::32] = 0.0  # Q4_1: a block's minimum 0 (or maximum), so the others quantise to 15 (or 0)
+    rows = quantize(weights, qtype)
+    return rows, native.pack([GGMLTensor(int(qtype), rows, (cols, 512))], activations="int8")
+
+
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
 def test_every_dot_instruction_gives_the_same_bits_at_the_extremes(type_name):
     """Weights at their largest integers (Q8_0 +-127, Q4_1 15 and 0) times activations at +-127: the AVX2
     sign trick and maddubs sums (16-bit) and the VNNI dots, capped to each this CPU has, agree."""
-    qtype = GGMLQuantizationType[type_name]
-    signs = np.where(np.arange(40) % 3 == 0, -1.0, 1.0).astype(np.float32)
-    weights = np.repeat(signs[:, None], 512, axis=1)
-    weights[:, ::32] = 0.0  # Q4_1: a block's minimum 0 (or maximum), so the others quantise to 15 (or 0)
-    rows = quantize(weights, qtype)
-    packed = native.pack([GGMLTensor(int(qtype), rows, (40, 512))], activations="int8")
+    rows, packed = extreme_weights(type_name, 40)
     x = np.repeat(np.where(np.arange(11) % 2 == 0, 1.0, -1.0).astype(np.float32)[:, None], 512, axis=1)
     expected = int8_reference(x, rows, type_name, 40)
     try:
@@ -173,12 +179,7 @@ def test_one_to_four_rows_get_the_many_rows_bits_under_every_dot_instruction(typ
 def test_one_to_four_rows_at_the_extremes_under_every_dot_instruction(type_name):
     """The extremes test's weights and activations (Q8_0 +-127, Q4_1 15 and 0, x +-127) in products of
     1 to 4 rows: the few-row kernels' sign trick, 16-bit maddubs sums and VNNI dots stay exact."""
-    qtype = GGMLQuantizationType[type_name]
-    signs = np.where(np.arange(56) % 3 == 0, -1.0, 1.0).astype(np.float32)
-    weights = np.repeat(signs[:, None], 512, axis=1)
-    weights[:, ::32] = 0.0
-    rows = quantize(weights, qtype)
-    packed = native.pack([GGMLTensor(int(qtype), rows, (56, 512))], activations="int8")
+    rows, packed = extreme_weights(type_name, 56)
     x = np.repeat(np.where(np.arange(4) % 2 == 0, 1.0, -1.0).astype(np.float32)[:, None], 512, axis=1)
     expected = int8_reference(x, rows, type_name, 56)
     try:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from test_native_blocks import HALF_FIELDS, random_blocks, reference
-from test_native_int8 import quantize_activations
+from test_native_int8 import each_dot, quantize_activations
 from test_native_kernels import ISAS, requires_native, runs_here
 
 from fastdeploy.backends.base import BackendOptions
@@ -82,25 +82,6 @@ def test_each_row_count_equals_the_many_rows_path_bit_for_bit(isa, type_name):
                 many_rows[start : start + rows],
                 err_msg=f"{rows} rows from row {start}",
             )
-
-
-def each_dot():
-    """(isa, dot cap) for every instruction set and dot instruction this CPU has, the cap set while
-    the caller runs (and lifted afterwards); AVX-512 VNNI ("2") also without AVX512_VBMI's vpermb
-    ("2-permd": the few-row kernels' fallback) where the CPU has it."""
-    try:
-        for isa in (isa for isa in native.ISAS if runs_here(isa)):
-            for cap in range(native._native.int8_dots(isa, -1) + 1):
-                assert native._native.int8_dots(isa, cap) == cap
-                yield isa, cap
-                if cap == 2 and native._native.int8_vbmi(0) != native._native.int8_vbmi(1):
-                    native._native.int8_vbmi(0)
-                    yield isa, "2-permd"
-                    native._native.int8_vbmi(1)
-            native._native.int8_dots("avx2", 2)
-    finally:
-        native._native.int8_dots("avx2", 2)  # no cap
-        native._native.int8_vbmi(1)
 
 
 @requires_native

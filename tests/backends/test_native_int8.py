@@ -85,6 +85,25 @@ def runs_here(isa: str) -> bool:
     return native.ISAS.index(isa) >= native.ISAS.index(native.best_isa())
 
 
+def each_dot(vbmi_fallback: bool = True):
+    """(isa, dot cap) for every instruction set and dot instruction this CPU has, the cap set while
+    the caller runs (and lifted afterwards); with `vbmi_fallback`, AVX-512 VNNI ("2") also without
+    AVX512_VBMI's vpermb ("2-permd": the sub-block few-row kernels' fallback) where the CPU has it."""
+    try:
+        for isa in (isa for isa in native.ISAS if runs_here(isa)):
+            for cap in range(native._native.int8_dots(isa, -1) + 1):
+                assert native._native.int8_dots(isa, cap) == cap
+                yield isa, cap
+                if vbmi_fallback and cap == 2 and native._native.int8_vbmi(0) != native._native.int8_vbmi(1):
+                    native._native.int8_vbmi(0)
+                    yield isa, "2-permd"
+                    native._native.int8_vbmi(1)
+            native._native.int8_dots("avx2", 2)
+    finally:
+        native._native.int8_dots("avx2", 2)  # no cap
+        native._native.int8_vbmi(1)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
 def test_each_row_count_gives_each_row_the_many_rows_bits(isa, type_name):
@@ -128,17 +147,13 @@ def test_every_dot_instruction_gives_the_same_bits_at_the_extremes(type_name):
     rows, packed = extreme_weights(type_name, 40)
     x = np.repeat(np.where(np.arange(11) % 2 == 0, 1.0, -1.0).astype(np.float32)[:, None], 512, axis=1)
     expected = int8_reference(x, rows, type_name, 40)
-    try:
-        for isa in (isa for isa in native.ISAS if runs_here(isa)):
-            outputs = []
-            for cap in range(native._native.int8_dots(isa, -1) + 1):
-                assert native._native.int8_dots(isa, cap) == cap
-                outputs.append(native.matmul(x, packed, isa, threads=2))
-            for out in outputs:
-                np.testing.assert_array_equal(out, outputs[0])
-                np.testing.assert_allclose(out, expected, rtol=2e-6, atol=2e-6 * np.abs(expected).max())
-    finally:
-        native._native.int8_dots("avx2", 2)  # no cap
+    outputs: dict[str, list[np.ndarray]] = {}
+    for isa, _ in each_dot(vbmi_fallback=False):  # gemm_int8.c's kernels do not transpose
+        outputs.setdefault(isa, []).append(native.matmul(x, packed, isa, threads=2))
+    for per_isa in outputs.values():
+        for out in per_isa:
+            np.testing.assert_array_equal(out, per_isa[0])
+            np.testing.assert_allclose(out, expected, rtol=2e-6, atol=2e-6 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
@@ -159,20 +174,15 @@ def test_one_to_four_rows_get_the_many_rows_bits_under_every_dot_instruction(typ
     many_rows = native.matmul(x, packed, native.best_isa(), threads=2, bias=bias)
     expected = int8_reference(x, rows, type_name, out_features) + bias
     np.testing.assert_allclose(many_rows, expected, rtol=2e-6, atol=2e-6 * np.abs(expected).max())
-    try:
-        for isa in (isa for isa in native.ISAS if runs_here(isa)):
-            for cap in range(native._native.int8_dots(isa, -1) + 1):
-                assert native._native.int8_dots(isa, cap) == cap
-                for count in range(1, 5):
-                    for start in (0, 3, 12 - count):
-                        for threads in (1, 2):
-                            np.testing.assert_array_equal(
-                                native.matmul(x[start : start + count], packed, isa, threads, bias=bias),
-                                many_rows[start : start + count],
-                                err_msg=f"{isa}, dots {cap}, {count} rows from row {start}, {threads} threads",
-                            )
-    finally:
-        native._native.int8_dots("avx2", 2)  # no cap
+    for isa, cap in each_dot(vbmi_fallback=False):
+        for count in range(1, 5):
+            for start in (0, 3, 12 - count):
+                for threads in (1, 2):
+                    np.testing.assert_array_equal(
+                        native.matmul(x[start : start + count], packed, isa, threads, bias=bias),
+                        many_rows[start : start + count],
+                        err_msg=f"{isa}, dots {cap}, {count} rows from row {start}, {threads} threads",
+                    )
 
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
@@ -182,21 +192,16 @@ def test_one_to_four_rows_at_the_extremes_under_every_dot_instruction(type_name)
     rows, packed = extreme_weights(type_name, 56)
     x = np.repeat(np.where(np.arange(4) % 2 == 0, 1.0, -1.0).astype(np.float32)[:, None], 512, axis=1)
     expected = int8_reference(x, rows, type_name, 56)
-    try:
-        for isa in (isa for isa in native.ISAS if runs_here(isa)):
-            for cap in range(native._native.int8_dots(isa, -1) + 1):
-                native._native.int8_dots(isa, cap)
-                for count in range(1, 5):
-                    out = native.matmul(x[:count], packed, isa, threads=2)
-                    np.testing.assert_allclose(
-                        out,
-                        expected[:count],
-                        rtol=2e-6,
-                        atol=2e-6 * np.abs(expected).max(),
-                        err_msg=f"{isa}, dots {cap}, {count} rows",
-                    )
-    finally:
-        native._native.int8_dots("avx2", 2)  # no cap
+    for isa, cap in each_dot(vbmi_fallback=False):
+        for count in range(1, 5):
+            out = native.matmul(x[:count], packed, isa, threads=2)
+            np.testing.assert_allclose(
+                out,
+                expected[:count],
+                rtol=2e-6,
+                atol=2e-6 * np.abs(expected).max(),
+                err_msg=f"{isa}, dots {cap}, {count} rows",
+            )
 
 
 def test_float_weights_stay_float32_under_int8_activations():

@@ -28,7 +28,6 @@
 
 #include "block_quants.h"
 
-
 #define INLINE static inline __attribute__((always_inline))
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 /* panels per task, read one after another by the thread that claims it: tasks of 8 rather than 4 streamed

@@ -67,7 +67,6 @@ void fd_quantize_rows(const float *x, Py_ssize_t first, Py_ssize_t end, Py_ssize
         }
 }
 
-
 #define INLINE static inline __attribute__((always_inline))
 #define MAX_ROWS 4 /* gemm_blocks_int8.c sends at most FEW_ROWS rows here */
 #define MAX_PANELS 2
